@@ -1,0 +1,11 @@
+"""tensorarena: a deep-learning training engine whose memory is bounded and predictable."""
+
+from .autograd import enable_grad, is_grad_enabled, no_grad
+from .memory.arena import Arena, StaleTensorError, current_arena, heap_scope
+from .memory.pool import ArenaOutOfMemory, BlockPool, default_pool
+from .tensor import Tensor, tensor
+from . import ops
+from .ops import (add, cat, concat, div, exp, flatten, log, matmul, max, mean, mul, neg, permute, pow,
+                  reshape, sqrt, squeeze, stack, sub, sum, tanh, transpose, unsqueeze, var, where)
+
+__version__ = "0.1.0"

@@ -1,0 +1,118 @@
+"""Define-by-run reverse-mode autodiff.
+
+Each op that needs a gradient records, on its output tensor, the parent tensors
+and a backward closure (micrograd style: forward and backward sit side by side
+in the op's file). `backward` walks that graph in reverse topological order.
+Gradients of intermediates come from the current arena; gradients of leaves
+(parameters) accumulate into persistent buffers that outlive every step.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .memory.arena import empty
+
+if TYPE_CHECKING:
+    from .tensor import Tensor
+
+_state = threading.local()
+
+
+def is_grad_enabled() -> bool:
+    """Whether ops on this thread record the graph for backward."""
+    return getattr(_state, "enabled", True)
+
+
+class _GradMode:
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def __enter__(self) -> None:
+        self.prev = is_grad_enabled()
+        _state.enabled = self.enabled
+
+    def __exit__(self, *exc) -> None:
+        _state.enabled = self.prev
+
+
+def no_grad() -> _GradMode:
+    """Context manager: ops inside record no graph (evaluation, optimizer updates)."""
+    return _GradMode(False)
+
+
+def enable_grad() -> _GradMode:
+    """Context manager: re-enable graph recording inside a no_grad block."""
+    return _GradMode(True)
+
+
+def _freed_backward(_grad):
+    raise RuntimeError(
+        "trying to backward through the graph a second time: its saved tensors were "
+        "freed after the first backward. Run the forward pass again."
+    )
+
+
+def _topological_order(root: "Tensor") -> list["Tensor"]:
+    # Iterative DFS: deep graphs (long sequences, many blocks) must not hit the recursion limit.
+    order: list[Tensor] = []
+    visited: set[int] = set()
+    stack: list[tuple[Tensor, bool]] = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        stack.append((node, True))
+        for parent in node._parents:
+            if parent.requires_grad and id(parent) not in visited:
+                stack.append((parent, False))
+    return order
+
+
+def backward(root: "Tensor", grad: np.ndarray | None = None) -> None:
+    """Accumulate d(root)/d(leaf) into `.grad` of every leaf that requires grad."""
+    if not root.requires_grad:
+        raise RuntimeError("backward() on a tensor that does not require grad (it has no graph)")
+    if grad is None:
+        if root.data.size != 1:
+            raise RuntimeError(
+                f"backward() without a gradient needs a scalar output, got shape {root.shape}; "
+                f"pass grad= of that shape or reduce (e.g. .sum()) first"
+            )
+        grad = np.ones(root.shape, root.dtype)
+    elif grad.shape != root.shape:
+        raise ValueError(f"grad shape {grad.shape} does not match output shape {root.shape}")
+
+    grads: dict[int, np.ndarray] = {id(root): grad}
+    owned: set[int] = set()  # grads we allocated ourselves, safe to add into in place
+    for node in reversed(_topological_order(root)):
+        g = grads.pop(id(node), None)
+        if g is None:
+            continue
+        if not node._parents:
+            node._accumulate_leaf_grad(g)
+            continue
+        parent_grads = node._backward(g)
+        node._backward = _freed_backward
+        for parent, pg in zip(node._parents, parent_grads):
+            if pg is None or not parent.requires_grad:
+                continue
+            key = id(parent)
+            prev = grads.get(key)
+            if prev is None:
+                grads[key] = pg
+            elif key in owned:
+                np.add(prev, pg, out=prev)
+            else:
+                acc = empty(prev.shape, prev.dtype)
+                np.add(prev, pg, out=acc)
+                grads[key] = acc
+                owned.add(key)
+        node._parents = ()

@@ -1,0 +1,63 @@
+"""The one place that decides which implementation of a kernel runs.
+
+Every kernel has a plain-NumPy reference twin and may have a fused (Numba) one.
+Ops ask `kernel(name)` and never test for a backend themselves. Setting
+TENSORARENA_KERNELS=reference (or calling `use_reference(True)`) forces the
+reference twins; `calls` counts which implementation served each name so tests
+can assert the route that actually ran.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import Callable
+
+_registry: dict[str, dict[str, Callable]] = {}
+calls: Counter = Counter()  # (name, impl) -> times handed out
+_force_reference = os.environ.get("TENSORARENA_KERNELS", "").lower() == "reference"
+
+
+def register(name: str, impl: str, fn: Callable) -> Callable:
+    """Record `fn` as implementation `impl` ("reference" or "fused") of kernel `name`."""
+    if impl not in ("reference", "fused"):
+        raise ValueError(f"impl must be 'reference' or 'fused', got {impl!r}")
+    _registry.setdefault(name, {})[impl] = fn
+    return fn
+
+
+def use_reference(flag: bool = True) -> None:
+    """Force (or stop forcing) the plain-NumPy reference kernels process-wide."""
+    global _force_reference
+    _force_reference = flag
+
+
+def kernel(name: str, impl: str | None = None) -> Callable:
+    """The implementation of `name` to run: fused when available and allowed, else reference."""
+    _load()
+    impls = _registry.get(name)
+    if not impls:
+        raise KeyError(f"no kernel named {name!r}; known: {sorted(_registry)}")
+    if impl is None:
+        impl = "reference" if _force_reference or "fused" not in impls else "fused"
+    fn = impls[impl]
+    calls[(name, impl)] += 1
+    return fn
+
+
+def implementations(name: str) -> list[str]:
+    """Which implementations exist for `name`."""
+    _load()
+    return sorted(_registry.get(name, {}))
+
+
+_loaded = False
+
+
+def _load() -> None:
+    # Kernel files register themselves on import; import lazily so `import tensorarena`
+    # does not pay Numba's start-up cost until a kernel is first needed.
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        from . import erf  # noqa: F401

@@ -1,0 +1,165 @@
+"""Scoped bump allocator for everything one training step creates.
+
+`with Arena() as a:` makes `a` the current arena of this thread; every tensor an
+op creates inside the block is carved out of blocks `a` borrows from the
+process-wide `BlockPool`. Closing the arena (at any nesting depth) hands its
+blocks back, so the next step reuses them and memory stays flat. A tensor that
+outlives its arena's reset/close raises `StaleTensorError` when touched instead
+of silently reading memory that now belongs to someone else.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from .pool import ALIGN, MIN_BLOCK_BYTES, Block, BlockPool, default_pool
+
+
+class StaleTensorError(RuntimeError):
+    """A tensor was used after the arena holding its memory was reset or closed."""
+
+
+@dataclass
+class ArenaStats:
+    """What an arena holds now and the most it ever held."""
+
+    bytes_in_use: int = 0
+    high_water: int = 0
+    blocks: int = 0
+    allocations: int = 0
+
+
+_local = threading.local()
+
+
+def _stack() -> list:
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    return stack
+
+
+def current_arena() -> "Arena | None":
+    """The innermost open arena of this thread, or None (allocate from the heap)."""
+    stack = _stack()
+    return stack[-1] if stack else None
+
+
+class Arena:
+    """A nestable allocation scope; see the module docstring."""
+
+    def __init__(self, *, pool: BlockPool | None = None, block_bytes: int = MIN_BLOCK_BYTES,
+                 name: str = "arena") -> None:
+        self.pool = pool or default_pool()
+        self.block_bytes = block_bytes
+        self.name = name
+        self.generation = 0
+        self.closed = False
+        self.stats = ArenaStats()
+        self._blocks: list[Block] = []
+        self._block_index = 0  # the block we are bumping in
+        self._offset = 0  # bump pointer inside that block
+
+    # -- scope -------------------------------------------------------------
+    def __enter__(self) -> "Arena":
+        if self.closed:
+            raise RuntimeError(f"{self.name} is closed; create a new Arena for a new scope")
+        _stack().append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        stack = _stack()
+        # Pop ourselves even if an inner scope forgot to exit: never leave a dead arena current.
+        while stack:
+            if stack.pop() is self:
+                break
+        self.close()
+
+    # -- allocation --------------------------------------------------------
+    def alloc(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """An uninitialised array of `shape`/`dtype` carved from this arena."""
+        if self.closed:
+            raise StaleTensorError(f"cannot allocate from {self.name}: it is closed")
+        dtype = np.dtype(dtype)
+        count = 1
+        for dim in shape:
+            count *= dim
+        nbytes = count * dtype.itemsize
+        padded = (nbytes + ALIGN - 1) // ALIGN * ALIGN or ALIGN
+        buffer = self._reserve(padded)
+        self.stats.allocations += 1
+        self.stats.bytes_in_use += padded
+        if self.stats.bytes_in_use > self.stats.high_water:
+            self.stats.high_water = self.stats.bytes_in_use
+        return buffer[:nbytes].view(dtype).reshape(shape)
+
+    def _reserve(self, nbytes: int) -> np.ndarray:
+        blocks = self._blocks
+        while self._block_index < len(blocks):
+            block = blocks[self._block_index]
+            if self._offset + nbytes <= block.nbytes:
+                start = self._offset
+                self._offset += nbytes
+                return block.buffer[start : start + nbytes]
+            # Blocks kept from before a reset that are too small are skipped, not split.
+            self._block_index += 1
+            self._offset = 0
+        block = self.pool.acquire(max(nbytes, self.block_bytes))
+        blocks.append(block)
+        self.stats.blocks = len(blocks)
+        self._block_index = len(blocks) - 1
+        self._offset = nbytes
+        return block.buffer[:nbytes]
+
+    # -- lifetime ----------------------------------------------------------
+    def reset(self) -> None:
+        """Rewind to empty, keeping the blocks; tensors allocated before become stale."""
+        self.generation += 1
+        self._block_index = 0
+        self._offset = 0
+        self.stats.bytes_in_use = 0
+
+    def close(self) -> None:
+        """Give every block back to the pool; tensors allocated here become stale."""
+        if self.closed:
+            return
+        self.generation += 1
+        self.closed = True
+        for block in self._blocks:
+            self.pool.release(block)
+        self._blocks.clear()
+        self.stats.blocks = 0
+        self.stats.bytes_in_use = 0
+
+    def __repr__(self) -> str:
+        s = self.stats
+        return (f"Arena({self.name!r}, in_use={s.bytes_in_use}, high_water={s.high_water}, "
+                f"blocks={s.blocks}, allocations={s.allocations}, closed={self.closed})")
+
+
+class heap_scope:
+    """Route allocations to the heap inside this block, even under an open arena.
+
+    Used for persistent memory created lazily mid-step (optimizer state, grad
+    buffers): it must outlive the step arena.
+    """
+
+    def __enter__(self) -> None:
+        _stack().append(None)
+
+    def __exit__(self, *exc) -> None:
+        stack = _stack()
+        if stack and stack[-1] is None:
+            stack.pop()
+
+
+def empty(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """Transient array from the current arena, or from the heap when none is open."""
+    stack = _stack()
+    arena = stack[-1] if stack else None
+    if arena is None:
+        return np.empty(shape, dtype)
+    return arena.alloc(shape, dtype)

@@ -1,0 +1,20 @@
+"""All differentiable ops, one family per file; importing this installs Tensor's operator sugar."""
+
+from .arith import add, div, mul, neg, pow, sub
+from .index import embedding, getitem, where
+from .linalg import linear, matmul
+from .loss import cross_entropy, mse_loss
+from .nn_ops import dropout, layer_norm
+from .reduce import log_softmax, max, mean, softmax, sum, var
+from .shape import cat, flatten, permute, reshape, squeeze, stack, transpose, unsqueeze
+from .unary import exp, gelu, log, relu, sigmoid, sqrt, tanh
+from . import _sugar  # noqa: F401  (attaches methods/operators to Tensor)
+
+concat = cat
+
+__all__ = [
+    "add", "sub", "mul", "div", "neg", "pow", "exp", "log", "sqrt", "tanh", "relu", "gelu", "sigmoid",
+    "softmax", "log_softmax", "sum", "mean", "max", "var", "matmul", "linear", "reshape", "transpose",
+    "permute", "unsqueeze", "squeeze", "flatten", "cat", "concat", "stack", "getitem", "where",
+    "embedding", "dropout", "layer_norm", "cross_entropy", "mse_loss",
+]

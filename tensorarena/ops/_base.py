@@ -1,0 +1,63 @@
+"""Helpers every op file shares: coercion, output allocation, broadcast reduction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..memory.arena import empty
+from ..tensor import Tensor
+
+
+def as_tensor(x: Any, like: Tensor | None = None) -> Tensor:
+    """Tensor for an op input; Python/NumPy scalars take `like`'s dtype (torch promotion)."""
+    if isinstance(x, Tensor):
+        return x
+    dtype = like.dtype if like is not None else None
+    arr = np.asarray(x)
+    if like is not None and arr.dtype.kind in "iufb" and arr.ndim == 0:
+        return Tensor(arr.astype(dtype))
+    return Tensor(arr, dtype=dtype if arr.dtype.kind in "iub" else None)
+
+
+def result_dtype(a: Tensor, b: Tensor) -> np.dtype:
+    """float64 wins over float32; mixing is allowed, as in torch."""
+    return np.result_type(a.dtype, b.dtype)
+
+
+def new(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """Uninitialised output buffer from the current arena (heap if none is open)."""
+    return empty(tuple(shape), dtype)
+
+
+def new_like(a: np.ndarray) -> np.ndarray:
+    return empty(a.shape, a.dtype)
+
+
+def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Sum `grad` over the axes that broadcasting added or stretched to reach `shape`."""
+    if grad.shape == shape:
+        return grad
+    lead = grad.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, n in enumerate(shape) if n == 1 and grad.shape[lead + i] != 1
+    )
+    out = new(shape, grad.dtype)
+    # keepdims keeps the leading axes as size 1, so a reshape of `out` is a valid target.
+    np.sum(grad, axis=axes, keepdims=True, out=out.reshape((1,) * lead + tuple(shape)))
+    return out
+
+
+def normalize_axes(axis, ndim: int) -> tuple[int, ...]:
+    """Tuple of non-negative axes; None means all axes."""
+    if axis is None:
+        return tuple(range(ndim))
+    if isinstance(axis, int):
+        axis = (axis,)
+    out = []
+    for ax in axis:
+        if not -ndim <= ax < max(ndim, 1):
+            raise IndexError(f"dimension {ax} is out of range for a tensor with {ndim} dimensions")
+        out.append(ax % max(ndim, 1))
+    return tuple(sorted(set(out)))

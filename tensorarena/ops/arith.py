@@ -1,0 +1,158 @@
+"""Elementwise arithmetic with broadcasting: add sub mul div neg pow."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..tensor import Tensor
+from ._base import as_tensor, new, new_like, result_dtype, unbroadcast
+
+
+def _binary_out(a: Tensor, b: Tensor) -> np.ndarray:
+    shape = np.broadcast_shapes(a.shape, b.shape)
+    return new(shape, result_dtype(a, b))
+
+
+def add(a, b) -> Tensor:
+    """a + b, broadcasting."""
+    a, b = _pair(a, b)
+    out = _binary_out(a, b)
+    np.add(a.data, b.data, out=out)
+
+    def backward(g):
+        return unbroadcast(g, a.shape), unbroadcast(g, b.shape)
+
+    return Tensor._make(out, (a, b), backward)
+
+
+def sub(a, b) -> Tensor:
+    """a - b, broadcasting."""
+    a, b = _pair(a, b)
+    out = _binary_out(a, b)
+    np.subtract(a.data, b.data, out=out)
+
+    def backward(g):
+        gb = None
+        if b.requires_grad:
+            gb = new_like(g)
+            np.negative(g, out=gb)
+            gb = unbroadcast(gb, b.shape)
+        return unbroadcast(g, a.shape), gb
+
+    return Tensor._make(out, (a, b), backward)
+
+
+def mul(a, b) -> Tensor:
+    """a * b, broadcasting."""
+    a, b = _pair(a, b)
+    out = _binary_out(a, b)
+    ad, bd = a.data, b.data
+    np.multiply(ad, bd, out=out)
+
+    def backward(g):
+        ga = gb = None
+        if a.requires_grad:
+            ga = new(g.shape, g.dtype)
+            np.multiply(g, bd, out=ga)
+            ga = unbroadcast(ga, a.shape)
+        if b.requires_grad:
+            gb = new(g.shape, g.dtype)
+            np.multiply(g, ad, out=gb)
+            gb = unbroadcast(gb, b.shape)
+        return ga, gb
+
+    return Tensor._make(out, (a, b), backward)
+
+
+def div(a, b) -> Tensor:
+    """a / b, broadcasting."""
+    a, b = _pair(a, b)
+    out = _binary_out(a, b)
+    ad, bd = a.data, b.data
+    np.divide(ad, bd, out=out)
+
+    def backward(g):
+        ga = gb = None
+        if a.requires_grad:
+            ga = new(g.shape, g.dtype)
+            np.divide(g, bd, out=ga)
+            ga = unbroadcast(ga, a.shape)
+        if b.requires_grad:
+            # d(a/b)/db = -(a/b)/b = -out/b
+            gb = new(g.shape, g.dtype)
+            np.multiply(g, out, out=gb)
+            np.divide(gb, bd, out=gb)
+            np.negative(gb, out=gb)
+            gb = unbroadcast(gb, b.shape)
+        return ga, gb
+
+    return Tensor._make(out, (a, b), backward)
+
+
+def neg(a: Tensor) -> Tensor:
+    """-a."""
+    out = new_like(a.data)
+    np.negative(a.data, out=out)
+
+    def backward(g):
+        ga = new_like(g)
+        np.negative(g, out=ga)
+        return (ga,)
+
+    return Tensor._make(out, (a,), backward)
+
+
+def pow(a, exponent) -> Tensor:  # noqa: A001 - torch's name
+    """a ** exponent; exponent a Python number or a tensor (broadcasting)."""
+    if not isinstance(exponent, Tensor):
+        return _pow_scalar(as_tensor(a), float(exponent))
+    a, b = _pair(a, exponent)
+    out = _binary_out(a, b)
+    ad, bd = a.data, b.data
+    np.power(ad, bd, out=out)
+
+    def backward(g):
+        ga = gb = None
+        if a.requires_grad:  # b * a^(b-1)
+            ga = new(g.shape, g.dtype)
+            np.power(ad, bd - 1, out=ga)
+            ga *= bd
+            ga *= g
+            ga = unbroadcast(ga, a.shape)
+        if b.requires_grad:  # a^b * log(a); torch defines it as 0 where a == 0 and b >= 0
+            with np.errstate(divide="ignore", invalid="ignore"):
+                full = np.where((ad == 0) & (bd >= 0), 0.0, g * out * np.log(ad))
+            gb = new(g.shape, g.dtype)
+            np.copyto(gb, full, casting="same_kind")
+            gb = unbroadcast(gb, b.shape)
+        return ga, gb
+
+    return Tensor._make(out, (a, b), backward)
+
+
+def _pow_scalar(a: Tensor, p: float) -> Tensor:
+    ad = a.data
+    out = new_like(ad)
+    if p == 2.0:
+        np.multiply(ad, ad, out=out)  # exact and faster than power
+    else:
+        np.power(ad, p, out=out)
+
+    def backward(g):
+        ga = new_like(g)
+        if p == 2.0:
+            np.multiply(ad, 2.0, out=ga)
+        else:
+            np.power(ad, p - 1.0, out=ga)
+            ga *= p
+        ga *= g
+        return (ga,)
+
+    return Tensor._make(out, (a,), backward)
+
+
+def _pair(a, b) -> tuple[Tensor, Tensor]:
+    if isinstance(a, Tensor):
+        return a, as_tensor(b, like=a)
+    b = as_tensor(b)
+    return as_tensor(a, like=b), b

@@ -1,0 +1,102 @@
+"""Matrix products: matmul (batched, broadcasting, torch's 1-D rules) and linear."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..tensor import Tensor
+from ._base import as_tensor, new, unbroadcast
+
+
+def _matmul_shape(a_shape: tuple[int, ...], b_shape: tuple[int, ...], what: str = "matmul") -> tuple[int, ...]:
+    if len(a_shape) == 0 or len(b_shape) == 0:
+        raise ValueError(f"{what}: both operands need at least 1 dimension, got shapes {a_shape} and {b_shape}")
+    a2 = (1,) + a_shape if len(a_shape) == 1 else a_shape
+    b2 = b_shape + (1,) if len(b_shape) == 1 else b_shape
+    if a2[-1] != b2[-2]:
+        raise ValueError(
+            f"{what}: shapes {a_shape} and {b_shape} cannot be multiplied "
+            f"({a2[-1]} columns on the left vs {b2[-2]} rows on the right)"
+        )
+    try:
+        batch = np.broadcast_shapes(a2[:-2], b2[:-2])
+    except ValueError:
+        raise ValueError(f"{what}: batch dimensions of {a_shape} and {b_shape} do not broadcast") from None
+    out = batch + (a2[-2], b2[-1])
+    if len(a_shape) == 1:
+        out = out[:-2] + out[-1:]
+    if len(b_shape) == 1:
+        out = out[:-1]
+    return out
+
+
+def matmul(a, b) -> Tensor:
+    """a @ b with torch.matmul semantics. Shape: (..., n, k) @ (..., k, m) -> (..., n, m)."""
+    a = as_tensor(a)
+    b = as_tensor(b, like=a)
+    out_shape = _matmul_shape(a.shape, b.shape)
+    ad, bd = a.data, b.data
+    dtype = np.result_type(ad.dtype, bd.dtype)
+    out = new(out_shape, dtype)
+    np.matmul(ad, bd, out=out)
+
+    def backward(g):
+        # Work with the 1-D operands promoted to matrices, as forward did implicitly.
+        a2 = ad[None, :] if ad.ndim == 1 else ad
+        b2 = bd[:, None] if bd.ndim == 1 else bd
+        g2 = g
+        if ad.ndim == 1:
+            g2 = g2[..., None, :] if bd.ndim != 1 else g2[..., None]
+        if bd.ndim == 1:
+            g2 = g2[..., None]
+        ga = gb = None
+        if a.requires_grad:
+            full = new(g2.shape[:-1] + (a2.shape[-1],), dtype)
+            np.matmul(g2, np.swapaxes(b2, -1, -2), out=full)
+            ga = unbroadcast(full, a2.shape).reshape(a.shape)
+        if b.requires_grad:
+            full = new(g2.shape[:-2] + (b2.shape[-2], g2.shape[-1]), dtype)
+            np.matmul(np.swapaxes(a2, -1, -2), g2, out=full)
+            gb = unbroadcast(full, b2.shape).reshape(b.shape)
+        return ga, gb
+
+    return Tensor._make(out, (a, b), backward)
+
+
+def linear(x, weight, bias=None) -> Tensor:
+    """x @ weight.T + bias, as torch.nn.functional.linear. Shape: (..., in) -> (..., out)."""
+    x = as_tensor(x)
+    if weight.ndim != 2:
+        raise ValueError(f"linear: weight must be 2-D (out_features, in_features), got shape {weight.shape}")
+    if x.shape[-1:] != weight.shape[1:]:
+        raise ValueError(
+            f"linear: input shape {x.shape} does not match weight shape {weight.shape} "
+            f"(last input dim {x.shape[-1] if x.ndim else None} must equal in_features {weight.shape[1]})"
+        )
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"linear: bias shape {bias.shape} must be ({weight.shape[0]},) for weight {weight.shape}")
+    xd, wd = x.data, weight.data
+    lead = xd.shape[:-1]
+    x2 = xd.reshape(-1, xd.shape[-1])  # (N, in)
+    out = new(lead + (wd.shape[0],), np.result_type(xd.dtype, wd.dtype))
+    out2 = out.reshape(-1, wd.shape[0])  # (N, out)
+    np.matmul(x2, wd.T, out=out2)
+    if bias is not None:
+        out2 += bias.data
+    parents = (x, weight) if bias is None else (x, weight, bias)
+
+    def backward(g):
+        g2 = g.reshape(-1, g.shape[-1])  # (N, out)
+        gx = gw = gbias = None
+        if x.requires_grad:
+            gx = new(xd.shape, g.dtype)
+            np.matmul(g2, wd, out=gx.reshape(-1, wd.shape[1]))
+        if weight.requires_grad:
+            gw = new(wd.shape, g.dtype)
+            np.matmul(g2.T, x2, out=gw)
+        if bias is not None and bias.requires_grad:
+            gbias = new((wd.shape[0],), g.dtype)
+            np.sum(g2, axis=0, out=gbias)
+        return (gx, gw) if bias is None else (gx, gw, gbias)
+
+    return Tensor._make(out, parents, backward)

@@ -1,0 +1,192 @@
+"""Tensor: an ndarray view plus what autograd needs, with operator sugar.
+
+Memory comes from the arena that was current when the op ran (or the heap);
+the tensor remembers that arena's generation and refuses to be read once the
+arena is reset or closed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from . import autograd
+from .memory.arena import Arena, StaleTensorError, current_arena
+
+DEFAULT_DTYPE = np.float32
+SUPPORTED_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+BackwardFn = Callable[[np.ndarray], Sequence["np.ndarray | None"]]
+
+
+def _no_backward(_g):
+    return ()
+
+
+class Tensor:
+    """An n-dimensional array that can record the ops that produced it."""
+
+    __slots__ = ("_data", "requires_grad", "grad", "_grad_buffer", "_parents", "_backward",
+                 "_arena", "_generation", "__weakref__")
+    __array_priority__ = 1000  # make `ndarray + Tensor` defer to Tensor.__radd__
+
+    def __init__(self, data: Any, *, dtype=None, requires_grad: bool = False) -> None:
+        array = np.asarray(data.data if isinstance(data, Tensor) else data)
+        if dtype is not None:
+            array = array.astype(dtype, copy=False)
+        elif array.dtype.kind in "fc" and array.dtype not in SUPPORTED_FLOATS:
+            array = array.astype(DEFAULT_DTYPE)
+        elif array.dtype.kind in "iub" and requires_grad:
+            raise TypeError(f"only floating-point tensors can require grad, got dtype {array.dtype}")
+        if isinstance(data, (int, float, list, tuple)) and array.dtype == np.float64 and dtype is None:
+            array = array.astype(DEFAULT_DTYPE)  # Python floats default to float32, as in torch
+        self._data = array
+        self.requires_grad = requires_grad
+        self.grad: np.ndarray | None = None
+        self._grad_buffer: np.ndarray | None = None
+        self._parents: tuple[Tensor, ...] = ()
+        self._backward: BackwardFn = _no_backward
+        self._arena: Arena | None = None
+        self._generation = 0
+
+    @classmethod
+    def _make(cls, data: np.ndarray, parents: Sequence["Tensor"] = (), backward: BackwardFn | None = None,
+              *, view_of: "Tensor | None" = None) -> "Tensor":
+        """Wrap an op's output; record the graph when any parent needs grad."""
+        t = object.__new__(Tensor)
+        t._data = data
+        t.grad = None
+        t._grad_buffer = None
+        if view_of is not None:  # a view lives and dies with the tensor it views
+            t._arena, t._generation = view_of._arena, view_of._generation
+        else:
+            arena = current_arena()
+            t._arena = arena
+            t._generation = arena.generation if arena is not None else 0
+        if backward is not None and autograd.is_grad_enabled() and any(p.requires_grad for p in parents):
+            t.requires_grad = True
+            t._parents = tuple(parents)
+            t._backward = backward
+        else:
+            t.requires_grad = False
+            t._parents = ()
+            t._backward = _no_backward
+        return t
+
+    # -- storage -------------------------------------------------------------
+    @property
+    def data(self) -> np.ndarray:
+        """The underlying array (raises if its arena was reset or closed)."""
+        arena = self._arena
+        if arena is not None and arena.generation != self._generation:
+            raise StaleTensorError(
+                f"tensor of shape {self._data.shape} was allocated from {arena.name} which has since "
+                f"been {'closed' if arena.closed else 'reset'}; its memory now belongs to other "
+                f"tensors. Keep results you need with .numpy() (a copy) or .item() before the arena ends."
+            )
+        return self._data
+
+    @data.setter
+    def data(self, value: np.ndarray) -> None:
+        self._data = np.asarray(value)
+        self._arena = None
+        self._generation = 0
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._data.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._data.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self._data.ndim
+
+    def size(self, dim: int | None = None):
+        """Shape, or one dimension of it (torch's `size`)."""
+        return self._data.shape if dim is None else self._data.shape[dim]
+
+    def numel(self) -> int:
+        return self._data.size
+
+    def __len__(self) -> int:
+        return self._data.shape[0]
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self._parents
+
+    def item(self) -> float:
+        """The value of a one-element tensor as a Python number."""
+        d = self.data
+        if d.size != 1:
+            raise ValueError(f"item() needs a tensor with one element, got shape {d.shape}")
+        return d.reshape(()).item()
+
+    def numpy(self) -> np.ndarray:
+        """The values as an ndarray; a copy when the tensor lives in an arena (which recycles it)."""
+        d = self.data
+        return d.copy() if self._arena is not None else d
+
+    def tolist(self):
+        return self.data.tolist()
+
+    # -- autograd ------------------------------------------------------------
+    def backward(self, grad: "np.ndarray | Tensor | None" = None) -> None:
+        """Accumulate gradients of this tensor into `.grad` of the leaves."""
+        if isinstance(grad, Tensor):
+            grad = grad.data
+        autograd.backward(self, grad)
+
+    def _accumulate_leaf_grad(self, g: np.ndarray) -> None:
+        # Leaf gradients are persistent: one heap buffer per leaf, reused every step,
+        # so a step arena never owns a parameter's gradient.
+        if g.dtype != self._data.dtype:
+            g = g.astype(self._data.dtype)
+        if self.grad is None:
+            buf = self._grad_buffer
+            if buf is None or buf.shape != self._data.shape or buf.dtype != self._data.dtype:
+                buf = self._grad_buffer = np.empty(self._data.shape, self._data.dtype)
+            np.copyto(buf, g)
+            self.grad = buf
+        else:
+            np.add(self.grad, g, out=self.grad)
+
+    def detach(self) -> "Tensor":
+        """Same memory, no graph."""
+        return Tensor._make(self.data, view_of=self)
+
+    def requires_grad_(self, flag: bool = True) -> "Tensor":
+        if flag and self._data.dtype not in SUPPORTED_FLOATS:
+            raise TypeError(f"only float32/float64 tensors can require grad, got {self._data.dtype}")
+        if self._parents:
+            raise RuntimeError("requires_grad_ only applies to leaf tensors")
+        self.requires_grad = flag
+        return self
+
+    def zero_grad(self) -> None:
+        self.grad = None
+
+    def __repr__(self) -> str:
+        try:
+            body = np.array2string(self.data, precision=4, separator=", ", threshold=20)
+        except StaleTensorError:
+            body = "<stale: arena reset or closed>"
+        extra = ", requires_grad=True" if self.requires_grad else ""
+        return f"tensor({body}, dtype={self._data.dtype}{extra})"
+
+    def __bool__(self) -> bool:
+        return bool(self.data)
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+
+def tensor(data: Any, *, dtype=None, requires_grad: bool = False) -> Tensor:
+    """A new leaf tensor holding a copy of `data` (float32 unless told otherwise)."""
+    t = Tensor(np.array(data.data if isinstance(data, Tensor) else data, copy=True), dtype=dtype,
+               requires_grad=requires_grad)
+    return t
