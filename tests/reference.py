@@ -1,0 +1,84 @@
+"""One helper to check an op's forward and gradients against torch and finite differences.
+
+Usage: check_op(lambda ta_or_torch, *xs: ..., [arrays], dtype=np.float64)
+The same function body runs on tensorarena tensors and on torch tensors: pass a
+callable taking (lib, *inputs) where lib is a small namespace with the op names.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+import tensorarena as ta
+
+TOL = {np.float64: dict(rtol=1e-9, atol=1e-10), np.float32: dict(rtol=1e-4, atol=1e-5)}
+
+
+def _to_ta(a: np.ndarray, dtype, grad: bool):
+    if a.dtype.kind in "iub":
+        return ta.Tensor(a.copy())
+    return ta.tensor(a, dtype=dtype, requires_grad=grad)
+
+
+def _to_torch(a: np.ndarray, dtype, grad: bool):
+    if a.dtype.kind in "iub":
+        return torch.from_numpy(a.copy())
+    return torch.tensor(a, dtype=torch.float64 if dtype == np.float64 else torch.float32, requires_grad=grad)
+
+
+def check_op(fn_ta: Callable, fn_torch: Callable, inputs: Sequence[np.ndarray], *, dtype=np.float64,
+             grad: bool = True, rtol: float | None = None, atol: float | None = None, seed: int = 0) -> None:
+    """Forward and all input gradients of fn_ta(*tensors) match fn_torch(*torch_tensors)."""
+    tol = dict(TOL[dtype])
+    if rtol is not None:
+        tol["rtol"] = rtol
+    if atol is not None:
+        tol["atol"] = atol
+    ours = [_to_ta(a, dtype, grad) for a in inputs]
+    theirs = [_to_torch(a, dtype, grad) for a in inputs]
+    out = fn_ta(*ours)
+    ref = fn_torch(*theirs)
+    np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), **tol, err_msg="forward")
+    assert out.dtype == np.dtype(dtype), f"output dtype {out.dtype}, expected {np.dtype(dtype)}"
+    if not grad:
+        return
+    weights = np.random.default_rng(seed).standard_normal(out.shape)  # a random cotangent
+    (out * ta.tensor(weights, dtype=dtype)).sum().backward()
+    (ref * torch.tensor(weights, dtype=ref.dtype)).sum().backward()
+    for i, (o, t) in enumerate(zip(ours, theirs)):
+        if not o.requires_grad:
+            continue
+        assert o.grad is not None, f"input {i} got no gradient"
+        np.testing.assert_allclose(o.grad, t.grad.numpy(), **tol, err_msg=f"grad of input {i}")
+
+
+def check_finite_differences(fn_ta: Callable, inputs: Sequence[np.ndarray], *, eps: float = 1e-6,
+                             rtol: float = 1e-5, atol: float = 1e-7, seed: int = 0) -> None:
+    """Analytic float64 gradients of sum(w * fn(x)) match central differences."""
+    ours = [_to_ta(a, np.float64, a.dtype.kind == "f") for a in inputs]
+    out = fn_ta(*ours)
+    weights = np.random.default_rng(seed).standard_normal(out.shape)
+    (out * ta.tensor(weights, dtype=np.float64)).sum().backward()
+    for i, a in enumerate(inputs):
+        if a.dtype.kind != "f":
+            continue
+        numeric = np.zeros_like(a, dtype=np.float64)
+        flat = a.astype(np.float64).copy()
+        view = flat.reshape(-1)
+        for j in range(view.size):
+            saved = view[j]
+            vals = []
+            for delta in (eps, -eps):
+                view[j] = saved + delta
+                args = [ta.tensor(flat if k == i else inputs[k].astype(np.float64) if inputs[k].dtype.kind == "f"
+                                  else inputs[k], dtype=None if inputs[k].dtype.kind != "f" else np.float64)
+                        for k in range(len(inputs))]
+                with ta.no_grad():
+                    vals.append(float((fn_ta(*args).numpy() * weights).sum()))
+            view[j] = saved
+            numeric.reshape(-1)[j] = (vals[0] - vals[1]) / (2 * eps)
+        np.testing.assert_allclose(ours[i].grad, numeric, rtol=rtol, atol=atol,
+                                   err_msg=f"finite-difference grad of input {i}")
