@@ -1,0 +1,176 @@
+"""The `tensorarena` command: `tensorarena train` trains a classifier on embedded data."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+from .memory.meter import format_bytes, peak_rss_bytes, rss_bytes
+
+
+def _int_tuple(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 256,128, got {text!r}") from None
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"expected positive layer widths, got {text!r}")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tensorarena", description="A training engine with bounded, predictable memory.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser(
+        "train", help="train a classifier on the embedded digits data set",
+        description="Train an MLP classifier on generated 16x16 digit images (embedded; nothing is "
+                    "downloaded), one arena per step, and print held-out loss/accuracy, steps/s, "
+                    "peak RSS and the step arena high-water.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    train.add_argument("--model", choices=["mlp"], default="mlp", help="model to train")
+    train.add_argument("--hidden", type=_int_tuple, default=(256, 256), help="hidden layer widths, comma-separated")
+    train.add_argument("--activation", choices=["relu", "gelu", "tanh"], default="relu", help="hidden activation")
+    train.add_argument("--dropout", type=float, default=0.0, help="dropout probability after each hidden layer")
+    train.add_argument("--steps", type=int, default=400, help="optimizer steps to run")
+    train.add_argument("--batch-size", type=int, default=128, help="examples per step")
+    train.add_argument("--optimizer", choices=["adamw", "adam", "sgd"], default="adamw", help="optimizer")
+    train.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
+    train.add_argument("--weight-decay", type=float, default=1e-2, help="weight decay (decoupled for adamw)")
+    train.add_argument("--momentum", type=float, default=0.9, help="momentum (sgd only)")
+    train.add_argument("--schedule", choices=["warmup-cosine", "constant", "cosine", "step", "exponential", "linear-warmup"],
+                       default="warmup-cosine", help="learning-rate schedule")
+    train.add_argument("--warmup", type=int, default=20, help="warm-up steps for warmup schedules")
+    train.add_argument("--clip", type=float, default=1.0, help="global gradient-norm clip (0 disables)")
+    train.add_argument("--dtype", choices=["float32", "float64"], default="float32", help="parameter and compute dtype")
+    train.add_argument("--train-size", type=int, default=8000, help="generated training examples")
+    train.add_argument("--test-size", type=int, default=2000, help="generated held-out examples")
+    train.add_argument("--seed", type=int, default=0, help="seed for data, initialisation, shuffling and dropout")
+    train.add_argument("--on-nonfinite", choices=["raise", "skip"], default="raise",
+                       help="what a NaN/inf loss does: raise naming the step, or skip that step")
+    train.add_argument("--save", metavar="PATH", help="write a checkpoint (safetensors + JSON metadata) here at the end")
+    train.add_argument("--resume", metavar="PATH", help="resume from a checkpoint written by --save")
+    train.add_argument("--json", metavar="PATH", help="also write the summary as JSON to PATH ('-' for stdout)")
+    train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    return parser
+
+
+def _make_scheduler(args, optimizer):
+    from .optim import lr_scheduler as sched
+
+    if args.schedule == "warmup-cosine":
+        return sched.warmup_cosine(optimizer, warmup_steps=min(args.warmup, max(args.steps - 1, 1)), total_steps=args.steps)
+    if args.schedule == "cosine":
+        return sched.CosineAnnealingLR(optimizer, T_max=args.steps)
+    if args.schedule == "linear-warmup":
+        return sched.LinearLR(optimizer, start_factor=0.1, total_iters=args.warmup)
+    if args.schedule == "step":
+        return sched.StepLR(optimizer, step_size=max(args.steps // 3, 1), gamma=0.3)
+    if args.schedule == "exponential":
+        return sched.ExponentialLR(optimizer, gamma=0.01 ** (1 / max(args.steps, 1)))
+    return sched.ConstantLR(optimizer, factor=1.0, total_iters=0)
+
+
+def _make_optimizer(args, params):
+    from . import optim
+
+    if args.optimizer == "adamw":
+        return optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
+    if args.optimizer == "adam":
+        return optim.Adam(params, lr=args.lr, weight_decay=args.weight_decay)
+    return optim.SGD(params, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+
+
+def cmd_train(args) -> dict:
+    from tqdm import tqdm
+
+    from .data.digits import NUM_CLASSES, SIZE, train_test_split
+    from .data.loader import BatchLoader
+    from .models.mlp import MLP, MLPConfig
+    from .nn.functional import cross_entropy
+    from .ops.nn_ops import manual_seed
+    from .train.trainer import Trainer
+
+    for name in ("steps", "batch_size", "train_size", "test_size"):
+        if getattr(args, name) <= 0:
+            raise SystemExit(f"tensorarena train: --{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    dtype = np.dtype(args.dtype)
+    (x_train, y_train), (x_test, y_test) = train_test_split(args.train_size, args.test_size, seed=args.seed)
+    x_train, x_test = x_train.astype(dtype), x_test.astype(dtype)
+    manual_seed(args.seed)
+    config = MLPConfig(in_features=SIZE * SIZE, hidden=args.hidden, out_features=NUM_CLASSES,
+                       activation=args.activation, dropout=args.dropout, dtype=dtype)
+    model = MLP(config, rng=np.random.default_rng(args.seed))
+    optimizer = _make_optimizer(args, model.parameters())
+    scheduler = _make_scheduler(args, optimizer)
+    trainer = Trainer(model, optimizer, cross_entropy, scheduler=scheduler,
+                      clip_grad_norm=args.clip or None, on_nonfinite=args.on_nonfinite)
+    loader = BatchLoader(x_train, y_train, min(args.batch_size, len(x_train)), rng=np.random.default_rng(args.seed + 1))
+    if args.resume:
+        extra = trainer.load(args.resume)
+        if "loader" in extra:
+            loader.load_state(extra["loader"])
+        print(f"resumed from {args.resume} at step {trainer.step_count}", file=sys.stderr)
+
+    first = last = None
+    high_water = 0
+    rss_before = rss_bytes()
+    remaining = max(args.steps - trainer.step_count, 0)
+    started = time.perf_counter()
+    bar = tqdm(total=remaining, disable=args.no_progress, unit="step", file=sys.stderr)
+    for _ in range(remaining):
+        report = trainer.step(*loader.next())
+        first = first or report
+        last = report
+        high_water = max(high_water, report.arena_high_water)
+        bar.update(1)
+        if report.step % 10 == 0 or report.step == args.steps:
+            bar.set_postfix(loss=f"{report.loss:.4f}", lr=f"{report.lr:.2e}")
+    bar.close()
+    elapsed = time.perf_counter() - started
+    held_out = trainer.evaluate(x_test, y_test)
+    if args.save:
+        trainer.save(args.save, extra={"loader": loader.state()})
+    summary = {
+        "model": args.model, "route": last.route if last else "eager", "steps": trainer.step_count,
+        "first_loss": first.loss if first else None, "final_loss": last.loss if last else None,
+        "test_loss": held_out["loss"], "test_accuracy": held_out["accuracy"],
+        "steps_per_second": remaining / elapsed if elapsed > 0 else None,
+        "peak_rss_bytes": peak_rss_bytes(), "rss_growth_bytes": rss_bytes() - rss_before,
+        "arena_high_water_bytes": high_water, "parameters": model.num_parameters(),
+    }
+    print(f"trained {args.model} ({summary['parameters']:,} parameters) for {trainer.step_count} steps on the "
+          f"{summary['route']} route")
+    if first:
+        print(f"  train loss        {first.loss:.4f} -> {last.loss:.4f}")
+    print(f"  held-out loss     {held_out['loss']:.4f}")
+    print(f"  held-out accuracy {held_out['accuracy']:.2%}")
+    if summary["steps_per_second"]:
+        print(f"  steps/s           {summary['steps_per_second']:.1f}")
+    print(f"  peak RSS          {format_bytes(summary['peak_rss_bytes'])}")
+    print(f"  arena high-water  {format_bytes(high_water)} per step")
+    if args.save:
+        print(f"  checkpoint        {args.save}")
+    if args.json:
+        text = json.dumps(summary, indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `tensorarena` command."""
+    args = build_parser().parse_args(argv)
+    if args.command == "train":
+        cmd_train(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+"""Process memory readings: resident set size now and at its peak."""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process now, in bytes (cheap: one /proc read)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except OSError:  # not Linux: psutil is slower but portable
+        import psutil
+
+        return psutil.Process().memory_info().rss
+
+
+def peak_rss_bytes() -> int:
+    """Highest resident set size this process has reached, in bytes."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
+
+
+def format_bytes(n: float) -> str:
+    """Human-readable size: 1.50 GiB, 12.0 MiB, 512 B."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"

@@ -1,0 +1,27 @@
+"""What one training step reports back."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """Per-step facts: which route ran, how long it took and what memory it used."""
+
+    step: int  # 1-based index of this step
+    loss: float
+    route: str  # "eager", "fused" or "streaming"
+    seconds: float
+    arena_high_water: int  # bytes: most the step arena held at once
+    rss: int  # bytes: process resident set size right after the step
+    lr: float  # learning rate the update used (first param group)
+    grad_norm: float | None = None  # global norm before clipping, when clipping is on
+    skipped: bool = False  # True when a non-finite loss was skipped (on_nonfinite="skip")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The loss was NaN or infinite; the step was not applied."""

@@ -1,0 +1,133 @@
+"""The training loop's one step, run inside its own step arena.
+
+Every step opens a fresh `Arena`, does forward, loss, backward, clipping, the
+optimizer update and the schedule inside it, and closes it in `finally`
+(the `with` block) before any error is handled. Closing hands the step's blocks
+back to the pool, so the next step reuses them and memory stays flat — also
+when the caller wraps the whole loop in an outer arena that is never reset,
+which is exactly the leak DESIGN.md was written about.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from ..memory.arena import Arena
+from ..memory.meter import rss_bytes
+from ..memory.pool import BlockPool
+from ..nn.module import Module
+from ..optim import clip_grad_norm_
+from ..optim.optimizer import Optimizer
+from ..tensor import Tensor
+from .report import NonFiniteLossError, StepReport
+
+ROUTES = ("eager",)
+LossFn = Callable[[Tensor, Any], Tensor]
+
+
+class Trainer:
+    """Runs training steps of `model` with `optimizer`, one arena per step.
+
+    Args:
+        model: the module to train; called as model(inputs).
+        optimizer: updates model's parameters.
+        loss_fn: loss_fn(outputs, targets) -> scalar Tensor.
+        scheduler: optional LR scheduler, stepped after each applied update.
+        clip_grad_norm: if set, global-norm gradient clipping to this value.
+        route: "eager" (the define-by-run tape). Other routes arrive with the fused/streaming issues.
+        on_nonfinite: "raise" (default) raises NonFiniteLossError naming the step before
+            any update; "skip" leaves parameters untouched and reports the step as skipped.
+        pool: block pool for step arenas (default: the process-wide pool).
+    """
+
+    def __init__(self, model: Module, optimizer: Optimizer, loss_fn: LossFn, *, scheduler=None,
+                 clip_grad_norm: float | None = None, route: str = "eager", on_nonfinite: str = "raise",
+                 pool: BlockPool | None = None) -> None:
+        if route not in ROUTES:
+            raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
+        if on_nonfinite not in ("raise", "skip"):
+            raise ValueError(f"on_nonfinite must be 'raise' or 'skip', got {on_nonfinite!r}")
+        if clip_grad_norm is not None and not clip_grad_norm > 0:
+            raise ValueError(f"clip_grad_norm must be positive, got {clip_grad_norm}")
+        self.model = model
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn
+        self.scheduler = scheduler
+        self.clip_grad_norm = clip_grad_norm
+        self.route = route
+        self.on_nonfinite = on_nonfinite
+        self.pool = pool
+        self.step_count = 0  # applied or skipped steps so far
+        self._params = [p for p in model.parameters() if p.requires_grad]
+
+    def step(self, inputs: Any, targets: Any) -> StepReport:
+        """One training step on a batch; returns its report."""
+        start = time.perf_counter()
+        index = self.step_count + 1
+        self.model.train()
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        grad_norm = None
+        skipped = False
+        arena = Arena(pool=self.pool, name=f"step {index} arena")
+        with arena:  # closed (blocks returned) before any exception below propagates
+            x = inputs if isinstance(inputs, Tensor) else Tensor(inputs)
+            loss = self.loss_fn(self.model(x), targets)
+            loss_value = loss.item()
+            if not math.isfinite(loss_value):
+                if self.on_nonfinite == "raise":
+                    raise NonFiniteLossError(
+                        f"loss is {loss_value} at step {index}; the parameters were not updated. "
+                        f"Lower the learning rate or check the batch, or pass on_nonfinite='skip' "
+                        f"to skip such steps."
+                    )
+                skipped = True
+            else:
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if self.clip_grad_norm is not None:
+                    grad_norm = float(clip_grad_norm_(self._params, self.clip_grad_norm))
+                self.optimizer.step()
+                if self.scheduler is not None:
+                    self.scheduler.step()
+            high_water = arena.stats.high_water
+        self.step_count = index
+        return StepReport(step=index, loss=loss_value, route=self.route, seconds=time.perf_counter() - start,
+                          arena_high_water=high_water, rss=rss_bytes(), lr=lr, grad_norm=grad_norm,
+                          skipped=skipped)
+
+    def evaluate(self, inputs: np.ndarray, targets: np.ndarray, *, batch_size: int = 1024) -> dict:
+        """Mean loss and accuracy (argmax of outputs) on held-out data, without building a graph."""
+        from ..autograd import no_grad
+
+        self.model.eval()
+        total_loss = 0.0
+        correct = 0
+        with no_grad():
+            for begin in range(0, len(inputs), batch_size):
+                with Arena(pool=self.pool, name="eval arena"):
+                    xb, yb = inputs[begin:begin + batch_size], targets[begin:begin + batch_size]
+                    out = self.model(Tensor(xb))
+                    total_loss += self.loss_fn(out, yb).item() * len(xb)
+                    correct += int((out.data.argmax(axis=-1) == yb).sum())
+        self.model.train()
+        return {"loss": total_loss / len(inputs), "accuracy": correct / len(inputs)}
+
+    # -- checkpoints -----------------------------------------------------------
+    def save(self, path, *, extra: dict | None = None) -> None:
+        """Write model, optimizer, schedule, RNG states and step count atomically to `path`."""
+        from .checkpoint import save_checkpoint
+
+        save_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+                        step=self.step_count, extra=extra)
+
+    def load(self, path) -> dict:
+        """Restore everything `save` wrote; returns the checkpoint's `extra` dict."""
+        from .checkpoint import load_checkpoint
+
+        meta = load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+        self.step_count = meta["step"]
+        return meta.get("extra") or {}
