@@ -98,6 +98,7 @@ class Arena:
 
     def _reserve(self, nbytes: int) -> np.ndarray:
         blocks = self._blocks
+        entry_position = (self._block_index, self._offset)
         while self._block_index < len(blocks):
             block = blocks[self._block_index]
             if self._offset + nbytes <= block.nbytes:
@@ -107,7 +108,12 @@ class Arena:
             # Blocks kept from before a reset that are too small are skipped, not split.
             self._block_index += 1
             self._offset = 0
-        block = self.pool.acquire(max(nbytes, self.block_bytes))
+        try:
+            block = self.pool.acquire(max(nbytes, self.block_bytes))
+        except MemoryError:
+            # Leave the arena exactly as it was so smaller requests still fit where they did.
+            self._block_index, self._offset = entry_position
+            raise
         blocks.append(block)
         self.stats.blocks = len(blocks)
         self._block_index = len(blocks) - 1

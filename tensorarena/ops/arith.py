@@ -9,7 +9,11 @@ from ._base import as_tensor, new, new_like, result_dtype, unbroadcast
 
 
 def _binary_out(a: Tensor, b: Tensor) -> np.ndarray:
-    shape = np.broadcast_shapes(a.shape, b.shape)
+    # Touch .data first: a stale operand must raise before we allocate anything.
+    try:
+        shape = np.broadcast_shapes(a.data.shape, b.data.shape)
+    except ValueError:
+        raise ValueError(f"shapes {a.shape} and {b.shape} do not broadcast") from None
     return new(shape, result_dtype(a, b))
 
 

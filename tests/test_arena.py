@@ -1,0 +1,180 @@
+"""Arena and BlockPool semantics: routing, reuse, staleness, threads, budgets."""
+
+import threading
+
+import numpy as np
+import pytest
+
+import tensorarena as ta
+from tensorarena.memory.arena import empty
+from tensorarena.memory.pool import MIN_BLOCK_BYTES, size_class
+
+
+def test_innermost_arena_receives_allocations():
+    pool = ta.BlockPool()
+    x = ta.tensor(np.ones((8, 8)))
+    with ta.Arena(pool=pool, name="outer") as outer:
+        with ta.Arena(pool=pool, name="inner") as inner:
+            assert ta.current_arena() is inner
+            y = x * 2
+            assert y._arena is inner
+            assert inner.stats.allocations == 1
+            assert outer.stats.allocations == 0
+        assert ta.current_arena() is outer
+        z = x + 1
+        assert z._arena is outer and outer.stats.allocations == 1
+    assert ta.current_arena() is None
+
+
+def test_no_arena_means_heap():
+    x = ta.tensor(np.ones(4))
+    y = x + 1
+    assert y._arena is None
+    np.testing.assert_array_equal(y.numpy(), 2 * np.ones(4))
+
+
+def test_blocks_released_by_nested_arena_are_reused():
+    pool = ta.BlockPool()
+    with ta.Arena(pool=pool, name="outer"):
+        for step in range(5):
+            with ta.Arena(pool=pool, name=f"step {step}") as a:
+                a.alloc((1000,), np.float32)
+                a.alloc((300_000,), np.float32)  # a second, dedicated 2 MiB block
+                assert a.stats.blocks == 2
+    # First step misses twice, every later step hits both size classes.
+    assert pool.stats.misses == 2
+    assert pool.stats.hits == 8
+    assert pool.stats.bytes_in_use == 0
+    assert pool.stats.bytes_cached == MIN_BLOCK_BYTES + size_class(1_200_000)
+
+
+def test_reset_makes_old_tensors_stale_and_reuses_memory():
+    pool = ta.BlockPool()
+    with ta.Arena(pool=pool) as a:
+        t = ta.tensor(np.arange(4.0)) * 1
+        first_address = t._data.ctypes.data
+        a.reset()
+        with pytest.raises(ta.StaleTensorError, match="reset"):
+            t.numpy()
+        with pytest.raises(ta.StaleTensorError):
+            t + 1
+        u = ta.tensor(np.arange(4.0)) * 1
+        assert u._data.ctypes.data == first_address  # rewound, same memory
+        assert a.stats.blocks == 1 and pool.stats.misses == 1
+    with pytest.raises(ta.StaleTensorError, match="closed"):
+        u.item()
+
+
+def test_views_go_stale_with_their_source():
+    with ta.Arena():
+        base = ta.tensor(np.ones((2, 3))) + 0
+        view = base.reshape(3, 2)
+    with pytest.raises(ta.StaleTensorError):
+        view.numpy()
+
+
+def test_arena_stats_track_bytes_and_high_water():
+    with ta.Arena(pool=ta.BlockPool()) as a:
+        a.alloc((10,), np.float64)  # 80 bytes padded to 128
+        a.alloc((16,), np.float32)  # 64 bytes
+        assert a.stats.bytes_in_use == 192
+        assert a.stats.allocations == 2
+        a.reset()
+        assert a.stats.bytes_in_use == 0 and a.stats.high_water == 192
+        assert a.stats.blocks == 1
+
+
+def test_allocations_are_aligned_and_disjoint():
+    with ta.Arena(pool=ta.BlockPool()) as a:
+        arrays = [a.alloc((n,), np.float32) for n in (1, 7, 33, 1000)]
+        for arr in arrays:
+            assert arr.ctypes.data % 64 == 0
+        for i, arr in enumerate(arrays):
+            arr[:] = i
+        for i, arr in enumerate(arrays):
+            assert (arr == i).all()
+
+
+def test_arenas_are_per_thread():
+    seen = {}
+    with ta.Arena(name="main thread") as main_arena:
+        def worker():
+            seen["before"] = ta.current_arena()
+            with ta.Arena(name="worker") as w:
+                seen["inside"] = ta.current_arena() is w
+                seen["tensor_arena"] = (ta.tensor(np.ones(3)) + 1)._arena is w
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join()
+        assert ta.current_arena() is main_arena
+    assert seen == {"before": None, "inside": True, "tensor_arena": True}
+
+
+def test_pool_is_thread_safe_under_concurrent_arenas():
+    pool = ta.BlockPool()
+    errors = []
+
+    def worker(k):
+        try:
+            for _ in range(50):
+                with ta.Arena(pool=pool) as a:
+                    arr = a.alloc((1000 + k,), np.float32)
+                    arr[:] = k
+                    assert (arr == k).all()
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert pool.stats.bytes_in_use == 0
+    assert pool.stats.hits + pool.stats.misses == 200
+
+
+def test_budget_breach_raises_with_details_and_recovers():
+    pool = ta.BlockPool(budget=4 * MIN_BLOCK_BYTES)
+    with ta.Arena(pool=pool, name="step") as a:
+        a.alloc((1000,), np.float32)  # one 1 MiB block
+        with pytest.raises(ta.ArenaOutOfMemory) as info:
+            a.alloc((MIN_BLOCK_BYTES,), np.float32)  # needs a 4 MiB block: 5 MiB > 4 MiB budget
+        err = info.value
+        assert isinstance(err, MemoryError)
+        assert err.requested == 4 * MIN_BLOCK_BYTES and err.budget == 4 * MIN_BLOCK_BYTES
+        assert err.in_use == MIN_BLOCK_BYTES
+        message = str(err)
+        assert "4194304 bytes" in message and "1048576 bytes" in message and "budget" in message
+        # The arena is still usable after the failed request.
+        small = a.alloc((100,), np.float32)
+        small[:] = 1.0
+        assert a.stats.blocks == 1
+    # Once the step arena is closed, the same request fits (the cached block is evicted).
+    with ta.Arena(pool=pool) as b:
+        b.alloc((MIN_BLOCK_BYTES,), np.float32)
+    assert pool.stats.evictions == 1
+
+
+def test_heap_scope_bypasses_the_open_arena():
+    with ta.Arena() as a:
+        with ta.heap_scope():
+            assert ta.current_arena() is None
+            kept = empty((4,), np.float32)
+        assert ta.current_arena() is a
+    kept[:] = 3.0  # still valid after the arena closed
+    assert a.stats.allocations == 0
+
+
+def test_closed_arena_cannot_be_reentered():
+    a = ta.Arena()
+    with a:
+        pass
+    with pytest.raises(RuntimeError, match="closed"):
+        with a:
+            pass
+
+
+def test_budget_validation():
+    with pytest.raises(ValueError, match="positive"):
+        ta.BlockPool(budget=None).set_budget(0)
