@@ -1,0 +1,220 @@
+"""The eager route end to end: flat memory, checkpoints, non-finite losses, the CLI."""
+
+import json
+
+import numpy as np
+import pytest
+
+import tensorarena as ta
+from tensorarena import optim
+from tensorarena.data.digits import train_test_split
+from tensorarena.data.loader import BatchLoader
+from tensorarena.memory.meter import rss_bytes
+from tensorarena.models import MLP, MLPConfig
+from tensorarena.nn.functional import cross_entropy
+from tensorarena.train.report import NonFiniteLossError
+from tensorarena.train.trainer import Trainer
+
+STEPS = 200
+
+
+def _setup(*, seed=0, dropout=0.0, hidden=(256, 256), batch=64, n=2048):
+    (x, y), _ = train_test_split(n, 16, seed=seed)
+    model = MLP(MLPConfig(in_features=256, hidden=hidden, out_features=10, dropout=dropout),
+                rng=np.random.default_rng(seed))
+    opt = optim.AdamW(model.parameters(), lr=1e-3)
+    sched = optim.lr_scheduler.warmup_cosine(opt, warmup_steps=10, total_steps=STEPS)
+    trainer = Trainer(model, opt, cross_entropy, scheduler=sched, clip_grad_norm=1.0)
+    loader = BatchLoader(x, y, batch, rng=np.random.default_rng(seed + 1))
+    return model, opt, sched, trainer, loader
+
+
+def _leaky_step(model, opt, x, y):
+    """The bug DESIGN.md is about: a step with no arena of its own, so its tensors land in
+    whatever arena the caller has open."""
+    loss = cross_entropy(model(ta.Tensor(x)), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
+def _measure(step_fn, loader, steps):
+    """Per step: pool bytes held (in use + cached), step arena high-water, RSS and loss —
+    all while the WHOLE loop runs inside one outer arena that is never reset."""
+    pool = ta.default_pool()
+    pool_bytes, high_waters, rss, losses = [], [], [], []
+    with ta.Arena(name="outer harness arena, never reset") as outer:
+        for _ in range(steps):
+            loss, high_water = step_fn(*loader.next())
+            losses.append(loss)
+            high_waters.append(high_water if high_water is not None else outer.stats.high_water)
+            pool_bytes.append(pool.stats.bytes_in_use + pool.stats.bytes_cached)
+            rss.append(rss_bytes())
+    return pool_bytes, high_waters, rss, losses
+
+
+def _assert_flat(pool_bytes, high_waters, rss, losses):
+    assert len(set(high_waters[3:])) == 1, f"arena high-water changed after step 3: {sorted(set(high_waters[3:]))}"
+    assert len(set(pool_bytes[3:])) == 1, "pool grew after warm-up"
+    growth = rss[STEPS - 1] - rss[19]
+    assert growth < 2 * 2**20, f"RSS grew {growth / 2**20:.2f} MiB from step 20 to {STEPS}"
+    assert losses[STEPS - 1] < losses[19]
+
+
+def test_memory_is_flat_under_an_outer_arena_that_is_never_reset():
+    model, opt, sched, trainer, loader = _setup()
+
+    def step(x, y):
+        report = trainer.step(x, y)
+        assert report.route == "eager"
+        return report.loss, report.arena_high_water
+
+    measured = _measure(step, loader, STEPS)
+    _assert_flat(*measured)
+    assert measured[1][-1] > 0  # the step arena really held the step's tensors
+
+
+def test_the_same_measurement_catches_the_leak_without_a_step_arena():
+    # Proof the flatness test can fail: the same loop with the per-step arena removed.
+    model, opt, sched, trainer, loader = _setup()
+    pool_bytes, high_waters, rss, losses = _measure(lambda x, y: (_leaky_step(model, opt, x, y), None),
+                                                    loader, STEPS)
+    with pytest.raises(AssertionError):
+        _assert_flat(pool_bytes, high_waters, rss, losses)
+    assert high_waters[-1] > 100 * high_waters[0]  # linear growth: one step's working set per step
+    assert rss[-1] - rss[19] > 2 * 2**20
+
+
+def test_parameters_and_optimizer_state_are_not_arena_memory():
+    model, opt, sched, trainer, loader = _setup(hidden=(32,))
+    trainer.step(*loader.next())
+    for p in model.parameters():
+        assert p._arena is None and p.grad is not None
+        p.numpy()  # readable after the step arena closed
+    for state in opt.state.values():
+        for value in state.values():
+            if isinstance(value, np.ndarray):
+                value.sum()  # still valid memory
+
+
+def test_resume_gives_the_same_next_losses(tmp_path):
+    path = tmp_path / "run.safetensors"
+    model, opt, sched, trainer, loader = _setup(dropout=0.2, hidden=(64,))
+    for _ in range(10):
+        trainer.step(*loader.next())
+    trainer.save(path, extra={"loader": loader.state()})
+    expected = [trainer.step(*loader.next()).loss for _ in range(5)]
+
+    model2, opt2, sched2, trainer2, loader2 = _setup(seed=123, dropout=0.2, hidden=(64,))
+    extra = trainer2.load(path)
+    loader2.load_state(extra["loader"])
+    assert trainer2.step_count == 10
+    resumed = [trainer2.step(*loader2.next()).loss for _ in range(5)]
+    assert resumed == expected  # bit-for-bit: weights, moments, schedule, dropout and shuffle RNGs
+    for (n1, p1), (n2, p2) in zip(model.named_parameters(), model2.named_parameters()):
+        assert n1 == n2
+        np.testing.assert_array_equal(p1.numpy(), p2.numpy())
+
+
+def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt.safetensors"
+    model, opt, sched, trainer, loader = _setup(hidden=(16,))
+    trainer.save(path)
+    before = path.read_bytes()
+    trainer.step(*loader.next())
+
+    import tensorarena.train.checkpoint as ck
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full (simulated)")
+
+    monkeypatch.setattr(ck.os, "replace", crash)
+    with pytest.raises(OSError, match="simulated"):
+        trainer.save(path)
+    assert path.read_bytes() == before  # the old checkpoint survives a failed write
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.safetensors"]  # no temp file left
+
+
+def test_loading_a_non_checkpoint_is_a_clear_error(tmp_path):
+    from safetensors.numpy import save_file
+
+    path = tmp_path / "plain.safetensors"
+    save_file({"w": np.zeros(3, np.float32)}, str(path))
+    model, opt, sched, trainer, loader = _setup(hidden=(16,))
+    with pytest.raises(ValueError, match="not a tensorarena checkpoint"):
+        trainer.load(path)
+    with pytest.raises(FileNotFoundError):
+        trainer.load(tmp_path / "missing.safetensors")
+
+
+def _poison(model):
+    first = next(iter(model.parameters()))
+    first.data[0, 0] = np.nan
+    return {n: p.numpy().copy() for n, p in model.named_parameters()}
+
+
+def test_nonfinite_loss_raises_naming_the_step_and_keeps_weights():
+    model, opt, sched, trainer, loader = _setup(hidden=(16,))
+    trainer.step(*loader.next())
+    trainer.step(*loader.next())
+    before = _poison(model)
+    with np.errstate(invalid="ignore"), pytest.raises(NonFiniteLossError, match="step 3"):
+        trainer.step(*loader.next())
+    for name, p in model.named_parameters():
+        np.testing.assert_array_equal(p.numpy(), before[name])
+    assert ta.current_arena() is None  # the step arena was closed on the way out
+
+
+def test_nonfinite_loss_can_be_skipped():
+    model, opt, sched, trainer, loader = _setup(hidden=(16,))
+    trainer.on_nonfinite = "skip"
+    before = _poison(model)
+    with np.errstate(invalid="ignore"):
+        report = trainer.step(*loader.next())
+    assert report.skipped and not np.isfinite(report.loss) and trainer.step_count == 1
+    for name, p in model.named_parameters():
+        np.testing.assert_array_equal(p.numpy(), before[name])
+
+
+def test_trainer_validates_options():
+    model, opt, sched, trainer, loader = _setup(hidden=(16,))
+    with pytest.raises(ValueError, match="route"):
+        Trainer(model, opt, cross_entropy, route="warp")
+    with pytest.raises(ValueError, match="on_nonfinite"):
+        Trainer(model, opt, cross_entropy, on_nonfinite="ignore")
+
+
+def test_cli_train_end_to_end(tmp_path, capsys):
+    from tensorarena.cli import main
+
+    out = tmp_path / "summary.json"
+    ckpt = tmp_path / "cli.safetensors"
+    assert main(["train", "--steps", "150", "--no-progress", "--json", str(out), "--save", str(ckpt),
+                 "--train-size", "3000", "--test-size", "500"]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["route"] == "eager" and summary["steps"] == 150
+    assert summary["final_loss"] < summary["first_loss"]
+    assert summary["test_accuracy"] > 0.8  # 10 classes: chance is 0.1
+    assert summary["arena_high_water_bytes"] > 0 and summary["peak_rss_bytes"] > 0
+    printed = capsys.readouterr().out
+    assert "held-out accuracy" in printed and "peak RSS" in printed and "arena high-water" in printed
+    # Resume from the checkpoint and continue to 160 steps.
+    assert main(["train", "--steps", "160", "--no-progress", "--resume", str(ckpt), "--json", str(out),
+                 "--train-size", "3000", "--test-size", "500"]) == 0
+    assert json.loads(out.read_text())["steps"] == 160
+
+
+def test_cli_help_documents_every_option(capsys):
+    from tensorarena.cli import build_parser
+
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    for action in train._actions:
+        if action.option_strings and action.dest != "help":
+            assert action.help, f"option {action.option_strings} has no help text"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--help"])
+    text = capsys.readouterr().out
+    for action in train._actions:
+        for flag in action.option_strings:
+            assert flag in text
