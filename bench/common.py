@@ -1,0 +1,69 @@
+"""Shared benchmark plumbing: run each contender in its own child process, collect JSON, print a table.
+
+Each contender runs in a fresh child so that its peak RSS (ru_maxrss) is its own:
+importing torch alone costs a few hundred MB, which would otherwise be charged to
+whoever ran second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from typing import Callable
+
+from tensorarena.memory.meter import peak_rss_bytes, rss_bytes
+
+
+def time_steps(step: Callable[[], float], *, warmup: int, steps: int) -> dict:
+    """Run `step` (returns the loss) warmup+steps times; median/first/all times and RSS trace."""
+    import time
+
+    times, losses, rss = [], [], []
+    for i in range(warmup + steps):
+        start = time.perf_counter()
+        losses.append(float(step()))
+        times.append(time.perf_counter() - start)
+        rss.append(rss_bytes())
+    measured = times[warmup:]
+    slope = (rss[-1] - rss[warmup]) / max(steps - 1, 1)
+    return {"first_step_s": times[0], "median_step_s": statistics.median(measured),
+            "step_times_s": measured, "first_loss": losses[0], "last_loss": losses[-1],
+            "peak_rss_bytes": peak_rss_bytes(), "rss_slope_bytes_per_step": slope}
+
+
+def child_main(contenders: dict[str, Callable[[], dict]]) -> None:
+    """In a child: run the contender named on the command line and print its JSON result."""
+    name = sys.argv[sys.argv.index("--child") + 1]
+    baseline = rss_bytes()
+    result = contenders[name]()
+    result["rss_after_imports_bytes"] = baseline
+    print("RESULT " + json.dumps(result))
+
+
+def run_children(script: str, names: list[str], env: dict | None = None) -> dict[str, dict]:
+    """Run `script --child NAME` for each name; return their parsed results."""
+    results = {}
+    for name in names:
+        proc = subprocess.run([sys.executable, script, "--child", name], capture_output=True, text=True,
+                              env={**os.environ, **(env or {})})
+        line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
+        if proc.returncode != 0 or line is None:
+            raise RuntimeError(f"contender {name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+        results[name] = json.loads(line[len("RESULT "):])
+    return results
+
+
+def print_table(title: str, results: dict[str, dict], reference: str) -> None:
+    """Median/first step time, peak RSS and ratios to `reference`."""
+    ref = results[reference]
+    print(f"\n{title}")
+    header = f"{'contender':<22}{'median ms':>11}{'first ms':>10}{'x ' + reference:>12}{'peak RSS MiB':>14}{'RSS x':>8}{'slope KiB/step':>16}"
+    print(header)
+    print("-" * len(header))
+    for name, r in results.items():
+        print(f"{name:<22}{r['median_step_s'] * 1e3:>11.2f}{r['first_step_s'] * 1e3:>10.1f}"
+              f"{r['median_step_s'] / ref['median_step_s']:>12.3f}{r['peak_rss_bytes'] / 2**20:>14.1f}"
+              f"{r['peak_rss_bytes'] / ref['peak_rss_bytes']:>8.3f}{r['rss_slope_bytes_per_step'] / 1024:>16.1f}")
