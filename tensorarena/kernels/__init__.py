@@ -60,4 +60,4 @@ def _load() -> None:
     global _loaded
     if not _loaded:
         _loaded = True
-        from . import erf  # noqa: F401
+        from . import adam, erf  # noqa: F401
