@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..tensor import Tensor
-from ._base import new
+from ._base import as_tensor, new
 
 
 def reshape(a: Tensor, *shape) -> Tensor:
@@ -30,36 +30,157 @@ def reshape(a: Tensor, *shape) -> Tensor:
     return Tensor._make(view, (a,), backward, view_of=view_of)
 
 
+def _dim(dim: int, ndim: int, what: str) -> int:
+    """`dim` made non-negative; a 0-d tensor accepts 0 and -1, as in torch."""
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise IndexError(f"{what}: dimension {dim} is out of range for a tensor with {ndim} dimensions "
+                         f"(expected a value in [{-n}, {n - 1}])")
+    return dim % n
+
+
+def _as_dtype(g: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """`g` in `dtype`: a parent's gradient keeps the parent's precision after promotion."""
+    if g.dtype == dtype:
+        return g
+    out = new(g.shape, dtype)
+    np.copyto(out, g, casting="unsafe")
+    return out
+
+
 def transpose(a: Tensor, dim0: int, dim1: int) -> Tensor:
     """Swap two dimensions (a view)."""
-    raise NotImplementedError
+    ad = a.data
+    d0, d1 = _dim(dim0, ad.ndim, "transpose"), _dim(dim1, ad.ndim, "transpose")
+    view = np.swapaxes(ad, d0, d1) if ad.ndim else ad.view()
+
+    def backward(g):
+        return (np.swapaxes(g, d0, d1) if g.ndim else g,)
+
+    return Tensor._make(view, (a,), backward, view_of=a)
 
 
 def permute(a: Tensor, *dims) -> Tensor:
-    """Reorder dimensions (a view)."""
-    raise NotImplementedError
+    """Reorder dimensions (a view); dims as separate ints or one tuple."""
+    if len(dims) == 1 and isinstance(dims[0], (tuple, list)):
+        dims = tuple(dims[0])
+    ad = a.data
+    if ad.ndim == 0 and dims in ((), (0,), (-1,)):
+        return Tensor._make(ad.view(), (a,), lambda g: (g,), view_of=a)
+    perm = tuple(_dim(d, ad.ndim, "permute") for d in dims)
+    if sorted(perm) != list(range(ad.ndim)):
+        raise ValueError(f"permute: dims {tuple(dims)} are not a permutation of the {ad.ndim} dimensions "
+                         f"of a tensor of shape {ad.shape}")
+    inverse = tuple(np.argsort(perm))
+
+    def backward(g):
+        return (np.transpose(g, inverse),)
+
+    return Tensor._make(np.transpose(ad, perm), (a,), backward, view_of=a)
 
 
 def unsqueeze(a: Tensor, dim: int) -> Tensor:
-    """Insert a size-1 dimension at `dim`."""
-    raise NotImplementedError
+    """Insert a size-1 dimension at `dim` (a view; dim in [-ndim-1, ndim])."""
+    ad = a.data
+    d = _dim(dim, ad.ndim + 1, "unsqueeze")
+
+    def backward(g):
+        return (g.reshape(ad.shape),)
+
+    return Tensor._make(np.expand_dims(ad, d), (a,), backward, view_of=a)
 
 
 def squeeze(a: Tensor, dim=None) -> Tensor:
-    """Drop size-1 dimensions (all, or only `dim`)."""
-    raise NotImplementedError
+    """Drop size-1 dimensions (all, or only those in `dim`, an int or tuple; others are kept)."""
+    ad = a.data
+    if dim is None:
+        axes = tuple(i for i, n in enumerate(ad.shape) if n == 1)
+    else:
+        dims = (dim,) if isinstance(dim, int) else tuple(dim)
+        # torch leaves a named dim alone when its size is not 1 instead of raising.
+        axes = tuple(sorted({d for d in (_dim(x, ad.ndim, "squeeze") for x in dims)
+                             if ad.ndim and ad.shape[d] == 1}))
+    view = np.squeeze(ad, axis=axes) if axes else ad.view()
+
+    def backward(g):
+        return (g.reshape(ad.shape),)
+
+    return Tensor._make(view, (a,), backward, view_of=a)
 
 
 def flatten(a: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
-    """Merge dims start_dim..end_dim into one."""
-    raise NotImplementedError
+    """Merge dims start_dim..end_dim into one (a view when `a` is contiguous there)."""
+    shape = a.shape
+    if not shape:
+        return reshape(a, (1,))  # torch flattens a 0-d tensor to shape (1,)
+    s, e = _dim(start_dim, len(shape), "flatten"), _dim(end_dim, len(shape), "flatten")
+    if s > e:
+        raise ValueError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim} for shape {shape}")
+    merged = 1
+    for n in shape[s : e + 1]:
+        merged *= n
+    return reshape(a, shape[:s] + (merged,) + shape[e + 1 :])
+
+
+def _promoted_dtype(dtypes) -> np.dtype:
+    """torch's promotion for a list: floats win over ints (int64 + float32 -> float32), widest float wins."""
+    floats = [d for d in dtypes if d.kind == "f"]
+    return np.result_type(*(floats or dtypes))
+
+
+def _inputs(tensors, what: str) -> list[Tensor]:
+    if isinstance(tensors, Tensor) or not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"{what}: expected a list or tuple of tensors, got {type(tensors).__name__}")
+    if not tensors:
+        raise ValueError(f"{what}: expected a non-empty list of tensors")
+    return [as_tensor(t) for t in tensors]
 
 
 def cat(tensors, dim: int = 0) -> Tensor:
-    """Concatenate along an existing dim (torch.cat / concat)."""
-    raise NotImplementedError
+    """Concatenate along an existing dim (torch.cat / concat); dtypes promote like torch."""
+    ts = _inputs(tensors, "cat")
+    datas = [t.data for t in ts]
+    first = datas[0].shape
+    if any(d.ndim == 0 for d in datas):
+        raise ValueError(f"cat: zero-dimensional tensors cannot be concatenated; got shapes "
+                         f"{[d.shape for d in datas]}")
+    d = _dim(dim, len(first), "cat")
+    bad = [(i, x.shape) for i, x in enumerate(datas)
+           if x.ndim != len(first) or x.shape[:d] + x.shape[d + 1 :] != first[:d] + first[d + 1 :]]
+    if bad:
+        listed = ", ".join(f"tensor {i} has shape {s}" for i, s in bad)
+        raise ValueError(f"cat: tensors must have the same shape except in dim {dim}; tensor 0 has shape "
+                         f"{first} but {listed}")
+    sizes = [x.shape[d] for x in datas]
+    out = new(first[:d] + (sum(sizes),) + first[d + 1 :], _promoted_dtype([x.dtype for x in datas]))
+    np.concatenate(datas, axis=d, out=out, casting="same_kind")
+    bounds = np.cumsum([0] + sizes)
+
+    def backward(g):
+        lead = (slice(None),) * d
+        return tuple(_as_dtype(g[lead + (slice(lo, hi),)], t.dtype) if t.requires_grad else None
+                     for t, lo, hi in zip(ts, bounds[:-1], bounds[1:]))
+
+    return Tensor._make(out, ts, backward)
 
 
 def stack(tensors, dim: int = 0) -> Tensor:
-    """Stack along a new dim."""
-    raise NotImplementedError
+    """Stack equally shaped tensors along a new dim (dim in [-ndim-1, ndim])."""
+    ts = _inputs(tensors, "stack")
+    datas = [t.data for t in ts]
+    first = datas[0].shape
+    bad = [(i, x.shape) for i, x in enumerate(datas) if x.shape != first]
+    if bad:
+        listed = ", ".join(f"tensor {i} has shape {s}" for i, s in bad)
+        raise ValueError(f"stack: all tensors must have the same shape to stack along dim {dim}; "
+                         f"tensor 0 has shape {first} but {listed}")
+    d = _dim(dim, len(first) + 1, "stack")
+    out = new(first[:d] + (len(datas),) + first[d:], _promoted_dtype([x.dtype for x in datas]))
+    np.stack(datas, axis=d, out=out, casting="same_kind")
+
+    def backward(g):
+        lead = (slice(None),) * d
+        return tuple(_as_dtype(g[lead + (i,)], t.dtype) if t.requires_grad else None
+                     for i, t in enumerate(ts))
+
+    return Tensor._make(out, ts, backward)
