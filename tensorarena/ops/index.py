@@ -2,19 +2,159 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..tensor import Tensor
+from ._base import as_tensor, new, unbroadcast
+from .shape import _as_dtype  # shared: grads keep each parent's dtype
+
+
+def _normalize_index(index) -> tuple:
+    """The index as a tuple NumPy understands: Tensors become arrays, lists become arrays."""
+    items = index if isinstance(index, tuple) else (index,)
+    out = []
+    for item in items:
+        if isinstance(item, Tensor):
+            item = item.data
+        elif isinstance(item, list):
+            # An empty list means "no rows", which NumPy would read as a float array.
+            item = np.asarray(item) if item else np.empty(0, np.intp)
+        out.append(item)
+    return tuple(out)
+
+
+def _is_advanced(idx: tuple) -> bool:
+    return any(isinstance(x, (np.ndarray, bool, np.bool_)) for x in idx)
+
+
+def _is_full(x) -> bool:
+    return isinstance(x, slice) and x == slice(None)
+
+
+def _take_axis(idx: tuple, ndim: int) -> tuple[int, np.ndarray] | None:
+    """(axis, ids) when the index is one integer array among full slices (np.take's case), else None."""
+    arrays = [i for i, x in enumerate(idx) if isinstance(x, np.ndarray)]
+    if len(arrays) != 1 or any(isinstance(x, (bool, np.bool_)) for x in idx):
+        return None
+    if sum(x is not Ellipsis for x in idx) > ndim:
+        return None  # too many indices: let NumPy raise its own error
+    k = arrays[0]
+    if idx[k].dtype.kind not in "iu" or idx[k].ndim == 0:
+        return None
+    before, after = idx[:k], idx[k + 1 :]
+    if all(_is_full(x) for x in before) and all(_is_full(x) or x is Ellipsis for x in after):
+        return k, idx[k]
+    if before == (Ellipsis,) and not after:
+        return ndim - 1, idx[k]
+    return None
 
 
 def getitem(a: Tensor, index) -> Tensor:
-    """a[index]: ints, slices, None, Ellipsis, integer/bool arrays or Tensors (NumPy rules)."""
-    raise NotImplementedError
+    """a[index]: ints, slices, None, Ellipsis, integer/bool arrays or Tensors (NumPy rules).
+
+    Basic indexing returns a view of `a`; advanced indexing copies into the current arena.
+    """
+    ad = a.data
+    idx = _normalize_index(index)
+
+    if not _is_advanced(idx):
+        # A trailing Ellipsis makes NumPy return a 0-d view instead of a scalar copy for a[i, j].
+        view_idx = idx if any(x is Ellipsis for x in idx) else idx + (Ellipsis,)
+        view = ad[view_idx]
+
+        def backward_basic(g):
+            ga = new(ad.shape, g.dtype)
+            ga.fill(0)
+            ga[view_idx] = g  # basic indexing never selects an element twice
+            return (ga,)
+
+        return Tensor._make(view, (a,), backward_basic, view_of=a)
+
+    take = _take_axis(idx, ad.ndim) if ad.ndim else None
+    if take is not None:
+        axis, ids = take
+        n = ad.shape[axis]
+        if ids.size and (ids.min() < -n or ids.max() >= n):
+            bad = ids[(ids < -n) | (ids >= n)].flat[0]
+            raise IndexError(f"index {bad} is out of bounds for dimension {axis} with size {n}")
+        out = new(ad.shape[:axis] + ids.shape + ad.shape[axis + 1 :], ad.dtype)
+        # Bounds are checked above, so "wrap" only maps negatives; "raise" would buffer the output.
+        np.take(ad, ids, axis=axis, out=out, mode="wrap")
+    else:
+        picked = ad[idx]  # NumPy has no out= for general fancy indexing; move the result into the arena
+        out = new(picked.shape, ad.dtype)
+        np.copyto(out, picked)
+        del picked
+
+    def backward_advanced(g):
+        ga = new(ad.shape, g.dtype)
+        ga.fill(0)
+        np.add.at(ga, idx, g)  # repeated indices accumulate, as the chain rule requires
+        return (ga,)
+
+    return Tensor._make(out, (a,), backward_advanced)
 
 
 def where(condition, a, b) -> Tensor:
-    """Elementwise `a if condition else b`, broadcasting all three."""
-    raise NotImplementedError
+    """Elementwise `a if condition else b`, broadcasting all three; a, b tensors or scalars."""
+    cond = condition.data if isinstance(condition, Tensor) else np.asarray(condition)
+    if cond.dtype != np.bool_:
+        raise TypeError(f"where: condition must be a bool array or Tensor, got dtype {cond.dtype}")
+    if isinstance(a, Tensor):
+        b = as_tensor(b, like=a)
+    else:
+        b = as_tensor(b)
+        a = as_tensor(a, like=b)
+    ad, bd = a.data, b.data
+    try:
+        shape = np.broadcast_shapes(cond.shape, ad.shape, bd.shape)
+    except ValueError:
+        raise ValueError(f"where: shapes do not broadcast: condition {cond.shape}, a {ad.shape}, "
+                         f"b {bd.shape}") from None
+    dtype = np.result_type(ad.dtype, bd.dtype)
+    out = new(shape, dtype)
+    np.copyto(out, bd, casting="same_kind")
+    np.copyto(out, ad, casting="same_kind", where=cond)
+
+    def backward(g):
+        ga = gb = None
+        if a.requires_grad:
+            full = new(g.shape, g.dtype)
+            full.fill(0)
+            np.copyto(full, g, where=cond)  # zero, not g*0: inf/nan in g must not leak through
+            ga = _as_dtype(unbroadcast(full, ad.shape), ad.dtype)
+        if b.requires_grad:
+            full = new(g.shape, g.dtype)
+            np.copyto(full, g)
+            np.copyto(full, 0, where=cond)
+            gb = _as_dtype(unbroadcast(full, bd.shape), bd.dtype)
+        return ga, gb
+
+    return Tensor._make(out, (a, b), backward)
 
 
 def embedding(indices, weight: Tensor) -> Tensor:
     """Rows of `weight` (num_embeddings, dim) picked by integer `indices`. Shape: (...) -> (..., dim)."""
-    raise NotImplementedError
+    ids = indices.data if isinstance(indices, Tensor) else np.asarray(indices)
+    if ids.dtype.kind not in "iu":
+        raise TypeError(f"embedding: indices must be integers, got dtype {ids.dtype}")
+    weight = as_tensor(weight)
+    wd = weight.data
+    if wd.ndim != 2:
+        raise ValueError(f"embedding: weight must be 2-D (num_embeddings, dim), got shape {wd.shape}")
+    num, dim = wd.shape
+    if ids.size and (ids.min() < 0 or ids.max() >= num):
+        bad = ids[(ids < 0) | (ids >= num)].flat[0]
+        raise IndexError(f"embedding: index {bad} is out of range for num_embeddings={num} "
+                         f"(valid indices are 0..{num - 1})")
+    out = new(ids.shape + (dim,), wd.dtype)
+    # Bounds are checked above; mode="clip" avoids the temporary copy mode="raise" makes.
+    np.take(wd, ids, axis=0, out=out, mode="clip")
+
+    def backward(g):
+        gw = new(wd.shape, g.dtype)
+        gw.fill(0)
+        np.add.at(gw, ids.reshape(-1), g.reshape(-1, dim))  # a token seen twice gets both gradients
+        return (gw,)
+
+    return Tensor._make(out, (weight,), backward)
