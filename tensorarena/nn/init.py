@@ -1,0 +1,164 @@
+"""Weight initialisation, in place, with explicit randomness (torch.nn.init names).
+
+Every random function takes `rng: np.random.Generator | None`; None means the
+module-level default generator, which `manual_seed(seed)` replaces. Like torch's
+global generator, the default starts from a fixed seed, so a script that never
+seeds is still reproducible run to run.
+
+Values are always drawn in float64 and then rounded to the target's dtype, so a
+float32 and a float64 model built from the same seed hold the same weights (to
+float32 precision).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..tensor import Tensor
+
+DEFAULT_SEED = 0
+
+_default_generator = np.random.default_rng(DEFAULT_SEED)
+
+
+def manual_seed(seed: int) -> np.random.Generator:
+    """Replace the default generator with a fresh one seeded with `seed`; return it."""
+    global _default_generator
+    _default_generator = np.random.default_rng(seed)
+    return _default_generator
+
+
+def default_generator() -> np.random.Generator:
+    """The generator used when an init or layer is given `rng=None`."""
+    return _default_generator
+
+
+def get_generator(rng: np.random.Generator | None = None) -> np.random.Generator:
+    """`rng` itself, or the default generator when it is None."""
+    if rng is None:
+        return _default_generator
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator (np.random.default_rng(seed)) or None, "
+                        f"got {type(rng).__name__}")
+    return rng
+
+
+def _target(t: Tensor | np.ndarray) -> np.ndarray:
+    """The array to write into: a tensor's storage, or a writable float ndarray."""
+    arr = t.data if isinstance(t, Tensor) else t
+    if not isinstance(arr, np.ndarray):
+        raise TypeError(f"init functions fill a Tensor/Parameter or an ndarray in place, got {type(t).__name__}")
+    if arr.dtype.kind != "f":
+        raise TypeError(f"init functions fill floating-point arrays, got dtype {arr.dtype}")
+    return arr
+
+
+def _fill(t, values: np.ndarray):
+    np.copyto(_target(t), values, casting="same_kind")
+    return t
+
+
+def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
+    """The recommended gain for a nonlinearity (torch.nn.init.calculate_gain)."""
+    linear = ("linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+              "conv_transpose3d", "sigmoid")
+    if nonlinearity in linear:
+        return 1.0
+    if nonlinearity == "tanh":
+        return 5.0 / 3
+    if nonlinearity == "relu":
+        return math.sqrt(2.0)
+    if nonlinearity == "leaky_relu":
+        slope = 0.01 if param is None else float(param)
+        return math.sqrt(2.0 / (1 + slope ** 2))
+    if nonlinearity == "selu":
+        return 3.0 / 4
+    raise ValueError(f"unsupported nonlinearity {nonlinearity!r}; use one of {linear + ('tanh', 'relu', 'leaky_relu', 'selu')}")
+
+
+def calculate_fan_in_and_fan_out(t: Tensor | np.ndarray) -> tuple[int, int]:
+    """(fan_in, fan_out) of a weight laid out (out, in, *kernel) as in torch."""
+    shape = _target(t).shape
+    if len(shape) < 2:
+        raise ValueError(f"fan in and fan out need a tensor with at least 2 dimensions, got shape {shape}")
+    receptive = math.prod(shape[2:])
+    return shape[1] * receptive, shape[0] * receptive
+
+
+def uniform_(t, a: float = 0.0, b: float = 1.0, *, rng: np.random.Generator | None = None):
+    """Fill with U(a, b)."""
+    arr = _target(t)
+    return _fill(t, get_generator(rng).uniform(a, b, size=arr.shape))
+
+
+def normal_(t, mean: float = 0.0, std: float = 1.0, *, rng: np.random.Generator | None = None):
+    """Fill with N(mean, std^2)."""
+    arr = _target(t)
+    return _fill(t, get_generator(rng).normal(mean, std, size=arr.shape))
+
+
+def trunc_normal_(t, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: float = 2.0, *,
+                  rng: np.random.Generator | None = None):
+    """Fill with N(mean, std^2) truncated to [a, b] (absolute bounds, as torch)."""
+    if not a < b:
+        raise ValueError(f"trunc_normal_: need a < b, got a={a}, b={b}")
+    # Rejection sampling: redraw only the values that fell outside. It needs a fair
+    # chance of landing inside, so refuse bounds that make that hopeless.
+    cdf = lambda x: 0.5 * (1 + math.erf((x - mean) / (std * math.sqrt(2))))  # noqa: E731
+    accept = cdf(b) - cdf(a)
+    if accept < 1e-3:
+        raise ValueError(f"trunc_normal_: [a, b] = [{a}, {b}] holds only {accept:.2e} of N({mean}, {std}^2); "
+                         f"widen the bounds or move the mean inside them")
+    gen = get_generator(rng)
+    arr = _target(t)
+    values = gen.normal(mean, std, size=arr.size)
+    bad = np.flatnonzero((values < a) | (values > b))
+    while bad.size:
+        values[bad] = gen.normal(mean, std, size=bad.size)
+        bad = bad[(values[bad] < a) | (values[bad] > b)]
+    return _fill(t, values.reshape(arr.shape))
+
+
+def constant_(t, value: float):
+    """Fill with `value`."""
+    _target(t)[...] = value
+    return t
+
+
+def zeros_(t):
+    """Fill with 0."""
+    return constant_(t, 0.0)
+
+
+def ones_(t):
+    """Fill with 1."""
+    return constant_(t, 1.0)
+
+
+def kaiming_uniform_(t, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu", *,
+                     rng: np.random.Generator | None = None):
+    """He uniform: U(-bound, bound), bound = gain * sqrt(3 / fan) (torch.nn.init.kaiming_uniform_)."""
+    if mode not in ("fan_in", "fan_out"):
+        raise ValueError(f"mode must be 'fan_in' or 'fan_out', got {mode!r}")
+    if _target(t).size == 0:
+        return t  # nothing to fill; and fan would be 0
+    fan_in, fan_out = calculate_fan_in_and_fan_out(t)
+    fan = fan_in if mode == "fan_in" else fan_out
+    bound = calculate_gain(nonlinearity, a) * math.sqrt(3.0 / fan)
+    return uniform_(t, -bound, bound, rng=rng)
+
+
+def xavier_uniform_(t, gain: float = 1.0, *, rng: np.random.Generator | None = None):
+    """Glorot uniform: U(-bound, bound), bound = gain * sqrt(6 / (fan_in + fan_out))."""
+    if _target(t).size == 0:
+        return t
+    fan_in, fan_out = calculate_fan_in_and_fan_out(t)
+    bound = gain * math.sqrt(6.0 / (fan_in + fan_out))
+    return uniform_(t, -bound, bound, rng=rng)
+
+
+__all__ = ["DEFAULT_SEED", "manual_seed", "default_generator", "get_generator", "calculate_gain",
+           "calculate_fan_in_and_fan_out", "uniform_", "normal_", "trunc_normal_", "constant_", "zeros_",
+           "ones_", "kaiming_uniform_", "xavier_uniform_"]
