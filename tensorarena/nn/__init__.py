@@ -1,0 +1,9 @@
+"""Neural-network building blocks: Module, Parameter, layers, init and functional (torch.nn names)."""
+
+from . import functional, init
+from .layers import GELU, Dropout, Embedding, Identity, LayerNorm, Linear, ReLU, Sequential, Tanh
+from .module import IncompatibleKeys, Module, ModuleList, ParameterList
+from .parameter import Parameter
+
+__all__ = ["Module", "ModuleList", "ParameterList", "Parameter", "IncompatibleKeys", "Linear", "Embedding",
+           "LayerNorm", "Dropout", "GELU", "ReLU", "Tanh", "Identity", "Sequential", "functional", "init"]

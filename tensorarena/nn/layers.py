@@ -1,0 +1,186 @@
+"""Layers with torch.nn names, parameter layouts and default initialisation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import autograd
+from ..ops import where
+from ..tensor import Tensor
+from . import functional as F
+from . import init
+from .module import Module, ModuleList
+from .parameter import Parameter
+
+
+def _empty_param(shape: tuple[int, ...], dtype) -> Parameter:
+    dt = np.dtype(dtype)
+    if dt.kind != "f":
+        raise TypeError(f"parameters must be floating point, got dtype {dt}")
+    return Parameter(np.empty(shape, dt), dtype=dt)
+
+
+class Linear(Module):
+    """y = x W^T + b. Shape: (..., in_features) -> (..., out_features); weight is (out, in) as in torch."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
+                 rng: np.random.Generator | None = None, dtype=np.float32) -> None:
+        super().__init__()
+        if in_features < 0 or out_features < 0:
+            raise ValueError(f"Linear needs non-negative sizes, got in_features={in_features}, "
+                             f"out_features={out_features}")
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight = _empty_param((out_features, in_features), dtype)
+        self.bias = _empty_param((out_features,), dtype) if bias else None
+        self.reset_parameters(rng=rng)
+
+    def reset_parameters(self, *, rng: np.random.Generator | None = None) -> None:
+        """torch's default: kaiming_uniform(a=sqrt(5)), i.e. U(+-1/sqrt(in)) for weight and bias alike."""
+        rng = init.get_generator(rng)
+        init.kaiming_uniform_(self.weight, a=math.sqrt(5), rng=rng)
+        if self.bias is not None:
+            bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0.0
+            init.uniform_(self.bias, -bound, bound, rng=rng)
+
+    def forward(self, x) -> Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class Embedding(Module):
+    """A lookup table of `num_embeddings` vectors. Shape: integer (...) -> (..., embedding_dim)."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, *, rng: np.random.Generator | None = None,
+                 padding_idx: int | None = None, dtype=np.float32) -> None:
+        super().__init__()
+        if padding_idx is not None:
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise ValueError(f"padding_idx {padding_idx} is outside [-{num_embeddings}, {num_embeddings})")
+            padding_idx %= num_embeddings  # torch stores it non-negative
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+        self.padding_idx = padding_idx
+        self.weight = _empty_param((num_embeddings, embedding_dim), dtype)
+        self.reset_parameters(rng=rng)
+
+    def reset_parameters(self, *, rng: np.random.Generator | None = None) -> None:
+        """N(0, 1), padding row zero (torch's default)."""
+        init.normal_(self.weight, 0.0, 1.0, rng=rng)
+        if self.padding_idx is not None:
+            self.weight.data[self.padding_idx] = 0
+
+    def forward(self, indices) -> Tensor:
+        out = F.embedding(indices, self.weight)
+        if self.padding_idx is not None and self.weight.requires_grad and autograd.is_grad_enabled():
+            # torch never updates the padding row: send no gradient to the positions that
+            # read it. where(mask, out, out.detach()) leaves the forward values unchanged.
+            idx = indices.data if isinstance(indices, Tensor) else np.asarray(indices)
+            keep = (idx != self.padding_idx)[..., None]  # (..., 1)
+            out = where(keep, out, out.detach())
+        return out
+
+    def extra_repr(self) -> str:
+        pad = f", padding_idx={self.padding_idx}" if self.padding_idx is not None else ""
+        return f"{self.num_embeddings}, {self.embedding_dim}{pad}"
+
+
+class LayerNorm(Module):
+    """Normalise over the trailing `normalized_shape` dims, then scale by weight and shift by bias."""
+
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, *,
+                 bias: bool = True, dtype=np.float32) -> None:
+        super().__init__()
+        if isinstance(normalized_shape, int):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape = tuple(int(n) for n in normalized_shape)
+        self.eps = eps
+        self.elementwise_affine = elementwise_affine
+        self.weight = init.ones_(_empty_param(self.normalized_shape, dtype)) if elementwise_affine else None
+        self.bias = init.zeros_(_empty_param(self.normalized_shape, dtype)) if elementwise_affine and bias else None
+
+    def forward(self, x) -> Tensor:
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class Dropout(Module):
+    """Inverted dropout while training, identity in eval mode; randomness from `rng` (or the default)."""
+
+    def __init__(self, p: float = 0.5, *, rng: np.random.Generator | None = None) -> None:
+        super().__init__()
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"dropout probability has to be between 0 and 1, got {p}")
+        self.p = float(p)
+        self.rng = rng
+
+    def forward(self, x) -> Tensor:
+        # rng=None is resolved per call, so a later init.manual_seed() takes effect.
+        return F.dropout(x, self.p, training=self.training, rng=init.get_generator(self.rng))
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class GELU(Module):
+    """GELU activation; approximate='none' (erf) or 'tanh'."""
+
+    def __init__(self, approximate: str = "none") -> None:
+        super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"GELU approximate must be 'none' or 'tanh', got {approximate!r}")
+        self.approximate = approximate
+
+    def forward(self, x) -> Tensor:
+        return F.gelu(x, approximate=self.approximate)
+
+    def extra_repr(self) -> str:
+        return f"approximate={self.approximate!r}"
+
+
+class ReLU(Module):
+    """max(x, 0)."""
+
+    def forward(self, x) -> Tensor:
+        return F.relu(x)
+
+
+class Tanh(Module):
+    """Hyperbolic tangent."""
+
+    def forward(self, x) -> Tensor:
+        return F.tanh(x)
+
+
+class Identity(Module):
+    """Returns its input; accepts and ignores constructor arguments, as torch's does."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__()
+
+    def forward(self, x):
+        return x
+
+
+class Sequential(ModuleList):
+    """Modules applied in order; children named '0', '1', ... as torch.nn.Sequential."""
+
+    def __init__(self, *modules: Module) -> None:
+        super().__init__(modules)
+
+    def _from_list(self, items: list) -> "Sequential":
+        return Sequential(*items)
+
+    def forward(self, x):
+        for module in self._items:
+            x = module(x)
+        return x
+
+
+__all__ = ["Linear", "Embedding", "LayerNorm", "Dropout", "GELU", "ReLU", "Tanh", "Identity", "Sequential"]
