@@ -147,6 +147,22 @@ def test_list_filled_after_assignment_and_shared_parameters():
                                     "tied.weight", "tied.bias"]
 
 
+def test_list_of_parameters_named_like_parameterlist():
+    class Ours(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ws = [nn.Parameter(np.zeros(2)), nn.Parameter(np.zeros(3))]
+            self.fc = nn.Linear(2, 2)
+
+    class Theirs(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ws = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(3))])
+            self.fc = torch.nn.Linear(2, 2)
+
+    assert _names(Ours()) == _names(Theirs())
+
+
 def test_mixed_list_is_refused():
     class Bad(nn.Module):
         def __init__(self):
