@@ -85,7 +85,7 @@ class Module:
                     yield name, wrapped
 
     def _own_buffers(self) -> Iterator[tuple[str, np.ndarray | Tensor]]:
-        for name, persistent in vars(self).get("_buffers", {}).items():
+        for name in vars(self).get("_buffers", {}):
             value = getattr(self, name, None)
             if value is not None:
                 yield name, value
