@@ -2,16 +2,40 @@
 
 from __future__ import annotations
 
+import math
+import warnings
+from typing import NamedTuple
+
 import numpy as np
 
 from ..tensor import Tensor
-from ._base import new, normalize_axes
+from ._base import new, new_like, normalize_axes
+
+
+class MaxResult(NamedTuple):
+    """torch.max(a, dim)'s result: the maxima and the int64 index of the first one along dim."""
+
+    values: Tensor
+    indices: Tensor
 
 
 def _reduced_shape(shape: tuple[int, ...], axes: tuple[int, ...], keepdim: bool) -> tuple[int, ...]:
     if keepdim:
         return tuple(1 if i in axes else n for i, n in enumerate(shape))
     return tuple(n for i, n in enumerate(shape) if i not in axes)
+
+
+def _reduce_axes(dim, ndim: int) -> tuple[int, ...]:
+    # torch reads an empty dim tuple as "all dims", and lets a 0-d tensor be reduced over
+    # dim 0/-1 (a no-op); NumPy would do nothing for () and reject axis 0 of a scalar.
+    if isinstance(dim, (tuple, list)) and len(dim) == 0:
+        dim = None
+    if ndim == 0:
+        for ax in (() if dim is None else (dim,) if isinstance(dim, int) else dim):
+            if ax not in (0, -1):
+                raise IndexError(f"dimension {ax} is out of range for a tensor with 0 dimensions")
+        return ()
+    return normalize_axes(dim, ndim)
 
 
 def _expand_grad(g: np.ndarray, shape: tuple[int, ...], axes: tuple[int, ...]) -> np.ndarray:
@@ -22,7 +46,7 @@ def _expand_grad(g: np.ndarray, shape: tuple[int, ...], axes: tuple[int, ...]) -
 def sum(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:  # noqa: A001 - torch's name
     """Sum over `dim` (int, tuple or None for all)."""
     ad = a.data
-    axes = normalize_axes(dim, ad.ndim)
+    axes = _reduce_axes(dim, ad.ndim)
     out = new(_reduced_shape(ad.shape, axes, keepdim), ad.dtype)
     np.sum(ad, axis=axes, keepdims=keepdim, out=out)
 
@@ -37,7 +61,7 @@ def sum(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:  # noqa: A001 - t
 def mean(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:
     """Mean over `dim` (int, tuple or None for all)."""
     ad = a.data
-    axes = normalize_axes(dim, ad.ndim)
+    axes = _reduce_axes(dim, ad.ndim)
     count = 1
     for ax in axes:
         count *= ad.shape[ax]
@@ -55,19 +79,157 @@ def mean(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:
 
 def max(a: Tensor, dim=None, keepdim: bool = False):  # noqa: A001 - torch's name
     """Max over all elements (a Tensor), or over `dim` (a MaxResult(values, indices)), as torch.max."""
-    raise NotImplementedError
+    if dim is None:
+        if keepdim:
+            raise TypeError("max: keepdim needs an int dim; max over all elements returns a 0-d tensor")
+        return _max_all(a)
+    if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
+        raise TypeError(f"max: dim must be an int (or None for all elements), got {dim!r}")
+    return _max_dim(a, int(dim), keepdim)
+
+
+def _max_all(a: Tensor) -> Tensor:
+    ad = a.data
+    out = new((), ad.dtype)
+    np.max(ad, out=out)
+
+    def backward(g):
+        # Tied maxima share the gradient evenly, as torch's full reduction does; a NaN max
+        # sends it to the NaNs, which are what produced that max.
+        ga = new(ad.shape, ad.dtype)
+        if np.isnan(out):
+            np.isnan(ad, out=ga)
+        else:
+            np.equal(ad, out, out=ga)
+        count = np.count_nonzero(ga)
+        ga *= g / count
+        return (ga,)
+
+    return Tensor._make(out, (a,), backward)
+
+
+def _max_dim(a: Tensor, dim: int, keepdim: bool) -> MaxResult:
+    ad = a.data
+    if ad.ndim == 0:  # torch allows dim 0/-1 on a scalar: it is its own max at index 0
+        _reduce_axes(dim, 0)
+        ad = ad.reshape(1)
+    (axis,) = normalize_axes(dim, ad.ndim)
+    keep_shape = _reduced_shape(ad.shape, (axis,), True)
+    shape = a.shape if a.ndim == 0 else _reduced_shape(ad.shape, (axis,), keepdim)
+    idx = new(keep_shape, np.int64)
+    # argmax returns the first maximum (the first NaN if any), matching torch's index choice.
+    np.argmax(ad, axis=axis, keepdims=True, out=idx)
+    values = new(keep_shape, ad.dtype)
+    np.max(ad, axis=axis, keepdims=True, out=values)
+    in_shape = ad.shape
+
+    def backward(g):
+        ga = new(in_shape, ad.dtype)
+        ga.fill(0)
+        np.put_along_axis(ga, idx, g.reshape(keep_shape), axis=axis)
+        return (ga.reshape(a.shape),)
+
+    values_t = Tensor._make(values.reshape(shape), (a,), backward)
+    return MaxResult(values_t, Tensor._make(idx.reshape(shape)))
 
 
 def var(a: Tensor, dim=None, *, correction: int = 1, keepdim: bool = False) -> Tensor:
     """Variance with Bessel's correction by default (torch.var)."""
-    raise NotImplementedError
+    ad = a.data
+    axes = _reduce_axes(dim, ad.ndim)
+    count = 1
+    for ax in axes:
+        count *= ad.shape[ax]
+    dof = count - correction
+    if dof <= 0:
+        warnings.warn(f"var: degrees of freedom <= 0 ({count} elements, correction={correction}); "
+                      f"the result is inf or nan, as in torch", RuntimeWarning, stacklevel=2)
+    mu = new(_reduced_shape(ad.shape, axes, True), ad.dtype)
+    np.sum(ad, axis=axes, keepdims=True, out=mu)
+    mu /= count
+    sq = new(ad.shape, ad.dtype)
+    np.subtract(ad, mu, out=sq)
+    np.square(sq, out=sq)
+    out = new(_reduced_shape(ad.shape, axes, keepdim), ad.dtype)
+    np.sum(sq, axis=axes, keepdims=keepdim, out=out)
+    with np.errstate(divide="ignore", invalid="ignore"):  # dof <= 0 was warned about above
+        out /= np.maximum(dof, 0)
+    scale = 2.0 / dof if dof > 0 else math.inf
+
+    def backward(g):
+        # d var / dx = 2 (x - mean) / dof; (x - mean) is recomputed so forward saves only the mean.
+        ga = new(ad.shape, ad.dtype)
+        np.subtract(ad, mu, out=ga)
+        ga *= _expand_grad(g, ad.shape, axes)
+        with np.errstate(invalid="ignore"):  # dof <= 0: inf * 0 = nan, as torch
+            ga *= scale
+        return (ga,)
+
+    return Tensor._make(out, (a,), backward)
 
 
 def softmax(a: Tensor, dim: int = -1) -> Tensor:
     """Softmax along `dim`, max-subtracted for stability."""
-    raise NotImplementedError
+    ad = a.data
+    (axis,) = normalize_axes(_int_dim(dim, "softmax"), ad.ndim)
+    keep = _reduced_shape(ad.shape, (axis,), True)
+    out = new_like(ad)
+    red = new(keep, ad.dtype)
+    np.max(ad, axis=axis, keepdims=True, out=red)
+    np.subtract(ad, red, out=out)
+    # Entries far below the row's max have probability 0 (possibly via subnormals): not an error.
+    with np.errstate(under="ignore"):
+        np.exp(out, out=out)
+        np.sum(out, axis=axis, keepdims=True, out=red)
+        out /= red
+
+    def backward(g):
+        # y * (g - sum(g * y))
+        ga = new_like(ad)
+        s = new(keep, ad.dtype)
+        with np.errstate(under="ignore"):
+            np.multiply(g, out, out=ga)
+            np.sum(ga, axis=axis, keepdims=True, out=s)
+            np.subtract(g, s, out=ga)
+            ga *= out
+        return (ga,)
+
+    return Tensor._make(out, (a,), backward)
 
 
 def log_softmax(a: Tensor, dim: int = -1) -> Tensor:
     """log(softmax(a)) along `dim`, computed without forming softmax's log."""
-    raise NotImplementedError
+    ad = a.data
+    (axis,) = normalize_axes(_int_dim(dim, "log_softmax"), ad.ndim)
+    keep = _reduced_shape(ad.shape, (axis,), True)
+    out = new_like(ad)
+    m = new(keep, ad.dtype)
+    lse = new(keep, ad.dtype)
+    np.max(ad, axis=axis, keepdims=True, out=m)
+    # (x - m) is formed twice rather than keeping a second full-size buffer alive for the step.
+    np.subtract(ad, m, out=out)
+    with np.errstate(under="ignore"):
+        np.exp(out, out=out)
+    np.sum(out, axis=axis, keepdims=True, out=lse)
+    np.log(lse, out=lse)
+    np.subtract(ad, m, out=out)
+    out -= lse
+
+    def backward(g):
+        # g - softmax * sum(g), with softmax = exp(log_softmax)
+        ga = new_like(ad)
+        s = new(keep, ad.dtype)
+        np.sum(g, axis=axis, keepdims=True, out=s)
+        with np.errstate(under="ignore"):
+            np.exp(out, out=ga)
+            ga *= s
+        np.subtract(g, ga, out=ga)
+        return (ga,)
+
+    return Tensor._make(out, (a,), backward)
+
+
+def _int_dim(dim, op: str) -> int:
+    if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
+        raise TypeError(f"{op}: dim must be an int, got {dim!r}")
+    return int(dim)
