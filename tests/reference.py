@@ -1,8 +1,8 @@
 """One helper to check an op's forward and gradients against torch and finite differences.
 
-Usage: check_op(lambda ta_or_torch, *xs: ..., [arrays], dtype=np.float64)
-The same function body runs on tensorarena tensors and on torch tensors: pass a
-callable taking (lib, *inputs) where lib is a small namespace with the op names.
+Usage: check_op(fn_ta, fn_torch, [arrays], dtype=np.float64), where fn_ta takes
+tensorarena tensors and fn_torch the matching torch tensors (same order). Keep
+outputs away from subnormals: the tests run with np.seterr(all="raise").
 """
 
 from __future__ import annotations

@@ -50,14 +50,15 @@ def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def normalize_axes(axis, ndim: int) -> tuple[int, ...]:
-    """Tuple of non-negative axes; None means all axes."""
-    if axis is None:
+    """Sorted tuple of non-negative axes; None or () means all axes (torch's convention)."""
+    if axis is None or (isinstance(axis, tuple) and not axis):
         return tuple(range(ndim))
     if isinstance(axis, int):
         axis = (axis,)
+    bound = max(ndim, 1)  # a 0-d tensor accepts dim 0 and -1, as in torch
     out = []
     for ax in axis:
-        if not -ndim <= ax < max(ndim, 1):
+        if not -bound <= ax < bound:
             raise IndexError(f"dimension {ax} is out of range for a tensor with {ndim} dimensions")
-        out.append(ax % max(ndim, 1))
-    return tuple(sorted(set(out)))
+        out.append(ax % bound)
+    return tuple(sorted(set(out))) if ndim else ()
