@@ -522,6 +522,6 @@ def test_clip_grad_value_matches_torch(dtype):
 
 
 def test_exports():
-    for name in ("Optimizer", "SGD", "Adam", "AdamW", "clip_grad_norm_", "clip_grad_value_"):
+    for name in ("Optimizer", "SGD", "Adam", "AdamW", "lr_scheduler", "clip_grad_norm_", "clip_grad_value_"):
         assert hasattr(optim, name)
     assert issubclass(optim.AdamW, optim.Optimizer) and issubclass(optim.SGD, optim.Optimizer)
