@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from functools import partial
 
 import numpy as np
 import pytest
@@ -58,13 +59,13 @@ WARMUP_COSINE = [(10, 60, 0.01, 1e-5), (0, 40, 1e-3, 0.0), (1, 30, 0.5, 1e-3), (
 
 
 def _pairs():
+    """(id, build ours, build torch's), each build taking an optimizer."""
     for name, build in BUILDERS.items():
-        yield name, (lambda b: lambda o: b(lr_scheduler, o))(build), (lambda b: lambda o: b(torch.optim.lr_scheduler, o))(build)
-    for args in WARMUP_COSINE:
-        w, t, sf, em = args
+        yield name, partial(build, lr_scheduler), partial(build, torch.optim.lr_scheduler)
+    for w, t, sf, em in WARMUP_COSINE:
         yield (f"warmup_cosine-{w}-{t}",
-               (lambda w, t, sf, em: lambda o: lr_scheduler.warmup_cosine(o, w, t, start_factor=sf, eta_min=em))(*args),
-               (lambda w, t, sf, em: lambda o: _torch_warmup_cosine(o, w, t, sf, em))(*args))
+               lambda o, w=w, t=t, sf=sf, em=em: lr_scheduler.warmup_cosine(o, w, t, start_factor=sf, eta_min=em),
+               lambda o, w=w, t=t, sf=sf, em=em: _torch_warmup_cosine(o, w, t, sf, em))
 
 
 PAIRS = list(_pairs())

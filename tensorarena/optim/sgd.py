@@ -11,7 +11,6 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..tensor import Tensor
 from .optimizer import Optimizer, ParamsT, _check_number
 
 
