@@ -18,10 +18,11 @@ from tensorarena.train.trainer import Trainer
 STEPS = 200
 
 
-def _setup(*, seed=0, dropout=0.0, hidden=(256, 256), batch=64, n=2048):
+def _setup(*, seed=0, init_seed=None, dropout=0.0, hidden=(256, 256), batch=64, n=2048):
     (x, y), _ = train_test_split(n, 16, seed=seed)
+    init_seed = seed if init_seed is None else init_seed
     model = MLP(MLPConfig(in_features=256, hidden=hidden, out_features=10, dropout=dropout),
-                rng=np.random.default_rng(seed))
+                rng=np.random.default_rng(init_seed))
     opt = optim.AdamW(model.parameters(), lr=1e-3)
     sched = optim.lr_scheduler.warmup_cosine(opt, warmup_steps=10, total_steps=STEPS)
     trainer = Trainer(model, opt, cross_entropy, scheduler=sched, clip_grad_norm=1.0)
@@ -106,7 +107,7 @@ def test_resume_gives_the_same_next_losses(tmp_path):
     trainer.save(path, extra={"loader": loader.state()})
     expected = [trainer.step(*loader.next()).loss for _ in range(5)]
 
-    model2, opt2, sched2, trainer2, loader2 = _setup(seed=123, dropout=0.2, hidden=(64,))
+    model2, opt2, sched2, trainer2, loader2 = _setup(init_seed=123, dropout=0.2, hidden=(64,))
     extra = trainer2.load(path)
     loader2.load_state(extra["loader"])
     assert trainer2.step_count == 10

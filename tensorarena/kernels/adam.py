@@ -1,6 +1,7 @@
 """Adam/AdamW update of one parameter tensor: a NumPy reference and a fused Numba twin.
 
-The update follows torch.optim.Adam/AdamW (single-tensor form): optional L2 decay
+The update follows torch.optim.Adam/AdamW (single-tensor form, same operation order in
+the reference): optional L2 decay
 folded into the gradient (Adam) or decoupled decay of the weights (AdamW),
 first moment m += (1 - beta1) * (g - m), second moment v = beta2 * v + (1 - beta2) * g^2,
 bias corrections, optional AMSGrad max, then p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps).
@@ -17,26 +18,60 @@ from . import register
 
 
 def adam_reference(param: np.ndarray, grad: np.ndarray, exp_avg: np.ndarray, exp_avg_sq: np.ndarray,
-                   max_exp_avg_sq: np.ndarray | None, *, lr: float, beta1: float, beta2: float, eps: float,
-                   weight_decay: float, step: int, decoupled: bool, maximize: bool) -> None:
-    """In-place Adam(W) step of `param` and its moments (plain NumPy; clarity over speed)."""
-    g = -grad if maximize else grad
-    if weight_decay != 0.0:
-        if decoupled:
-            param *= 1.0 - lr * weight_decay
+                max_exp_avg_sq: np.ndarray | None, *, step: float, lr: float, beta1: float = 0.9,
+                beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0, maximize: bool = False,
+                decoupled_weight_decay: bool = False,
+                scratch: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+    """One in-place Adam(W) step of `param` at (already incremented) step count `step`.
+
+    Pass `max_exp_avg_sq` for AMSGrad. `scratch` is two arrays shaped like `param`
+    that the update overwrites (allocated here when not given); `grad` is never modified.
+    Operation order follows torch's single-tensor Adam so results agree to rounding.
+    """
+    a, b = scratch if scratch is not None else (np.empty_like(param), np.empty_like(param))
+    g = grad
+    if weight_decay != 0 and not decoupled_weight_decay:
+        np.multiply(param, weight_decay, out=a)
+        if maximize:
+            np.subtract(a, grad, out=a)  # -g + wd * p
         else:
-            g = g + weight_decay * param
-    exp_avg += (1.0 - beta1) * (g - exp_avg)  # torch's lerp(g, 1 - beta1)
-    exp_avg_sq *= beta2
-    exp_avg_sq += (1.0 - beta2) * (g * g)
-    bias_correction1 = 1.0 - beta1**step
-    bias_correction2_sqrt = math.sqrt(1.0 - beta2**step)
+            np.add(grad, a, out=a)  # g + wd * p
+        g = a
+    elif maximize:
+        np.negative(grad, out=a)
+        g = a
+    if weight_decay != 0 and decoupled_weight_decay:
+        np.multiply(param, 1 - lr * weight_decay, out=param)
+
+    # exp_avg.lerp_(g, 1 - beta1), with torch's two-sided lerp formula.
+    weight = 1 - beta1
+    np.subtract(g, exp_avg, out=b)
+    if abs(weight) < 0.5:
+        np.multiply(b, weight, out=b)
+        np.add(exp_avg, b, out=exp_avg)
+    else:
+        np.multiply(b, 1 - weight, out=b)
+        np.subtract(g, b, out=exp_avg)
+    # exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * g * g
+    np.multiply(exp_avg_sq, beta2, out=exp_avg_sq)
+    np.multiply(g, 1 - beta2, out=b)
+    np.multiply(b, g, out=b)
+    np.add(exp_avg_sq, b, out=exp_avg_sq)
+
+    bias_correction1 = 1 - beta1**step
+    bias_correction2_sqrt = (1 - beta2**step) ** 0.5
+    step_size = lr / bias_correction1
     second = exp_avg_sq
     if max_exp_avg_sq is not None:
         np.maximum(max_exp_avg_sq, exp_avg_sq, out=max_exp_avg_sq)
         second = max_exp_avg_sq
-    denom = np.sqrt(second) / bias_correction2_sqrt + eps
-    param -= (lr / bias_correction1) * (exp_avg / denom)
+    # denom = sqrt(v) / sqrt(bc2) + eps ;  p += (-step_size * m) / denom   (torch's addcdiv order)
+    np.sqrt(second, out=b)
+    np.divide(b, bias_correction2_sqrt, out=b)
+    np.add(b, eps, out=b)
+    np.multiply(exp_avg, -step_size, out=a)  # g (possibly in `a`) is no longer needed
+    np.divide(a, b, out=a)
+    np.add(param, a, out=param)
 
 
 _fused_cache = {}
@@ -45,43 +80,48 @@ _fused_cache = {}
 def _compile():
     import numba
 
+    # Every scalar arrives already cast to the parameter dtype and the body has no float
+    # literals, so float32 parameters are updated in float32 arithmetic like torch's (a
+    # float64 intermediate would round differently, e.g. in 1 - lr * weight_decay).
     @numba.njit(parallel=True, fastmath=False, cache=True)
-    def kernel(p, g, m, v, vmax, use_max, lr, beta1, beta2, eps, wd, bc1, bc2_sqrt, decoupled, sign):
-        n = p.size
-        decay = 1.0 - lr * wd
-        step_size = lr / bc1
-        for i in numba.prange(n):
+    def kernel(p, g, m, v, vmax, use_max, sign, decay, l2, one_minus_beta1, beta2, one_minus_beta2,
+               step_size, bc2_sqrt, eps):
+        for i in numba.prange(p.size):
             gi = sign * g[i]
-            pi = p[i]
-            if wd != 0.0:
-                if decoupled:
-                    pi = pi * decay
-                else:
-                    gi = gi + wd * pi
-            mi = m[i] + (1.0 - beta1) * (gi - m[i])
-            vi = beta2 * v[i] + (1.0 - beta2) * gi * gi
+            pi = p[i] * decay  # decay is 1 unless AdamW
+            gi = gi + l2 * pi  # l2 is 0 unless Adam with weight decay
+            mi = m[i] + one_minus_beta1 * (gi - m[i])
+            vi = v[i] * beta2 + one_minus_beta2 * gi * gi
             m[i] = mi
             v[i] = vi
             if use_max:
                 if vi > vmax[i]:
                     vmax[i] = vi
                 vi = vmax[i]
-            p[i] = pi - step_size * mi / (math.sqrt(vi) / bc2_sqrt + eps)
+            p[i] = pi - step_size * mi / (np.sqrt(vi) / bc2_sqrt + eps)
 
     return kernel
 
 
 def adam_fused(param: np.ndarray, grad: np.ndarray, exp_avg: np.ndarray, exp_avg_sq: np.ndarray,
-               max_exp_avg_sq: np.ndarray | None, *, lr: float, beta1: float, beta2: float, eps: float,
-               weight_decay: float, step: int, decoupled: bool, maximize: bool) -> None:
-    """Same contract as `adam_reference`, in one parallel pass over memory."""
+               max_exp_avg_sq: np.ndarray | None, *, step: float, lr: float, beta1: float = 0.9,
+               beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0, maximize: bool = False,
+               decoupled_weight_decay: bool = False, scratch=None) -> None:
+    """Same contract as `adam_reference`, in one parallel pass over memory (needs no scratch)."""
     kernel = _fused_cache.get("adam")
     if kernel is None:
         kernel = _fused_cache["adam"] = _compile()
+    if not (param.flags.c_contiguous and grad.flags.c_contiguous):
+        raise ValueError("the fused adam kernel needs C-contiguous param and grad arrays")
+    cast = param.dtype.type
+    decoupled = decoupled_weight_decay and weight_decay != 0.0
     flat = [a.reshape(-1) for a in (param, grad, exp_avg, exp_avg_sq)]
     vmax = max_exp_avg_sq.reshape(-1) if max_exp_avg_sq is not None else flat[3]
-    kernel(*flat, vmax, max_exp_avg_sq is not None, lr, beta1, beta2, eps, weight_decay,
-           1.0 - beta1**step, math.sqrt(1.0 - beta2**step), decoupled, -1.0 if maximize else 1.0)
+    kernel(*flat, vmax, max_exp_avg_sq is not None, cast(-1.0 if maximize else 1.0),
+           cast(1.0 - lr * weight_decay if decoupled else 1.0),
+           cast(0.0 if decoupled_weight_decay else weight_decay),
+           cast(1.0 - beta1), cast(beta2), cast(1.0 - beta2), cast(lr / (1.0 - beta1**step)),
+           cast(math.sqrt(1.0 - beta2**step)), cast(eps))
 
 
 register("adam", "reference", adam_reference)

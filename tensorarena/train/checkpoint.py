@@ -61,7 +61,8 @@ def save_checkpoint(path: str | os.PathLike, *, model: Module, optimizer=None, s
         for index, entry in state["state"].items():
             for key, value in entry.items():
                 if isinstance(value, np.ndarray):
-                    tensors[f"optim.{index}.{key}"] = np.ascontiguousarray(value)
+                    # ascontiguousarray alone would turn a 0-d step count into shape (1,)
+                    tensors[f"optim.{index}.{key}"] = np.ascontiguousarray(value).reshape(value.shape)
                 else:
                     scalars.setdefault(str(index), {})[key] = _jsonable(value)
         meta["optimizer"] = {"class": type(optimizer).__name__, "param_groups": _jsonable(state["param_groups"]),
