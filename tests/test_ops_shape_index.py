@@ -229,7 +229,7 @@ def test_getitem_integer_arrays_with_repeats(dtype, shape, seed, data):
 
 def test_getitem_repeated_indices_accumulate():
     x = ta.tensor(np.arange(4.0), dtype=np.float64, requires_grad=True)
-    x[[1, 1, 3, 1, -1]].sum().backward()
+    getitem(x, [1, 1, 3, 1, -1]).sum().backward()  # the function form of x[...]
     np.testing.assert_array_equal(x.grad, [0.0, 3.0, 0.0, 2.0])
     y = ta.tensor(np.zeros((2, 3)), dtype=np.float64, requires_grad=True)
     y[ta.Tensor(np.array([[0, 0], [1, 0]])), 2].sum().backward()  # an int Tensor as the index
