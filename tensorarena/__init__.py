@@ -5,6 +5,8 @@ from .memory.arena import Arena, StaleTensorError, current_arena, heap_scope
 from .memory.pool import ArenaOutOfMemory, BlockPool, default_pool
 from .tensor import Tensor, tensor
 from . import ops
+from .random import manual_seed
+from . import kernels, models, nn, optim
 from .ops import (add, cat, concat, div, exp, flatten, log, matmul, max, mean, mul, neg, permute, pow,
                   reshape, sqrt, squeeze, stack, sub, sum, tanh, transpose, unsqueeze, var, where)
 

@@ -91,7 +91,7 @@ def cmd_train(args) -> dict:
     from .data.loader import BatchLoader
     from .models.mlp import MLP, MLPConfig
     from .nn.functional import cross_entropy
-    from .ops.nn_ops import manual_seed
+    from .random import manual_seed
     from .train.trainer import Trainer
 
     for name in ("steps", "batch_size", "train_size", "test_size"):

@@ -187,6 +187,8 @@ class Tensor:
 
 def tensor(data: Any, *, dtype=None, requires_grad: bool = False) -> Tensor:
     """A new leaf tensor holding a copy of `data` (float32 unless told otherwise)."""
-    t = Tensor(np.array(data.data if isinstance(data, Tensor) else data, copy=True), dtype=dtype,
-               requires_grad=requires_grad)
-    return t
+    raw = data.data if isinstance(data, Tensor) else data
+    array = np.array(raw, copy=True)
+    if dtype is None and array.dtype == np.float64 and not isinstance(raw, np.ndarray):
+        dtype = DEFAULT_DTYPE  # Python floats and lists of them are float32, as in torch
+    return Tensor(array, dtype=dtype, requires_grad=requires_grad)

@@ -12,7 +12,7 @@ from hypothesis.extra.numpy import array_shapes
 
 import tensorarena as ta
 from tensorarena.ops import cross_entropy, dropout, layer_norm, mse_loss
-from tensorarena.ops.nn_ops import manual_seed
+from tensorarena.random import manual_seed
 from tests.reference import check_finite_differences, check_op
 
 FAST = settings(max_examples=20, deadline=None, database=None)

@@ -1,9 +1,7 @@
 """Weight initialisation, in place, with explicit randomness (torch.nn.init names).
 
 Every random function takes `rng: np.random.Generator | None`; None means the
-module-level default generator, which `manual_seed(seed)` replaces. Like torch's
-global generator, the default starts from a fixed seed, so a script that never
-seeds is still reproducible run to run.
+default generator of tensorarena.random, which `manual_seed(seed)` reseeds.
 
 Values are always drawn in float64 and then rounded to the target's dtype, so a
 float32 and a float64 model built from the same seed hold the same weights (to
@@ -18,31 +16,7 @@ import numpy as np
 
 from ..tensor import Tensor
 
-DEFAULT_SEED = 0
-
-_default_generator = np.random.default_rng(DEFAULT_SEED)
-
-
-def manual_seed(seed: int) -> np.random.Generator:
-    """Replace the default generator with a fresh one seeded with `seed`; return it."""
-    global _default_generator
-    _default_generator = np.random.default_rng(seed)
-    return _default_generator
-
-
-def default_generator() -> np.random.Generator:
-    """The generator used when an init or layer is given `rng=None`."""
-    return _default_generator
-
-
-def get_generator(rng: np.random.Generator | None = None) -> np.random.Generator:
-    """`rng` itself, or the default generator when it is None."""
-    if rng is None:
-        return _default_generator
-    if not isinstance(rng, np.random.Generator):
-        raise TypeError(f"rng must be a numpy.random.Generator (np.random.default_rng(seed)) or None, "
-                        f"got {type(rng).__name__}")
-    return rng
+from ..random import DEFAULT_SEED, default_generator, get_generator, manual_seed  # noqa: F401  (re-exported)
 
 
 def _target(t: Tensor | np.ndarray) -> np.ndarray:

@@ -62,3 +62,12 @@ def normalize_axes(axis, ndim: int) -> tuple[int, ...]:
             raise IndexError(f"dimension {ax} is out of range for a tensor with {ndim} dimensions")
         out.append(ax % bound)
     return tuple(sorted(set(out))) if ndim else ()
+
+
+def as_dtype(g: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """`g` in `dtype`: a parent's gradient keeps the parent's precision after promotion."""
+    if g.dtype == dtype:
+        return g
+    out = new(g.shape, dtype)
+    np.copyto(out, g, casting="unsafe")
+    return out

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..tensor import Tensor
-from ._base import as_tensor, new, unbroadcast
-from .shape import _as_dtype  # shared: grads keep each parent's dtype
+from ._base import as_dtype, as_tensor, new, unbroadcast
 
 
 def _normalize_index(index) -> tuple:
@@ -122,12 +121,12 @@ def where(condition, a, b) -> Tensor:
             full = new(g.shape, g.dtype)
             full.fill(0)
             np.copyto(full, g, where=cond)  # zero, not g*0: inf/nan in g must not leak through
-            ga = _as_dtype(unbroadcast(full, ad.shape), ad.dtype)
+            ga = as_dtype(unbroadcast(full, ad.shape), ad.dtype)
         if b.requires_grad:
             full = new(g.shape, g.dtype)
             np.copyto(full, g)
             np.copyto(full, 0, where=cond)
-            gb = _as_dtype(unbroadcast(full, bd.shape), bd.dtype)
+            gb = as_dtype(unbroadcast(full, bd.shape), bd.dtype)
         return ga, gb
 
     return Tensor._make(out, (a, b), backward)

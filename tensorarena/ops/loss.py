@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..tensor import Tensor
-from ._base import as_tensor, new
-from .shape import _as_dtype  # shared: grads keep each parent's dtype
+from ._base import as_dtype, as_tensor, new
 
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -160,9 +159,9 @@ def mse_loss(input: Tensor, target, reduction: str = "mean") -> Tensor:  # noqa:
         if y.requires_grad:
             gy = new(diff.shape, dtype)
             np.negative(base, out=gy)
-            gy = _as_dtype(gy, yd.dtype)
+            gy = as_dtype(gy, yd.dtype)
         if x.requires_grad:
-            gx = _as_dtype(base, xd.dtype)
+            gx = as_dtype(base, xd.dtype)
         return gx, gy
 
     return Tensor._make(out, (x, y), backward)

@@ -4,23 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..random import get_generator
 from ..tensor import Tensor
-from ._base import as_tensor, new, new_like
-from .shape import _as_dtype  # shared: grads keep each parent's dtype
-
-_default_rng = np.random.default_rng()
-
-
-def manual_seed(seed: int) -> None:
-    """Reseed the generator dropout uses when it is not given an explicit `rng`."""
-    global _default_rng
-    _default_rng = np.random.default_rng(seed)
-
-
-def default_generator() -> np.random.Generator:
-    """The generator dropout draws from when called without `rng`."""
-    return _default_rng
-
+from ._base import as_dtype, as_tensor, new, new_like
 
 def dropout(a: Tensor, p: float = 0.5, *, training: bool = True, rng: np.random.Generator | None = None) -> Tensor:
     """Zero each element with probability p and scale the rest by 1/(1-p) (inverted dropout).
@@ -39,7 +25,7 @@ def dropout(a: Tensor, p: float = 0.5, *, training: bool = True, rng: np.random.
     if p == 1.0:
         mask.fill(0)
     else:
-        rng = _default_rng if rng is None else rng
+        rng = get_generator(rng)
         uniform = mask if ad.dtype == np.float32 else new(ad.shape, np.float32)
         rng.random(dtype=np.float32, out=uniform)
         np.greater_equal(uniform, np.float32(p), out=mask)
@@ -114,11 +100,11 @@ def layer_norm(a: Tensor, normalized_shape, weight: Tensor | None = None, bias: 
             gw = new(norm_shape, dtype)
             np.multiply(g, xhat, out=scratch)
             np.sum(scratch, axis=lead, out=gw)
-            gw = _as_dtype(gw, wd.dtype)
+            gw = as_dtype(gw, wd.dtype)
         if bias is not None and bias.requires_grad:
             gb = new(norm_shape, dtype)
             np.sum(g, axis=lead, out=gb)
-            gb = _as_dtype(gb, bd.dtype)
+            gb = as_dtype(gb, bd.dtype)
         if a.requires_grad:
             # dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = g * w, means over normalised dims
             if wd is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..tensor import Tensor
-from ._base import as_tensor, new
+from ._base import as_dtype, as_tensor, new
 
 
 def reshape(a: Tensor, *shape) -> Tensor:
@@ -39,13 +39,6 @@ def _dim(dim: int, ndim: int, what: str) -> int:
     return dim % n
 
 
-def _as_dtype(g: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """`g` in `dtype`: a parent's gradient keeps the parent's precision after promotion."""
-    if g.dtype == dtype:
-        return g
-    out = new(g.shape, dtype)
-    np.copyto(out, g, casting="unsafe")
-    return out
 
 
 def transpose(a: Tensor, dim0: int, dim1: int) -> Tensor:
@@ -158,7 +151,7 @@ def cat(tensors, dim: int = 0) -> Tensor:
 
     def backward(g):
         lead = (slice(None),) * d
-        return tuple(_as_dtype(g[lead + (slice(lo, hi),)], t.dtype) if t.requires_grad else None
+        return tuple(as_dtype(g[lead + (slice(lo, hi),)], t.dtype) if t.requires_grad else None
                      for t, lo, hi in zip(ts, bounds[:-1], bounds[1:]))
 
     return Tensor._make(out, ts, backward)
@@ -180,7 +173,7 @@ def stack(tensors, dim: int = 0) -> Tensor:
 
     def backward(g):
         lead = (slice(None),) * d
-        return tuple(_as_dtype(g[lead + (i,)], t.dtype) if t.requires_grad else None
+        return tuple(as_dtype(g[lead + (i,)], t.dtype) if t.requires_grad else None
                      for i, t in enumerate(ts))
 
     return Tensor._make(out, ts, backward)
