@@ -1,0 +1,166 @@
+"""Softmax over the last dim, with an optional additive mask: a NumPy reference and a fused Numba twin.
+
+Forward: out = exp(z - max(z)) / sum(exp(z - max(z))) with z = x + mask, where `mask` is None or
+an additive float array broadcastable to x (e.g. (B, 1, 1, T) holding 0 and -inf, or a large
+negative number, at padded keys). A row whose every z is -inf (fully masked) comes out as
+zeros rather than torch's NaNs: a padded query then contributes nothing downstream and its
+gradient is zero, instead of poisoning the whole batch. Backward: dx = y * (g - sum(g * y)).
+Both twins compute in float64 per element and round once into `out`. The fused twin never
+materialises the broadcast mask: it maps each row to its mask offset from the mask's strides.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from . import register
+
+# Results that underflow to (sub)normal zero are right, not errors: keep np.seterr(under="raise")
+# callers (the tests) from tripping over them in the NumPy parts.
+_quiet_underflow = np.errstate(under="ignore")
+
+
+def _check_mask(x: np.ndarray, mask: np.ndarray | None) -> None:
+    if mask is None:
+        return
+    if mask.dtype.kind != "f":
+        raise TypeError(f"softmax mask must be an additive float array (0 / -inf), got dtype {mask.dtype}; "
+                        f"turn a boolean 'pad' mask into np.where(pad, -np.inf, 0.0) first")
+    try:
+        shape = np.broadcast_shapes(mask.shape, x.shape)
+    except ValueError:
+        shape = None
+    if shape != x.shape:
+        raise ValueError(f"softmax mask of shape {mask.shape} does not broadcast to the input shape {x.shape}")
+
+
+@_quiet_underflow
+def softmax_forward_reference(x: np.ndarray, mask: np.ndarray | None, out: np.ndarray) -> None:
+    """Softmax of x (+ mask) over the last dim into `out`; fully masked rows give zeros (plain NumPy)."""
+    _check_mask(x, mask)
+    if x.size == 0:
+        return
+    z = x.astype(np.float64)
+    if mask is not None:
+        z += mask
+    mx = z.max(axis=-1, keepdims=True)
+    mx[np.isneginf(mx)] = 0.0  # fully masked row: exp(-inf - 0) = 0 everywhere, no -inf - -inf
+    with np.errstate(under="ignore"):  # exp of a very negative number is 0, not an error
+        e = np.exp(z - mx)
+    s = e.sum(axis=-1, keepdims=True)
+    inv = np.divide(1.0, s, out=np.zeros_like(s), where=s > 0)
+    np.copyto(out, e * inv, casting="same_kind")
+
+
+@_quiet_underflow
+def softmax_backward_reference(y: np.ndarray, g: np.ndarray, out: np.ndarray) -> None:
+    """Gradient of softmax w.r.t. its input, from its output y and upstream g (plain NumPy)."""
+    y64 = y.astype(np.float64)
+    dot = (g * y64).sum(axis=-1, keepdims=True)
+    np.copyto(out, y64 * (g - dot), casting="same_kind")
+
+
+@numba.njit(cache=True, parallel=True, fastmath=False)
+def _forward(x, m, has_mask, lead_shape, lead_stride, last_stride, out):
+    n, d = x.shape
+    nlead = lead_shape.shape[0]
+    for r in numba.prange(n):
+        off = np.int64(0)  # prange's index is unsigned: uint64 % int64 would be a float
+        if has_mask:
+            rem = np.int64(r)
+            for k in range(nlead - 1, -1, -1):  # row index -> multi-index -> offset into the mask
+                off += (rem % lead_shape[k]) * lead_stride[k]
+                rem //= lead_shape[k]
+        mx = -np.inf
+        for j in range(d):
+            z = float(x[r, j])
+            if has_mask:
+                z += m[off + j * last_stride]
+            if z > mx:
+                mx = z
+        if mx == -np.inf:  # fully masked row: zeros (see the module docstring)
+            for j in range(d):
+                out[r, j] = 0.0
+        else:
+            s = 0.0
+            for j in range(d):
+                z = float(x[r, j])
+                if has_mask:
+                    z += m[off + j * last_stride]
+                e = math.exp(z - mx)
+                out[r, j] = e
+                s += e
+            inv = 1.0 / s
+            for j in range(d):
+                out[r, j] = out[r, j] * inv
+
+
+@numba.njit(cache=True, parallel=True, fastmath=False)
+def _backward(y, g, out):
+    n, d = y.shape
+    for r in numba.prange(n):
+        dot = 0.0
+        for j in range(d):
+            dot += float(g[r, j]) * y[r, j]
+        for j in range(d):
+            out[r, j] = y[r, j] * (g[r, j] - dot)
+
+
+def rows_in(a: np.ndarray, d: int) -> np.ndarray:
+    """`a` as C-contiguous (rows, d): a view when it is contiguous, else a copy."""
+    return np.ascontiguousarray(a).reshape(-1, d)
+
+
+def rows_out(a: np.ndarray, d: int) -> np.ndarray:
+    """A C-contiguous (rows, d) array to write `a` through: a view, or scratch for `copy_back`."""
+    return a.reshape(-1, d) if a.flags.c_contiguous else np.empty((a.size // max(d, 1), d), a.dtype)
+
+
+def copy_back(a: np.ndarray, rows: np.ndarray) -> None:
+    """Copy scratch from `rows_out` into `a` (nothing to do when `rows` already is a view of it)."""
+    if not a.flags.c_contiguous:
+        np.copyto(a, rows.reshape(a.shape))
+
+
+def _mask_layout(x: np.ndarray, mask: np.ndarray):
+    """The mask flattened, plus per-leading-dim element strides that broadcast it over x's rows."""
+    m = np.ascontiguousarray(mask)  # mask-sized; the broadcast (x-sized) mask is never formed
+    shape = (1,) * (x.ndim - m.ndim) + m.shape
+    contiguous = np.cumprod((1,) + shape[:0:-1])[::-1]  # C strides in elements
+    strides = np.where(np.array(shape) == 1, 0, contiguous).astype(np.int64)
+    return m.reshape(-1), np.array(x.shape[:-1], np.int64), strides[:-1].copy(), np.int64(strides[-1])
+
+
+def softmax_forward_fused(x: np.ndarray, mask: np.ndarray | None, out: np.ndarray) -> None:
+    """Same contract as `softmax_forward_reference`, one parallel pass per row."""
+    _check_mask(x, mask)
+    if x.size == 0:
+        return
+    d = x.shape[-1]
+    if mask is None:  # a stand-in of x's dtype keeps one compiled signature per dtype
+        no_dims = np.zeros(0, np.int64)
+        m, lead_shape, lead_stride, last_stride = np.zeros(1, x.dtype), no_dims, no_dims, np.int64(0)
+    else:
+        m, lead_shape, lead_stride, last_stride = _mask_layout(x, mask)
+    o = rows_out(out, d)
+    _forward(rows_in(x, d), m, mask is not None, lead_shape, lead_stride, last_stride, o)
+    copy_back(out, o)
+
+
+def softmax_backward_fused(y: np.ndarray, g: np.ndarray, out: np.ndarray) -> None:
+    """Same contract as `softmax_backward_reference`, one parallel pass per row."""
+    if y.size == 0:
+        return
+    d = y.shape[-1]
+    o = rows_out(out, d)
+    _backward(rows_in(y, d), rows_in(g, d), o)
+    copy_back(out, o)
+
+
+register("softmax_forward", "reference", softmax_forward_reference)
+register("softmax_forward", "fused", softmax_forward_fused)
+register("softmax_backward", "reference", softmax_backward_reference)
+register("softmax_backward", "fused", softmax_backward_fused)
