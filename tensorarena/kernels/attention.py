@@ -1,0 +1,181 @@
+"""Scaled dot-product attention, forward and backward: a NumPy reference and a fused Numba twin.
+
+Shapes: q (B, H, T, hs), k (B, H, S, hs), v (B, H, S, hv) -> out (B, H, T, hv); the
+probabilities P (B, H, T, S) are saved for backward. Forward: P = softmax(scale * q k^T + mask),
+out = P v, where the mask drops keys with key_padding_mask[b, j] True (padding) and, when causal,
+keys j > i (top-left aligned, as torch's is_causal; meant for T == S). A query whose every key
+is dropped gets P = 0 and out = 0, as torch 2.13's scaled_dot_product_attention does too.
+Backward: dv = P^T g, dP = g v^T, dS = scale * P * (dP - rowsum(P * dP)), dq = dS k, dk = dS^T q.
+
+The fused twin does the matmuls with NumPy's batched BLAS straight into the caller's arrays and
+fuses scale, masks and softmax into one in-place parallel pass over P (forward), and the softmax
+gradient into one pass over a dP tile (backward). The tile is its only scratch: about 2**20
+elements, or one batch element's (H, T, S) if larger, never the whole (B, H, T, S). Why not BLAS
+inside a Numba prange over (b, h): OpenBLAS's own threads nested in Numba's oversubscribe the
+cores; that measured 6x to 50x slower than this on a shared 2-core machine.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from . import register
+from .softmax import softmax_forward_reference
+
+# Results that underflow to (sub)normal zero are right, not errors: keep np.seterr(under="raise")
+# callers (the tests) from tripping over them in the NumPy parts.
+_quiet_underflow = np.errstate(under="ignore")
+
+
+def _check(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_padding_mask: np.ndarray | None) -> None:
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(f"attention wants q, k, v of shape (B, H, T, hs); got {q.shape}, {k.shape}, {v.shape}")
+    if k.shape[:2] != q.shape[:2] or v.shape[:3] != k.shape[:3] or k.shape[3] != q.shape[3]:
+        raise ValueError(f"attention shapes disagree: q {q.shape} (B, H, T, hs), k {k.shape} (B, H, S, hs), "
+                         f"v {v.shape} (B, H, S, hv)")
+    if key_padding_mask is not None:
+        if key_padding_mask.dtype != np.bool_:
+            raise TypeError(f"key_padding_mask must be bool (True = padding, do not attend), "
+                            f"got {key_padding_mask.dtype}")
+        if key_padding_mask.shape != (k.shape[0], k.shape[2]):
+            raise ValueError(f"key_padding_mask shape {key_padding_mask.shape} must be (B, S) = "
+                             f"{(k.shape[0], k.shape[2])}")
+
+
+def _scale(q: np.ndarray, scale: float | None) -> float:
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+
+
+@_quiet_underflow
+def attention_forward_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_padding_mask: np.ndarray | None,
+                                causal: bool, scale: float | None, out: np.ndarray, probs: np.ndarray) -> None:
+    """out = softmax(scale * q k^T, masked) v into `out`, the probabilities into `probs` (plain NumPy)."""
+    _check(q, k, v, key_padding_mask)
+    scale = _scale(q, scale)
+    t, s = q.shape[2], k.shape[2]
+    scores = np.matmul(q, k.swapaxes(-1, -2)).astype(np.float64) * scale  # (B, H, T, S)
+    drop = np.zeros((1, 1, t, s), bool)
+    if causal:
+        drop = drop | np.triu(np.ones((t, s), bool), k=1)  # key j > query i
+    if key_padding_mask is not None:
+        drop = drop | key_padding_mask[:, None, None, :]  # (B, 1, 1, S)
+    softmax_forward_reference(scores, np.where(drop, -np.inf, 0.0), probs)
+    np.matmul(probs, v, out=out)
+
+
+@_quiet_underflow
+def attention_backward_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, probs: np.ndarray, g: np.ndarray,
+                                 scale: float | None, dq: np.ndarray, dk: np.ndarray, dv: np.ndarray) -> None:
+    """Gradients of attention_forward w.r.t. q, k, v from the saved probabilities (plain NumPy)."""
+    scale = _scale(q, scale)
+    np.matmul(probs.swapaxes(-1, -2), g, out=dv)
+    dp = np.matmul(g, v.swapaxes(-1, -2))  # (B, H, T, S)
+    p64 = probs.astype(np.float64)
+    rowdot = (p64 * dp).sum(axis=-1, keepdims=True)
+    ds = (scale * p64 * (dp - rowdot)).astype(probs.dtype)  # the fused twin keeps dS in P's dtype too
+    np.matmul(ds, k, out=dq)
+    np.matmul(ds.swapaxes(-1, -2), q, out=dk)
+
+
+@numba.njit(cache=True, parallel=True, fastmath=False)
+def _masked_softmax(p, kpm, has_kpm, causal, scale):
+    # In place over probs viewed as (B*H*T, S) rows that hold raw q.k scores.
+    nb, nh, t, s = p.shape
+    rows = p.reshape(nb * nh * t, s)
+    for r in numba.prange(nb * nh * t):
+        r64 = np.int64(r)  # prange's index is unsigned: keep the arithmetic in int64
+        b = r64 // (nh * t)
+        i = r64 % t
+        row = rows[r64]
+        mx = -np.inf
+        for j in range(s):
+            if not ((has_kpm and kpm[b, j]) or (causal and j > i)):
+                z = row[j] * scale
+                if z > mx:
+                    mx = z
+        if mx == -np.inf:  # every key dropped: zeros, not NaN
+            for j in range(s):
+                row[j] = 0.0
+        else:
+            tot = 0.0
+            for j in range(s):
+                if (has_kpm and kpm[b, j]) or (causal and j > i):
+                    row[j] = 0.0
+                else:
+                    e = math.exp(row[j] * scale - mx)
+                    row[j] = e
+                    tot += e
+            inv = 1.0 / tot
+            for j in range(s):
+                row[j] = row[j] * inv
+
+
+@numba.njit(cache=True, parallel=True, fastmath=False)
+def _softmax_grad(p, ds, scale):
+    # In place: ds holds dP = g v^T on entry and scale * P * (dP - rowsum(P * dP)) on exit.
+    s = p.shape[-1]
+    prow = p.reshape(-1, s)
+    drow = ds.reshape(-1, s)
+    for r in numba.prange(prow.shape[0]):
+        rowdot = 0.0
+        for j in range(s):
+            rowdot += float(prow[r, j]) * drow[r, j]
+        for j in range(s):
+            drow[r, j] = scale * prow[r, j] * (drow[r, j] - rowdot)
+
+
+_TILE_ELEMENTS = 1 << 20  # backward's dP scratch: about this many elements (or one batch element's worth)
+
+
+def _cin(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a)
+
+
+def _cout(a: np.ndarray) -> np.ndarray:
+    return a if a.flags.c_contiguous else np.empty(a.shape, a.dtype)
+
+
+def _back(a: np.ndarray, scratch: np.ndarray) -> None:
+    if scratch is not a:
+        np.copyto(a, scratch)
+
+
+@_quiet_underflow
+def attention_forward_fused(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_padding_mask: np.ndarray | None,
+                            causal: bool, scale: float | None, out: np.ndarray, probs: np.ndarray) -> None:
+    """Same contract as `attention_forward_reference`: BLAS matmuls around one fused masked-softmax pass."""
+    _check(q, k, v, key_padding_mask)
+    kpm = np.zeros((1, 1), bool) if key_padding_mask is None else _cin(key_padding_mask)
+    p = _cout(probs)
+    np.matmul(q, k.swapaxes(-1, -2), out=p)  # raw scores straight into probs: no (B, H, T, S) temporary
+    _masked_softmax(p, kpm, key_padding_mask is not None, bool(causal), _scale(q, scale))
+    np.matmul(p, v, out=out)
+    _back(probs, p)
+
+
+@_quiet_underflow
+def attention_backward_fused(q: np.ndarray, k: np.ndarray, v: np.ndarray, probs: np.ndarray, g: np.ndarray,
+                             scale: float | None, dq: np.ndarray, dk: np.ndarray, dv: np.ndarray) -> None:
+    """Same contract as `attention_backward_reference`, a few batch elements at a time through one dP tile."""
+    scale = _scale(q, scale)
+    nb, nh, t, _ = q.shape
+    s = k.shape[2]
+    chunk = max(1, min(nb, _TILE_ELEMENTS // max(1, nh * t * s)))
+    tile = np.empty((chunk, nh, t, s), probs.dtype)
+    np.matmul(probs.swapaxes(-1, -2), g, out=dv)
+    for b0 in range(0, nb, chunk):
+        b1 = min(nb, b0 + chunk)
+        ds = tile[: b1 - b0]
+        np.matmul(g[b0:b1], v[b0:b1].swapaxes(-1, -2), out=ds)  # dP
+        _softmax_grad(_cin(probs[b0:b1]), ds, scale)  # dS, in place
+        np.matmul(ds, k[b0:b1], out=dq[b0:b1])
+        np.matmul(ds.swapaxes(-1, -2), q[b0:b1], out=dk[b0:b1])
+
+
+register("attention_forward", "reference", attention_forward_reference)
+register("attention_forward", "fused", attention_forward_fused)
+register("attention_backward", "reference", attention_backward_reference)
+register("attention_backward", "fused", attention_backward_fused)
