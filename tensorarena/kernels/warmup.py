@@ -1,0 +1,79 @@
+"""Compile every fused kernel up front, so callers can report compile time apart from step time.
+
+Numba compiles a kernel on its first call for each argument signature (dtype, rank, layout) and,
+with cache=True, writes the machine code to __pycache__ next to the kernel's module; later
+processes load it from there in milliseconds. `compile_all` makes those first calls on tiny
+C-contiguous inputs, which are the signatures the ops pass in practice. A fused kernel needs an
+entry in `_tiny_calls` to be covered; `not_covered()` lists the registered ones that lack one.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+
+
+def _tiny_calls(dt) -> dict[str, Callable[[], object]]:
+    """One zero-argument call per fused kernel on tiny arrays of dtype `dt`."""
+    # Importing a kernel module registers its twins.
+    from . import _registry, attention, cross_entropy, erf, gelu, layer_norm, sgd, softmax  # noqa: F401
+
+    fused = {name: impls["fused"] for name, impls in _registry.items() if "fused" in impls}
+    rng = np.random.default_rng(0)
+
+    def arr(*shape):
+        return rng.standard_normal(shape).astype(dt)
+
+    n, d = 3, 5
+    x, w, b, g = arr(n, d), arr(d), arr(d), arr(n, d)
+    stats = arr(n), arr(n)
+    q, k, v = arr(1, 2, 3, 4), arr(1, 2, 3, 4), arr(1, 2, 3, 4)
+    probs, pad = np.empty((1, 2, 3, 3), dt), np.array([[False, False, True]])
+    target = np.array([0, 4, -100], np.int64)
+    calls = {
+        "layer_norm_forward": lambda: fused["layer_norm_forward"](x, w, b, 1e-5, arr(n, d), *stats),
+        "layer_norm_backward": lambda: fused["layer_norm_backward"](g, x, w, *stats, arr(n, d), arr(d), arr(d)),
+        "softmax_forward": lambda: fused["softmax_forward"](x, None, arr(n, d)),
+        "softmax_backward": lambda: fused["softmax_backward"](x, g, arr(n, d)),
+        "gelu_forward": lambda: fused["gelu_forward"](x, arr(n, d), "none"),
+        "gelu_backward": lambda: fused["gelu_backward"](x, g, arr(n, d), "none"),
+        "bias_gelu_forward": lambda: fused["bias_gelu_forward"](x, b, arr(n, d), arr(n, d), "none"),
+        "bias_gelu_backward": lambda: fused["bias_gelu_backward"](x, g, arr(n, d), arr(d), "none"),
+        "attention_forward": lambda: fused["attention_forward"](q, k, v, pad, False, None, arr(1, 2, 3, 4), probs),
+        "attention_backward": lambda: fused["attention_backward"](q, k, v, probs, arr(1, 2, 3, 4), None,
+                                                                  arr(1, 2, 3, 4), arr(1, 2, 3, 4), arr(1, 2, 3, 4)),
+        "cross_entropy_forward": lambda: fused["cross_entropy_forward"](x, target, -100, 0.0, arr(n), arr(n)),
+        "cross_entropy_backward": lambda: fused["cross_entropy_backward"](x, target, arr(n), -100, 0.0, 1.0,
+                                                                          arr(n, d)),
+        "sgd": lambda: fused["sgd"](arr(d), arr(d), arr(d), lr=0.1, momentum=0.9, dampening=0.0, weight_decay=0.0,
+                                    nesterov=False, maximize=False, first_step=False),
+    }
+    if "erf" in fused:
+        calls["erf"] = lambda: fused["erf"](x, arr(n, d))
+    return calls
+
+
+def not_covered() -> list[str]:
+    """Registered fused kernels that `compile_all` has no tiny call for (they compile on first use)."""
+    from . import _load, _registry
+
+    _load()  # the kernels the dispatcher knows about
+    covered = set(_tiny_calls(np.float32))  # also imports (registers) the modules warmed here
+    return sorted(name for name, impls in _registry.items() if "fused" in impls and name not in covered)
+
+
+def compile_all(dtypes=(np.float32,)) -> dict[str, float]:
+    """Call every fused kernel once per dtype on tiny inputs; returns seconds spent per kernel name.
+
+    Seconds are summed over `dtypes`. A warm on-disk cache makes each a few milliseconds; a cold
+    one (first run after install or after editing a kernel) takes seconds per kernel and dtype.
+    """
+    seconds: dict[str, float] = {}
+    for dt in dtypes:
+        for name, call in _tiny_calls(np.dtype(dt).type).items():
+            t0 = time.perf_counter()
+            call()
+            seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - t0
+    return seconds
