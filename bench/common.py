@@ -14,7 +14,20 @@ import subprocess
 import sys
 from typing import Callable
 
-from tensorarena.memory.meter import peak_rss_bytes, rss_bytes
+# Deliberately no tensorarena import here: importing it sets OpenMP defaults (see
+# tensorarena/kernels/__init__.py) that must not leak into the PyTorch child.
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm", "rb") as f:
+        return int(f.read().split()[1]) * _PAGE
+
+
+def peak_rss_bytes() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def time_steps(step: Callable[[], float], *, warmup: int, steps: int) -> dict:

@@ -56,10 +56,12 @@ def _freed_backward(_grad):
     )
 
 
-def _topological_order(root: "Tensor") -> list["Tensor"]:
+def _topological_order(root: "Tensor") -> tuple[list["Tensor"], dict[int, int]]:
+    """Nodes in topological order, and how many graph edges lead into each node."""
     # Iterative DFS: deep graphs (long sequences, many blocks) must not hit the recursion limit.
     order: list[Tensor] = []
     visited: set[int] = set()
+    uses: dict[int, int] = {}
     stack: list[tuple[Tensor, bool]] = [(root, False)]
     while stack:
         node, expanded = stack.pop()
@@ -71,9 +73,30 @@ def _topological_order(root: "Tensor") -> list["Tensor"]:
         visited.add(id(node))
         stack.append((node, True))
         for parent in node._parents:
-            if parent.requires_grad and id(parent) not in visited:
-                stack.append((parent, False))
-    return order
+            if parent.requires_grad:
+                uses[id(parent)] = uses.get(id(parent), 0) + 1
+                if id(parent) not in visited:
+                    stack.append((parent, False))
+    return order, uses
+
+
+def direct_leaf_grad_buffer(parent: "Tensor", shape: tuple[int, ...], dtype) -> np.ndarray | None:
+    """The persistent gradient buffer of `parent` if a backward op may write its gradient there.
+
+    Allowed only for a leaf that receives exactly one gradient in this backward pass and has
+    no `.grad` yet: then writing in place is the same as copying the one result over, minus
+    the copy (a parameter-sized memcpy per parameter per step).
+    """
+    direct = getattr(_state, "direct", None)
+    if not direct or id(parent) not in direct:
+        return None
+    data = parent._data
+    if shape != data.shape or np.dtype(dtype) != data.dtype:
+        return None
+    buf = parent._grad_buffer
+    if buf is None or buf.shape != data.shape or buf.dtype != data.dtype:
+        buf = parent._grad_buffer = np.empty(data.shape, data.dtype)  # persistent: heap, not arena
+    return buf
 
 
 def backward(root: "Tensor", grad: np.ndarray | None = None) -> None:
@@ -90,13 +113,24 @@ def backward(root: "Tensor", grad: np.ndarray | None = None) -> None:
     elif grad.shape != root.shape:
         raise ValueError(f"grad shape {grad.shape} does not match output shape {root.shape}")
 
+    order, uses = _topological_order(root)
+    _state.direct = {id(n) for n in order if not n._parents and n.grad is None and uses.get(id(n)) == 1}
+    try:
+        _run_backward(order, root, grad)
+    finally:
+        _state.direct = None
+
+
+def _run_backward(order: list["Tensor"], root: "Tensor", grad: np.ndarray) -> None:
     grads: dict[int, np.ndarray] = {id(root): grad}
     owned: set[int] = set()  # grads we allocated ourselves, safe to add into in place
-    for node in reversed(_topological_order(root)):
+    for node in reversed(order):
         g = grads.pop(id(node), None)
         if g is None:
             continue
         if not node._parents:
+            if node._backward is _freed_backward:  # an op output whose graph an earlier backward freed
+                _freed_backward(g)
             node._accumulate_leaf_grad(g)
             continue
         parent_grads = node._backward(g)

@@ -146,7 +146,9 @@ class Tensor:
         # so a step arena never owns a parameter's gradient.
         if g.dtype != self._data.dtype:
             g = g.astype(self._data.dtype)
-        if self.grad is None:
+        if self.grad is None and g is self._grad_buffer:
+            self.grad = g  # the op already wrote into our persistent buffer (autograd.direct_leaf_grad_buffer)
+        elif self.grad is None:
             buf = self._grad_buffer
             if buf is None or buf.shape != self._data.shape or buf.dtype != self._data.dtype:
                 buf = self._grad_buffer = np.empty(self._data.shape, self._data.dtype)

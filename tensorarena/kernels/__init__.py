@@ -13,6 +13,13 @@ import os
 from collections import Counter
 from typing import Callable
 
+# Numba's OpenMP worker threads spin after each parallel kernel and steal the two cores from
+# the OpenBLAS threads of the next matmul (and vice versa): on the MLP benchmark that cost
+# ~40% of the step. Passive waiting must be chosen before the OpenMP runtime loads, i.e. before
+# the first fused kernel runs; a value the user set wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("NUMBA_THREADING_LAYER", "omp")
+
 _registry: dict[str, dict[str, Callable]] = {}
 calls: Counter = Counter()  # (name, impl) -> times handed out
 _force_reference = os.environ.get("TENSORARENA_KERNELS", "").lower() == "reference"
@@ -60,4 +67,4 @@ def _load() -> None:
     global _loaded
     if not _loaded:
         _loaded = True
-        from . import adam, erf  # noqa: F401
+        from . import adam, attention, cross_entropy, erf, gelu, layer_norm, sgd, softmax  # noqa: F401

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from ..autograd import direct_leaf_grad_buffer
 from ..memory.arena import empty
 from ..tensor import Tensor
 
@@ -29,6 +30,14 @@ def result_dtype(a: Tensor, b: Tensor) -> np.dtype:
 def new(shape: tuple[int, ...], dtype) -> np.ndarray:
     """Uninitialised output buffer from the current arena (heap if none is open)."""
     return empty(tuple(shape), dtype)
+
+
+def grad_out(parent: Tensor, shape: tuple[int, ...], dtype) -> np.ndarray:
+    """Buffer for `parent`'s gradient: its persistent .grad buffer when autograd allows a
+    direct write (a parameter used once), else a transient one from the arena. The backward
+    must return this very array (not a view) for the direct write to count."""
+    buf = direct_leaf_grad_buffer(parent, tuple(shape), dtype)
+    return buf if buf is not None else new(shape, dtype)
 
 
 def new_like(a: np.ndarray) -> np.ndarray:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..tensor import Tensor
-from ._base import as_tensor, new, unbroadcast
+from ._base import as_tensor, grad_out, new, unbroadcast
 
 
 def _matmul_shape(a_shape: tuple[int, ...], b_shape: tuple[int, ...], what: str = "matmul") -> tuple[int, ...]:
@@ -92,10 +92,10 @@ def linear(x, weight, bias=None) -> Tensor:
             gx = new(xd.shape, g.dtype)
             np.matmul(g2, wd, out=gx.reshape(-1, wd.shape[1]))
         if weight.requires_grad:
-            gw = new(wd.shape, g.dtype)
+            gw = grad_out(weight, wd.shape, g.dtype)
             np.matmul(g2.T, x2, out=gw)
         if bias is not None and bias.requires_grad:
-            gbias = new((wd.shape[0],), g.dtype)
+            gbias = grad_out(bias, (wd.shape[0],), g.dtype)
             np.sum(g2, axis=0, out=gbias)
         return (gx, gw) if bias is None else (gx, gw, gbias)
 
