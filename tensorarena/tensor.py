@@ -33,9 +33,12 @@ class Tensor:
 
     def __init__(self, data: Any, *, dtype=None, requires_grad: bool = False) -> None:
         array = np.asarray(data.data if isinstance(data, Tensor) else data)
+        if array.dtype.kind == "c" or (dtype is not None and np.dtype(dtype).kind == "c"):
+            raise TypeError(f"complex tensors are not supported (got {array.dtype}); pass real and "
+                            f"imaginary parts as separate float tensors")
         if dtype is not None:
             array = array.astype(dtype, copy=False)
-        elif array.dtype.kind in "fc" and array.dtype not in SUPPORTED_FLOATS:
+        elif array.dtype.kind == "f" and array.dtype not in SUPPORTED_FLOATS:
             array = array.astype(DEFAULT_DTYPE)
         elif array.dtype.kind in "iub" and requires_grad:
             raise TypeError(f"only floating-point tensors can require grad, got dtype {array.dtype}")
