@@ -1,5 +1,6 @@
 """Model families, one file each with a config dataclass."""
 
+from .bert import BertConfig, BertModel, load_hf_state_dict, to_hf_state_dict
 from .mlp import MLP, MLPConfig
 
-__all__ = ["MLP", "MLPConfig"]
+__all__ = ["MLP", "MLPConfig", "BertConfig", "BertModel", "load_hf_state_dict", "to_hf_state_dict"]

@@ -4,6 +4,10 @@ from . import functional, init
 from .layers import GELU, Dropout, Embedding, Identity, LayerNorm, Linear, ReLU, Sequential, Tanh
 from .module import IncompatibleKeys, Module, ModuleList, ParameterList
 from .parameter import Parameter
+from .transformer import (FeedForward, MultiheadAttention, PatchEmbedding, PositionEmbedding, TransformerBlock,
+                          cls_pool, mean_pool)
 
 __all__ = ["Module", "ModuleList", "ParameterList", "Parameter", "IncompatibleKeys", "Linear", "Embedding",
-           "LayerNorm", "Dropout", "GELU", "ReLU", "Tanh", "Identity", "Sequential", "functional", "init"]
+           "LayerNorm", "Dropout", "GELU", "ReLU", "Tanh", "Identity", "Sequential", "functional", "init",
+           "MultiheadAttention", "FeedForward", "TransformerBlock", "PatchEmbedding", "PositionEmbedding",
+           "cls_pool", "mean_pool"]

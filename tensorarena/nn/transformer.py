@@ -1,0 +1,257 @@
+"""Transformer building blocks: multi-head self-attention, the encoder block, patch and position
+embeddings, and token pooling. Shared by models/vit.py (pre-norm) and models/bert.py (post-norm).
+
+Parameter names follow timm's ViT (`attn.qkv`, `attn.proj`, `norm1`, `mlp.fc1`, ...): one fused
+qkv projection whose weight rows are [query; key; value], as torch.nn.MultiheadAttention's
+in_proj_weight, so checkpoints with separate q/k/v matrices load by concatenating rows.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+from ..ops import softmax, where
+from ..tensor import Tensor
+from . import functional as F
+from . import init
+from .layers import Dropout, LayerNorm, Linear, _empty_param
+from .module import Module
+
+Activation = Literal["gelu", "gelu_tanh"]
+_APPROXIMATE = {"gelu": "none", "gelu_tanh": "tanh"}
+
+# Masked scores in the composed (attention-dropout) path: far below any real score but finite, so
+# softmax never computes inf - inf; exp underflows to exactly 0.
+_MASKED_SCORE = -1e30
+
+
+def _as_input(x, dtype) -> Tensor:
+    """A Tensor for a model input given as a Tensor or an array-like."""
+    return x if isinstance(x, Tensor) else Tensor(np.asarray(x, dtype=dtype))
+
+
+def _bool_mask(mask, shape: tuple[int, int], what: str) -> np.ndarray:
+    arr = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
+    if arr.shape != shape:
+        raise ValueError(f"{what} must have shape (B, T) = {shape}, got {arr.shape}")
+    if arr.dtype != np.bool_:
+        raise TypeError(f"{what} must be bool (True = padding, do not attend), got dtype {arr.dtype}; "
+                        f"from a Hugging Face attention_mask (1 = token) pass attention_mask == 0")
+    return arr
+
+
+class MultiheadAttention(Module):
+    """Multi-head self-attention with one fused qkv projection. Shape: (B, T, dim) -> (B, T, dim).
+
+    `dropout` drops attention probabilities while training (torch.nn.MultiheadAttention's
+    dropout; BERT's attention_probs_dropout_prob). The fused attention op has no dropout, so
+    only then is attention composed from matmul/softmax/dropout, which keeps (B, nh, T, T).
+    """
+
+    def __init__(self, dim: int, num_heads: int, *, qkv_bias: bool = True, dropout: float = 0.0,
+                 rng: np.random.Generator | None = None, dtype=np.float32) -> None:
+        super().__init__()
+        if num_heads <= 0 or dim % num_heads:
+            raise ValueError(f"dim {dim} must be a positive multiple of num_heads {num_heads}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"attention dropout must be in [0, 1), got {dropout}")
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.dropout = float(dropout)
+        # rng=None means the default generator, reseeded in place by init.manual_seed: passing
+        # None on keeps one stream for init and lets dropout follow later reseeds.
+        self.qkv = Linear(dim, 3 * dim, bias=qkv_bias, rng=rng, dtype=dtype)
+        self.proj = Linear(dim, dim, rng=rng, dtype=dtype)
+        self.attn_drop = Dropout(dropout, rng=rng)
+
+    def forward(self, x: Tensor, key_padding_mask: np.ndarray | None = None, causal: bool = False) -> Tensor:
+        """Self-attention; key_padding_mask bool (B, T), True = padding key; causal: i sees j <= i."""
+        B, T, C = x.shape
+        if C != self.dim:
+            raise ValueError(f"MultiheadAttention expects (B, T, {self.dim}), got {x.shape}")
+        nh, hs = self.num_heads, self.head_dim
+        if key_padding_mask is not None:
+            key_padding_mask = _bool_mask(key_padding_mask, (B, T), "key_padding_mask")
+        qkv = self.qkv(x).reshape(B, T, 3, nh, hs)  # (B, T, 3, nh, hs)
+        qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
+        q, k, v = qkv[0], qkv[1], qkv[2]  # each (B, nh, T, hs)
+        if self.training and self.dropout > 0.0:
+            y = self._composed_attention(q, k, v, key_padding_mask, causal)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, key_padding_mask=key_padding_mask, causal=causal)
+        y = y.transpose(1, 2).reshape(B, T, C)  # (B, nh, T, hs) -> (B, T, nh, hs) -> (B, T, C)
+        return self.proj(y)
+
+    def _composed_attention(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: np.ndarray | None,
+                            causal: bool) -> Tensor:
+        """softmax(q k^T / sqrt(hs) + masks), dropped out, times v. A fully masked row is uniform here."""
+        T = q.shape[2]
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / np.sqrt(self.head_dim))  # (B, nh, T, T)
+        drop = np.zeros((1, 1, T, T), bool)
+        if causal:
+            drop = drop | np.triu(np.ones((T, T), bool), k=1)
+        if key_padding_mask is not None:
+            drop = drop | key_padding_mask[:, None, None, :]  # (B, 1, 1, T)
+        if drop.any():
+            scores = where(drop, _MASKED_SCORE, scores)
+        return self.attn_drop(softmax(scores, dim=-1)) @ v  # (B, nh, T, hs)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, num_heads={self.num_heads}, dropout={self.dropout}"
+
+
+class FeedForward(Module):
+    """fc1 -> GELU -> fc2 (the transformer MLP); fc1's bias add and the GELU run as one fused op."""
+
+    def __init__(self, dim: int, hidden_dim: int, *, activation: Activation = "gelu",
+                 rng: np.random.Generator | None = None, dtype=np.float32) -> None:
+        super().__init__()
+        if activation not in _APPROXIMATE:
+            raise ValueError(f"activation must be one of {sorted(_APPROXIMATE)}, got {activation!r}")
+        self.activation = activation
+        self.fc1 = Linear(dim, hidden_dim, rng=rng, dtype=dtype)
+        self.fc2 = Linear(hidden_dim, dim, rng=rng, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.linear(x, self.fc1.weight)  # bias goes into the fused bias+gelu instead
+        h = F.bias_gelu(h, self.fc1.bias, approximate=_APPROXIMATE[self.activation])
+        return self.fc2(h)
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation!r}"
+
+
+class TransformerBlock(Module):
+    """Self-attention + MLP with residuals. Shape: (B, T, dim) -> (B, T, dim).
+
+    norm_first=True (pre-norm, ViT):   x = x + drop(attn(norm1(x)));  x = x + drop(mlp(norm2(x)))
+    norm_first=False (post-norm, BERT): x = norm1(x + drop(attn(x))); x = norm2(x + drop(mlp(x)))
+    `dropout` is the residual-branch dropout (BERT's hidden_dropout_prob), `attention_dropout`
+    drops attention probabilities. mlp_dim overrides dim * mlp_ratio (BERT's intermediate_size).
+    """
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0, *, norm_first: bool = True,
+                 activation: Activation = "gelu", eps: float = 1e-5, dropout: float = 0.0,
+                 attention_dropout: float = 0.0, qkv_bias: bool = True, mlp_dim: int | None = None,
+                 rng: np.random.Generator | None = None, dtype=np.float32) -> None:
+        super().__init__()
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        hidden = int(mlp_dim) if mlp_dim is not None else int(dim * mlp_ratio)
+        if hidden <= 0:
+            raise ValueError(f"MLP hidden size must be positive, got {hidden} (dim={dim}, mlp_ratio={mlp_ratio})")
+        self.norm_first = norm_first
+        self.norm1 = LayerNorm(dim, eps=eps, dtype=dtype)
+        self.attn = MultiheadAttention(dim, num_heads, qkv_bias=qkv_bias, dropout=attention_dropout,
+                                       rng=rng, dtype=dtype)
+        self.norm2 = LayerNorm(dim, eps=eps, dtype=dtype)
+        self.mlp = FeedForward(dim, hidden, activation=activation, rng=rng, dtype=dtype)
+        self.drop = Dropout(dropout, rng=rng)
+
+    def forward(self, x: Tensor, key_padding_mask: np.ndarray | None = None, causal: bool = False) -> Tensor:
+        """One block; masks as in MultiheadAttention.forward."""
+        if self.norm_first:
+            x = x + self.drop(self.attn(self.norm1(x), key_padding_mask, causal))
+            return x + self.drop(self.mlp(self.norm2(x)))
+        x = self.norm1(x + self.drop(self.attn(x, key_padding_mask, causal)))
+        return self.norm2(x + self.drop(self.mlp(x)))
+
+    def extra_repr(self) -> str:
+        return f"norm_first={self.norm_first}"
+
+
+class PatchEmbedding(Module):
+    """Non-overlapping p x p patches, each projected to `dim`: a stride-p Conv2d done as reshape + matmul.
+
+    weight is (dim, C, p, p) and bias (dim,), torch Conv2d's layout, so conv checkpoints load 1:1.
+    Shape: (B, C, H, W) -> (B, N, dim), N = (H/p) * (W/p), patches in row-major order (as
+    Conv2d(...).flatten(2).transpose(1, 2)).
+    """
+
+    def __init__(self, image_size: int, patch_size: int, in_channels: int, dim: int, *,
+                 rng: np.random.Generator | None = None, dtype=np.float32) -> None:
+        super().__init__()
+        if image_size % patch_size:
+            raise ValueError(f"image_size {image_size} must be a multiple of patch_size {patch_size}")
+        self.image_size = image_size
+        self.patch_size = patch_size
+        self.in_channels = in_channels
+        self.dim = dim
+        self.grid = image_size // patch_size
+        self.num_patches = self.grid * self.grid
+        self.weight = _empty_param((dim, in_channels, patch_size, patch_size), dtype)
+        self.bias = _empty_param((dim,), dtype)
+        self.reset_parameters(rng=rng)
+
+    def reset_parameters(self, *, rng: np.random.Generator | None = None) -> None:
+        """torch Conv2d's default: U(+-1/sqrt(fan_in)) for weight and bias, fan_in = C * p * p."""
+        gen = init.get_generator(rng)
+        init.kaiming_uniform_(self.weight, a=np.sqrt(5), rng=gen)
+        bound = 1 / np.sqrt(self.in_channels * self.patch_size ** 2)
+        init.uniform_(self.bias, -bound, bound, rng=gen)
+
+    def forward(self, images) -> Tensor:
+        x = _as_input(images, self.weight.dtype)
+        expected = (self.in_channels, self.image_size, self.image_size)
+        if x.ndim != 4 or tuple(x.shape[1:]) != expected:
+            raise ValueError(f"PatchEmbedding expects images (B, {', '.join(map(str, expected))}), got {x.shape}")
+        B, C, p, g = x.shape[0], self.in_channels, self.patch_size, self.grid
+        x = x.reshape(B, C, g, p, g, p)  # (B, C, gh, p, gw, p)
+        x = x.permute(0, 2, 4, 1, 3, 5)  # (B, gh, gw, C, p, p)
+        x = x.reshape(B, g * g, C * p * p)  # (B, N, C*p*p), copies: the permute is not contiguous
+        w = self.weight.reshape(self.dim, C * p * p)  # (dim, C*p*p)
+        return F.linear(x, w, self.bias)  # (B, N, dim)
+
+    def extra_repr(self) -> str:
+        return (f"image_size={self.image_size}, patch_size={self.patch_size}, in_channels={self.in_channels}, "
+                f"dim={self.dim}")
+
+
+class PositionEmbedding(Module):
+    """Learned absolute position embeddings added to the tokens. Shape: (B, T, dim) -> (B, T, dim), T <= num_positions."""
+
+    def __init__(self, num_positions: int, dim: int, *, std: float = 0.02, rng: np.random.Generator | None = None,
+                 dtype=np.float32) -> None:
+        super().__init__()
+        self.num_positions = num_positions
+        self.dim = dim
+        self.weight = _empty_param((num_positions, dim), dtype)
+        init.trunc_normal_(self.weight, std=std, a=-2 * std, b=2 * std, rng=rng)
+
+    def forward(self, x: Tensor) -> Tensor:
+        T = x.shape[1]
+        if T > self.num_positions:
+            raise ValueError(f"sequence of {T} tokens is longer than the {self.num_positions} learned positions")
+        pos = self.weight if T == self.num_positions else self.weight[:T]  # (T, dim)
+        return x + pos  # broadcast over the batch
+
+    def extra_repr(self) -> str:
+        return f"{self.num_positions}, {self.dim}"
+
+
+def cls_pool(x: Tensor) -> Tensor:
+    """The first ([CLS]) token of each sequence. Shape: (B, T, D) -> (B, D)."""
+    return x[:, 0]
+
+
+def mean_pool(x: Tensor, mask=None) -> Tensor:
+    """Mean over the real tokens (sentence-transformers' mean pooling). Shape: (B, T, D) -> (B, D).
+
+    mask: (B, T), nonzero/True = real token, 0/False = padding (a Hugging Face attention_mask;
+    the opposite of key_padding_mask). None averages all T tokens.
+    """
+    if mask is None:
+        return x.mean(dim=1)
+    m = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
+    if m.shape != tuple(x.shape[:2]):
+        raise ValueError(f"mean_pool: mask shape {m.shape} must be (B, T) = {tuple(x.shape[:2])}")
+    weights = (m != 0).astype(x.dtype)[:, :, None]  # (B, T, 1)
+    counts = np.maximum(weights.sum(axis=1), 1e-9).astype(x.dtype)  # (B, 1); an all-padding row gives 0
+    return (x * weights).sum(dim=1) / counts
+
+
+__all__ = ["MultiheadAttention", "FeedForward", "TransformerBlock", "PatchEmbedding", "PositionEmbedding",
+           "cls_pool", "mean_pool"]
