@@ -1,0 +1,126 @@
+"""Vision Transformer, following Dosovitskiy et al. 2020, "An Image is Worth 16x16 Words:
+Transformers for Image Recognition at Scale" (arXiv:2010.11929).
+
+The image is cut into p x p patches, each linearly embedded (a stride-p conv); a learned [CLS]
+token is prepended, learned position embeddings added, and pre-norm transformer blocks
+(erf GELU MLP) applied; the final LayerNorm'd [CLS] token goes through a linear head.
+Sizes and the LayerNorm eps (1e-6) are torchvision's, so ViT-B/16 with 1000 classes has exactly
+torchvision vit_b_16's 86,567,656 parameters. Parameter names follow timm
+(patch_embed, cls_token, pos_embed, blocks.{i}.norm1 / attn.qkv / attn.proj / norm2 / mlp.fc1 / mlp.fc2, norm, head).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from ..nn import Dropout, LayerNorm, Linear, Module, Parameter, PatchEmbedding, PositionEmbedding, TransformerBlock, init
+from ..nn.transformer import Activation, cls_pool
+from ..ops import cat
+from ..tensor import Tensor
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """ViT sizes and options; the defaults are ViT-B/16 on 224 x 224 ImageNet (1000 classes)."""
+
+    image_size: int = 224
+    patch_size: int = 16
+    in_channels: int = 3
+    num_classes: int = 1000
+    dim: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_ratio: float = 4.0
+    dropout: float = 0.0
+    attention_dropout: float = 0.0
+    eps: float = 1e-6
+    activation: Activation = "gelu"
+    dtype: type = field(default=np.float32)
+
+    def __post_init__(self) -> None:
+        sizes = dict(image_size=self.image_size, patch_size=self.patch_size, in_channels=self.in_channels,
+                     num_classes=self.num_classes, dim=self.dim, depth=self.depth, num_heads=self.num_heads)
+        bad = {k: v for k, v in sizes.items() if not isinstance(v, (int, np.integer)) or v <= 0}
+        if bad:
+            raise ValueError(f"ViTConfig sizes must be positive integers, got {bad}")
+        if self.image_size % self.patch_size:
+            raise ValueError(f"image_size {self.image_size} must be a multiple of patch_size {self.patch_size}")
+        if self.dim % self.num_heads:
+            raise ValueError(f"dim {self.dim} must be a multiple of num_heads {self.num_heads}")
+        for name in ("dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.activation not in ("gelu", "gelu_tanh"):
+            raise ValueError(f"activation must be 'gelu' or 'gelu_tanh', got {self.activation!r}")
+        if np.dtype(self.dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
+            raise ValueError(f"dtype must be float32 or float64, got {np.dtype(self.dtype)}")
+
+    @property
+    def num_patches(self) -> int:
+        """Patches per image, (image_size / patch_size)^2."""
+        return (self.image_size // self.patch_size) ** 2
+
+    @classmethod
+    def tiny(cls, **overrides: Any) -> "ViTConfig":
+        """ViT-Ti/16: dim 192, depth 12, 3 heads (5.7M parameters at 224 / 1000 classes)."""
+        return replace(cls(dim=192, depth=12, num_heads=3), **overrides)
+
+    @classmethod
+    def small(cls, **overrides: Any) -> "ViTConfig":
+        """ViT-S/16: dim 384, depth 12, 6 heads (22M parameters at 224 / 1000 classes)."""
+        return replace(cls(dim=384, depth=12, num_heads=6), **overrides)
+
+    @classmethod
+    def base(cls, **overrides: Any) -> "ViTConfig":
+        """ViT-B/16: dim 768, depth 12, 12 heads (86.6M parameters at 224 / 1000 classes)."""
+        return replace(cls(dim=768, depth=12, num_heads=12), **overrides)
+
+
+class ViT(Module):
+    """Vision Transformer classifier. Shape: images (B, C, H, W) -> logits (B, num_classes)."""
+
+    def __init__(self, config: ViTConfig, *, rng: np.random.Generator | None = None) -> None:
+        super().__init__()
+        self.config = config
+        c, dt = config, config.dtype
+        self.patch_embed = PatchEmbedding(c.image_size, c.patch_size, c.in_channels, c.dim, rng=rng, dtype=dt)
+        self.cls_token = Parameter(np.zeros((1, 1, c.dim)), dtype=dt)
+        self.pos_embed = PositionEmbedding(c.num_patches + 1, c.dim, rng=rng, dtype=dt)
+        self.pos_drop = Dropout(c.dropout, rng=rng)
+        self.blocks = [TransformerBlock(c.dim, c.num_heads, c.mlp_ratio, norm_first=True, activation=c.activation,
+                                        eps=c.eps, dropout=c.dropout, attention_dropout=c.attention_dropout,
+                                        rng=rng, dtype=dt)
+                       for _ in range(c.depth)]
+        self.norm = LayerNorm(c.dim, eps=c.eps, dtype=dt)
+        self.head = Linear(c.dim, c.num_classes, rng=rng, dtype=dt)
+        self.reset_parameters(rng=rng)
+
+    def reset_parameters(self, *, rng: np.random.Generator | None = None) -> None:
+        """timm's ViT init: trunc_normal(std=0.02) Linear weights and zero biases; the patch
+        embedding keeps Conv2d's default, the [CLS] token starts at zero, positions N(0, 0.02^2)."""
+        gen = init.get_generator(rng)
+        for m in self.modules():
+            if isinstance(m, Linear):
+                init.trunc_normal_(m.weight, std=0.02, rng=gen)
+                if m.bias is not None:
+                    init.zeros_(m.bias)
+
+    def features(self, images) -> Tensor:
+        """All tokens after the final LayerNorm. Shape: (B, C, H, W) -> (B, 1 + N, dim)."""
+        x = self.patch_embed(images)  # (B, N, dim)
+        B, _, D = x.shape
+        cls = self.cls_token + np.zeros((B, 1, D), x.dtype)  # (B, 1, dim); grads sum back over the batch
+        x = cat([cls, x], dim=1)  # (B, 1 + N, dim)
+        x = self.pos_drop(self.pos_embed(x))
+        for block in self.blocks:
+            x = block(x)
+        return self.norm(x)
+
+    def forward(self, images) -> Tensor:
+        return self.head(cls_pool(self.features(images)))  # (B, num_classes)
+
+
+__all__ = ["ViT", "ViTConfig"]
