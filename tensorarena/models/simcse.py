@@ -1,0 +1,99 @@
+"""Unsupervised SimCSE: contrastive sentence embeddings from dropout noise.
+
+Gao, Yao & Chen, "SimCSE: Simple Contrastive Learning of Sentence Embeddings" (EMNLP 2021).
+Each sentence goes through the encoder twice in train mode; the two dropout masks make
+two views z1, z2 of it. The loss is InfoNCE over the batch: cross-entropy of the
+cosine-similarity matrix sim(z1_i, z2_j) / temperature with the diagonal as targets,
+so each sentence must pick out its own other view among the batch's sentences.
+Pooling is the attention-masked mean of the last hidden states (as all-MiniLM-L6-v2
+was trained with), not the paper's [CLS] + MLP head, so the fine-tuned encoder stays a
+drop-in for `tensorarena embed`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import ops
+from ..nn import functional as F
+from ..nn.module import Module
+from ..nn.transformer import mean_pool
+from ..tensor import Tensor
+
+NORM_EPS = 1e-12  # torch.nn.functional.normalize's default
+
+
+def l2_normalize(x: Tensor, *, eps: float = NORM_EPS) -> Tensor:
+    """x / max(||x||_2, eps) along the last axis (torch.nn.functional.normalize). Shape: (..., D)."""
+    sq = ops.sum(x * x, dim=-1, keepdim=True)  # (..., 1)
+    # Clamp the square before the root: max(||x||, eps) = sqrt(max(||x||^2, eps^2)), and sqrt's
+    # gradient is then never taken at 0 — a zero row divides by eps and gets torch's finite gradient.
+    floor = eps * eps
+    return x / ops.sqrt(ops.where(sq.data >= floor, sq, floor))
+
+
+def info_nce(z1: Tensor, z2: Tensor, *, temperature: float = 0.05) -> Tensor:
+    """SimCSE's InfoNCE loss of two views. Shape: z1, z2 (B, D) -> scalar.
+
+    loss = mean_i cross_entropy(cos(z1_i, z2_j) / temperature over j, target i).
+    """
+    if z1.shape != z2.shape or z1.ndim != 2:
+        raise ValueError(f"info_nce: need two (B, D) views of the same shape, got {z1.shape} and {z2.shape}")
+    if not temperature > 0:
+        raise ValueError(f"info_nce: temperature must be positive, got {temperature}")
+    sim = ops.matmul(l2_normalize(z1), ops.transpose(l2_normalize(z2), 0, 1))  # (B, B) cosines
+    logits = sim * (1.0 / temperature)
+    labels = np.arange(z1.shape[0], dtype=np.int64)
+    return F.cross_entropy(logits, labels)
+
+
+class SimCSE(Module):
+    """Wraps a BERT-style encoder; forward(batch) returns the unsupervised SimCSE loss.
+
+    Args:
+        encoder: called as encoder(input_ids, attention_mask=..., token_type_ids=...) -> (B, T, H).
+        temperature: InfoNCE temperature (the paper's 0.05).
+        pad_id: the padding token id, used to rebuild the attention mask when the batch is
+            given as input_ids alone.
+    """
+
+    def __init__(self, encoder: Module, *, temperature: float = 0.05, pad_id: int = 0) -> None:
+        super().__init__()
+        if not temperature > 0:
+            raise ValueError(f"temperature must be positive, got {temperature}")
+        self.encoder = encoder
+        self.temperature = float(temperature)
+        self.pad_id = int(pad_id)
+
+    def _arrays(self, batch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if hasattr(batch, "input_ids"):  # a text.Encoding
+            return (np.asarray(batch.input_ids), np.asarray(batch.attention_mask),
+                    np.asarray(batch.token_type_ids))
+        ids = np.asarray(batch.data if isinstance(batch, Tensor) else batch)
+        if ids.ndim != 2 or ids.dtype.kind not in "iu":
+            raise TypeError(f"SimCSE expects an Encoding or (B, T) integer input_ids, got {ids.dtype} {ids.shape}")
+        # [PAD] never occurs inside a tokenized sentence, so the mask follows from the ids.
+        return ids, (ids != self.pad_id).astype(np.int64), np.zeros_like(ids)
+
+    def encode(self, batch) -> Tensor:
+        """Mean-pooled sentence vectors (not normalized). Shape: (B, T) -> (B, H)."""
+        ids, mask, types = self._arrays(batch)
+        hidden = self.encoder(ids, attention_mask=mask, token_type_ids=types)  # (B, T, H)
+        return mean_pool(hidden, mask)
+
+    def forward(self, batch) -> Tensor:
+        """The InfoNCE loss of the batch against a second dropout view of itself (scalar)."""
+        ids, mask, types = self._arrays(batch)
+        b = ids.shape[0]
+        if b < 2:
+            raise ValueError("SimCSE needs at least 2 sentences per batch (the others are the negatives)")
+        # One pass over the batch stacked twice: (2B, T). Dropout masks are drawn per element,
+        # so row i and row B+i are two independent views of sentence i, as in the paper's code.
+        twice = lambda a: np.concatenate([a, a], axis=0)  # noqa: E731
+        hidden = self.encoder(twice(ids), attention_mask=twice(mask), token_type_ids=twice(types))  # (2B, T, H)
+        pooled = mean_pool(hidden, twice(mask))  # (2B, H)
+        z1, z2 = pooled[:b], pooled[b:]  # (B, H) each
+        return info_nce(z1, z2, temperature=self.temperature)
+
+    def extra_repr(self) -> str:
+        return f"temperature={self.temperature}"

@@ -1,0 +1,142 @@
+"""SimCSE: the InfoNCE loss and the module against torch, the embedded corpus, and a short
+fine-tuning run of all-MiniLM-L6-v2 through the CLI (flat arenas, falling loss, reloadable save)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as TF
+
+import tensorarena as ta
+from tensorarena.models.simcse import SimCSE, info_nce, l2_normalize
+from tensorarena.nn import Embedding, Linear, Module
+from tensorarena.text import python_reference_sentences
+
+TOL = {np.float64: dict(rtol=1e-9, atol=1e-11), np.float32: dict(rtol=2e-4, atol=2e-5)}
+
+
+def torch_info_nce(z1, z2, temperature):
+    """Gao et al.'s unsupervised loss as their code writes it: cosine matrix / temp, CE on the diagonal."""
+    sim = TF.cosine_similarity(z1.unsqueeze(1), z2.unsqueeze(0), dim=-1) / temperature
+    return TF.cross_entropy(sim, torch.arange(z1.shape[0]))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("batch,dim,temperature", [(2, 3, 0.05), (8, 16, 0.05), (5, 384, 0.1), (16, 7, 1.0)])
+def test_info_nce_matches_torch(dtype, batch, dim, temperature):
+    rng = np.random.default_rng(batch * 100 + dim)
+    a = rng.standard_normal((batch, dim)).astype(dtype)
+    b = (a + 0.3 * rng.standard_normal((batch, dim))).astype(dtype)  # correlated views, like two dropouts
+    z1, z2 = ta.tensor(a, requires_grad=True), ta.tensor(b, requires_grad=True)
+    t1, t2 = torch.tensor(a, requires_grad=True), torch.tensor(b, requires_grad=True)
+    loss = info_nce(z1, z2, temperature=temperature)
+    ref = torch_info_nce(t1, t2, temperature)
+    loss.backward()
+    ref.backward()
+    assert loss.dtype == dtype and loss.shape == ()
+    np.testing.assert_allclose(loss.item(), ref.item(), **TOL[dtype])
+    np.testing.assert_allclose(z1.grad, t1.grad.numpy(), **TOL[dtype])
+    np.testing.assert_allclose(z2.grad, t2.grad.numpy(), **TOL[dtype])
+
+
+def test_l2_normalize_matches_torch_including_zero_rows():
+    x = np.array([[3.0, 4.0], [0.0, 0.0], [1e-3, -2e-3]])
+    ours = ta.tensor(x, dtype=np.float64, requires_grad=True)
+    theirs = torch.tensor(x, requires_grad=True)
+    out, ref = l2_normalize(ours), TF.normalize(theirs, dim=-1)
+    np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), rtol=1e-12)
+    w = np.arange(6.0).reshape(3, 2)
+    (out * ta.tensor(w, dtype=np.float64)).sum().backward()
+    (ref * torch.tensor(w)).sum().backward()
+    np.testing.assert_allclose(ours.grad, theirs.grad.numpy(), rtol=1e-9, atol=1e-12)
+
+
+def test_info_nce_rejects_bad_input():
+    z = ta.tensor(np.ones((3, 4)))
+    with pytest.raises(ValueError, match="same shape"):
+        info_nce(z, ta.tensor(np.ones((3, 5))))
+    with pytest.raises(ValueError, match="temperature"):
+        info_nce(z, z, temperature=0.0)
+
+
+class TinyEncoder(Module):
+    """A deterministic stand-in for BERT with the same call signature: (B, T) ids -> (B, T, H)."""
+
+    def __init__(self, vocab, hidden, rng):
+        super().__init__()
+        self.tokens = Embedding(vocab, hidden, rng=rng)
+        self.types = Embedding(2, hidden, rng=rng)
+        self.proj = Linear(hidden, hidden, rng=rng)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        return ta.tanh(self.proj(self.tokens(input_ids) + self.types(token_type_ids)))
+
+
+class TorchTinyEncoder(torch.nn.Module):
+    def __init__(self, ours: TinyEncoder):
+        super().__init__()
+        self.tokens = torch.nn.Embedding(*ours.tokens.weight.shape)
+        self.types = torch.nn.Embedding(*ours.types.weight.shape)
+        self.proj = torch.nn.Linear(*ours.proj.weight.shape[::-1])
+        self.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in ours.state_dict().items()})
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        return torch.tanh(self.proj(self.tokens(input_ids) + self.types(token_type_ids)))
+
+
+def _torch_simcse(encoder, ids, mask, types, temperature):
+    """Reference: sentence-transformers' mean pooling of two passes, then the paper's loss."""
+    def pool(hidden):
+        m = mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+    z1 = pool(encoder(ids, mask, types))
+    z2 = pool(encoder(ids, mask, types))
+    return torch_info_nce(z1, z2, temperature)
+
+
+def test_simcse_module_loss_and_grads_match_torch():
+    rng = np.random.default_rng(0)
+    ours_enc = TinyEncoder(50, 24, np.random.default_rng(1)).double()
+    theirs_enc = TorchTinyEncoder(ours_enc).double()
+    lengths = [7, 3, 5, 2, 7, 4]
+    ids = np.zeros((len(lengths), 7), dtype=np.int64)  # right-padded with 0, varied lengths
+    for row, n in enumerate(lengths):
+        ids[row, :n] = rng.integers(1, 50, size=n)
+    mask = (ids != 0).astype(np.int64)
+    types = np.zeros_like(ids)
+    model = SimCSE(ours_enc, temperature=0.05)
+    loss = model(ta.Tensor(ids))  # ids only: mask rebuilt from the pad id
+    loss.backward()
+    ref = _torch_simcse(theirs_enc, torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(types), 0.05)
+    ref.backward()
+    np.testing.assert_allclose(loss.item(), ref.item(), rtol=1e-10)
+    grads = dict(theirs_enc.named_parameters())
+    for name, p in ours_enc.named_parameters():
+        np.testing.assert_allclose(p.grad, grads[name].grad.numpy(), rtol=1e-8, atol=1e-12, err_msg=name)
+
+
+def test_simcse_needs_two_sentences():
+    model = SimCSE(TinyEncoder(10, 4, np.random.default_rng(0)))
+    with pytest.raises(ValueError, match="at least 2"):
+        model(ta.Tensor(np.ones((1, 3), dtype=np.int64)))
+    with pytest.raises(ValueError, match="temperature"):
+        SimCSE(TinyEncoder(10, 4, np.random.default_rng(0)), temperature=-1)
+
+
+def test_corpus_is_clean_deterministic_and_shuffled_by_seed():
+    plain = python_reference_sentences()
+    assert len(plain) > 500
+    assert len(set(plain)) == len(plain)
+    assert all(20 <= len(s) <= 200 and s[0].isupper() and s[-1] in ".!?" for s in plain)
+    assert not any("::=" in s or ">>>" in s for s in plain)
+    assert python_reference_sentences() == plain
+    a, b = python_reference_sentences(seed=3), python_reference_sentences(seed=3)
+    assert a == b and a != plain and sorted(a) == sorted(plain)
+    assert python_reference_sentences(seed=4) != a
+    short = python_reference_sentences(min_chars=50, max_chars=80)
+    assert short and all(50 <= len(s) <= 80 for s in short)
+    with pytest.raises(ValueError):
+        python_reference_sentences(min_chars=10, max_chars=5)
