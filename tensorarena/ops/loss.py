@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels import kernel
 from ..tensor import Tensor
 from ._base import as_dtype, as_tensor, new
+from .nn_ops import contiguous
 
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -39,51 +41,24 @@ def cross_entropy(logits: Tensor, target, *, ignore_index: int = -100, label_smo
     if x.ndim == 0 or t.shape != expected:
         raise ValueError(f"cross_entropy: target shape {t.shape} does not match logits shape {x.shape}: "
                          f"logits (N, C, d1, ...) need target (N, d1, ...), here {expected}")
-    cls = 1 if x.ndim >= 2 else 0  # the class axis
-    num_classes = x.shape[cls]
-    ignored = t == ignore_index
-    bad = ~ignored & ((t < 0) | (t >= num_classes))
-    if bad.any():
-        raise IndexError(f"cross_entropy: target {t[bad].flat[0]} is out of bounds for {num_classes} classes "
-                         f"(valid: 0..{num_classes - 1}, or ignore_index={ignore_index})")
-    count = int(t.size - np.count_nonzero(ignored))
-    # (N, 1, d...) so both line up with the stat buffers; ignored positions gather class 0, weighted 0.
-    picks = np.expand_dims(np.where(ignored, 0, t), cls)
-    ignored = np.expand_dims(ignored, cls)
-    eps = label_smoothing
+    num_classes = x.shape[1] if x.ndim >= 2 else x.shape[0]
+    # The kernels take (rows, C) logits and (rows,) int64 targets: (N, C, d...) moves C last and
+    # flattens to (N*d..., C), whose rows are the target's positions in C order; (C,) is one row.
+    if x.ndim > 2:
+        rows = contiguous(np.moveaxis(x, 1, -1)).reshape(-1, num_classes)  # (N*d..., C)
+    else:
+        rows = contiguous(x).reshape(-1, num_classes)  # (N, C) or (1, C)
+    tgt = contiguous(t, np.int64).reshape(-1)  # (rows,); the kernels check the class range
     dtype = x.dtype
-    stat_shape = x.shape[:cls] + (1,) + x.shape[cls + 1 :]
-
-    # Stable log-softmax with one full-size buffer: z = x - max, then exp(z) in place -> softmax.
-    probs = new(x.shape, dtype)  # kept for backward
-    lse = new(stat_shape, dtype)
-    np.max(x, axis=cls, keepdims=True, out=lse)
-    np.subtract(x, lse, out=probs)
-    loss = new(stat_shape, dtype)  # per-position loss
-    np.copyto(loss, np.take_along_axis(probs, picks, axis=cls))  # z at the target
-    if eps:
-        zsum = new(stat_shape, dtype)
-        np.sum(probs, axis=cls, keepdims=True, out=zsum)
-    with np.errstate(under="ignore"):  # exp of very negative logits is 0, not an error
-        np.exp(probs, out=probs)
-        np.sum(probs, axis=cls, keepdims=True, out=lse)
-        probs /= lse
-    np.log(lse, out=lse)  # log-sum-exp of z
-    np.subtract(lse, loss, out=loss)  # nll = lse - z_t
-    if eps:
-        # mean_c(-log p_c) = lse - mean_c(z_c)
-        zsum /= dtype.type(num_classes)
-        np.subtract(lse, zsum, out=zsum)
-        loss *= dtype.type(1.0 - eps)
-        zsum *= dtype.type(eps)
-        loss += zsum
-    np.copyto(loss, 0, where=ignored)
+    losses = new(tgt.shape, dtype)  # per-position loss, 0 where ignored
+    lse = new(tgt.shape, np.float64)  # kept for backward: softmax = exp(x - lse) needs it unrounded
+    count = kernel("cross_entropy_forward")(rows, tgt, ignore_index, label_smoothing, losses, lse)
 
     if reduction == "none":
-        out = loss.reshape(t.shape)
+        out = losses.reshape(t.shape)
     else:
         out = new((), dtype)
-        np.sum(loss, out=out)
+        np.sum(losses, out=out)
         if reduction == "mean":
             if count:
                 out /= count
@@ -91,25 +66,23 @@ def cross_entropy(logits: Tensor, target, *, ignore_index: int = -100, label_smo
                 out.fill(np.nan)
 
     def backward(g):
-        # d loss_i / d x_ic = (softmax_ic - q_ic) with q = (1-eps) * onehot + eps / C, times the weight of i
-        w = new(stat_shape, dtype)
+        # d loss_i / d x_ic = w_i (softmax_ic - q_ic), q = (1-eps) onehot + eps / C; the kernel takes a
+        # scalar w (sum: g, mean: g / count) and zeroes ignored rows; "none" scales rows afterwards.
         if reduction == "none":
-            np.copyto(w, g.reshape(stat_shape))
+            scale = 1.0
         elif reduction == "sum":
-            w.fill(g[()])
+            scale = float(g)
         else:
-            w.fill(g[()] / count if count else 0)
-        np.copyto(w, 0, where=ignored)
+            scale = float(g) / count if count else 0.0
+        drows = new(rows.shape, dtype)
+        kernel("cross_entropy_backward")(rows, tgt, lse, ignore_index, label_smoothing, scale, drows)
+        if reduction == "none":
+            with np.errstate(under="ignore"):  # a tiny probability times g may round to 0: right, not an error
+                drows *= g.reshape(-1, 1)
+        if x.ndim <= 2:
+            return (drows.reshape(x.shape),)
         gx = new(x.shape, dtype)
-        np.multiply(probs, w, out=gx)
-        if eps:
-            smooth = new(stat_shape, dtype)
-            np.multiply(w, dtype.type(eps / num_classes), out=smooth)
-            gx -= smooth
-        at_target = np.take_along_axis(gx, picks, axis=cls)
-        w *= dtype.type(1.0 - eps)
-        at_target -= w
-        np.put_along_axis(gx, picks, at_target, axis=cls)
+        np.copyto(gx, np.moveaxis(drows.reshape(t.shape + (num_classes,)), -1, 1))
         return (gx,)
 
     return Tensor._make(out, (logits,), backward)

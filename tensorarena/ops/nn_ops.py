@@ -1,12 +1,29 @@
-"""Layer-level ops: dropout and layer_norm."""
+"""Layer-level ops: dropout and layer_norm (on the layer_norm kernels)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from ..kernels import kernel
 from ..random import get_generator
 from ..tensor import Tensor
-from ._base import as_dtype, as_tensor, new, new_like
+from ._base import as_tensor, grad_out, new, new_like
+
+
+def contiguous(a: np.ndarray, dtype=None) -> np.ndarray:
+    """`a` as a C-contiguous array of `dtype`: itself when it already is one, else a copy in the arena.
+
+    Kernels walk flat rows; np.ascontiguousarray would copy onto the heap, outside the step arena.
+    """
+    dtype = a.dtype if dtype is None else np.dtype(dtype)
+    if a.flags.c_contiguous and a.dtype == dtype:
+        return a
+    out = new(a.shape, dtype)
+    np.copyto(out, a, casting="same_kind")
+    return out
+
 
 def dropout(a: Tensor, p: float = 0.5, *, training: bool = True, rng: np.random.Generator | None = None) -> Tensor:
     """Zero each element with probability p and scale the rest by 1/(1-p) (inverted dropout).
@@ -46,7 +63,8 @@ def layer_norm(a: Tensor, normalized_shape, weight: Tensor | None = None, bias: 
     """Normalise over the trailing `normalized_shape` dims (biased variance), then scale and shift.
 
     As torch.nn.functional.layer_norm. Shape: (..., *normalized_shape) -> same; weight and bias
-    have shape normalized_shape.
+    have shape normalized_shape. Runs the layer_norm kernels on the input viewed as (N, D),
+    D = prod(normalized_shape).
     """
     norm_shape = (normalized_shape,) if isinstance(normalized_shape, (int, np.integer)) else tuple(normalized_shape)
     ad = a.data
@@ -63,68 +81,28 @@ def layer_norm(a: Tensor, normalized_shape, weight: Tensor | None = None, bias: 
     bd = bias.data if bias is not None else None
     dtype = np.result_type(ad.dtype, *(x.dtype for x in (wd, bd) if x is not None))
 
-    axes = tuple(range(ad.ndim - k, ad.ndim))  # the normalised dims
-    lead = tuple(range(ad.ndim - k))  # the dims weight/bias gradients sum over
-    count = 1
-    for n in norm_shape:
-        count *= n
-    stat_shape = ad.shape[: ad.ndim - k] + (1,) * k
-
-    mean = new(stat_shape, dtype)
-    np.sum(ad, axis=axes, keepdims=True, out=mean)
-    mean /= count
-    xhat = new(ad.shape, dtype)  # kept for backward: x - mean, then (x - mean) * rstd
-    np.subtract(ad, mean, out=xhat)
+    d = math.prod(norm_shape)
+    n = math.prod(ad.shape[: ad.ndim - k])
+    x2 = contiguous(ad).reshape(n, d)  # (N, D)
+    w2 = contiguous(wd).reshape(d) if wd is not None else None  # (D,)
+    b2 = contiguous(bd).reshape(d) if bd is not None else None
     out = new(ad.shape, dtype)
-    np.multiply(xhat, xhat, out=out)  # `out` doubles as scratch for the squares
-    rstd = new(stat_shape, dtype)
-    np.sum(out, axis=axes, keepdims=True, out=rstd)
-    rstd /= count
-    rstd += dtype.type(eps)
-    np.sqrt(rstd, out=rstd)
-    np.reciprocal(rstd, out=rstd)
-    xhat *= rstd
-    if wd is not None:
-        np.multiply(xhat, wd, out=out)
-    else:
-        np.copyto(out, xhat)
-    if bd is not None:
-        out += bd
+    # Row statistics in float64 whatever the input: N numbers, and backward re-derives xhat from them.
+    mean, rstd = new((n,), np.float64), new((n,), np.float64)
+    kernel("layer_norm_forward")(x2, w2, b2, float(eps), out.reshape(n, d), mean, rstd)
 
     parents = (a,) + tuple(x for x in (weight, bias) if x is not None)
 
     def backward(g):
-        ga = gw = gb = None
-        scratch = new(g.shape, dtype)
-        if weight is not None and weight.requires_grad:
-            gw = new(norm_shape, dtype)
-            np.multiply(g, xhat, out=scratch)
-            np.sum(scratch, axis=lead, out=gw)
-            gw = as_dtype(gw, wd.dtype)
-        if bias is not None and bias.requires_grad:
-            gb = new(norm_shape, dtype)
-            np.sum(g, axis=lead, out=gb)
-            gb = as_dtype(gb, bd.dtype)
-        if a.requires_grad:
-            # dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = g * w, means over normalised dims
-            if wd is not None:
-                gwt = new(g.shape, dtype)
-                np.multiply(g, wd, out=gwt)
-            else:
-                gwt = g
-            m1 = new(stat_shape, dtype)
-            np.sum(gwt, axis=axes, keepdims=True, out=m1)
-            m1 /= count
-            m2 = new(stat_shape, dtype)
-            np.multiply(gwt, xhat, out=scratch)
-            np.sum(scratch, axis=axes, keepdims=True, out=m2)
-            m2 /= count
-            ga = new(ad.shape, ad.dtype)
-            np.multiply(xhat, m2, out=scratch)
-            np.subtract(gwt, scratch, out=scratch)
-            scratch -= m1
-            np.multiply(scratch, rstd, out=ga, casting="same_kind")
-        result = (ga,)
+        g2 = contiguous(g).reshape(n, d)
+        # dx is always computed by the kernel; when `a` needs no grad it is scratch.
+        ga = new(ad.shape, ad.dtype)
+        gw = grad_out(weight, norm_shape, wd.dtype) if weight is not None and weight.requires_grad else None
+        gb = grad_out(bias, norm_shape, bd.dtype) if bias is not None and bias.requires_grad else None
+        kernel("layer_norm_backward")(g2, x2, w2, mean, rstd, ga.reshape(n, d),
+                                      gw.reshape(d) if gw is not None else None,
+                                      gb.reshape(d) if gb is not None else None)
+        result = (ga if a.requires_grad else None,)
         if weight is not None:
             result += (gw,)
         if bias is not None:

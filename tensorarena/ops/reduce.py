@@ -1,4 +1,4 @@
-"""Reductions over axes (keepdim as in torch): sum mean max var."""
+"""Reductions over axes (keepdim as in torch): sum mean max var, and softmax / log_softmax."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..kernels import kernel
 from ..tensor import Tensor
 from ._base import new, new_like, normalize_axes
+from .nn_ops import contiguous
 
 
 class MaxResult(NamedTuple):
@@ -169,32 +171,43 @@ def var(a: Tensor, dim=None, *, correction: int = 1, keepdim: bool = False) -> T
 
 
 def softmax(a: Tensor, dim: int = -1) -> Tensor:
-    """Softmax along `dim`, max-subtracted for stability."""
+    """Softmax along `dim` on the softmax kernels (max-subtracted, float64 inside)."""
     ad = a.data
+    if ad.ndim == 0:  # torch allows dim 0/-1 on a scalar: softmax of one element is 1
+        _reduce_axes(_int_dim(dim, "softmax"), 0)
+        return _softmax_last(a, ad.reshape(1), a.shape)
     (axis,) = normalize_axes(_int_dim(dim, "softmax"), ad.ndim)
-    keep = _reduced_shape(ad.shape, (axis,), True)
+    if axis == ad.ndim - 1:
+        return _softmax_last(a, ad, ad.shape)
+    # The kernels reduce over the last dim: run them on a contiguous copy with `dim` moved last and
+    # copy the result back, so the output has the input's layout like every other op's.
+    moved = contiguous(np.moveaxis(ad, axis, -1))  # (..., n_dim)
+    y = new_like(moved)  # kept for backward, in the moved layout
+    kernel("softmax_forward")(moved, None, y)
     out = new_like(ad)
-    red = new(keep, ad.dtype)
-    np.max(ad, axis=axis, keepdims=True, out=red)
-    np.subtract(ad, red, out=out)
-    # Entries far below the row's max have probability 0 (possibly via subnormals): not an error.
-    with np.errstate(under="ignore"):
-        np.exp(out, out=out)
-        np.sum(out, axis=axis, keepdims=True, out=red)
-        out /= red
+    np.copyto(out, np.moveaxis(y, -1, axis))
 
     def backward(g):
-        # y * (g - sum(g * y))
+        gy = new_like(y)
+        kernel("softmax_backward")(y, contiguous(np.moveaxis(g, axis, -1)), gy)
         ga = new_like(ad)
-        s = new(keep, ad.dtype)
-        with np.errstate(under="ignore"):
-            np.multiply(g, out, out=ga)
-            np.sum(ga, axis=axis, keepdims=True, out=s)
-            np.subtract(g, s, out=ga)
-            ga *= out
+        np.copyto(ga, np.moveaxis(gy, -1, axis))
         return (ga,)
 
     return Tensor._make(out, (a,), backward)
+
+
+def _softmax_last(a: Tensor, x: np.ndarray, shape: tuple[int, ...]) -> Tensor:
+    x = contiguous(x)
+    out = new_like(x)  # kept for backward
+    kernel("softmax_forward")(x, None, out)
+
+    def backward(g):
+        ga = new_like(x)
+        kernel("softmax_backward")(out, contiguous(g).reshape(x.shape), ga)
+        return (ga.reshape(shape),)
+
+    return Tensor._make(out.reshape(shape), (a,), backward)
 
 
 def log_softmax(a: Tensor, dim: int = -1) -> Tensor:

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ..kernels import kernel
 from ..tensor import Tensor
-from ._base import new_like
+from ._base import new, new_like
+from .nn_ops import contiguous
 
-# The same constant expressions torch's CPU kernels use, so results agree to the last bit.
-_SQRT1_2 = math.sqrt(0.5)
-_PDF_SCALE = (2.0 / math.sqrt(math.pi)) * _SQRT1_2 * 0.5  # 1 / sqrt(2 pi)
-_TANH_BETA = math.sqrt(2.0) * (2.0 / math.sqrt(math.pi)) * 0.5  # sqrt(2 / pi)
-_TANH_KAPPA = 0.044715
-# Past these |x| the Gaussian pdf is 0 and tanh(inner) is exactly 1 in float32 and float64,
-# so clipping changes no result and keeps x*x and x**3 from overflowing on huge inputs.
-_PDF_CLIP = 40.0
-_TANH_CLIP = 20.0
+# gelu'(x) is exactly 0 below -40 and exactly 1 above 40 in both forms and both float types, so
+# clipping the derivative's input there changes no result. The gelu_backward kernels need that for
+# float64 |x| beyond ~1e102, where their x**3 overflows (the reference then raises under
+# np.seterr(over="raise") and the fused tanh form returns nan); see gelu_grad_input.
+_GELU_GRAD_CLIP = 40.0
+_GELU_GRAD_SAFE = 1e100  # below this the kernels' x**3 and x**2 stay finite in float64
 
 
 def exp(a: Tensor) -> Tensor:
@@ -123,80 +119,28 @@ def sigmoid(a: Tensor) -> Tensor:
 
 
 def gelu(a: Tensor, approximate: str = "none") -> Tensor:
-    """GELU; approximate="none" (erf form) or "tanh", as torch.nn.functional.gelu."""
-    if approximate == "none":
-        return _gelu_erf(a)
-    if approximate == "tanh":
-        return _gelu_tanh(a)
-    raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-
-
-def _gelu_erf(a: Tensor) -> Tensor:
-    ad = a.data
-    out = new_like(ad)
-    _normal_cdf(ad, out)
-    out *= ad  # x * 0.5 * (1 + erf(x / sqrt 2))
+    """GELU; approximate="none" (erf form) or "tanh", as torch.nn.functional.gelu (gelu kernels)."""
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    x = contiguous(a.data)
+    out = new_like(x)
+    kernel("gelu_forward")(x, out, approximate)
 
     def backward(g):
-        # d/dx x*Phi(x) = Phi(x) + x*phi(x); Phi is recomputed (as torch does) so forward keeps no extra buffer.
-        ga = new_like(ad)
-        _normal_cdf(ad, ga)
-        pdf = new_like(ad)
-        np.clip(ad, -_PDF_CLIP, _PDF_CLIP, out=pdf)
-        np.square(pdf, out=pdf)
-        pdf *= -0.5
-        with np.errstate(under="ignore"):  # the pdf's far tails are 0, possibly via subnormals
-            np.exp(pdf, out=pdf)
-            pdf *= _PDF_SCALE
-            pdf *= ad
-        ga += pdf
-        ga *= g
+        ga = new_like(x)
+        kernel("gelu_backward")(gelu_grad_input(x), contiguous(g), ga, approximate)
         return (ga,)
 
     return Tensor._make(out, (a,), backward)
 
 
-def _normal_cdf(x: np.ndarray, out: np.ndarray) -> np.ndarray:
-    np.multiply(x, _SQRT1_2, out=out)
-    kernel("erf")(out, out)
-    out += 1.0
-    out *= 0.5
-    return out
-
-
-def _gelu_tanh(a: Tensor) -> Tensor:
-    ad = a.data
-    out = new_like(ad)
-    t = new_like(ad)  # tanh(inner), kept for backward: the arena holds it for the step anyway
-    xc = np.clip(ad, -_TANH_CLIP, _TANH_CLIP, out=out)
-    np.multiply(xc, xc, out=t)
-    t *= xc
-    t *= _TANH_KAPPA
-    t += xc
-    t *= _TANH_BETA
-    np.tanh(t, out=t)
-    np.add(t, 1.0, out=out)
-    out *= ad
-    out *= 0.5  # 0.5 * x * (1 + tanh(inner)); scaling by 0.5 is exact, so the order matches torch
-
-    def backward(g):
-        # d/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) beta (1 + 3 kappa x^2)
-        ga = new_like(ad)
-        tmp = new_like(ad)
-        np.clip(ad, -_TANH_CLIP, _TANH_CLIP, out=ga)
-        np.square(ga, out=ga)
-        ga *= 3.0 * _TANH_KAPPA
-        ga += 1.0
-        ga *= _TANH_BETA
-        np.square(t, out=tmp)
-        np.subtract(1.0, tmp, out=tmp)
-        ga *= tmp
-        ga *= ad
-        ga *= 0.5
-        np.add(t, 1.0, out=tmp)
-        tmp *= 0.5
-        ga += tmp
-        ga *= g
-        return (ga,)
-
-    return Tensor._make(out, (a,), backward)
+def gelu_grad_input(x: np.ndarray) -> np.ndarray:
+    """`x`, or an arena copy clipped to +-40 when float64 values are large enough to overflow gelu'."""
+    # float32 inputs cannot overflow: the kernels evaluate in float64 and float32's max cubed is finite.
+    if x.dtype != np.float64 or x.size == 0:
+        return x
+    if -_GELU_GRAD_SAFE <= x.min() and x.max() <= _GELU_GRAD_SAFE:  # the usual case: two reductions, no copy
+        return x
+    clipped = new_like(x)
+    np.clip(x, -_GELU_GRAD_CLIP, _GELU_GRAD_CLIP, out=clipped)
+    return clipped
