@@ -57,10 +57,10 @@ def _max_diff(ours, theirs):
 def _run_against_torch(ours_cls, torch_cls, kwargs, dtype, *, group_lrs=None, steps=STEPS):
     ours, theirs = _params(dtype)
     if group_lrs is None:
-        opt, topt = ours_cls(ours, **kwargs), torch_cls(theirs, foreach=False, **kwargs)
+        opt, topt = ours_cls(ours, **kwargs), torch_cls(theirs, foreach=False, **_torch_kwargs(kwargs))
     else:
         opt, topt = ours_cls(_grouped(ours, group_lrs), **kwargs), torch_cls(_grouped(theirs, group_lrs),
-                                                                               foreach=False, **kwargs)
+                                                                               foreach=False, **_torch_kwargs(kwargs))
     rng = np.random.default_rng(1)
     for step in range(steps):
         _set_grads(rng, step, ours, theirs, dtype)
@@ -96,7 +96,7 @@ ADAMW_CASES = [
     dict(lr=0.01, weight_decay=0.1, amsgrad=True),
     dict(lr=0.01, maximize=True, betas=(0.8, 0.99)),
 ]
-CASES = ([(optim.SGD, torch.optim.SGD, kw) for kw in SGD_CASES]
+CASES = ([(optim.SGD, torch.optim.SGD, dict(kw, fused=fused)) for fused in (True, False) for kw in SGD_CASES]
          + [(optim.Adam, torch.optim.Adam, kw) for kw in ADAM_CASES]
          + [(optim.AdamW, torch.optim.AdamW, kw) for kw in ADAMW_CASES])
 
@@ -104,6 +104,11 @@ CASES = ([(optim.SGD, torch.optim.SGD, kw) for kw in SGD_CASES]
 def _case_id(case):
     cls, _, kw = case
     return cls.__name__ + "-" + ("-".join(f"{k}={v}" for k, v in kw.items()) or "defaults")
+
+
+def _torch_kwargs(kwargs):
+    # `fused` picks our kernel twin; torch's own fused SGD/Adam are a different (CUDA-first) thing.
+    return {k: v for k, v in kwargs.items() if k != "fused"}
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
@@ -367,10 +372,40 @@ def test_functional_updates_match_the_classes_exactly(impl):
     for a, b in zip(params, mirror):
         np.testing.assert_array_equal(a.data, b.data)
 
+
+
+@pytest.mark.parametrize("impl", ["reference", "fused"])
+def test_sgd_functional_and_single_tensor_forms_match_the_class_exactly(impl):
+    kw = dict(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.01, nesterov=False, maximize=True)
+    params, _ = _params(np.float64)
+    grads = _grad_stream(8)
+    _train(optim.SGD(params, fused=impl == "fused", **kw), params, grads)
+    mirror, _ = _params(np.float64)
+    bufs = [None] * len(mirror)
+    for step_grads in grads:
+        for i, (p, g) in enumerate(zip(mirror, step_grads)):
+            if g is not None:
+                bufs[i] = optim.sgd_update(p.data, g, bufs[i], fused=impl == "fused", **kw)
+    for a, b in zip(params, mirror):
+        np.testing.assert_array_equal(a.data, b.data)
+
     p = np.ones(3)
-    buf = optim.sgd_update(p, np.full(3, 2.0), None, lr=0.5, momentum=0.9)
+    buf = optim.sgd_update(p, np.full(3, 2.0), None, lr=0.5, momentum=0.9, fused=impl == "fused")
     np.testing.assert_array_equal(p, np.zeros(3))
-    np.testing.assert_array_equal(buf, np.full(3, 2.0))
+    np.testing.assert_array_equal(buf, np.full(3, 2.0))  # torch: the first buffer is the gradient itself
+    assert optim.sgd_update(p, np.full(3, 2.0), None, lr=0.5) is None  # no momentum, no buffer
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_sgd_fused_kernel_matches_its_reference_twin_through_the_class(dtype):
+    kw = dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.02)
+    runs = {}
+    for fused in (True, False):
+        params, _ = _params(dtype)
+        _train(optim.SGD(params, fused=fused, **kw), params, _grad_stream(20))
+        runs[fused] = [p.data for p in params]
+    for a, b in zip(runs[True], runs[False]):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-13 if dtype == np.float64 else 1e-6)
 
 
 @pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-13), (np.float32, 2e-6)])
@@ -390,6 +425,21 @@ def test_adam_fused_kernel_matches_its_reference_twin(dtype, tol, amsgrad, decou
                                          maximize=maximize, decoupled_weight_decay=decoupled)
     for ref, fused in zip(arrays["reference"], arrays["fused"]):
         np.testing.assert_allclose(fused, ref, rtol=0, atol=tol)
+
+
+def test_sgd_route_is_recorded_and_can_be_forced():
+    params, _ = _params(np.float64)
+    before = dict(kernels.calls)
+    _train(optim.SGD(params, lr=0.01, momentum=0.9), params, _grad_stream(2))
+    assert kernels.calls[("sgd", "fused")] > before.get(("sgd", "fused"), 0)
+    kernels.use_reference(True)
+    try:
+        _train(optim.SGD(params, lr=0.01, momentum=0.9), params, _grad_stream(2))
+    finally:
+        kernels.use_reference(False)
+    assert kernels.calls[("sgd", "reference")] > before.get(("sgd", "reference"), 0)
+    _train(optim.SGD(params, lr=0.01, fused=False), params, _grad_stream(1))  # explicit beats the default
+    assert kernels.calls[("sgd", "reference")] > before.get(("sgd", "reference"), 0) + 1
 
 
 def test_adam_route_is_recorded_and_can_be_forced():

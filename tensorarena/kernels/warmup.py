@@ -3,8 +3,10 @@
 Numba compiles a kernel on its first call for each argument signature (dtype, rank, layout) and,
 with cache=True, writes the machine code to __pycache__ next to the kernel's module; later
 processes load it from there in milliseconds. `compile_all` makes those first calls on tiny
-C-contiguous inputs, which are the signatures the ops pass in practice. A fused kernel needs an
-entry in `_tiny_calls` to be covered; `not_covered()` lists the registered ones that lack one.
+C-contiguous inputs with the signatures the ops pass in practice (layer_norm's mean/rstd and
+cross_entropy's lse are float64 whatever the input dtype; optimizer state has the parameter's).
+A fused kernel needs an entry in `_tiny_calls` to be covered; `not_covered()` lists the
+registered ones that lack one.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 def _tiny_calls(dt) -> dict[str, Callable[[], object]]:
     """One zero-argument call per fused kernel on tiny arrays of dtype `dt`."""
     # Importing a kernel module registers its twins.
-    from . import _registry, attention, cross_entropy, erf, gelu, layer_norm, sgd, softmax  # noqa: F401
+    from . import _registry, adam, attention, cross_entropy, erf, gelu, layer_norm, sgd, softmax  # noqa: F401
 
     fused = {name: impls["fused"] for name, impls in _registry.items() if "fused" in impls}
     rng = np.random.default_rng(0)
@@ -28,7 +30,7 @@ def _tiny_calls(dt) -> dict[str, Callable[[], object]]:
 
     n, d = 3, 5
     x, w, b, g = arr(n, d), arr(d), arr(d), arr(n, d)
-    stats = arr(n), arr(n)
+    stats = np.zeros(n), np.ones(n)  # float64, as ops.layer_norm saves them
     q, k, v = arr(1, 2, 3, 4), arr(1, 2, 3, 4), arr(1, 2, 3, 4)
     probs, pad = np.empty((1, 2, 3, 3), dt), np.array([[False, False, True]])
     target = np.array([0, 4, -100], np.int64)
@@ -44,11 +46,12 @@ def _tiny_calls(dt) -> dict[str, Callable[[], object]]:
         "attention_forward": lambda: fused["attention_forward"](q, k, v, pad, False, None, arr(1, 2, 3, 4), probs),
         "attention_backward": lambda: fused["attention_backward"](q, k, v, probs, arr(1, 2, 3, 4), None,
                                                                   arr(1, 2, 3, 4), arr(1, 2, 3, 4), arr(1, 2, 3, 4)),
-        "cross_entropy_forward": lambda: fused["cross_entropy_forward"](x, target, -100, 0.0, arr(n), arr(n)),
-        "cross_entropy_backward": lambda: fused["cross_entropy_backward"](x, target, arr(n), -100, 0.0, 1.0,
+        "cross_entropy_forward": lambda: fused["cross_entropy_forward"](x, target, -100, 0.0, arr(n), np.empty(n)),
+        "cross_entropy_backward": lambda: fused["cross_entropy_backward"](x, target, np.ones(n), -100, 0.0, 1.0,
                                                                           arr(n, d)),
         "sgd": lambda: fused["sgd"](arr(d), arr(d), arr(d), lr=0.1, momentum=0.9, dampening=0.0, weight_decay=0.0,
                                     nesterov=False, maximize=False, first_step=False),
+        "adam": lambda: fused["adam"](arr(d), arr(d), arr(d), np.zeros(d, dt), np.zeros(d, dt), step=1.0, lr=1e-3),
     }
     if "erf" in fused:
         calls["erf"] = lambda: fused["erf"](x, arr(n, d))

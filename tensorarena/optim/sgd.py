@@ -1,8 +1,8 @@
 """Stochastic gradient descent with momentum, dampening, Nesterov, weight decay (torch.optim.SGD).
 
-Layers as in torch: `SGD` (class: groups, lazy state) -> `sgd` (functional over
-lists: the one place that picks the per-tensor loop or, later, a fused kernel)
--> `sgd_update` (one parameter, in place, no array allocations after the first step).
+Layers as in torch: `SGD` (class: groups, lazy state) -> `sgd` (functional over lists: the one
+place that picks the kernel) -> the "sgd" kernel in kernels/sgd.py (one parameter, in place: a
+NumPy reference or its one-pass Numba twin). `sgd_update` is `sgd` for a single parameter.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..kernels import kernel
 from .optimizer import Optimizer, ParamsT, _check_number
 
 
@@ -18,9 +19,11 @@ class SGD(Optimizer):
     """torch.optim.SGD: p -= lr * (momentum-filtered, weight-decayed gradient)."""
 
     def __init__(self, params: ParamsT, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
-                 weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False) -> None:
+                 weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
+                 fused: bool | None = None) -> None:
+        # fused: None = the fused kernel unless reference kernels are forced; True/False = explicit.
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-                        nesterov=nesterov, maximize=maximize)
+                        nesterov=nesterov, maximize=maximize, fused=fused)
         super().__init__(params, defaults)
 
     def _check_hyperparams(self, group: dict[str, Any]) -> None:
@@ -36,7 +39,7 @@ class SGD(Optimizer):
         """One SGD update of every parameter that has a gradient; returns closure() if given."""
         loss = self._run_closure(closure)
         for group in self.param_groups:
-            owners, params, grads, bufs, scratch = [], [], [], [], []
+            owners, params, grads, bufs = [], [], [], []
             momentum = group["momentum"]
             for p in group["params"]:
                 g = self._grad_of(p)
@@ -47,12 +50,11 @@ class SGD(Optimizer):
                 grads.append(g)
                 # torch keeps no SGD state without momentum; the buffer is made lazily at the first step.
                 bufs.append(self.state[p].get("momentum_buffer") if momentum != 0 else None)
-                scratch.append(self._scratch(p, 2))
             if not params:
                 continue
             new_bufs = sgd(params, grads, bufs, lr=group["lr"], momentum=momentum,
                            dampening=group["dampening"], weight_decay=group["weight_decay"],
-                           nesterov=group["nesterov"], maximize=group["maximize"], scratch=scratch)
+                           nesterov=group["nesterov"], maximize=group["maximize"], fused=group.get("fused"))
             if momentum != 0:
                 for p, buf in zip(owners, new_bufs):
                     self.state[p]["momentum_buffer"] = buf
@@ -61,59 +63,29 @@ class SGD(Optimizer):
 
 def sgd(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], momentum_buffers: Sequence[np.ndarray | None],
         *, lr: float, momentum: float, dampening: float, weight_decay: float, nesterov: bool, maximize: bool,
-        scratch: Sequence[tuple[np.ndarray, np.ndarray]] | None = None, fused: bool = False
-        ) -> list[np.ndarray | None]:
-    """Functional SGD over lists of arrays; returns the (possibly new) momentum buffers."""
-    if fused:
-        # The single plug-in point for a fused flat-buffer kernel (one pass over all params).
-        raise NotImplementedError("fused SGD is not implemented yet; use fused=False")
-    out = []
-    for i, (p, g, buf) in enumerate(zip(params, grads, momentum_buffers)):
-        out.append(sgd_update(p, g, buf, lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-                              nesterov=nesterov, maximize=maximize, scratch=scratch[i] if scratch else None))
+        fused: bool | None = None) -> list[np.ndarray | None]:
+    """Functional SGD over lists of arrays, in place; returns the momentum buffers (new ones on a first step).
+
+    fused=None runs the fused (Numba, one pass per tensor) kernel unless the reference kernels
+    are forced (TENSORARENA_KERNELS=reference); True/False pick explicitly. `kernels.calls`
+    records which one ran. A None buffer with momentum != 0 means a first step: torch then
+    takes the gradient itself as the buffer.
+    """
+    update = kernel("sgd", None if fused is None else ("fused" if fused else "reference"))
+    out: list[np.ndarray | None] = []
+    for p, g, buf in zip(params, grads, momentum_buffers):
+        first = momentum != 0 and buf is None
+        if first:
+            buf = np.empty_like(p)  # persistent state: heap, never the step arena; the kernel fills it
+        update(p, g, buf if momentum != 0 else None, lr=lr, momentum=momentum, dampening=dampening,
+               weight_decay=weight_decay, nesterov=nesterov, maximize=maximize, first_step=first)
+        out.append(buf if momentum != 0 else None)
     return out
 
 
 def sgd_update(param: np.ndarray, grad: np.ndarray, momentum_buffer: np.ndarray | None, *, lr: float,
                momentum: float = 0.0, dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False,
-               maximize: bool = False, scratch: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray | None:
-    """One in-place SGD step of `param`; returns the momentum buffer (created on the first step).
-
-    `scratch` is two arrays shaped like `param` that the update may overwrite
-    (allocated here when not given). `grad` is never modified.
-    """
-    a, b = scratch if scratch is not None else (np.empty_like(param), np.empty_like(param))
-    g = grad
-    if weight_decay != 0:
-        np.multiply(param, weight_decay, out=a)
-        if maximize:
-            np.subtract(a, grad, out=a)  # -g + wd * p
-        else:
-            np.add(grad, a, out=a)  # g + wd * p
-        g = a
-    elif maximize:
-        np.negative(grad, out=a)
-        g = a
-
-    update = g
-    if momentum != 0:
-        if momentum_buffer is None:
-            # torch: the first step's buffer is the gradient itself (no dampening applied).
-            momentum_buffer = np.array(g, dtype=param.dtype, copy=True)
-        else:
-            np.multiply(momentum_buffer, momentum, out=momentum_buffer)
-            if dampening != 0:
-                np.multiply(g, 1 - dampening, out=b)
-                np.add(momentum_buffer, b, out=momentum_buffer)
-            else:
-                np.add(momentum_buffer, g, out=momentum_buffer)
-        if nesterov:
-            np.multiply(momentum_buffer, momentum, out=b)
-            np.add(g, b, out=b)
-            update = b
-        else:
-            update = momentum_buffer
-
-    np.multiply(update, -lr, out=b)
-    np.add(param, b, out=param)
-    return momentum_buffer
+               maximize: bool = False, fused: bool | None = None) -> np.ndarray | None:
+    """One in-place SGD step of `param`; returns the momentum buffer (created on the first step)."""
+    return sgd([param], [grad], [momentum_buffer], lr=lr, momentum=momentum, dampening=dampening,
+               weight_decay=weight_decay, nesterov=nesterov, maximize=maximize, fused=fused)[0]
