@@ -1,0 +1,128 @@
+"""How much memory a run may use: the user's number, else the cgroup limit, else RAM.
+
+The budget is for the whole process (RSS), because that is what a cgroup or
+the OOM killer measures. The default is the smaller of the cgroup limit (v2
+`memory.max`, v1 `memory.limit_in_bytes`) and what this process has plus the
+RAM still available, minus a safety margin; `MemoryBudget.source` says which
+number it came from, so a report can tell the user why.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .meter import format_bytes, rss_bytes
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_NO_LIMIT = 1 << 60  # v1 reports "unlimited" as a huge page-rounded number
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """A byte budget and where it came from."""
+
+    nbytes: int
+    source: str
+    margin: int = 0
+
+    def __str__(self) -> str:
+        margin = f" after a {format_bytes(self.margin)} margin" if self.margin else ""
+        return f"{format_bytes(self.nbytes)} ({self.source}{margin})"
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from 2G, 512M, 1.5GiB, 4096 or an int."""
+    if isinstance(text, int):
+        value = text
+    else:
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgtKMGT]?)(i?[bB])?\s*", str(text))
+        if not match:
+            raise ValueError(f"cannot read a memory size from {text!r}; use e.g. 2G, 512M, 1.5GiB or a byte count")
+        value = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    if value <= 0:
+        raise ValueError(f"a memory size must be positive, got {text!r}")
+    return value
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if text == "max":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return None if value >= _NO_LIMIT else value
+
+
+def cgroup_limit(*, proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> tuple[int, str] | None:
+    """This process's cgroup memory limit and the file it came from, or None if unlimited."""
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        return None
+    found: list[tuple[int, str]] = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, rel = parts
+        rel = rel.lstrip("/")
+        if controllers == "":  # cgroup v2 (unified); mounted at root, or at root/unified in hybrid mode
+            candidates = [Path(root) / rel / "memory.max", Path(root) / "unified" / rel / "memory.max"]
+            kind = "cgroup v2 memory.max"
+        elif "memory" in controllers.split(","):
+            candidates = [Path(root) / "memory" / rel / "memory.limit_in_bytes"]
+            kind = "cgroup v1 memory.limit_in_bytes"
+        else:
+            continue
+        for path in candidates:
+            value = _read_int(path)
+            if value is not None:
+                found.append((value, f"{kind} at {path}"))
+                break
+    return min(found) if found else None
+
+
+def available_ram() -> int:
+    """RAM the kernel says new allocations can still get (MemAvailable), in bytes."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+def resolve_budget(user: str | int | None = None, *, margin_fraction: float = 0.05,
+                   min_margin: int = 128 << 20) -> MemoryBudget:
+    """The budget for this process: `user` if given, else min(cgroup, RSS + free RAM) minus a margin."""
+    if user is not None:
+        return MemoryBudget(parse_size(user), "set by the user")
+    ram = rss_bytes() + available_ram()
+    limit, source = ram, "this process's RSS plus the RAM still available"
+    cgroup = cgroup_limit()
+    if cgroup is not None and cgroup[0] < limit:
+        limit, source = cgroup
+    margin = max(min_margin, int(limit * margin_fraction))
+    if limit <= margin:
+        raise MemoryError(f"only {format_bytes(limit)} is available ({source}); that is below the "
+                          f"{format_bytes(margin)} safety margin, so no training can run here")
+    return MemoryBudget(limit - margin, source, margin)
+
+
+def describe_environment() -> str:
+    """One line on where the default budget would come from (for reports)."""
+    cgroup = cgroup_limit()
+    parts = [f"available RAM {format_bytes(available_ram())}"]
+    parts.append(f"cgroup limit {format_bytes(cgroup[0])} ({cgroup[1]})" if cgroup else "no cgroup memory limit")
+    return ", ".join(parts) + f", pid {os.getpid()}"
