@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes
 
 import tensorarena as ta
+from tensorarena import kernels
 from tensorarena.ops import cross_entropy, dropout, layer_norm, mse_loss
 from tensorarena.random import manual_seed
 from tests.reference import check_finite_differences, check_op
@@ -19,6 +22,27 @@ FAST = settings(max_examples=20, deadline=None, database=None)
 DTYPES = [np.float64, np.float32]
 shapes = array_shapes(min_dims=1, max_dims=4, min_side=1, max_side=4)
 seeds = st.integers(0, 2**16)
+
+
+IMPLS = ["fused", "reference"]  # layer_norm and cross_entropy run on kernels with these twins
+
+
+@contextlib.contextmanager
+def kernel_impl(impl: str):
+    """Run the block with the fused or the forced reference kernels, then restore the choice."""
+    saved = kernels._force_reference
+    kernels.use_reference(impl == "reference")
+    try:
+        yield
+    finally:
+        kernels.use_reference(saved)
+
+
+@pytest.fixture
+def restore_kernel_choice():
+    saved = kernels._force_reference
+    yield
+    kernels.use_reference(saved)
 
 
 def randn(seed: int, shape) -> np.ndarray:
@@ -93,11 +117,12 @@ def test_dropout_identity_cases_and_p_one():
 
 # -- layer_norm ------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("affine", [True, False])
 @pytest.mark.parametrize("dtype", DTYPES)
 @FAST
 @given(shape=array_shapes(min_dims=1, max_dims=4, min_side=1, max_side=5), seed=seeds, data=st.data())
-def test_layer_norm(affine, dtype, shape, seed, data):
+def test_layer_norm(affine, dtype, impl, shape, seed, data):
     k = data.draw(st.integers(1, len(shape)))
     norm = shape[len(shape) - k:]
     # Over one element x - mean is exactly 0 here, but torch's float32 Welford mean leaves rounding
@@ -108,12 +133,47 @@ def test_layer_norm(affine, dtype, shape, seed, data):
         inputs += [randn(seed + 1, norm), randn(seed + 2, norm)]
     # float32 statistics are summed in a different order than torch; allow a bit more than the default.
     tol = dict(rtol=1e-3, atol=1e-4) if dtype == np.float32 else {}
-    check_op(lambda x, *wb: layer_norm(x, norm, *wb), lambda x, *wb: F.layer_norm(x, norm, *wb), inputs,
-             dtype=dtype, **tol)
+    with kernel_impl(impl):
+        check_op(lambda x, *wb: layer_norm(x, norm, *wb), lambda x, *wb: F.layer_norm(x, norm, *wb), inputs,
+                 dtype=dtype, **tol)
 
 
-def test_layer_norm_int_shape_weight_only_and_finite_differences():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_layer_norm_int_shape_weight_only_and_finite_differences(impl):
     x, w, b = randn(0, (3, 4)), randn(1, (4,)), randn(2, (4,))
+    with kernel_impl(impl):
+        _layer_norm_small_cases(x, w, b)
+
+
+def test_layer_norm_strided_input_and_mixed_precision_weight():
+    x = randn(0, (5, 4, 3))
+    check_op(lambda x: layer_norm(x.transpose(0, 2), (4, 5)), lambda x: F.layer_norm(x.transpose(0, 2), (4, 5)), [x])
+    x32 = ta.tensor(randn(1, (3, 4)), dtype=np.float32, requires_grad=True)
+    w64 = ta.tensor(randn(2, (4,)), dtype=np.float64, requires_grad=True)
+    out = layer_norm(x32, 4, w64)
+    assert out.dtype == np.float64  # float64 wins, as in torch's type promotion
+    out.sum().backward()
+    assert x32.grad.dtype == np.float32 and w64.grad.dtype == np.float64
+
+
+def test_layer_norm_writes_parameter_grads_straight_into_their_buffers(monkeypatch):
+    direct = {}
+    accumulate = ta.Tensor._accumulate_leaf_grad
+
+    def spy(self, g):
+        direct[id(self)] = g is self._grad_buffer  # the op wrote the persistent buffer: nothing to copy
+        accumulate(self, g)
+
+    monkeypatch.setattr(ta.Tensor, "_accumulate_leaf_grad", spy)
+    w, b = (ta.tensor(randn(s, (4,)), dtype=np.float64, requires_grad=True) for s in (1, 2))
+    x = ta.tensor(randn(0, (3, 4)), dtype=np.float64, requires_grad=True)
+    with ta.Arena():
+        layer_norm(x, 4, w, b).sum().backward()
+    assert direct[id(w)] and direct[id(b)]
+    np.testing.assert_allclose(b.grad, np.full(4, 3.0))
+
+
+def _layer_norm_small_cases(x, w, b):
     check_op(lambda x, w: layer_norm(x, 4, w), lambda x, w: F.layer_norm(x, (4,), w), [x, w])
     check_op(lambda x, b: layer_norm(x, 4, None, b), lambda x, b: F.layer_norm(x, (4,), None, b), [x, b])
     check_finite_differences(lambda x, w, b: layer_norm(x, (4,), w, b, eps=1e-3), [x, w, b])
@@ -146,6 +206,7 @@ def _ce_case(seed: int, n: int, c: int, extra: tuple, ignore_frac: float, ignore
     return logits, target
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @FAST
@@ -153,17 +214,20 @@ def _ce_case(seed: int, n: int, c: int, extra: tuple, ignore_frac: float, ignore
        extra=array_shapes(min_dims=0, max_dims=2, min_side=1, max_side=3),
        smoothing=st.sampled_from([0.0, 0.1, 0.5, 1.0]), ignore_frac=st.sampled_from([0.0, 0.3]),
        ignore_index=st.sampled_from([-100, 0, 2]))
-def test_cross_entropy(reduction, dtype, seed, n, c, extra, smoothing, ignore_frac, ignore_index):
+def test_cross_entropy(reduction, dtype, impl, seed, n, c, extra, smoothing, ignore_frac, ignore_index):
     logits, target = _ce_case(seed, n, c, extra, ignore_frac, ignore_index)
     kw = dict(ignore_index=ignore_index, label_smoothing=smoothing, reduction=reduction)
-    check_op(lambda x, t: cross_entropy(x, t, **kw), lambda x, t: F.cross_entropy(x, t, **kw),
-             [logits, target], dtype=dtype)
+    with kernel_impl(impl):
+        check_op(lambda x, t: cross_entropy(x, t, **kw), lambda x, t: F.cross_entropy(x, t, **kw),
+                 [logits, target], dtype=dtype)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("layout", [(6, 5), (2, 3, 4, 5)], ids=["2d", "4d"])
 @pytest.mark.parametrize("smoothing", [0.0, 0.2])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_cross_entropy_layouts_with_ignore(layout, smoothing, reduction):
+def test_cross_entropy_layouts_with_ignore(layout, smoothing, reduction, impl, restore_kernel_choice):
+    kernels.use_reference(impl == "reference")
     rng = np.random.default_rng(1)
     logits = rng.standard_normal(layout)
     target = rng.integers(0, layout[1], layout[:1] + layout[2:])
@@ -176,7 +240,9 @@ def test_cross_entropy_layouts_with_ignore(layout, smoothing, reduction):
         check_finite_differences(lambda x, t: cross_entropy(x, t, **kw), [logits, target])
 
 
-def test_cross_entropy_unbatched_large_logits_and_all_ignored():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_cross_entropy_unbatched_large_logits_and_all_ignored(impl, restore_kernel_choice):
+    kernels.use_reference(impl == "reference")
     check_op(lambda x, t: cross_entropy(x, t), lambda x, t: F.cross_entropy(x, t), [randn(0, (5,)), np.array(3)])
     big = np.array([[1000.0, -1000.0, 0.0], [-1e4, 1e4, 5.0]])  # must neither overflow nor underflow-raise
     check_op(lambda x, t: cross_entropy(x, t, label_smoothing=0.1),
@@ -188,6 +254,16 @@ def test_cross_entropy_unbatched_large_logits_and_all_ignored():
                  [randn(0, (3, 4)), np.full(3, -100)])
         assert np.isnan(cross_entropy(ta.tensor(randn(0, (3, 4))), np.full(3, -100), **kw).item())
     assert cross_entropy(ta.tensor(randn(0, (3, 4))), np.full(3, -100), reduction="sum").item() == 0.0
+
+
+def test_cross_entropy_strided_logits_and_narrow_int_targets():
+    x = randn(0, (5, 4, 3))  # permuted to (N, C, d) = (3, 5, 4): a non-contiguous view
+    t = np.random.default_rng(1).integers(0, 5, (3, 4)).astype(np.int32)
+    check_op(lambda x, t: cross_entropy(x.permute(2, 0, 1), t), lambda x, t: F.cross_entropy(x.permute(2, 0, 1), t),
+             [x, t.astype(np.int64)])
+    ours = ta.tensor(x[:, :, 0].T.copy(), dtype=np.float64)
+    expected = F.cross_entropy(torch.from_numpy(x[:, :, 0].T.copy()), torch.from_numpy(t[0].astype(np.int64)))
+    np.testing.assert_allclose(cross_entropy(ours, t[0].astype(np.uint8)).item(), expected.item(), rtol=1e-12)
 
 
 def test_cross_entropy_errors():
