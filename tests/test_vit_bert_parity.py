@@ -12,7 +12,6 @@ import tensorarena.nn.functional as F
 from tensorarena.models import BertConfig, BertModel, ViT, ViTConfig, to_hf_state_dict
 from tensorarena.models.bert import _name_map
 from tensorarena.nn import mean_pool
-from tests.test_transformer import attention_ops_fallback  # noqa: F401  (TEMPORARY autouse fixture)
 
 RTOL = 1e-4
 ADAMW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
