@@ -427,22 +427,29 @@ def test_adam_fused_kernel_matches_its_reference_twin(dtype, tol, amsgrad, decou
         np.testing.assert_allclose(fused, ref, rtol=0, atol=tol)
 
 
-def test_sgd_route_is_recorded_and_can_be_forced():
+@pytest.fixture
+def unforced_kernels():
+    """Nothing forced (whatever TENSORARENA_KERNELS says) for the test; the previous choice afterwards."""
+    saved = kernels._force_reference
+    kernels.use_reference(False)
+    yield
+    kernels.use_reference(saved)
+
+
+def test_sgd_route_is_recorded_and_can_be_forced(unforced_kernels):
     params, _ = _params(np.float64)
     before = dict(kernels.calls)
     _train(optim.SGD(params, lr=0.01, momentum=0.9), params, _grad_stream(2))
     assert kernels.calls[("sgd", "fused")] > before.get(("sgd", "fused"), 0)
     kernels.use_reference(True)
-    try:
-        _train(optim.SGD(params, lr=0.01, momentum=0.9), params, _grad_stream(2))
-    finally:
-        kernels.use_reference(False)
+    _train(optim.SGD(params, lr=0.01, momentum=0.9), params, _grad_stream(2))
+    kernels.use_reference(False)
     assert kernels.calls[("sgd", "reference")] > before.get(("sgd", "reference"), 0)
     _train(optim.SGD(params, lr=0.01, fused=False), params, _grad_stream(1))  # explicit beats the default
     assert kernels.calls[("sgd", "reference")] > before.get(("sgd", "reference"), 0) + 1
 
 
-def test_adam_route_is_recorded_and_can_be_forced():
+def test_adam_route_is_recorded_and_can_be_forced(unforced_kernels):
     params, _ = _params(np.float64)
     before = dict(kernels.calls)
     opt = optim.AdamW(params, lr=0.01)
