@@ -68,7 +68,8 @@ class WordPieceTokenizer:
         try:
             from tokenizers import Tokenizer
         except ImportError:
-            raise ImportError("tensorarena's text models need the `tokenizers` package: pip install tokenizers") from None
+            raise ImportError("tensorarena's text models need the `tokenizers` package: "
+                              "pip install tokenizers") from None
         path = Path(path)
         if path.is_dir():
             path = path / "tokenizer.json"

