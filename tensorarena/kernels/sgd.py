@@ -29,22 +29,39 @@ def _check(param: np.ndarray, grad: np.ndarray, momentum_buffer: np.ndarray | No
 
 def sgd_reference(param: np.ndarray, grad: np.ndarray, momentum_buffer: np.ndarray | None, *, lr: float,
                   momentum: float, dampening: float, weight_decay: float, nesterov: bool, maximize: bool,
-                  first_step: bool) -> None:
-    """In-place SGD step of `param` (and `momentum_buffer` when momentum != 0) (plain NumPy)."""
+                  first_step: bool, scratch: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+    """In-place SGD step of `param` (and `momentum_buffer` when momentum != 0) (plain NumPy).
+
+    `scratch` is two persistent arrays shaped like `param` (allocated here when not given), so a
+    training loop allocates nothing per step; `grad` is never modified.
+    """
     _check(param, grad, momentum_buffer, momentum)
+    a, b = scratch if scratch is not None else (np.empty_like(param), np.empty_like(param))
     dt = param.dtype.type  # torch's scalars meet the tensors in the tensor's dtype
-    g = -grad if maximize else grad
+    g = grad
+    if maximize:
+        np.negative(grad, out=a)
+        g = a
     if weight_decay != 0.0:
-        g = g + dt(weight_decay) * param
+        np.multiply(param, dt(weight_decay), out=b)
+        np.add(g, b, out=a)
+        g = a
     if momentum != 0.0:
         buf = momentum_buffer
         if first_step:
             np.copyto(buf, g)
         else:
             buf *= dt(momentum)
-            buf += dt(1.0 - dampening) * g
-        g = g + dt(momentum) * buf if nesterov else buf
-    param -= dt(lr) * g
+            np.multiply(g, dt(1.0 - dampening), out=b)
+            buf += b
+        if nesterov:
+            np.multiply(buf, dt(momentum), out=b)
+            np.add(g, b, out=a)
+            g = a
+        else:
+            g = buf
+    np.multiply(g, dt(lr), out=b)
+    param -= b
 
 
 @numba.njit(cache=True, parallel=True, fastmath=False)
@@ -68,8 +85,8 @@ def _update(p, g, buf, has_buf, lr, momentum, damp1, weight_decay, nesterov, sig
 
 def sgd_fused(param: np.ndarray, grad: np.ndarray, momentum_buffer: np.ndarray | None, *, lr: float,
               momentum: float, dampening: float, weight_decay: float, nesterov: bool, maximize: bool,
-              first_step: bool) -> None:
-    """Same contract as `sgd_reference`, in one parallel pass over memory."""
+              first_step: bool, scratch=None) -> None:
+    """Same contract as `sgd_reference`, in one parallel pass over memory (needs no scratch)."""
     _check(param, grad, momentum_buffer, momentum)
     has_buf = momentum != 0.0
     # The kernel walks flat views; a non-contiguous array goes through a contiguous copy and back.

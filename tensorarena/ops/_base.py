@@ -80,3 +80,16 @@ def as_dtype(g: np.ndarray, dtype: np.dtype) -> np.ndarray:
     out = new(g.shape, dtype)
     np.copyto(out, g, casting="unsafe")
     return out
+
+
+def contiguous(a: np.ndarray, dtype=None) -> np.ndarray:
+    """`a` as a C-contiguous array of `dtype`: itself when it already is one, else a copy in the arena.
+
+    Kernels walk flat rows; np.ascontiguousarray would copy onto the heap, outside the step arena.
+    """
+    dtype = a.dtype if dtype is None else np.dtype(dtype)
+    if a.flags.c_contiguous and a.dtype == dtype:
+        return a
+    out = new(a.shape, dtype)
+    np.copyto(out, a, casting="same_kind")
+    return out

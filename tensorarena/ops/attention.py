@@ -6,8 +6,7 @@ import numpy as np
 
 from ..kernels import kernel
 from ..tensor import Tensor
-from ._base import as_dtype, as_tensor, grad_out, new
-from .nn_ops import contiguous
+from ._base import as_dtype, as_tensor, contiguous, grad_out, new
 from .unary import gelu_grad_input
 
 

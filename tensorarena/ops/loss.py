@@ -6,8 +6,7 @@ import numpy as np
 
 from ..kernels import kernel
 from ..tensor import Tensor
-from ._base import as_dtype, as_tensor, new
-from .nn_ops import contiguous
+from ._base import as_dtype, as_tensor, contiguous, new
 
 _REDUCTIONS = ("mean", "sum", "none")
 

@@ -9,20 +9,7 @@ import numpy as np
 from ..kernels import kernel
 from ..random import get_generator
 from ..tensor import Tensor
-from ._base import as_tensor, grad_out, new, new_like
-
-
-def contiguous(a: np.ndarray, dtype=None) -> np.ndarray:
-    """`a` as a C-contiguous array of `dtype`: itself when it already is one, else a copy in the arena.
-
-    Kernels walk flat rows; np.ascontiguousarray would copy onto the heap, outside the step arena.
-    """
-    dtype = a.dtype if dtype is None else np.dtype(dtype)
-    if a.flags.c_contiguous and a.dtype == dtype:
-        return a
-    out = new(a.shape, dtype)
-    np.copyto(out, a, casting="same_kind")
-    return out
+from ._base import as_tensor, contiguous, grad_out, new, new_like
 
 
 def dropout(a: Tensor, p: float = 0.5, *, training: bool = True, rng: np.random.Generator | None = None) -> Tensor:

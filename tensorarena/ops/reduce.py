@@ -10,8 +10,7 @@ import numpy as np
 
 from ..kernels import kernel
 from ..tensor import Tensor
-from ._base import new, new_like, normalize_axes
-from .nn_ops import contiguous
+from ._base import contiguous, new, new_like, normalize_axes
 
 
 class MaxResult(NamedTuple):

@@ -6,8 +6,7 @@ import numpy as np
 
 from ..kernels import kernel
 from ..tensor import Tensor
-from ._base import new, new_like
-from .nn_ops import contiguous
+from ._base import contiguous, new, new_like
 
 # gelu'(x) is exactly 0 below -40 and exactly 1 above 40 in both forms and both float types, so
 # clipping the derivative's input there changes no result. The gelu_backward kernels need that for

@@ -39,7 +39,7 @@ class SGD(Optimizer):
         """One SGD update of every parameter that has a gradient; returns closure() if given."""
         loss = self._run_closure(closure)
         for group in self.param_groups:
-            owners, params, grads, bufs = [], [], [], []
+            owners, params, grads, bufs, scratch = [], [], [], [], []
             momentum = group["momentum"]
             for p in group["params"]:
                 g = self._grad_of(p)
@@ -50,11 +50,13 @@ class SGD(Optimizer):
                 grads.append(g)
                 # torch keeps no SGD state without momentum; the buffer is made lazily at the first step.
                 bufs.append(self.state[p].get("momentum_buffer") if momentum != 0 else None)
+                scratch.append(self._scratch(p, 2))
             if not params:
                 continue
             new_bufs = sgd(params, grads, bufs, lr=group["lr"], momentum=momentum,
                            dampening=group["dampening"], weight_decay=group["weight_decay"],
-                           nesterov=group["nesterov"], maximize=group["maximize"], fused=group.get("fused"))
+                           nesterov=group["nesterov"], maximize=group["maximize"], fused=group.get("fused"),
+                           scratch=scratch)
             if momentum != 0:
                 for p, buf in zip(owners, new_bufs):
                     self.state[p]["momentum_buffer"] = buf
@@ -63,7 +65,8 @@ class SGD(Optimizer):
 
 def sgd(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], momentum_buffers: Sequence[np.ndarray | None],
         *, lr: float, momentum: float, dampening: float, weight_decay: float, nesterov: bool, maximize: bool,
-        fused: bool | None = None) -> list[np.ndarray | None]:
+        fused: bool | None = None, scratch: Sequence[tuple[np.ndarray, np.ndarray]] | None = None
+        ) -> list[np.ndarray | None]:
     """Functional SGD over lists of arrays, in place; returns the momentum buffers (new ones on a first step).
 
     fused=None runs the fused (Numba, one pass per tensor) kernel unless the reference kernels
@@ -73,12 +76,13 @@ def sgd(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], momentum_buff
     """
     update = kernel("sgd", None if fused is None else ("fused" if fused else "reference"))
     out: list[np.ndarray | None] = []
-    for p, g, buf in zip(params, grads, momentum_buffers):
+    for i, (p, g, buf) in enumerate(zip(params, grads, momentum_buffers)):
         first = momentum != 0 and buf is None
         if first:
             buf = np.empty_like(p)  # persistent state: heap, never the step arena; the kernel fills it
         update(p, g, buf if momentum != 0 else None, lr=lr, momentum=momentum, dampening=dampening,
-               weight_decay=weight_decay, nesterov=nesterov, maximize=maximize, first_step=first)
+               weight_decay=weight_decay, nesterov=nesterov, maximize=maximize, first_step=first,
+               scratch=scratch[i] if scratch else None)
         out.append(buf if momentum != 0 else None)
     return out
 
