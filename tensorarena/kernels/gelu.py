@@ -28,6 +28,7 @@ _SQRT1_2 = 0.7071067811865476  # 1 / sqrt(2)
 _INV_SQRT_2PI = 0.3989422804014327  # 1 / sqrt(2 pi)
 _SQRT_2_PI = 0.7978845608028654  # sqrt(2 / pi)
 _K = 0.044715
+_GRAD_CLIP = 40.0
 
 # Results that underflow to (sub)normal zero are right, not errors: keep np.seterr(under="raise")
 # callers (the tests) from tripping over them in the NumPy parts.
@@ -48,6 +49,8 @@ def _gelu_np(x: np.ndarray, tanh: bool) -> np.ndarray:
 
 
 def _gelu_grad_np(x: np.ndarray, tanh: bool) -> np.ndarray:
+    # gelu' is exactly 1 (0) in float64 beyond +40 (-40); clipping there keeps x**3 finite.
+    x = np.clip(x, -_GRAD_CLIP, _GRAD_CLIP)
     if tanh:
         with np.errstate(over="ignore", invalid="ignore"):
             e = np.exp(-2.0 * _SQRT_2_PI * (x + _K * x * x * x))
@@ -100,6 +103,7 @@ def _gelu(x, tanh):
 
 @numba.njit(cache=True, fastmath=False)
 def _gelu_grad(x, tanh):
+    x = min(max(x, -_GRAD_CLIP), _GRAD_CLIP)  # as in _gelu_grad_np: keeps x**3 finite, changes no result
     if tanh:
         e = math.exp(-2.0 * _SQRT_2_PI * (x + _K * x * x * x))
         s = 1.0 / (1.0 + e)

@@ -7,7 +7,6 @@ import numpy as np
 from ..kernels import kernel
 from ..tensor import Tensor
 from ._base import as_dtype, as_tensor, contiguous, grad_out, new
-from .unary import gelu_grad_input
 
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, *, key_padding_mask: np.ndarray | None = None,
@@ -57,7 +56,7 @@ def bias_gelu(x: Tensor, bias: Tensor, approximate: str = "none") -> Tensor:
         dx = new(x2.shape, dtype)
         # dbias is a column sum of dx; a bias used once gets it written into its persistent buffer.
         db = grad_out(bias, bias.shape, bias.dtype) if bias.requires_grad else new(bias.shape, dtype)
-        kernel("bias_gelu_backward")(gelu_grad_input(pre), contiguous(g).reshape(x2.shape), dx, db, approximate)
+        kernel("bias_gelu_backward")(pre, contiguous(g).reshape(x2.shape), dx, db, approximate)
         gx = as_dtype(dx.reshape(x.shape), x.dtype) if x.requires_grad else None
         return gx, db if bias.requires_grad else None
 
