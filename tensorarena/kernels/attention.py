@@ -23,6 +23,7 @@ import numba
 import numpy as np
 
 from . import register
+from .blas import matmul as bmm
 from .softmax import softmax_forward_reference
 
 # Results that underflow to (sub)normal zero are right, not errors: keep np.seterr(under="raise")
@@ -56,14 +57,14 @@ def attention_forward_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, key
     _check(q, k, v, key_padding_mask)
     scale = _scale(q, scale)
     t, s = q.shape[2], k.shape[2]
-    scores = np.matmul(q, k.swapaxes(-1, -2)).astype(np.float64) * scale  # (B, H, T, S)
+    scores = bmm(q, k.swapaxes(-1, -2)).astype(np.float64) * scale  # (B, H, T, S)
     drop = np.zeros((1, 1, t, s), bool)
     if causal:
         drop = drop | np.triu(np.ones((t, s), bool), k=1)  # key j > query i
     if key_padding_mask is not None:
         drop = drop | key_padding_mask[:, None, None, :]  # (B, 1, 1, S)
     softmax_forward_reference(scores, np.where(drop, -np.inf, 0.0), probs)
-    np.matmul(probs, v, out=out)
+    bmm(probs, v, out=out)
 
 
 @_quiet_underflow
@@ -71,13 +72,13 @@ def attention_backward_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, pr
                                  scale: float | None, dq: np.ndarray, dk: np.ndarray, dv: np.ndarray) -> None:
     """Gradients of attention_forward w.r.t. q, k, v from the saved probabilities (plain NumPy)."""
     scale = _scale(q, scale)
-    np.matmul(probs.swapaxes(-1, -2), g, out=dv)
-    dp = np.matmul(g, v.swapaxes(-1, -2))  # (B, H, T, S)
+    bmm(probs.swapaxes(-1, -2), g, out=dv)
+    dp = bmm(g, v.swapaxes(-1, -2))  # (B, H, T, S)
     p64 = probs.astype(np.float64)
     rowdot = (p64 * dp).sum(axis=-1, keepdims=True)
     ds = (scale * p64 * (dp - rowdot)).astype(probs.dtype)  # the fused twin keeps dS in P's dtype too
-    np.matmul(ds, k, out=dq)
-    np.matmul(ds.swapaxes(-1, -2), q, out=dk)
+    bmm(ds, k, out=dq)
+    bmm(ds.swapaxes(-1, -2), q, out=dk)
 
 
 @numba.njit(cache=True, parallel=True, fastmath=False)
@@ -150,9 +151,9 @@ def attention_forward_fused(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_pad
     _check(q, k, v, key_padding_mask)
     kpm = np.zeros((1, 1), bool) if key_padding_mask is None else _cin(key_padding_mask)
     p = _cout(probs)
-    np.matmul(q, k.swapaxes(-1, -2), out=p)  # raw scores straight into probs: no (B, H, T, S) temporary
+    bmm(q, k.swapaxes(-1, -2), out=p)  # raw scores straight into probs: no (B, H, T, S) temporary
     _masked_softmax(p, kpm, key_padding_mask is not None, bool(causal), _scale(q, scale))
-    np.matmul(p, v, out=out)
+    bmm(p, v, out=out)
     _back(probs, p)
 
 
@@ -165,14 +166,14 @@ def attention_backward_fused(q: np.ndarray, k: np.ndarray, v: np.ndarray, probs:
     s = k.shape[2]
     chunk = max(1, min(nb, _TILE_ELEMENTS // max(1, nh * t * s)))
     tile = np.empty((chunk, nh, t, s), probs.dtype)
-    np.matmul(probs.swapaxes(-1, -2), g, out=dv)
+    bmm(probs.swapaxes(-1, -2), g, out=dv)
     for b0 in range(0, nb, chunk):
         b1 = min(nb, b0 + chunk)
         ds = tile[: b1 - b0]
-        np.matmul(g[b0:b1], v[b0:b1].swapaxes(-1, -2), out=ds)  # dP
+        bmm(g[b0:b1], v[b0:b1].swapaxes(-1, -2), out=ds)  # dP
         _softmax_grad(_cin(probs[b0:b1]), ds, scale)  # dS, in place
-        np.matmul(ds, k[b0:b1], out=dq[b0:b1])
-        np.matmul(ds.swapaxes(-1, -2), q[b0:b1], out=dk[b0:b1])
+        bmm(ds, k[b0:b1], out=dq[b0:b1])
+        bmm(ds.swapaxes(-1, -2), q[b0:b1], out=dk[b0:b1])
 
 
 register("attention_forward", "reference", attention_forward_reference)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels.blas import matmul as bmm
 from ..tensor import Tensor
 from ._base import as_tensor, grad_out, new, unbroadcast
 
@@ -49,7 +50,7 @@ def matmul(a, b) -> Tensor:
     ad, bd = a.data, b.data
     dtype = np.result_type(ad.dtype, bd.dtype)
     out = new(out_shape, dtype)
-    np.matmul(ad, bd, out=out)
+    bmm(ad, bd, out=out)
 
     def backward(g):
         # Work with the 1-D operands promoted to matrices, as forward did implicitly.
@@ -63,11 +64,11 @@ def matmul(a, b) -> Tensor:
         ga = gb = None
         if a.requires_grad:
             full = new(g2.shape[:-1] + (a2.shape[-1],), dtype)
-            np.matmul(g2, np.swapaxes(b2, -1, -2), out=full)
+            bmm(g2, np.swapaxes(b2, -1, -2), out=full)
             ga = unbroadcast(full, a2.shape).reshape(a.shape)
         if b.requires_grad:
             full = new(g2.shape[:-2] + (b2.shape[-2], g2.shape[-1]), dtype)
-            np.matmul(np.swapaxes(a2, -1, -2), g2, out=full)
+            bmm(np.swapaxes(a2, -1, -2), g2, out=full)
             gb = unbroadcast(full, b2.shape).reshape(b.shape)
         return ga, gb
 
