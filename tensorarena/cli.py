@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--momentum", type=float, default=0.9, help="momentum (sgd only)")
     train.add_argument("--schedule", choices=["warmup-cosine", "constant", "cosine", "step", "exponential", "linear-warmup"],
                        default="warmup-cosine", help="learning-rate schedule")
-    train.add_argument("--warmup", type=int, default=20, help="warm-up steps for warmup schedules")
+    train.add_argument("--warmup", type=int, default=None,
+                       help="warm-up steps for warmup schedules (default: the model's, mlp 20)")
     train.add_argument("--clip", type=float, default=1.0, help="global gradient-norm clip (0 disables)")
     train.add_argument("--dtype", choices=["float32", "float64"], default="float32", help="parameter and compute dtype")
     train.add_argument("--train-size", type=int, default=8000, help="generated training examples")
@@ -116,7 +117,7 @@ def cmd_train(args) -> dict:
     return train_simcse(args)
 
 
-MLP_DEFAULTS = {"steps": 400, "batch_size": 128, "lr": 2e-3}
+MLP_DEFAULTS = {"steps": 400, "batch_size": 128, "lr": 2e-3, "warmup": 20}
 
 
 def apply_defaults(args, defaults: dict) -> None:

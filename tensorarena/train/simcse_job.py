@@ -24,7 +24,6 @@ import numpy as np
 
 from ..memory.meter import format_bytes, peak_rss_bytes, rss_bytes
 
-# warmup only takes effect once cli's --warmup defaults to None (it is 20 for every model today).
 SIMCSE_DEFAULTS = {"steps": 30, "batch_size": 16, "lr": 3e-5, "warmup": 3}
 PROBE_SIZE = 32  # held-out sentences scored before and after training
 # Files besides the weights and config.json that make a saved directory a complete

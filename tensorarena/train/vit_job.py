@@ -17,7 +17,7 @@ import numpy as np
 
 from ..memory.meter import format_bytes, peak_rss_bytes, rss_bytes
 
-VIT_DEFAULTS = {"steps": 60, "batch_size": 32, "lr": 1e-3}
+VIT_DEFAULTS = {"steps": 60, "batch_size": 32, "lr": 1e-3, "warmup": 6}
 PRESETS = ("tiny", "small", "base")
 # Held-out images are capped by bytes as well: 2000 images of 224x224 would be 1.2 GB.
 MAX_TEST_BYTES = 64 << 20
