@@ -65,20 +65,18 @@ def check_finite_differences(fn_ta: Callable, inputs: Sequence[np.ndarray], *, e
     for i, a in enumerate(inputs):
         if a.dtype.kind != "f":
             continue
-        numeric = np.zeros_like(a, dtype=np.float64)
-        flat = a.astype(np.float64).copy()
-        view = flat.reshape(-1)
-        for j in range(view.size):
-            saved = view[j]
-            vals = []
+        numeric = np.zeros(a.shape, dtype=np.float64)
+        perturbed = [x.astype(np.float64) if x.dtype.kind == "f" else x for x in inputs]
+        flat = perturbed[i].reshape(-1)  # a view: editing it edits perturbed[i]
+        for j in range(flat.size):
+            saved = flat[j]
+            values = []
             for delta in (eps, -eps):
-                view[j] = saved + delta
-                args = [ta.tensor(flat if k == i else inputs[k].astype(np.float64) if inputs[k].dtype.kind == "f"
-                                  else inputs[k], dtype=None if inputs[k].dtype.kind != "f" else np.float64)
-                        for k in range(len(inputs))]
+                flat[j] = saved + delta
                 with ta.no_grad():
-                    vals.append(float((fn_ta(*args).numpy() * weights).sum()))
-            view[j] = saved
-            numeric.reshape(-1)[j] = (vals[0] - vals[1]) / (2 * eps)
+                    out_d = fn_ta(*[_to_ta(x, np.float64, False) for x in perturbed])
+                values.append(float((out_d.numpy() * weights).sum()))
+            flat[j] = saved
+            numeric.reshape(-1)[j] = (values[0] - values[1]) / (2 * eps)
         np.testing.assert_allclose(ours[i].grad, numeric, rtol=rtol, atol=atol,
                                    err_msg=f"finite-difference grad of input {i}")

@@ -97,3 +97,26 @@ def test_deep_graph_does_not_hit_the_recursion_limit():
 def test_integer_tensors_cannot_require_grad():
     with pytest.raises(TypeError, match="floating-point"):
         ta.Tensor(np.arange(3), requires_grad=True)
+
+
+def test_the_reference_checks_catch_a_wrong_gradient():
+    # The op-test helpers must be able to fail: an op whose backward is off by 1% is caught
+    # by both the torch comparison and the finite differences.
+    from tensorarena.ops._base import new_like
+    from tests.reference import check_finite_differences, check_op
+
+    def bad_square(a):
+        ad = a.data
+        out = new_like(ad)
+        np.multiply(ad, ad, out=out)
+
+        def backward(g):
+            return (g * ad * 2.02,)
+
+        return ta.Tensor._make(out, (a,), backward)
+
+    x = np.random.default_rng(0).standard_normal((3, 2))
+    with pytest.raises(AssertionError, match="grad of input 0"):
+        check_op(bad_square, lambda t: t * t, [x])
+    with pytest.raises(AssertionError, match="finite-difference"):
+        check_finite_differences(bad_square, [x])
