@@ -11,8 +11,23 @@ from typing import Callable, Sequence
 
 import numpy as np
 import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import array_shapes
 
 import tensorarena as ta
+
+# Shared by the op tests: derandomized so float32 tolerances cannot fail at random in CI.
+FAST = settings(max_examples=20, deadline=None, database=None, derandomize=True)
+DTYPES = [np.float64, np.float32]
+shapes = array_shapes(min_dims=1, max_dims=4, min_side=1, max_side=4)
+seeds = st.integers(0, 2**16)
+
+
+def randn(seed: int, shape) -> np.ndarray:
+    """Standard normal float64 values, reproducible from `seed`."""
+    return np.random.default_rng(seed).standard_normal(shape)
+
 
 TOL = {np.float64: dict(rtol=1e-9, atol=1e-10), np.float32: dict(rtol=1e-4, atol=1e-5)}
 

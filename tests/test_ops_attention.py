@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import tensorarena as ta
 from tensorarena import kernels
 from tensorarena.ops import bias_gelu, scaled_dot_product_attention
-from tests.reference import check_finite_differences, check_op
+from tests.reference import check_finite_differences, check_op, randn
 
 DTYPES = [np.float64, np.float32]
 # float64 as tests/reference.py; float32 to 1e-5 (both sides accumulate in float32 BLAS).
@@ -24,14 +24,8 @@ TOL = {np.float64: {}, np.float32: dict(rtol=1e-5, atol=1e-5)}
 @pytest.fixture(params=["fused", "reference"])
 def impl(request):
     """Run the test on the fused kernels, then on the forced reference twins; restore the choice."""
-    saved = kernels._force_reference
-    kernels.use_reference(request.param == "reference")
-    yield request.param
-    kernels.use_reference(saved)
-
-
-def randn(seed: int, shape) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal(shape)
+    with kernels.using(request.param):
+        yield request.param
 
 
 def _torch_mask(b: int, t: int, s: int, pad: np.ndarray | None, causal: bool) -> torch.Tensor | None:

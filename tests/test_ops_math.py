@@ -6,7 +6,6 @@ log/sqrt/pow near 0); those points get their own explicit tests.
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import numpy as np
@@ -26,23 +25,10 @@ IMPLS = ["fused", "reference"]
 KERNEL_OPS = {"gelu", "gelu_tanh", "softmax"}  # ops that run on kernels with reference/fused twins
 
 
-@contextlib.contextmanager
-def kernel_impl(impl: str):
-    """Run the block with the fused or the forced reference kernels ("default": leave the choice), then restore it."""
-    saved = kernels._force_reference
-    if impl != "default":
-        kernels.use_reference(impl == "reference")
-    try:
-        yield
-    finally:
-        kernels.use_reference(saved)
-
-
 @pytest.fixture
 def restore_kernel_choice():
-    saved = kernels._force_reference
-    yield
-    kernels.use_reference(saved)
+    with kernels.using("default"):
+        yield
 
 
 def with_impls(names):
@@ -107,7 +93,7 @@ BINARY = {
 @given(shape=shapes, seed=seeds)
 def test_unary_matches_torch(name, impl, dtype, shape, seed):
     fn, ref, gen = UNARY[name]
-    with kernel_impl(impl):
+    with kernels.using(impl):
         check_op(fn, ref, [gen(shape, seed)], dtype=dtype)
 
 
@@ -270,7 +256,7 @@ def test_max_rejects_tuple_dims_and_keepdim_without_dim():
 def test_softmax_family_matches_torch(name, impl, dtype, shape, data, seed, scale):
     dim = data.draw(st.integers(-len(shape), len(shape) - 1))
     ours, theirs = getattr(ta.ops, name), getattr(torch, name)
-    with kernel_impl(impl):
+    with kernels.using(impl):
         check_op(lambda t: ours(t, dim), lambda t: theirs(t, dim), [scale * normal(shape, seed)], dtype=dtype)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 
 import numpy as np
 import pytest
@@ -16,37 +15,15 @@ import tensorarena as ta
 from tensorarena import kernels
 from tensorarena.ops import cross_entropy, dropout, layer_norm, mse_loss
 from tensorarena.random import manual_seed
-from tests.reference import check_finite_differences, check_op
-
-FAST = settings(max_examples=20, deadline=None, database=None)
-DTYPES = [np.float64, np.float32]
-shapes = array_shapes(min_dims=1, max_dims=4, min_side=1, max_side=4)
-seeds = st.integers(0, 2**16)
-
+from tests.reference import DTYPES, FAST, check_finite_differences, check_op, randn, seeds, shapes
 
 IMPLS = ["fused", "reference"]  # layer_norm and cross_entropy run on kernels with these twins
 
 
-@contextlib.contextmanager
-def kernel_impl(impl: str):
-    """Run the block with the fused or the forced reference kernels, then restore the choice."""
-    saved = kernels._force_reference
-    kernels.use_reference(impl == "reference")
-    try:
-        yield
-    finally:
-        kernels.use_reference(saved)
-
-
 @pytest.fixture
 def restore_kernel_choice():
-    saved = kernels._force_reference
-    yield
-    kernels.use_reference(saved)
-
-
-def randn(seed: int, shape) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal(shape)
+    with kernels.using("default"):
+        yield
 
 
 # -- dropout ---------------------------------------------------------------------------------------
@@ -133,7 +110,7 @@ def test_layer_norm(affine, dtype, impl, shape, seed, data):
         inputs += [randn(seed + 1, norm), randn(seed + 2, norm)]
     # float32 statistics are summed in a different order than torch; allow a bit more than the default.
     tol = dict(rtol=1e-3, atol=1e-4) if dtype == np.float32 else {}
-    with kernel_impl(impl):
+    with kernels.using(impl):
         check_op(lambda x, *wb: layer_norm(x, norm, *wb), lambda x, *wb: F.layer_norm(x, norm, *wb), inputs,
                  dtype=dtype, **tol)
 
@@ -141,7 +118,7 @@ def test_layer_norm(affine, dtype, impl, shape, seed, data):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_layer_norm_int_shape_weight_only_and_finite_differences(impl):
     x, w, b = randn(0, (3, 4)), randn(1, (4,)), randn(2, (4,))
-    with kernel_impl(impl):
+    with kernels.using(impl):
         _layer_norm_small_cases(x, w, b)
 
 
@@ -217,7 +194,7 @@ def _ce_case(seed: int, n: int, c: int, extra: tuple, ignore_frac: float, ignore
 def test_cross_entropy(reduction, dtype, impl, seed, n, c, extra, smoothing, ignore_frac, ignore_index):
     logits, target = _ce_case(seed, n, c, extra, ignore_frac, ignore_index)
     kw = dict(ignore_index=ignore_index, label_smoothing=smoothing, reduction=reduction)
-    with kernel_impl(impl):
+    with kernels.using(impl):
         check_op(lambda x, t: cross_entropy(x, t, **kw), lambda x, t: F.cross_entropy(x, t, **kw),
                  [logits, target], dtype=dtype)
 

@@ -12,16 +12,8 @@ from hypothesis.extra.numpy import array_shapes, mutually_broadcastable_shapes
 
 import tensorarena as ta
 from tensorarena.ops import embedding, getitem, where
-from tests.reference import check_finite_differences, check_op
+from tests.reference import DTYPES, FAST, check_finite_differences, check_op, randn, seeds, shapes
 
-FAST = settings(max_examples=20, deadline=None, database=None)
-DTYPES = [np.float64, np.float32]
-shapes = array_shapes(min_dims=1, max_dims=4, min_side=1, max_side=4)
-seeds = st.integers(0, 2**16)
-
-
-def randn(seed: int, shape) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal(shape)
 
 
 def _torch_index(idx):

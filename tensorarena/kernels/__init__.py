@@ -9,9 +9,10 @@ can assert the route that actually ran.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import Counter
-from typing import Callable
+from typing import Callable, Iterator
 
 # Numba's OpenMP worker threads spin after each parallel kernel and steal the two cores from
 # the OpenBLAS threads of the next matmul (and vice versa): on the MLP benchmark that cost
@@ -37,6 +38,20 @@ def use_reference(flag: bool = True) -> None:
     """Force (or stop forcing) the plain-NumPy reference kernels process-wide."""
     global _force_reference
     _force_reference = flag
+
+
+@contextlib.contextmanager
+def using(impl: str) -> Iterator[None]:
+    """Run a block on "fused" or forced "reference" kernels ("default" leaves the choice), then restore it."""
+    if impl not in ("fused", "reference", "default"):
+        raise ValueError(f"impl must be 'fused', 'reference' or 'default', got {impl!r}")
+    saved = _force_reference
+    if impl != "default":
+        use_reference(impl == "reference")
+    try:
+        yield
+    finally:
+        use_reference(saved)
 
 
 def kernel(name: str, impl: str | None = None) -> Callable:
