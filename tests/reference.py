@@ -45,15 +45,20 @@ def _to_torch(a: np.ndarray, dtype, grad: bool):
 
 
 def check_op(fn_ta: Callable, fn_torch: Callable, inputs: Sequence[np.ndarray], *, dtype=np.float64,
-             grad: bool = True, rtol: float | None = None, atol: float | None = None, seed: int = 0) -> None:
-    """Forward and all input gradients of fn_ta(*tensors) match fn_torch(*torch_tensors)."""
+             grad: bool = True, rtol: float | None = None, atol: float | None = None, seed: int = 0,
+             torch_dtype=None) -> None:
+    """Forward and all input gradients of fn_ta(*tensors) match fn_torch(*torch_tensors).
+
+    torch_dtype=np.float64 runs the torch side in float64: the ground truth for ops whose float32
+    kernels accumulate in float64 and so beat torch's own float32 arithmetic.
+    """
     tol = dict(TOL[dtype])
     if rtol is not None:
         tol["rtol"] = rtol
     if atol is not None:
         tol["atol"] = atol
     ours = [_to_ta(a, dtype, grad) for a in inputs]
-    theirs = [_to_torch(a, dtype, grad) for a in inputs]
+    theirs = [_to_torch(a, torch_dtype or dtype, grad) for a in inputs]
     out = fn_ta(*ours)
     ref = fn_torch(*theirs)
     np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), **tol, err_msg="forward")
@@ -62,7 +67,7 @@ def check_op(fn_ta: Callable, fn_torch: Callable, inputs: Sequence[np.ndarray], 
         return
     weights = np.random.default_rng(seed).standard_normal(out.shape)  # a random cotangent
     (out * ta.tensor(weights, dtype=dtype)).sum().backward()
-    (ref * torch.tensor(weights, dtype=ref.dtype)).sum().backward()
+    (ref * torch.tensor(weights, dtype=ref.dtype)).sum().backward()  # same cotangent on both sides
     for i, (o, t) in enumerate(zip(ours, theirs)):
         if not o.requires_grad:
             continue
