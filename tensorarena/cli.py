@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
 import numpy as np
 
-from .memory.meter import format_bytes, peak_rss_bytes, rss_bytes
+from .memory.meter import peak_rss_bytes, rss_bytes
+from .train.summary import finish
 
 
 MODELS = ["mlp", "vit-tiny", "vit-small", "vit-base", "simcse"]
@@ -193,20 +193,7 @@ def train_mlp(args) -> dict:
         print(f"  train loss        {first.loss:.4f} -> {last.loss:.4f}")
     print(f"  held-out loss     {held_out['loss']:.4f}")
     print(f"  held-out accuracy {held_out['accuracy']:.2%}")
-    if summary["steps_per_second"]:
-        print(f"  steps/s           {summary['steps_per_second']:.1f}")
-    print(f"  peak RSS          {format_bytes(summary['peak_rss_bytes'])}")
-    print(f"  arena high-water  {format_bytes(high_water)} per step")
-    if args.save:
-        print(f"  checkpoint        {args.save}")
-    if args.json:
-        text = json.dumps(summary, indent=2)
-        if args.json == "-":
-            print(text)
-        else:
-            with open(args.json, "w") as f:
-                f.write(text + "\n")
-    return summary
+    return finish(summary, json_path=args.json, saved_line=f"  checkpoint        {args.save}" if args.save else None, rate_digits=1)
 
 
 def main(argv: list[str] | None = None) -> int:

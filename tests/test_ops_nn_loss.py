@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes
 
@@ -15,7 +15,7 @@ import tensorarena as ta
 from tensorarena import kernels
 from tensorarena.ops import cross_entropy, dropout, layer_norm, mse_loss
 from tensorarena.random import manual_seed
-from tests.reference import DTYPES, FAST, check_finite_differences, check_op, randn, seeds, shapes
+from tests.reference import DTYPES, FAST, check_finite_differences, check_op, randn, seeds
 
 IMPLS = ["fused", "reference"]  # layer_norm and cross_entropy run on kernels with these twins
 

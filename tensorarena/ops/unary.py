@@ -6,7 +6,7 @@ import numpy as np
 
 from ..kernels import kernel
 from ..tensor import Tensor
-from ._base import contiguous, new, new_like
+from ._base import contiguous, new_like
 
 
 def exp(a: Tensor) -> Tensor:

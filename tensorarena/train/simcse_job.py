@@ -14,7 +14,6 @@ sentence-transformers all load.
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import time
@@ -22,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..memory.meter import format_bytes, peak_rss_bytes, rss_bytes
+from ..memory.meter import peak_rss_bytes, rss_bytes
+from .summary import finish
 
 SIMCSE_DEFAULTS = {"steps": 30, "batch_size": 16, "lr": 3e-5, "warmup": 3}
 PROBE_SIZE = 32  # held-out sentences scored before and after training
@@ -173,17 +173,4 @@ def train_simcse(args) -> dict:
               f"{summary['first3_mean_loss']:.3e} -> {summary['last3_mean_loss']:.3e})")
     print(f"  probe loss        {probe_before:.3e} -> {probe_after:.3e}  ({len(probe_ids)} held-out sentences, "
           f"fixed dropout masks)")
-    if summary["steps_per_second"]:
-        print(f"  steps/s           {summary['steps_per_second']:.2f}")
-    print(f"  peak RSS          {format_bytes(summary['peak_rss_bytes'])}")
-    print(f"  arena high-water  {format_bytes(summary['arena_high_water_bytes'])} per step")
-    if args.save:
-        print(f"  model directory   {args.save}  (tensorarena embed --model-dir {args.save} ...)")
-    if args.json:
-        text = json.dumps(summary, indent=2)
-        if args.json == "-":
-            print(text)
-        else:
-            with open(args.json, "w") as f:
-                f.write(text + "\n")
-    return summary
+    return finish(summary, json_path=args.json, saved_line=(f"  model directory   {args.save}  (tensorarena embed --model-dir {args.save} ...)" if args.save else None), rate_digits=2)

@@ -9,13 +9,13 @@ print/return a summary. The images come from tensorarena.data.images, drawn at
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 
 import numpy as np
 
-from ..memory.meter import format_bytes, peak_rss_bytes, rss_bytes
+from ..memory.meter import peak_rss_bytes, rss_bytes
+from .summary import finish
 
 VIT_DEFAULTS = {"steps": 60, "batch_size": 32, "lr": 1e-3, "warmup": 6}
 PRESETS = ("tiny", "small", "base")
@@ -114,17 +114,4 @@ def train_vit(args) -> dict:
         print(f"  train loss        {first.loss:.4f} -> {last.loss:.4f}")
     print(f"  held-out loss     {held_out['loss']:.4f}  ({n_test} images)")
     print(f"  held-out accuracy {held_out['accuracy']:.2%}  (chance 10%)")
-    if summary["steps_per_second"]:
-        print(f"  steps/s           {summary['steps_per_second']:.2f}")
-    print(f"  peak RSS          {format_bytes(summary['peak_rss_bytes'])}")
-    print(f"  arena high-water  {format_bytes(summary['arena_high_water_bytes'])} per step")
-    if args.save:
-        print(f"  checkpoint        {args.save}")
-    if args.json:
-        text = json.dumps(summary, indent=2)
-        if args.json == "-":
-            print(text)
-        else:
-            with open(args.json, "w") as f:
-                f.write(text + "\n")
-    return summary
+    return finish(summary, json_path=args.json, saved_line=f"  checkpoint        {args.save}" if args.save else None, rate_digits=2)

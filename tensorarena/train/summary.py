@@ -1,0 +1,25 @@
+"""The common end of every `tensorarena train` job: speed and memory lines, then --json."""
+
+from __future__ import annotations
+
+import json
+
+from ..memory.meter import format_bytes
+
+
+def finish(summary: dict, *, json_path: str | None, saved_line: str | None = None, rate_digits: int = 1) -> dict:
+    """Print steps/s, peak RSS and arena high-water (plus `saved_line`), write JSON if asked; return summary."""
+    if summary.get("steps_per_second"):
+        print(f"  steps/s           {summary['steps_per_second']:.{rate_digits}f}")
+    print(f"  peak RSS          {format_bytes(summary['peak_rss_bytes'])}")
+    print(f"  arena high-water  {format_bytes(summary['arena_high_water_bytes'])} per step")
+    if saved_line:
+        print(saved_line)
+    if json_path:
+        text = json.dumps(summary, indent=2)
+        if json_path == "-":
+            print(text)
+        else:
+            with open(json_path, "w") as f:
+                f.write(text + "\n")
+    return summary
