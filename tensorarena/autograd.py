@@ -49,6 +49,26 @@ def enable_grad() -> _GradMode:
     return _GradMode(True)
 
 
+class SliceGrad:
+    """A gradient that is zero except on one basic-index region of its parent.
+
+    Basic indexing (a[:, :D], the q/k/v split of a fused projection) returns this instead of a
+    zero-filled parent-sized array, so several slices of one parent accumulate into ONE buffer
+    (one fill, then in-place writes) rather than one full buffer per slice plus full-size adds.
+    """
+
+    __slots__ = ("index", "values", "shape", "dtype")
+
+    def __init__(self, index: tuple, values: np.ndarray, shape: tuple[int, ...]) -> None:
+        self.index, self.values, self.shape, self.dtype = index, values, shape, values.dtype
+
+    def dense(self) -> np.ndarray:
+        full = empty(self.shape, self.dtype)
+        full.fill(0)
+        full[self.index] = self.values  # basic indexing never selects an element twice
+        return full
+
+
 def _freed_backward(_grad):
     raise RuntimeError(
         "trying to backward through the graph a second time: its saved tensors were "
@@ -140,7 +160,18 @@ def _run_backward(order: list["Tensor"], root: "Tensor", grad: np.ndarray) -> No
                 continue
             key = id(parent)
             prev = grads.get(key)
-            if prev is None:
+            if isinstance(pg, SliceGrad):
+                if prev is None:
+                    grads[key] = pg.dense()
+                    owned.add(key)
+                    continue
+                if key not in owned:  # never add into an array some op may still alias
+                    acc = empty(prev.shape, prev.dtype)
+                    np.copyto(acc, prev)
+                    grads[key] = prev = acc
+                    owned.add(key)
+                prev[pg.index] += pg.values
+            elif prev is None:
                 grads[key] = pg
             elif key in owned:
                 np.add(prev, pg, out=prev)

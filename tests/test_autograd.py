@@ -120,3 +120,28 @@ def test_the_reference_checks_catch_a_wrong_gradient():
         check_op(bad_square, lambda t: t * t, [x])
     with pytest.raises(AssertionError, match="finite-difference"):
         check_finite_differences(bad_square, [x])
+
+
+def test_slices_of_one_parent_share_one_gradient_buffer():
+    # q/k/v split of a fused projection: three basic-index views of one tensor. Their gradients
+    # must accumulate into one parent-sized buffer (SliceGrad), not three plus full-size adds.
+    a = np.random.default_rng(4).standard_normal((8, 96))
+    x = ta.tensor(a, dtype=np.float64, requires_grad=True)
+    tx = torch.tensor(a, requires_grad=True)
+    with ta.Arena() as arena:
+        qkv = x * 1.0
+        parts = [qkv[:, i * 32:(i + 1) * 32] for i in range(3)]
+        y = (parts[0] * parts[1] + parts[2]).sum()
+        before = arena.stats.bytes_in_use
+        y.backward()
+        grown = arena.stats.bytes_in_use - before
+    tq = tx * 1.0
+    tp = [tq[:, i * 32:(i + 1) * 32] for i in range(3)]
+    (tp[0] * tp[1] + tp[2]).sum().backward()
+    np.testing.assert_allclose(x.grad, tx.grad.numpy(), rtol=1e-12)
+    parent_bytes = a.nbytes
+    # Now: one parent-sized buffer for qkv's grad, one for x's (from `* 1.0`), and slice-sized
+    # temporaries (sum's ones, mul's two grads) = 3 parents. Before SliceGrad: three dense
+    # parent-sized slice grads plus their sum plus x's grad = 6 parents (measured by reverting
+    # ops/index.py's backward_basic to the zero-filled array).
+    assert grown <= 3 * parent_bytes, f"backward grew the arena by {grown} bytes (parent is {parent_bytes})"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..autograd import SliceGrad
 from ..tensor import Tensor
 from ._base import as_dtype, as_tensor, new, unbroadcast
 
@@ -62,10 +63,9 @@ def getitem(a: Tensor, index) -> Tensor:
         view = ad[view_idx]
 
         def backward_basic(g):
-            ga = new(ad.shape, g.dtype)
-            ga.fill(0)
-            ga[view_idx] = g  # basic indexing never selects an element twice
-            return (ga,)
+            # Zero except on the view: the engine scatters it into one buffer shared by every
+            # slice of `a` (q, k and v of a fused qkv projection) instead of one full array each.
+            return (SliceGrad(view_idx, g, ad.shape),)
 
         return Tensor._make(view, (a,), backward_basic, view_of=a)
 
