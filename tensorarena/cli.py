@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import numpy as np
 
-from .memory.meter import peak_rss_bytes, rss_bytes
+from .train.classifier_job import run_classifier
 from .train.summary import finish
 
 
@@ -129,16 +128,11 @@ def apply_defaults(args, defaults: dict) -> None:
 
 def train_mlp(args) -> dict:
     """Train the MLP classifier on the generated digits; returns the summary it prints."""
-    from tqdm import tqdm
+    from .data.digits import NUM_CLASSES, SIZE, train_test_split
+    from .models.mlp import MLP, MLPConfig
+    from .random import manual_seed
 
     apply_defaults(args, MLP_DEFAULTS)
-    from .data.digits import NUM_CLASSES, SIZE, train_test_split
-    from .data.loader import BatchLoader
-    from .models.mlp import MLP, MLPConfig
-    from .nn.functional import cross_entropy
-    from .random import manual_seed
-    from .train.trainer import Trainer
-
     for name in ("steps", "batch_size", "train_size", "test_size"):
         if getattr(args, name) <= 0:
             raise SystemExit(f"tensorarena train: --{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
@@ -149,50 +143,14 @@ def train_mlp(args) -> dict:
     config = MLPConfig(in_features=SIZE * SIZE, hidden=args.hidden, out_features=NUM_CLASSES,
                        activation=args.activation, dropout=args.dropout, dtype=dtype)
     model = MLP(config, rng=np.random.default_rng(args.seed))
-    optimizer = _make_optimizer(args, model.parameters())
-    scheduler = _make_scheduler(args, optimizer)
-    trainer = Trainer(model, optimizer, cross_entropy, scheduler=scheduler,
-                      clip_grad_norm=args.clip or None, on_nonfinite=args.on_nonfinite)
-    loader = BatchLoader(x_train, y_train, min(args.batch_size, len(x_train)), rng=np.random.default_rng(args.seed + 1))
-    if args.resume:
-        extra = trainer.load(args.resume)
-        if "loader" in extra:
-            loader.load_state(extra["loader"])
-        print(f"resumed from {args.resume} at step {trainer.step_count}", file=sys.stderr)
-
-    first = last = None
-    high_water = 0
-    rss_before = rss_bytes()
-    remaining = max(args.steps - trainer.step_count, 0)
-    started = time.perf_counter()
-    bar = tqdm(total=remaining, disable=args.no_progress, unit="step", file=sys.stderr)
-    for _ in range(remaining):
-        report = trainer.step(*loader.next())
-        first = first or report
-        last = report
-        high_water = max(high_water, report.arena_high_water)
-        bar.update(1)
-        if report.step % 10 == 0 or report.step == args.steps:
-            bar.set_postfix(loss=f"{report.loss:.4f}", lr=f"{report.lr:.2e}")
-    bar.close()
-    elapsed = time.perf_counter() - started
-    held_out = trainer.evaluate(x_test, y_test)
-    if args.save:
-        trainer.save(args.save, extra={"loader": loader.state()})
-    summary = {
-        "model": args.model, "route": last.route if last else "eager", "steps": trainer.step_count,
-        "first_loss": first.loss if first else None, "final_loss": last.loss if last else None,
-        "test_loss": held_out["loss"], "test_accuracy": held_out["accuracy"],
-        "steps_per_second": remaining / elapsed if elapsed > 0 else None,
-        "peak_rss_bytes": peak_rss_bytes(), "rss_growth_bytes": rss_bytes() - rss_before,
-        "arena_high_water_bytes": high_water, "parameters": model.num_parameters(),
-    }
-    print(f"trained {args.model} ({summary['parameters']:,} parameters) for {trainer.step_count} steps on the "
+    summary = run_classifier(args, model, (x_train, y_train), (x_test, y_test), make_optimizer=_make_optimizer,
+                             make_scheduler=_make_scheduler)
+    print(f"trained {args.model} ({summary['parameters']:,} parameters) for {summary['steps']} steps on the "
           f"{summary['route']} route")
-    if first:
-        print(f"  train loss        {first.loss:.4f} -> {last.loss:.4f}")
-    print(f"  held-out loss     {held_out['loss']:.4f}")
-    print(f"  held-out accuracy {held_out['accuracy']:.2%}")
+    if summary["first_loss"] is not None:
+        print(f"  train loss        {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}")
+    print(f"  held-out loss     {summary['test_loss']:.4f}")
+    print(f"  held-out accuracy {summary['test_accuracy']:.2%}")
     return finish(summary, json_path=args.json, saved_line=f"  checkpoint        {args.save}" if args.save else None, rate_digits=1)
 
 

@@ -9,12 +9,10 @@ print/return a summary. The images come from tensorarena.data.images, drawn at
 
 from __future__ import annotations
 
-import sys
-import time
 
 import numpy as np
 
-from ..memory.meter import peak_rss_bytes, rss_bytes
+from .classifier_job import run_classifier
 from .summary import finish
 
 VIT_DEFAULTS = {"steps": 60, "batch_size": 32, "lr": 1e-3, "warmup": 6}
@@ -48,14 +46,9 @@ def build_vit(args):
 
 def train_vit(args) -> dict:
     """Train a ViT preset on the generated shape images; returns the summary it prints."""
-    from tqdm import tqdm
-
     from ..cli import _make_optimizer, _make_scheduler, apply_defaults
     from ..data.images import train_test_split
-    from ..data.loader import BatchLoader
-    from ..nn.functional import cross_entropy
     from ..random import manual_seed
-    from .trainer import Trainer
 
     apply_defaults(args, VIT_DEFAULTS)
     _positive(args, "steps", "batch_size", "train_size", "test_size", "image_size", "patch_size")
@@ -67,51 +60,14 @@ def train_vit(args) -> dict:
     (x_train, y_train), (x_test, y_test) = train_test_split(n_train, n_test, size=args.image_size, seed=args.seed)
     manual_seed(args.seed)
     model = build_vit(args)
-    optimizer = _make_optimizer(args, model.parameters())
-    scheduler = _make_scheduler(args, optimizer)
-    trainer = Trainer(model, optimizer, cross_entropy, scheduler=scheduler,
-                      clip_grad_norm=args.clip or None, on_nonfinite=args.on_nonfinite)
-    loader = BatchLoader(x_train, y_train, args.batch_size, rng=np.random.default_rng(args.seed + 1))
-    if args.resume:
-        extra = trainer.load(args.resume)
-        if "loader" in extra:
-            loader.load_state(extra["loader"])
-        print(f"resumed from {args.resume} at step {trainer.step_count}", file=sys.stderr)
-
-    reports = []
-    rss_before = rss_bytes()
-    remaining = max(args.steps - trainer.step_count, 0)
-    started = time.perf_counter()
-    bar = tqdm(total=remaining, disable=args.no_progress, unit="step", file=sys.stderr)
-    for _ in range(remaining):
-        report = trainer.step(*loader.next())
-        reports.append(report)
-        bar.update(1)
-        if report.step % 5 == 0 or report.step == args.steps:
-            bar.set_postfix(loss=f"{report.loss:.4f}", lr=f"{report.lr:.2e}")
-    bar.close()
-    elapsed = time.perf_counter() - started
-    held_out = trainer.evaluate(x_test, y_test, batch_size=args.batch_size)
-    if args.save:
-        trainer.save(args.save, extra={"loader": loader.state()})
-    first, last = (reports[0], reports[-1]) if reports else (None, None)
-    high_waters = [r.arena_high_water for r in reports]
-    summary = {
-        "model": args.model, "route": last.route if last else "eager", "steps": trainer.step_count,
-        "image_size": args.image_size, "patch_size": args.patch_size, "batch_size": args.batch_size,
-        "train_images": n_train, "test_images": n_test,
-        "first_loss": first.loss if first else None, "final_loss": last.loss if last else None,
-        "test_loss": held_out["loss"], "test_accuracy": held_out["accuracy"],
-        "steps_per_second": remaining / elapsed if elapsed > 0 and remaining else None,
-        "peak_rss_bytes": peak_rss_bytes(), "rss_growth_bytes": rss_bytes() - rss_before,
-        "arena_high_water_bytes": max(high_waters, default=0), "parameters": model.num_parameters(),
-        # Per step, so callers can check the arena invariant (flat after warm-up) and the loss curve.
-        "step_losses": [r.loss for r in reports], "step_arena_high_water_bytes": high_waters,
-    }
+    summary = run_classifier(args, model, (x_train, y_train), (x_test, y_test), make_optimizer=_make_optimizer,
+                             make_scheduler=_make_scheduler, eval_batch_size=args.batch_size, postfix_every=5)
+    summary.update(image_size=args.image_size, patch_size=args.patch_size, batch_size=args.batch_size,
+                   train_images=n_train, test_images=n_test)
     print(f"trained {args.model} ({summary['parameters']:,} parameters, {args.image_size}x{args.image_size} "
-          f"images, {args.patch_size}px patches) for {trainer.step_count} steps on the {summary['route']} route")
-    if first:
-        print(f"  train loss        {first.loss:.4f} -> {last.loss:.4f}")
-    print(f"  held-out loss     {held_out['loss']:.4f}  ({n_test} images)")
-    print(f"  held-out accuracy {held_out['accuracy']:.2%}  (chance 10%)")
+          f"images, {args.patch_size}px patches) for {summary['steps']} steps on the {summary['route']} route")
+    if summary["first_loss"] is not None:
+        print(f"  train loss        {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}")
+    print(f"  held-out loss     {summary['test_loss']:.4f}  ({n_test} images)")
+    print(f"  held-out accuracy {summary['test_accuracy']:.2%}  (chance 10%)")
     return finish(summary, json_path=args.json, saved_line=f"  checkpoint        {args.save}" if args.save else None, rate_digits=2)
