@@ -47,6 +47,36 @@ def time_steps(step: Callable[[], float], *, warmup: int, steps: int) -> dict:
             "peak_rss_bytes": peak_rss_bytes(), "rss_slope_bytes_per_step": slope}
 
 
+def time_torch_steps(step: Callable[[], float], *, compiled: bool, warmup: int, steps: int) -> dict:
+    """`time_steps` for a torch contender; a torch.compile failure marks it unavailable instead of raising."""
+    import traceback
+
+    try:
+        result = time_steps(step, warmup=warmup, steps=steps)
+    except Exception as exc:  # noqa: BLE001 - any compiler failure makes the contender unavailable
+        if not compiled:
+            raise
+        return {"unavailable": True, "error": f"{type(exc).__name__}: {exc}"[:4000],
+                "traceback": traceback.format_exc()[-4000:]}
+    import torch
+
+    result["torch_threads"] = torch.get_num_threads()
+    if compiled:
+        result["compile_first_step_s"] = result["first_step_s"]
+    return result
+
+
+def ours_extras(result: dict, high_water: list[int], warmup: int, parameters: int) -> dict:
+    """Add our engine's arena and kernel-route facts to a contender's result."""
+    from tensorarena import kernels
+
+    result["arena_high_water_bytes"] = high_water[-1]
+    result["arena_flat_after_warmup"] = len(set(high_water[warmup:])) == 1
+    result["parameters"] = parameters
+    result["kernels"] = {f"{k}:{impl}": n for (k, impl), n in sorted(kernels.calls.items())}
+    return result
+
+
 def child_main(contenders: dict[str, Callable[[], dict]]) -> None:
     """In a child: run the contender named on the command line and print its JSON result."""
     name = sys.argv[sys.argv.index("--child") + 1]

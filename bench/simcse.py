@@ -32,7 +32,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import child_main, time_steps  # noqa: E402
+from common import child_main, ours_extras, time_steps, time_torch_steps  # noqa: E402
 from vit import (CONTENDERS, add_rates, machine_note, print_table, print_verdict, run_contenders,  # noqa: E402
                  verdict)
 
@@ -85,9 +85,7 @@ def _steps() -> int:
 
 
 def run_ours() -> dict:
-    import numpy as np
-
-    from tensorarena import kernels, optim
+    from tensorarena import optim
     from tensorarena.models.bert import BertModel
     from tensorarena.models.simcse import SimCSE
     from tensorarena.random import manual_seed
@@ -112,15 +110,10 @@ def run_ours() -> dict:
         return report.loss
 
     result = time_steps(step, warmup=WARMUP, steps=_steps())
-    result["arena_high_water_bytes"] = high_water[-1]
-    result["arena_flat_after_warmup"] = len(set(high_water[WARMUP:])) == 1
-    result["parameters"] = model.num_parameters()
-    result["kernels"] = {f"{k}:{impl}": n for (k, impl), n in sorted(kernels.calls.items())}
-    return result
+    return ours_extras(result, high_water, WARMUP, model.num_parameters())
 
 
 def _run_torch(compiled: bool) -> dict:
-    import traceback
 
     import torch
     from torch.nn import functional as F
@@ -147,18 +140,10 @@ def _run_torch(compiled: bool) -> dict:
         opt.step()
         return loss.item()
 
-    try:
-        result = time_steps(step, warmup=WARMUP, steps=_steps())
-    except Exception as exc:  # noqa: BLE001 — any compiler failure makes the contender unavailable
-        if not compiled:
-            raise
-        return {"unavailable": True, "error": f"{type(exc).__name__}: {exc}"[:4000],
-                "traceback": traceback.format_exc()[-4000:]}
-    result["parameters"] = sum(p.numel() for p in encoder.parameters())
-    result["torch_threads"] = torch.get_num_threads()
-    result["attn_implementation"] = getattr(encoder.config, "_attn_implementation", None)
-    if compiled:
-        result["compile_first_step_s"] = result["first_step_s"]
+    result = time_torch_steps(step, compiled=compiled, warmup=WARMUP, steps=_steps())
+    if not result.get("unavailable"):
+        result["parameters"] = sum(p.numel() for p in encoder.parameters())
+        result["attn_implementation"] = getattr(encoder.config, "_attn_implementation", None)
     return result
 
 

@@ -35,11 +35,10 @@ import os
 import subprocess
 import sys
 import time
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import child_main, time_steps  # noqa: E402
+from common import child_main, ours_extras, time_steps, time_torch_steps  # noqa: E402
 
 IMAGE, PATCH, CLASSES, LR, WEIGHT_DECAY = 224, 16, 10, 1e-3, 0.01
 WARMUP = 3
@@ -86,7 +85,7 @@ def _data():
 def run_ours() -> dict:
     import numpy as np
 
-    from tensorarena import kernels, optim
+    from tensorarena import optim
     from tensorarena.models.vit import ViT, ViTConfig
     from tensorarena.nn.functional import cross_entropy
     from tensorarena.train.trainer import Trainer
@@ -109,11 +108,7 @@ def run_ours() -> dict:
         return report.loss
 
     result = time_steps(step, warmup=WARMUP, steps=_steps())
-    result["arena_high_water_bytes"] = high_water[-1]
-    result["arena_flat_after_warmup"] = len(set(high_water[WARMUP:])) == 1
-    result["parameters"] = model.num_parameters()
-    result["kernels"] = {f"{k}:{impl}": n for (k, impl), n in sorted(kernels.calls.items())}
-    return result
+    return ours_extras(result, high_water, WARMUP, model.num_parameters())
 
 
 def _torch_vit(case: dict):
@@ -184,17 +179,9 @@ def _run_torch(compiled: bool) -> dict:
         opt.step()
         return loss.item()
 
-    try:
-        result = time_steps(step, warmup=WARMUP, steps=_steps())
-    except Exception as exc:  # noqa: BLE001 — any compiler failure makes the contender unavailable
-        if not compiled:
-            raise
-        return {"unavailable": True, "error": f"{type(exc).__name__}: {exc}"[:4000],
-                "traceback": traceback.format_exc()[-4000:]}
-    result["parameters"] = sum(p.numel() for p in model.parameters())
-    result["torch_threads"] = torch.get_num_threads()
-    if compiled:
-        result["compile_first_step_s"] = result["first_step_s"]
+    result = time_torch_steps(step, compiled=compiled, warmup=WARMUP, steps=_steps())
+    if not result.get("unavailable"):
+        result["parameters"] = sum(p.numel() for p in model.parameters())
     return result
 
 
