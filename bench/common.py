@@ -25,9 +25,12 @@ def rss_bytes() -> int:
 
 
 def peak_rss_bytes() -> int:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # VmHWM, not ru_maxrss: the latter survives exec and would report the harness's peak.
+    with open("/proc/self/status", "rb") as f:
+        for line in f:
+            if line.startswith(b"VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM line in /proc/self/status")
 
 
 def time_steps(step: Callable[[], float], *, warmup: int, steps: int) -> dict:

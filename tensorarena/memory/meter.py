@@ -22,6 +22,15 @@ def rss_bytes() -> int:
 
 def peak_rss_bytes() -> int:
     """Highest resident set size this process has reached, in bytes."""
+    # VmHWM belongs to this program's address space. ru_maxrss is not reset by exec, so a
+    # command started from a big process (a test runner) would report its parent's peak.
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024  # Linux reports KiB
 
