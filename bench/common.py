@@ -69,6 +69,19 @@ def time_torch_steps(step: Callable[[], float], *, compiled: bool, warmup: int, 
     return result
 
 
+def time_trainer(trainer, inputs, targets, *, warmup: int, steps: int) -> dict:
+    """`time_steps` over our Trainer's steps, with its arena and kernel-route facts added."""
+    high_water = []
+
+    def step():
+        report = trainer.step(inputs, targets)
+        high_water.append(report.arena_high_water)
+        return report.loss
+
+    result = time_steps(step, warmup=warmup, steps=steps)
+    return ours_extras(result, high_water, warmup, trainer.model.num_parameters())
+
+
 def ours_extras(result: dict, high_water: list[int], warmup: int, parameters: int) -> dict:
     """Add our engine's arena and kernel-route facts to a contender's result."""
     from tensorarena import kernels

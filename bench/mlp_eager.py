@@ -14,7 +14,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import child_main, print_table, run_children, time_steps  # noqa: E402
+from common import child_main, print_table, run_children, time_steps, time_trainer  # noqa: E402
 
 BATCH, SIZES, LR = 256, (784, 1024, 1024, 10), 1e-3
 WARMUP = 5
@@ -40,16 +40,7 @@ def run_ours() -> dict:
     model = MLP(MLPConfig(in_features=SIZES[0], hidden=SIZES[1:-1], out_features=SIZES[-1]),
                 rng=np.random.default_rng(0))
     trainer = Trainer(model, optim.AdamW(model.parameters(), lr=LR), cross_entropy)
-    high_water = []
-
-    def step():
-        report = trainer.step(x, y)
-        high_water.append(report.arena_high_water)
-        return report.loss
-
-    result = time_steps(step, warmup=WARMUP, steps=STEPS)
-    result["arena_high_water_bytes"] = high_water[-1]
-    return result
+    return time_trainer(trainer, x, y, warmup=WARMUP, steps=STEPS)
 
 
 def run_torch() -> dict:

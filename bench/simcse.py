@@ -32,7 +32,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import child_main, ours_extras, time_steps, time_torch_steps  # noqa: E402
+from common import child_main, time_torch_steps, time_trainer  # noqa: E402
 from vit import (CONTENDERS, add_rates, machine_note, print_table, print_verdict, run_contenders,  # noqa: E402
                  verdict)
 
@@ -102,15 +102,7 @@ def run_ours() -> dict:
     trainer = Trainer(model, optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY),
                       lambda loss, _targets: loss)  # SimCSE.forward already returns the loss
     ids = _tokens()["input_ids"]  # SimCSE rebuilds the mask from [PAD] ids; token types are all 0
-    high_water = []
-
-    def step():
-        report = trainer.step(ids, None)
-        high_water.append(report.arena_high_water)
-        return report.loss
-
-    result = time_steps(step, warmup=WARMUP, steps=_steps())
-    return ours_extras(result, high_water, WARMUP, model.num_parameters())
+    return time_trainer(trainer, ids, None, warmup=WARMUP, steps=_steps())
 
 
 def _run_torch(compiled: bool) -> dict:

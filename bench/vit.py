@@ -38,7 +38,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import child_main, ours_extras, time_steps, time_torch_steps  # noqa: E402
+from common import child_main, time_torch_steps, time_trainer  # noqa: E402
 
 IMAGE, PATCH, CLASSES, LR, WEIGHT_DECAY = 224, 16, 10, 1e-3, 0.01
 WARMUP = 3
@@ -100,15 +100,7 @@ def run_ours() -> dict:
         raise SystemExit(f"ViTConfig.{name}() is {got}, the benchmark's FLOP count assumes {want}")
     trainer = Trainer(model, optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY), cross_entropy)
     x, y = _data()
-    high_water = []
-
-    def step():
-        report = trainer.step(x, y)
-        high_water.append(report.arena_high_water)
-        return report.loss
-
-    result = time_steps(step, warmup=WARMUP, steps=_steps())
-    return ours_extras(result, high_water, WARMUP, model.num_parameters())
+    return time_trainer(trainer, x, y, warmup=WARMUP, steps=_steps())
 
 
 def _torch_vit(case: dict):

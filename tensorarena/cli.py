@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from .train.classifier_job import run_classifier
+from .train.classifier_job import print_classifier_result, run_classifier
 from .train.summary import finish
 
 
@@ -145,12 +145,7 @@ def train_mlp(args) -> dict:
     model = MLP(config, rng=np.random.default_rng(args.seed))
     summary = run_classifier(args, model, (x_train, y_train), (x_test, y_test), make_optimizer=_make_optimizer,
                              make_scheduler=_make_scheduler)
-    print(f"trained {args.model} ({summary['parameters']:,} parameters) for {summary['steps']} steps on the "
-          f"{summary['route']} route")
-    if summary["first_loss"] is not None:
-        print(f"  train loss        {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}")
-    print(f"  held-out loss     {summary['test_loss']:.4f}")
-    print(f"  held-out accuracy {summary['test_accuracy']:.2%}")
+    print_classifier_result(summary, "")
     return finish(summary, json_path=args.json, saved_line=f"  checkpoint        {args.save}" if args.save else None, rate_digits=1)
 
 

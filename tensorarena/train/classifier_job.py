@@ -59,3 +59,13 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
         # Per step, so callers can check the arena invariant (flat after warm-up) and the loss curve.
         "step_losses": [r.loss for r in reports], "step_arena_high_water_bytes": high_waters,
     }
+
+
+def print_classifier_result(summary: dict, header: str, *, test_note: str = "", accuracy_note: str = "") -> None:
+    """The job-specific head of a classifier run's report: what trained, losses, held-out metrics."""
+    print(f"trained {summary['model']} ({summary['parameters']:,} parameters{header}) for {summary['steps']} "
+          f"steps on the {summary['route']} route")
+    if summary["first_loss"] is not None:
+        print(f"  train loss        {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}")
+    print(f"  held-out loss     {summary['test_loss']:.4f}{test_note}")
+    print(f"  held-out accuracy {summary['test_accuracy']:.2%}{accuracy_note}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .classifier_job import run_classifier
+from .classifier_job import print_classifier_result, run_classifier
 from .summary import finish
 
 VIT_DEFAULTS = {"steps": 60, "batch_size": 32, "lr": 1e-3, "warmup": 6}
@@ -64,10 +64,6 @@ def train_vit(args) -> dict:
                              make_scheduler=_make_scheduler, eval_batch_size=args.batch_size, postfix_every=5)
     summary.update(image_size=args.image_size, patch_size=args.patch_size, batch_size=args.batch_size,
                    train_images=n_train, test_images=n_test)
-    print(f"trained {args.model} ({summary['parameters']:,} parameters, {args.image_size}x{args.image_size} "
-          f"images, {args.patch_size}px patches) for {summary['steps']} steps on the {summary['route']} route")
-    if summary["first_loss"] is not None:
-        print(f"  train loss        {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}")
-    print(f"  held-out loss     {summary['test_loss']:.4f}  ({n_test} images)")
-    print(f"  held-out accuracy {summary['test_accuracy']:.2%}  (chance 10%)")
+    print_classifier_result(summary, f", {args.image_size}x{args.image_size} images, {args.patch_size}px patches",
+                            test_note=f"  ({n_test} images)", accuracy_note="  (chance 10%)")
     return finish(summary, json_path=args.json, saved_line=f"  checkpoint        {args.save}" if args.save else None, rate_digits=2)
