@@ -40,12 +40,12 @@ def _leaky_step(model, opt, x, y):
     return loss.item()
 
 
-def _measure(step_fn, loader, steps):
+def _measure(step_fn, loader, steps, pool=None):
     """Per step: pool bytes held (in use + cached), step arena high-water, RSS and loss —
     all while the WHOLE loop runs inside one outer arena that is never reset."""
-    pool = ta.default_pool()
+    pool = pool or ta.default_pool()
     pool_bytes, high_waters, rss, losses = [], [], [], []
-    with ta.Arena(name="outer harness arena, never reset") as outer:
+    with ta.Arena(pool=pool, name="outer harness arena, never reset") as outer:
         for _ in range(steps):
             loss, high_water = step_fn(*loader.next())
             losses.append(loss)
@@ -79,8 +79,10 @@ def test_memory_is_flat_under_an_outer_arena_that_is_never_reset():
 def test_the_same_measurement_catches_the_leak_without_a_step_arena():
     # Proof the flatness test can fail: the same loop with the per-step arena removed.
     model, opt, sched, trainer, loader = _setup()
+    # A fresh pool: blocks that earlier tests left cached in the default pool would absorb
+    # the leak without any RSS growth, and the RSS assertion below would fail for that reason.
     pool_bytes, high_waters, rss, losses = _measure(lambda x, y: (_leaky_step(model, opt, x, y), None),
-                                                    loader, STEPS)
+                                                    loader, STEPS, pool=ta.BlockPool())
     with pytest.raises(AssertionError):
         _assert_flat(pool_bytes, high_waters, rss, losses)
     assert high_waters[-1] > 100 * high_waters[0]  # linear growth: one step's working set per step

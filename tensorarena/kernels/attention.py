@@ -23,6 +23,7 @@ import numba
 import numpy as np
 
 from . import register
+from ..memory.arena import empty
 from .blas import matmul as bmm
 from .softmax import softmax_forward_reference
 
@@ -165,7 +166,7 @@ def attention_backward_fused(q: np.ndarray, k: np.ndarray, v: np.ndarray, probs:
     nb, nh, t, _ = q.shape
     s = k.shape[2]
     chunk = max(1, min(nb, _TILE_ELEMENTS // max(1, nh * t * s)))
-    tile = np.empty((chunk, nh, t, s), probs.dtype)
+    tile = empty((chunk, nh, t, s), probs.dtype)  # the step's arena (a fused plan's slab), not the heap
     bmm(probs.swapaxes(-1, -2), g, out=dv)
     for b0 in range(0, nb, chunk):
         b1 = min(nb, b0 + chunk)

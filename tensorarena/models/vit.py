@@ -112,7 +112,8 @@ class ViT(Module):
         """All tokens after the final LayerNorm. Shape: (B, C, H, W) -> (B, 1 + N, dim)."""
         x = self.patch_embed(images)  # (B, N, dim)
         B, _, D = x.shape
-        cls = self.cls_token + np.zeros((B, 1, D), x.dtype)  # (B, 1, dim); grads sum back over the batch
+        # (B, 1, dim) via a zero-strided zeros view: no memory; grads sum back over the batch.
+        cls = self.cls_token + np.broadcast_to(np.zeros((), x.dtype), (B, 1, D))
         x = cat([cls, x], dim=1)  # (B, 1 + N, dim)
         x = self.pos_drop(self.pos_embed(x))
         for block in self.blocks:

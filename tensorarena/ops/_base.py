@@ -82,6 +82,21 @@ def as_dtype(g: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return out
 
 
+def reshaped(a: np.ndarray, shape) -> np.ndarray:
+    """`a.reshape(shape)`: a view when one exists, else a copy made in the current arena.
+
+    NumPy's own reshape copies a non-contiguous array onto the heap, outside the step's
+    arena and outside a fused plan, so the copy is made here instead.
+    """
+    try:
+        return a.reshape(shape, copy=False)
+    except ValueError:
+        pass
+    dense = new(a.shape, a.dtype)
+    np.copyto(dense, a)
+    return dense.reshape(shape)  # a C-contiguous array always reshapes as a view
+
+
 def contiguous(a: np.ndarray, dtype=None) -> np.ndarray:
     """`a` as a C-contiguous array of `dtype`: itself when it already is one, else a copy in the arena.
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..tensor import Tensor
-from ._base import as_dtype, as_tensor, new
+from ._base import as_dtype, as_tensor, new, reshaped
 
 
 def reshape(a: Tensor, *shape) -> Tensor:
@@ -14,18 +14,14 @@ def reshape(a: Tensor, *shape) -> Tensor:
         shape = tuple(shape[0])
     ad = a.data
     try:
-        view = ad.reshape(shape)
+        np.broadcast_to(np.empty((), np.bool_), ad.shape).reshape(shape)  # validate; zero strides, no memory
     except ValueError:
         raise ValueError(f"reshape: cannot view shape {ad.shape} ({ad.size} elements) as {tuple(shape)}") from None
-    if not np.shares_memory(view, ad):  # NumPy had to copy: keep the copy in the arena
-        copy = new(view.shape, view.dtype)
-        np.copyto(copy, view)
-        view, view_of = copy, None
-    else:
-        view_of = a
+    view = reshaped(ad, shape)
+    view_of = a if np.shares_memory(view, ad) else None  # a copy lives in the arena, not in `a`
 
     def backward(g):
-        return (g.reshape(ad.shape),)
+        return (reshaped(g, ad.shape),)
 
     return Tensor._make(view, (a,), backward, view_of=view_of)
 
