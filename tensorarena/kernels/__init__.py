@@ -54,15 +54,25 @@ def using(impl: str) -> Iterator[None]:
         use_reference(saved)
 
 
-def kernel(name: str, impl: str | None = None) -> Callable:
-    """The implementation of `name` to run: fused when available and allowed, else reference."""
+def choose(name: str, impl: str | None = None) -> str:
+    """Which implementation `kernel(name, impl)` hands out, without counting a call.
+
+    Callers that must prepare for the reference twin (e.g. scratch memory the fused one
+    does not need) ask here first, then pass the answer to `kernel`.
+    """
     _load()
     impls = _registry.get(name)
     if not impls:
         raise KeyError(f"no kernel named {name!r}; known: {sorted(_registry)}")
     if impl is None:
         impl = "reference" if _force_reference or "fused" not in impls else "fused"
-    fn = impls[impl]
+    return impl
+
+
+def kernel(name: str, impl: str | None = None) -> Callable:
+    """The implementation of `name` to run: fused when available and allowed, else reference."""
+    impl = choose(name, impl)
+    fn = _registry[name][impl]
     calls[(name, impl)] += 1
     return fn
 
@@ -82,4 +92,5 @@ def _load() -> None:
     global _loaded
     if not _loaded:
         _loaded = True
-        from . import adam, attention, cross_entropy, erf, gelu, layer_norm, sgd, softmax  # noqa: F401
+        from . import (adagrad, adam, attention, cross_entropy, erf, gelu, lamb, layer_norm, lion,  # noqa: F401
+                       nadam, rmsprop, sgd, softmax)

@@ -1,0 +1,47 @@
+"""Pieces the optimizer kernels share: checked flat views for the fused twins, torch's lerp for the references.
+
+An optimizer kernel updates one array in place, and that array may be a single parameter or
+a group's parameters concatenated into one flat buffer (the fused route); both look the same
+here. Kept apart from the kernels so each kernel file holds only its own update formula.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def flat_views(name: str, param: np.ndarray, *arrays: np.ndarray | None) -> tuple[np.ndarray, ...]:
+    """1-D views of `param` and `arrays`, `param`'s standing in for an absent (None) one.
+
+    The fused kernels walk raw flat memory without bounds checks, so anything that is not a
+    C-contiguous array shaped and typed like `param` is refused here rather than read past.
+    A None slot gets `param`'s view because Numba needs an array of the right type there;
+    the kernel is told separately that the slot is empty and never touches it.
+    """
+    flat = param.reshape(-1)
+    out = [flat]
+    for a in (param, *arrays):
+        if a is None:
+            continue
+        if not a.flags.c_contiguous:
+            raise ValueError(f"the fused {name} kernel needs C-contiguous arrays")
+        if a.shape != param.shape or a.dtype != param.dtype:
+            raise ValueError(f"{name}: array {a.dtype}{list(a.shape)} does not match param "
+                             f"{param.dtype}{list(param.shape)}")
+    out.extend(flat if a is None else a.reshape(-1) for a in arrays)
+    return tuple(out)
+
+
+def lerp_(start: np.ndarray, end: np.ndarray, weight: float, tmp: np.ndarray) -> None:
+    """start.lerp_(end, weight) in place with torch's two-sided formula; `tmp` is scratch.
+
+    torch computes start + w * (end - start) for w < 0.5 and end - (end - start) * (1 - w)
+    otherwise (exact at both ends); following it keeps trajectories equal to rounding.
+    """
+    np.subtract(end, start, out=tmp)
+    if abs(weight) < 0.5:
+        np.multiply(tmp, weight, out=tmp)
+        np.add(start, tmp, out=start)
+    else:
+        np.multiply(tmp, 1 - weight, out=tmp)
+        np.subtract(end, tmp, out=start)
