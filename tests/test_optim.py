@@ -160,10 +160,10 @@ def test_state_layout_matches_torch():
             np.testing.assert_allclose(entry[key], tsd["state"][index][key].numpy(), rtol=1e-12, atol=1e-14)
     assert [g["params"] for g in sd["param_groups"]] == [g["params"] for g in tsd["param_groups"]]
     assert set(sd["param_groups"][0]) <= set(tsd["param_groups"][0])
-    # SGD keeps no state without momentum, a momentum buffer with it (as torch)
+    # SGD keeps no momentum buffer without momentum (as torch); only our uniform step count
     sgd = optim.SGD(ours, lr=0.1)
     sgd.step()
-    assert all(not s for s in sgd.state_dict()["state"].values())
+    assert all(set(s) == {"step"} for s in sgd.state_dict()["state"].values())
 
 
 # -- state_dict round trip ---------------------------------------------------------------------

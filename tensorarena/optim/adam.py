@@ -1,19 +1,19 @@
 """Adam and AdamW (torch.optim.Adam / AdamW, single-tensor form), with AMSGrad and maximize.
 
-Layers as in torch: `Adam`/`AdamW` (class: groups, lazy state) -> `adam`
-(functional over lists: the one place that picks the kernel) -> the "adam" kernel in
-kernels/adam.py (one parameter, in place: a NumPy reference using two scratch arrays
-instead of per-step temporaries, or its one-pass Numba twin).
+`Adam.step` is Optimizer.step: lazy state, then `Adam.update_flat` -> the "adam" kernel in
+kernels/adam.py (one array in place: a NumPy reference using two scratch arrays instead of
+per-step temporaries, or its one-pass Numba twin), the same call a fused route makes on a
+group's flat buffer. `adam` is the torch-style functional form over lists.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from ..kernels import kernel
-from .optimizer import Optimizer, ParamsT, _check_number
+from .optimizer import Optimizer, ParamsT, _check_betas, _check_number
 
 
 class Adam(Optimizer):
@@ -31,47 +31,28 @@ class Adam(Optimizer):
     def _check_hyperparams(self, group: dict[str, Any]) -> None:
         _check_number("lr", group["lr"], what="learning rate")
         _check_number("eps", group["eps"], what="epsilon value")
-        betas = group["betas"]
-        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise ValueError(f"Invalid betas: {betas!r} (expected a pair (beta1, beta2))")
-        for i, beta in enumerate(betas):
-            _check_number("beta", beta, high=1.0, high_inclusive=False, what=f"beta parameter at index {i}")
+        _check_betas(group["betas"])
         _check_number("weight_decay", group["weight_decay"])
 
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """One Adam(W) update of every parameter that has a gradient; returns closure() if given."""
-        loss = self._run_closure(closure)
-        for group in self.param_groups:
-            amsgrad = group["amsgrad"]
-            params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, scratch = [], [], [], [], [], [], []
-            for p in group["params"]:
-                g = self._grad_of(p)
-                if g is None:
-                    continue
-                data = p.data
-                state = self.state[p]
-                if not state:
-                    # Persistent state: plain heap arrays, never from the (possibly open) step arena.
-                    state["step"] = np.array(0.0, dtype=np.float64)
-                    state["exp_avg"] = np.zeros_like(data)
-                    state["exp_avg_sq"] = np.zeros_like(data)
-                if amsgrad and "max_exp_avg_sq" not in state:
-                    state["max_exp_avg_sq"] = np.zeros_like(data)
-                params.append(data)
-                grads.append(g)
-                exp_avgs.append(state["exp_avg"])
-                exp_avg_sqs.append(state["exp_avg_sq"])
-                max_exp_avg_sqs.append(state["max_exp_avg_sq"] if amsgrad else None)
-                steps.append(state["step"])
-                scratch.append(self._scratch(p, 2))
-            if not params:
-                continue
-            beta1, beta2 = group["betas"]
-            adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, amsgrad=amsgrad, beta1=beta1,
-                 beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"],
-                 maximize=group["maximize"], decoupled_weight_decay=group["decoupled_weight_decay"],
-                 scratch=scratch, fused=group.get("fused"))
-        return loss
+    def state_init(self, group: dict[str, Any]) -> dict[str, float]:
+        """First and second moments, and the running max of the second with AMSGrad."""
+        init = {"exp_avg": 0.0, "exp_avg_sq": 0.0}
+        if group["amsgrad"]:
+            init["max_exp_avg_sq"] = 0.0
+        return init
+
+    def update_flat(self, group: dict[str, Any], param: np.ndarray, grad: np.ndarray, state: dict[str, np.ndarray],
+                    step: float, segments: np.ndarray | None = None) -> None:
+        """One Adam(W) update of `param` (a tensor or a flat buffer); see Optimizer.update_flat."""
+        amsgrad = group["amsgrad"]
+        self._check_flat("Adam", param, grad, state, self.state_init(group))
+        update, reference = self._kernel("adam", group)
+        beta1, beta2 = group["betas"]
+        update(param, grad, state["exp_avg"], state["exp_avg_sq"], state["max_exp_avg_sq"] if amsgrad else None,
+               step=step, lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+               weight_decay=group["weight_decay"], maximize=group["maximize"],
+               decoupled_weight_decay=group["decoupled_weight_decay"],
+               scratch=self._scratch_like(param, 2) if reference else None)
 
 
 class AdamW(Adam):

@@ -5,6 +5,19 @@ NumPy on the heap, never from an arena, even when `step()` runs inside an open
 step arena, and updates happen in place so a parameter's `.data` array keeps
 its identity and address for the whole run. Per-step temporaries come from a
 small scratch workspace the optimizer owns and reuses every step.
+
+Every optimizer updates through one per-array API, so the eager step and a fused
+route (one kernel call per parameter group over flat concatenated buffers) run the
+same code: `state_init(group)` names the per-element state arrays and their fill
+values, `scalar_state_init(group)` the extra 0-d float64 scalars (NAdam's
+mu_product; "step" is always there and is not listed), and
+`update_flat(group, param, grad, state, step, segments)` applies one update in
+place with exactly one kernel call and no array allocation. A caller of
+`update_flat` owns: creating the state (arrays filled per state_init, 0-d float64
+scalars per scalar_state_init, a 0-d float64 step at 0), incrementing the step
+before each call, and passing `state` with exactly the state_init and
+scalar_state_init keys. `update_flat` advances scalar state itself (in place), so
+the eager step and a flat route keep it the same way.
 """
 
 from __future__ import annotations
@@ -16,6 +29,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from ..autograd import enable_grad
+from ..kernels import choose, kernel
 from ..tensor import SUPPORTED_FLOATS, Tensor
 
 ParamsT = Iterable[Tensor] | Iterable[dict[str, Any]]
@@ -30,10 +44,10 @@ class Optimizer:
         # Keyed by the Parameter itself (hashed by identity), created lazily at its first step.
         self.state: defaultdict[Tensor, dict[str, Any]] = defaultdict(dict)
         self.param_groups: list[dict[str, Any]] = []
-        # dtype -> flat scratch array shared by all parameters (one update runs at a time),
-        # and the per-parameter views into it, so a step allocates no array memory.
+        # dtype -> flat scratch array shared by all updates (one runs at a time), and the views
+        # into it per (dtype, shape), so a step allocates no array memory, flat buffers included.
         self._workspace: dict[np.dtype, np.ndarray] = {}
-        self._scratch_views: dict[Tensor, tuple[np.ndarray, ...]] = {}
+        self._scratch_views: dict[tuple[np.dtype, tuple[int, ...]], tuple[np.ndarray, ...]] = {}
 
         if isinstance(params, Tensor):
             raise TypeError("params argument given to the optimizer should be an iterable of Tensors or dicts, "
@@ -49,6 +63,26 @@ class Optimizer:
     # -- hooks for subclasses ------------------------------------------------------
     def _check_hyperparams(self, group: dict[str, Any]) -> None:
         """Raise ValueError naming any invalid hyperparameter in `group` (subclasses extend)."""
+
+    def state_init(self, group: dict[str, Any]) -> dict[str, float]:
+        """Per-element state arrays kept for each parameter of `group` (shaped like it) -> fill value."""
+        raise NotImplementedError
+
+    def scalar_state_init(self, group: dict[str, Any]) -> dict[str, float]:
+        """Per-parameter 0-d float64 state besides "step" -> initial value (none unless overridden)."""
+        return {}
+
+    def update_flat(self, group: dict[str, Any], param: np.ndarray, grad: np.ndarray, state: dict[str, np.ndarray],
+                    step: float, segments: np.ndarray | None = None) -> None:
+        """Apply one update in place to `param` (any shape, or a flat concatenation of the group's parameters).
+
+        `state` holds the state_init arrays (shaped like `param`) and the scalar_state_init 0-d
+        arrays, updated in place; `step` is the already-incremented step count. `segments` is None
+        for one tensor, or int64 offsets (length n+1) of the n parameters inside a flat `param`:
+        only optimizers with per-tensor quantities (LAMB) read it. Runs exactly one kernel and
+        allocates no arrays.
+        """
+        raise NotImplementedError
 
     # -- groups --------------------------------------------------------------------
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -97,8 +131,60 @@ class Optimizer:
                 p.grad.fill(0)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """Update the parameters once from their `.grad`; returns closure() if given."""
-        raise NotImplementedError
+        """Update the parameters once from their `.grad`; returns closure() if given.
+
+        The same path a fused route takes, one parameter at a time: lazy state, step += 1
+        in place, then `update_flat` on the parameter's own arrays.
+        """
+        loss = self._run_closure(closure)
+        for group in self.param_groups:
+            keys = (*self.state_init(group), *self.scalar_state_init(group))
+            for p in group["params"]:
+                g = self._grad_of(p)
+                if g is None:
+                    continue
+                state = self._init_state(p, group)
+                step = state["step"]
+                np.add(step, 1.0, out=step)
+                self.update_flat(group, p.data, g, {k: state[k] for k in keys}, float(step), None)
+        return loss
+
+    def _init_state(self, p: Tensor, group: dict[str, Any]) -> dict[str, Any]:
+        """`self.state[p]` with every entry `update_flat` needs (missing ones created: lazily, on the heap)."""
+        state = self.state[p]
+        if state.get("step") is None:
+            state["step"] = np.array(0.0, dtype=np.float64)
+        for key, fill in self.state_init(group).items():
+            if state.get(key) is None:  # torch-format dicts may carry None for an absent buffer
+                # Persistent state: plain heap arrays, never from the (possibly open) step arena.
+                state[key] = np.full(p.shape, fill, dtype=p.dtype)
+        for key, value in self.scalar_state_init(group).items():
+            if state.get(key) is None:
+                state[key] = np.array(value, dtype=np.float64)
+        return state
+
+    # -- helpers for update_flat -----------------------------------------------------
+    def _kernel(self, name: str, group: dict[str, Any]) -> tuple[Callable, bool]:
+        """The kernel `name` honouring group["fused"] (None: the default choice), and whether it is the reference."""
+        fused = group.get("fused")
+        impl = choose(name, None if fused is None else ("fused" if fused else "reference"))
+        return kernel(name, impl), impl == "reference"
+
+    @staticmethod
+    def _check_flat(name: str, param: np.ndarray, grad: np.ndarray, state: dict[str, np.ndarray],
+                    keys: Iterable[str]) -> None:
+        """ValueError unless grad and every state array match param's shape and dtype.
+
+        Fused kernels index flat memory without bounds checks: a short state buffer would be
+        read past its end, so the shapes are checked here, once per call, at no array cost.
+        """
+        if grad.shape != param.shape:
+            raise ValueError(f"{name}: grad shape {grad.shape} differs from param shape {param.shape}")
+        for key in keys:
+            array = state[key]
+            if array.shape != param.shape or array.dtype != param.dtype:
+                raise ValueError(f"{name}: state {key!r} is {array.dtype}{list(array.shape)} but param is "
+                                 f"{param.dtype}{list(param.shape)}")
 
     def _run_closure(self, closure: Callable[[], Any] | None) -> Any:
         if closure is None:
@@ -115,18 +201,26 @@ class Optimizer:
 
     def _scratch(self, p: Tensor, count: int) -> tuple[np.ndarray, ...]:
         """`count` persistent scratch arrays shaped like `p`, views into a shared heap workspace."""
-        views = self._scratch_views.get(p)
+        return self._scratch_like(p.data, count)
+
+    def _scratch_like(self, array: np.ndarray, count: int) -> tuple[np.ndarray, ...]:
+        """`count` persistent scratch arrays shaped like `array` (a parameter or a flat buffer).
+
+        Views are cached by (dtype, shape), not by parameter, so a flat buffer that is not a
+        parameter gets its scratch without allocating after the first call.
+        """
+        key = (array.dtype, array.shape)
+        views = self._scratch_views.get(key)
         if views is not None and len(views) >= count:
             return views
-        data = p.data
-        need = count * data.size
-        work = self._workspace.get(data.dtype)
+        need = count * array.size
+        work = self._workspace.get(array.dtype)
         if work is None or work.size < need:
-            # Grow once to fit the largest parameter seen; every view handed out before is dropped.
-            work = self._workspace[data.dtype] = np.empty(max(need, 1), data.dtype)
+            # Grow once to fit the largest array seen; every view handed out before is dropped.
+            work = self._workspace[array.dtype] = np.empty(max(need, 1), array.dtype)
             self._scratch_views.clear()
-        views = tuple(work[i * data.size:(i + 1) * data.size].reshape(data.shape) for i in range(count))
-        self._scratch_views[p] = views
+        views = tuple(work[i * array.size:(i + 1) * array.size].reshape(array.shape) for i in range(count))
+        self._scratch_views[key] = views
         return views
 
     # -- persistence ---------------------------------------------------------------
@@ -187,6 +281,9 @@ class Optimizer:
         self.param_groups[:] = new_groups
         self.state = defaultdict(dict, new_state)
 
+    def _scalar_keys(self) -> set[str]:
+        return {key for group in self.param_groups for key in self.scalar_state_init(group)}
+
     @staticmethod
     def _is_array(value: Any) -> bool:
         return isinstance(value, (np.ndarray, list)) or hasattr(value, "__array__")
@@ -194,9 +291,12 @@ class Optimizer:
     def _check_param_state(self, p: Tensor, index: int, entry: dict[str, Any]) -> None:
         if not isinstance(entry, dict):
             raise ValueError(f"state of parameter {index} must be a dict, got {type(entry).__name__}")
+        scalars = self._scalar_keys()
         for key, value in entry.items():
             if key == "step":
                 _step_array(value)
+            elif key in scalars:
+                _scalar_array(key, value)
             elif self._is_array(value):
                 shape = np.shape(value)
                 if shape != p.shape:
@@ -206,9 +306,12 @@ class Optimizer:
     def _copy_param_state(self, p: Tensor, entry: dict[str, Any]) -> dict[str, Any]:
         old = self.state.get(p, {})
         out: dict[str, Any] = {}
+        scalars = self._scalar_keys()
         for key, value in entry.items():
             if key == "step":
                 out[key] = _step_array(value)
+            elif key in scalars:
+                out[key] = _scalar_array(key, value)
             elif self._is_array(value):
                 prev = old.get(key)
                 if isinstance(prev, np.ndarray) and prev.shape == p.shape and prev.dtype == p.dtype:
@@ -241,6 +344,17 @@ def _step_array(value: Any) -> np.ndarray:
     return np.array(step, dtype=np.float64)
 
 
+def _scalar_array(key: str, value: Any) -> np.ndarray:
+    """A finite scalar state entry (e.g. NAdam's mu_product) as a 0-d float64 heap array."""
+    array = np.asarray(value)
+    if array.size != 1:
+        raise ValueError(f"state {key!r} must be a single number, got shape {array.shape}")
+    number = float(array.reshape(()))
+    if not math.isfinite(number):
+        raise ValueError(f"state {key!r} must be a finite number, got {value!r}")
+    return np.array(number, dtype=np.float64)
+
+
 def _check_number(name: str, value: Any, *, low: float = 0.0, high: float | None = None,
                   high_inclusive: bool = True, what: str | None = None) -> None:
     """ValueError naming `value` unless low <= value (<=|<) high; NaN and non-numbers fail too."""
@@ -252,3 +366,11 @@ def _check_number(name: str, value: Any, *, low: float = 0.0, high: float | None
         ok = ok and (value <= high if high_inclusive else value < high)
     if not ok:
         raise ValueError(f"Invalid {label}: {value}")
+
+
+def _check_betas(betas: Any) -> None:
+    """ValueError unless `betas` is a pair of numbers in [0, 1) (torch's messages)."""
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise ValueError(f"Invalid betas: {betas!r} (expected a pair (beta1, beta2))")
+    for i, beta in enumerate(betas):
+        _check_number("beta", beta, high=1.0, high_inclusive=False, what=f"beta parameter at index {i}")

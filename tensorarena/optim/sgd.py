@@ -1,13 +1,14 @@
 """Stochastic gradient descent with momentum, dampening, Nesterov, weight decay (torch.optim.SGD).
 
-Layers as in torch: `SGD` (class: groups, lazy state) -> `sgd` (functional over lists: the one
-place that picks the kernel) -> the "sgd" kernel in kernels/sgd.py (one parameter, in place: a
-NumPy reference or its one-pass Numba twin). `sgd_update` is `sgd` for a single parameter.
+`SGD.step` is Optimizer.step: lazy state, then `SGD.update_flat` -> the "sgd" kernel in
+kernels/sgd.py (one array in place: a NumPy reference or its one-pass Numba twin), the same call a
+fused route makes on a group's flat buffer. `sgd` (functional over lists, buffers created on a
+first step) and `sgd_update` (one parameter) are the torch-style functional forms.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -35,32 +36,34 @@ class SGD(Optimizer):
             raise ValueError(f"Nesterov momentum requires a momentum and zero dampening, got "
                              f"momentum={group['momentum']}, dampening={group['dampening']}")
 
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """One SGD update of every parameter that has a gradient; returns closure() if given."""
-        loss = self._run_closure(closure)
-        for group in self.param_groups:
-            owners, params, grads, bufs, scratch = [], [], [], [], []
-            momentum = group["momentum"]
-            for p in group["params"]:
-                g = self._grad_of(p)
-                if g is None:
-                    continue
-                owners.append(p)
-                params.append(p.data)
-                grads.append(g)
-                # torch keeps no SGD state without momentum; the buffer is made lazily at the first step.
-                bufs.append(self.state[p].get("momentum_buffer") if momentum != 0 else None)
-                scratch.append(self._scratch(p, 2))
-            if not params:
-                continue
-            new_bufs = sgd(params, grads, bufs, lr=group["lr"], momentum=momentum,
-                           dampening=group["dampening"], weight_decay=group["weight_decay"],
-                           nesterov=group["nesterov"], maximize=group["maximize"], fused=group.get("fused"),
-                           scratch=scratch)
-            if momentum != 0:
-                for p, buf in zip(owners, new_bufs):
-                    self.state[p]["momentum_buffer"] = buf
-        return loss
+    def state_init(self, group: dict[str, Any]) -> dict[str, float]:
+        """A momentum buffer only with momentum (torch keeps none without)."""
+        return {"momentum_buffer": 0.0} if group["momentum"] != 0 else {}
+
+    def _init_state(self, p, group: dict[str, Any]) -> dict[str, Any]:
+        state = self.state[p]
+        if state.get("step") is None and state.get("momentum_buffer") is not None:
+            # A buffer loaded without a step (torch's SGD keeps none) is past its first step:
+            # counting from 1 keeps the next update from mistaking it for a fresh buffer.
+            state["step"] = np.array(1.0, dtype=np.float64)
+        return super()._init_state(p, group)
+
+    def update_flat(self, group: dict[str, Any], param: np.ndarray, grad: np.ndarray, state: dict[str, np.ndarray],
+                    step: float, segments: np.ndarray | None = None) -> None:
+        """One SGD update of `param` (a tensor or a flat buffer); see Optimizer.update_flat.
+
+        torch's first momentum step takes the gradient itself as the buffer; the buffer here
+        starts zero-filled, so step == 1 is what tells the kernel to copy instead of blend. (A
+        buffer first created later, momentum switched on mid-run, blends into zeros: torch's
+        result too unless dampening != 0.)
+        """
+        momentum = group["momentum"]
+        buf = state["momentum_buffer"] if momentum != 0 else None
+        self._check_flat("SGD", param, grad, state, ("momentum_buffer",) if buf is not None else ())
+        update, reference = self._kernel("sgd", group)
+        update(param, grad, buf, lr=group["lr"], momentum=momentum, dampening=group["dampening"],
+               weight_decay=group["weight_decay"], nesterov=group["nesterov"], maximize=group["maximize"],
+               first_step=step == 1, scratch=self._scratch_like(param, 2) if reference else None)
 
 
 def sgd(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], momentum_buffers: Sequence[np.ndarray | None],
