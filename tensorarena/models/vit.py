@@ -108,20 +108,42 @@ class ViT(Module):
                 if m.bias is not None:
                     init.zeros_(m.bias)
 
-    def features(self, images) -> Tensor:
-        """All tokens after the final LayerNorm. Shape: (B, C, H, W) -> (B, 1 + N, dim)."""
+    def _embed(self, images) -> Tensor:
+        """Patch tokens after [CLS], positions and dropout. Shape: (B, C, H, W) -> (B, 1 + N, dim)."""
         x = self.patch_embed(images)  # (B, N, dim)
         B, _, D = x.shape
         # (B, 1, dim) via a zero-strided zeros view: no memory; grads sum back over the batch.
         cls = self.cls_token + np.broadcast_to(np.zeros((), x.dtype), (B, 1, D))
         x = cat([cls, x], dim=1)  # (B, 1 + N, dim)
-        x = self.pos_drop(self.pos_embed(x))
+        return self.pos_drop(self.pos_embed(x))
+
+    def _classify(self, tokens: Tensor) -> Tensor:
+        """Final LayerNorm, [CLS] token, head. Shape: (B, 1 + N, dim) -> (B, num_classes)."""
+        return self.head(cls_pool(self.norm(tokens)))
+
+    def features(self, images) -> Tensor:
+        """All tokens after the final LayerNorm. Shape: (B, C, H, W) -> (B, 1 + N, dim)."""
+        x = self._embed(images)
         for block in self.blocks:
             x = block(x)
         return self.norm(x)
 
     def forward(self, images) -> Tensor:
         return self.head(cls_pool(self.features(images)))  # (B, num_classes)
+
+    def stream_stages(self) -> list:
+        """The cut for the streaming route (tensorarena.stream): embedding, each block, norm + head.
+
+        Composed in order the stages compute exactly forward(images), so a streamed step
+        recomputing one stage at a time reproduces the eager step.
+        """
+        from ..stream.stages import Stage  # lazy: models load without the streaming machinery
+
+        embed = (self.patch_embed.weight, self.patch_embed.bias, self.cls_token, self.pos_embed.weight)
+        stages = [Stage("embed", embed, self._embed)]
+        stages += [Stage(f"blocks.{i}", tuple(block.parameters()), block) for i, block in enumerate(self.blocks)]
+        stages.append(Stage("head", tuple(self.norm.parameters()) + tuple(self.head.parameters()), self._classify))
+        return stages
 
 
 __all__ = ["ViT", "ViTConfig"]

@@ -1,0 +1,603 @@
+"""StreamingRoute: train a model whose parameters and optimizer state live on disk, one stage at a time.
+
+DESIGN.md's third route. The model is cut into stages (`model.stream_stages()`, see stages.py);
+the ParamStore keeps every stage's parameters and optimizer state in files. One step:
+
+  forward   stage 0 .. N-2 under no_grad, each loaded from the store just for its forward;
+            only the stage-boundary activations are kept (in the step arena), plus the RNG
+            state before each stage so its dropout masks can be drawn again
+  backward  stage N-1 .. 0: load parameters + optimizer state, recompute the stage's forward
+            with grad from its saved input (RNG restored), the last stage also computing the
+            loss; backward with the upstream gradient gives the parameter gradients and the
+            gradient of the stage's input; apply THAT stage's optimizer update at once and
+            write it back
+  prefetch  while a stage computes, the store's I/O thread writes the previous stage back
+            and reads the next one into the second slot buffer
+
+Memory: two stage-sized slots + one stage of gradients + the largest stage's activations
+(in a nested arena closed per stage) + the boundary activations. Nothing grows with depth
+but the boundary activations (batch x tokens x dim per stage). Every step runs inside its own
+`Arena`, closed in `finally` (the `with` block), each stage's work in a nested one.
+
+The update is the eager update: the same functional kernels (optim.adam.adam, optim.sgd.sgd)
+with the optimizer's live param_groups (so an LR scheduler works unchanged), and dropout
+draws the same masks, so a streamed run follows the eager run step for step.
+
+Global-norm gradient clipping needs every gradient before the first update. With
+`clip_grad_norm=` the route runs backward twice: a first sweep computes the gradients only
+for their norm (parameters only are read), a second one recomputes them, scales and updates.
+That costs one more backward (and recompute) per step; the result equals eager clipping.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..autograd import enable_grad, no_grad
+from ..memory.arena import Arena
+from ..memory.pool import BlockPool
+from ..nn.module import Module
+from ..optim.clip import _norm
+from ..optim.optimizer import Optimizer
+from ..random import default_generator
+from ..tensor import Tensor
+from ..train.checkpoint import _generators, _jsonable
+from ..train.report import NonFiniteLossError
+from . import optim_state
+from .stages import Stage, model_stages
+from .store import ArraySpec, ParamStore, StageSpec, StoreError, StoreSpec, _aligned_bytes
+
+LossFn = Callable[[Tensor, Any], Tensor]
+STARTS = ("auto", "memory", "resume")
+
+
+class _OnDisk:
+    """Stands in for the arena of a parameter the store holds, so reading it raises a clear error.
+
+    Tensor.data compares the arena's generation with the tensor's and raises StaleTensorError
+    naming the arena; -1 never matches, and the name says what to do.
+    """
+
+    generation = -1
+    closed = True
+    name = ("the streaming store: this parameter lives on disk while a StreamingRoute trains it. Call "
+            "route.to_memory() (after close: StreamingRoute.resume(...).to_memory()) to read it. The store")
+
+
+_ON_DISK = _OnDisk()
+
+
+@dataclass(frozen=True)
+class StreamStepStats:
+    """What one streamed step did: loss, time, memory and bytes moved."""
+
+    step: int
+    loss: float
+    skipped: bool
+    grad_norm: float | None
+    lr: float
+    seconds: float
+    arena_high_water: int  # step arena + the largest stage arena: the step's transient peak
+    step_arena_high_water: int  # boundary activations and their gradients
+    stage_arena_high_water: int  # the largest stage's recompute + backward
+    bytes_read: int
+    bytes_written: int
+    resident_bytes: int  # store slots + gradient buffer (independent of depth)
+
+
+class StreamingRoute:
+    """Trains `model` with `optimizer` from a store on disk; see the module docstring.
+
+    Args:
+        model: a Module with `stream_stages()` (e.g. ViT).
+        optimizer: SGD, Adam or AdamW over the model's parameters.
+        loss_fn: loss_fn(outputs, targets) -> scalar Tensor.
+        store_dir: directory of the ParamStore (created; must be writable).
+        scheduler: optional LR scheduler, stepped after each applied update (as Trainer does).
+        clip_grad_norm: global-norm clipping, done in two backward sweeps (see module docstring).
+        on_nonfinite: "raise" (NonFiniteLossError, nothing updated) or "skip" (step counted, no update).
+        start: "memory" writes the in-memory state into a new store (see from_memory), "resume"
+            continues the store's run (see resume), "auto" resumes when store_dir holds a run.
+        step: with start="memory", the number of steps already taken (recorded in the store).
+        overwrite: with start="memory", replace a store already in store_dir instead of refusing.
+        release: free the in-memory parameter and optimizer-state arrays once they are in the
+            store (the point of streaming); False keeps them allocated, unused, and to_memory()
+            refills the same arrays.
+        durable: fsync at every commit point, so even a power loss leaves a detectable state.
+        pool: block pool for the step arenas (default: the process-wide pool).
+    """
+
+    def __init__(self, model: Module, optimizer: Optimizer, loss_fn: LossFn, store_dir: str | Path, *,
+                 scheduler=None, clip_grad_norm: float | None = None, on_nonfinite: str = "raise",
+                 start: str = "auto", step: int = 0, overwrite: bool = False, release: bool = True,
+                 durable: bool = False, pool: BlockPool | None = None) -> None:
+        if start not in STARTS:
+            raise ValueError(f"start must be one of {STARTS}, got {start!r}")
+        if on_nonfinite not in ("raise", "skip"):
+            raise ValueError(f"on_nonfinite must be 'raise' or 'skip', got {on_nonfinite!r}")
+        if clip_grad_norm is not None and not clip_grad_norm > 0:
+            raise ValueError(f"clip_grad_norm must be positive, got {clip_grad_norm}")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be a non-negative int (steps already taken), got {step!r}")
+        self.model, self.optimizer, self.loss_fn, self.scheduler = model, optimizer, loss_fn, scheduler
+        self.clip_grad_norm = clip_grad_norm
+        self.on_nonfinite = on_nonfinite
+        self.release = release
+        self.pool = pool
+        self.kinds = optim_state.state_kinds(optimizer)
+        self.stages: list[Stage] = model_stages(model)
+        self._index_params(model, optimizer)
+        self.step_count = 0
+        self.last_stats: StreamStepStats | None = None
+        self._broken: str | None = None
+        self._kept: dict[int, np.ndarray] = {}
+        self._kept_state: dict[int, dict] = {}
+        self.store = ParamStore(store_dir, self._spec(), durable=durable)
+        try:
+            if start == "auto":
+                start = "resume" if self.store.has_manifest() else "memory"
+            if start == "memory":
+                self._move_in(step, overwrite)
+            else:
+                self._resume()
+        except BaseException:
+            self.store.close()
+            raise
+        grad_bytes = max(layout.params_bytes for layout in self.store.layouts)
+        self._grads = _aligned_bytes(max(grad_bytes, 1))  # one stage's parameter gradients, reused
+
+    @classmethod
+    def from_memory(cls, model: Module, optimizer: Optimizer, loss_fn: LossFn, store_dir: str | Path, *,
+                    scheduler=None, step: int = 0, overwrite: bool = False, **options: Any) -> "StreamingRoute":
+        """Move the in-memory training state (parameters, optimizer state, step count, schedule, RNG) into a new store."""
+        return cls(model, optimizer, loss_fn, store_dir, scheduler=scheduler, start="memory", step=step,
+                   overwrite=overwrite, **options)
+
+    @classmethod
+    def resume(cls, model: Module, optimizer: Optimizer, loss_fn: LossFn, store_dir: str | Path, *,
+               scheduler=None, **options: Any) -> "StreamingRoute":
+        """Continue the run in `store_dir`: restores step count, hyperparameters, schedule and RNG into the objects."""
+        return cls(model, optimizer, loss_fn, store_dir, scheduler=scheduler, start="resume", **options)
+
+    # -- setup --------------------------------------------------------------------
+    def _index_params(self, model: Module, optimizer: Optimizer) -> None:
+        names = {id(p): name for name, p in model.named_parameters()}
+        self._names = [[names.get(id(p), f"{s.name}.{i}") for i, p in enumerate(s.params)] for s in self.stages]
+        self._group_of: dict[int, int] = {}
+        staged = {id(p) for s in self.stages for p in s.params}
+        for gi, group in enumerate(optimizer.param_groups):
+            for p in group["params"]:
+                if id(p) not in staged:
+                    raise ValueError(f"the optimizer updates a parameter of shape {p.shape} that is in no stage of "
+                                     f"{type(model).__name__}.stream_stages(); the streaming route cannot update it")
+                self._group_of[id(p)] = gi
+        self._placeholder = {id(p): np.broadcast_to(np.zeros((), p.dtype), p.shape)
+                             for s in self.stages for p in s.params}
+
+    def _spec(self) -> StoreSpec:
+        stages = tuple(StageSpec(s.name, tuple(ArraySpec(n, tuple(p.shape), p.dtype.str) for n, p in zip(names, s.params)))
+                       for s, names in zip(self.stages, self._names))
+        return StoreSpec(stages, self.kinds.optimizer, self.kinds.arrays, self.kinds.scalars)
+
+    def _groups_of_params(self) -> list[list[int]]:
+        return [[self._group_of.get(id(p), -1) for p in s.params] for s in self.stages]
+
+    def _move_in(self, step: int, overwrite: bool) -> None:
+        store = self.store
+        if (store.has_manifest() or store.leftovers()) and not overwrite:
+            raise StoreError(f"{store.directory} already holds a streaming store; continue it with "
+                             f"StreamingRoute.resume(...), or pass overwrite=True to replace it with the in-memory "
+                             f"state (its current contents are lost)")
+        store.create()
+        for k, stage in enumerate(self.stages):
+            views = store.views(0, k)
+            for i, p in enumerate(stage.params):
+                np.copyto(views.params[i], p.data)
+                gi = self._group_of.get(id(p))
+                group = self.optimizer.param_groups[gi] if gi is not None else None
+                optim_state.read_state(self.kinds, self.optimizer, p, group, views.state[i], views.scalars[i])
+            store.write(k, 0, None).result()
+        self.step_count = step
+        store.commit(signature=self._spec().signature(),
+                     optimizer={"class": self.kinds.optimizer, "state_arrays": list(self.kinds.arrays),
+                                "state_scalars": list(self.kinds.scalars)},
+                     param_groups_of=self._groups_of_params(),
+                     stages=[{"name": s.name, "file": f, "step": step, "writing": None}
+                             for s, f in zip(self.stages, store.files)],
+                     **self._progress(step, step))
+        # Only now, with the store committed, let go of the in-memory arrays.
+        for stage in self.stages:
+            for p in stage.params:
+                self._offload(p)
+
+    def _progress(self, step: int, data_step: int) -> dict[str, Any]:
+        """Manifest fields that change every step."""
+        return {"step": step, "data_step": data_step,
+                "param_groups": [_jsonable({k: v for k, v in g.items() if k != "params"})
+                                 for g in self.optimizer.param_groups],
+                "scheduler": None if self.scheduler is None else _jsonable(self.scheduler.state_dict()),
+                "rng": {name: g.bit_generator.state for name, g in _generators(self.model).items()},
+                "rng_default": default_generator().bit_generator.state}
+
+    def _resume(self) -> None:
+        manifest = self.store.open()
+        where = self.store.directory
+        if manifest.get("param_groups_of") != self._groups_of_params():
+            raise StoreError(f"the optimizer's parameter groups differ from the ones the store {where} was trained "
+                             f"with; build the optimizer with the same groups (or delete the directory)")
+        saved = manifest["param_groups"]
+        for group, entries in zip(self.optimizer.param_groups, saved):
+            group.update({k: tuple(v) if k == "betas" else v for k, v in entries.items()})
+        if (manifest.get("scheduler") is None) != (self.scheduler is None):
+            raise StoreError(f"the store {where} was trained {'without' if manifest.get('scheduler') is None else 'with'} "
+                             f"an LR scheduler but this route was given "
+                             f"{'one' if self.scheduler is not None else 'none'}; pass the same scheduler kind")
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(manifest["scheduler"])
+        generators = _generators(self.model)
+        for name, state in manifest.get("rng", {}).items():
+            if name in generators:
+                generators[name].bit_generator.state = state
+        default_generator().bit_generator.state = manifest["rng_default"]
+        self.step_count = int(manifest["step"])
+        for stage in self.stages:
+            for p in stage.params:
+                self._offload(p)
+
+    # -- parameters in and out of the slots ------------------------------------------
+    def _offload(self, p) -> None:
+        """Point `p` at a 1-element placeholder; free (or keep, release=False) its arrays and state."""
+        if p._arena is not _ON_DISK:
+            if not self.release:
+                self._kept[id(p)] = p._data
+                self._kept_state[id(p)] = self.optimizer.state.get(p)
+            self.optimizer.state.pop(p, None)
+        self._detach_param(p)
+
+    def _detach_param(self, p) -> None:
+        # Private Tensor slots on purpose: the public setter would forget the "on disk" marker.
+        p._data = self._placeholder[id(p)]
+        p._arena, p._generation = _ON_DISK, 0
+        p.grad = None
+        p._grad_buffer = None
+
+    def _attach(self, k: int, slot: int):
+        views = self.store.views(slot, k)
+        for p, array in zip(self.stages[k].params, views.params):
+            p._data, p._arena, p._generation = array, None, 0
+        return views
+
+    def _detach(self, k: int) -> None:
+        for p in self.stages[k].params:
+            self._detach_param(p)
+
+    def _grad_views(self, k: int) -> list[np.ndarray]:
+        layout = self.store.layouts[k]
+        return [self._grads[o:o + a.nbytes].view(a.dtype).reshape(a.shape)
+                for o, a in zip(layout.param_offsets, layout.stage.params)]
+
+    # -- RNG ------------------------------------------------------------------------
+    def _rng_snapshot(self) -> list:
+        return [g.bit_generator.state for g in self._gens]
+
+    def _rng_restore(self, snapshot: list) -> None:
+        for g, state in zip(self._gens, snapshot):
+            g.bit_generator.state = state
+
+    # -- the step -------------------------------------------------------------------
+    def step(self, inputs: Any, targets: Any) -> float:
+        """One training step on a batch; returns the loss (details in `last_stats`)."""
+        self._check_usable()
+        start = time.perf_counter()
+        index = self.step_count + 1
+        read0, written0 = self.store.bytes_read, self.store.bytes_written
+        self.model.train()
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        gens = {id(g): g for g in _generators(self.model).values()}
+        gens.setdefault(id(default_generator()), default_generator())
+        self._gens = list(gens.values())
+        self._writes = 0
+        arena = Arena(pool=self.pool, name=f"streaming step {index} arena")
+        try:
+            with arena:  # closed (blocks returned) before any exception propagates
+                loss, grad_norm, skipped, stage_hw = self._run(arena, inputs, targets, index)
+                step_hw = arena.stats.high_water
+            if skipped:
+                self.store.commit(**self._progress(index, self.store.manifest["data_step"]))
+            else:
+                if self.scheduler is not None:
+                    self.scheduler.step()
+                self.store.commit(**self._progress(index, index))
+        except BaseException as exc:
+            self._abort(index, exc)
+            raise
+        self.step_count = index
+        self.store.drain()
+        self.last_stats = StreamStepStats(
+            step=index, loss=loss, skipped=skipped, grad_norm=grad_norm, lr=lr,
+            seconds=time.perf_counter() - start, arena_high_water=step_hw + stage_hw,
+            step_arena_high_water=step_hw, stage_arena_high_water=stage_hw,
+            bytes_read=self.store.bytes_read - read0, bytes_written=self.store.bytes_written - written0,
+            resident_bytes=self.resident_bytes)
+        return loss
+
+    def _run(self, arena: Arena, inputs: Any, targets: Any, index: int):
+        n = len(self.stages)
+        x = inputs if isinstance(inputs, Tensor) else Tensor(inputs)
+        acts: list[Any] = [x] + [None] * (n - 1)  # acts[k]: the input of stage k
+        rng_before: list[Any] = [None] * n
+        plan = [(k, True) for k in range(n - 1)]
+        if self.clip_grad_norm is not None:
+            plan += [(k, True) for k in reversed(range(n))]
+        plan += [(k, False) for k in reversed(range(n))]
+        loads = _Loads(self.store, plan)
+        stage_hw = 0
+        try:
+            with no_grad():
+                for k in range(n - 1):
+                    self._attach(k, loads.get(k))
+                    rng_before[k] = self._rng_snapshot()
+                    with Arena(pool=self.pool, name=f"stage {self.stages[k].name!r} forward arena") as inner:
+                        xin = acts[0] if k == 0 else Tensor(acts[k])
+                        y = _as_tensor(self.stages[k].forward(xin), self.stages[k].name).data
+                        keep = arena.alloc(y.shape, y.dtype)  # the outer step arena: lives until backward
+                        np.copyto(keep, y)
+                    stage_hw = max(stage_hw, inner.stats.high_water)
+                    self._detach(k)
+                    acts[k + 1] = keep
+            rng_before[n - 1] = self._rng_snapshot()
+            io_grads: dict[tuple, list[np.ndarray]] = {}
+            sweep = _Sweep(self, arena, loads, acts, rng_before, targets, io_grads)
+            grad_norm = scale = None
+            if self.clip_grad_norm is not None:
+                loss, finite = sweep.run(update=False)
+                if not finite:
+                    return self._nonfinite(loss, index, sweep, loads, stage_hw)
+                grad_norm = sweep.total_norm()
+                coef = self.clip_grad_norm / (grad_norm + 1e-6)  # as clip_grad_norm_ (and torch)
+                scale = None if coef >= 1.0 else coef  # NaN scales too, as there
+            loss, finite = sweep.run(update=True, coef=scale)
+            if not finite:
+                return self._nonfinite(loss, index, sweep, loads, stage_hw)
+            self._rng_restore(sweep.rng_after)  # where the eager step leaves the generators
+            return loss, grad_norm, False, max(stage_hw, sweep.high_water)
+        finally:
+            loads.finish()
+            for k in range(n):
+                self._detach(k)
+
+    def _nonfinite(self, loss: float, index: int, sweep: "_Sweep", loads: "_Loads", stage_hw: int):
+        self._rng_restore(sweep.rng_after)
+        if self.on_nonfinite == "raise":
+            raise NonFiniteLossError(
+                f"loss is {loss} at step {index}; the parameters were not updated. Lower the learning rate or "
+                f"check the batch, or pass on_nonfinite='skip' to skip such steps.")
+        return loss, None, True, max(stage_hw, sweep.high_water)
+
+    def _abort(self, index: int, exc: BaseException) -> None:
+        """After a failed step: finish I/O, leave parameters on disk, and mark the route broken if it wrote."""
+        try:
+            self.store.drain()
+        except BaseException:  # noqa: BLE001 - the original error is the one to report
+            pass
+        for k in range(len(self.stages)):
+            self._detach(k)
+        if self._writes and not isinstance(exc, NonFiniteLossError):
+            self._broken = (f"step {index} failed ({type(exc).__name__}: {exc}) after updating {self._writes} of "
+                            f"{len(self.stages)} stages, so the store holds two different steps")
+
+    def _check_usable(self) -> None:
+        if self.store.closed:
+            raise StoreError(f"this StreamingRoute is closed (to_memory() or close() ended it); continue training "
+                             f"with StreamingRoute.resume(...) or, from the in-memory state, StreamingRoute.from_memory(...)")
+        if self._broken:
+            raise StoreError(f"{self._broken}. Do not train on: delete {self.store.directory} and resume from a "
+                             f"checkpoint")
+
+    # -- outside the step -------------------------------------------------------------
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes the route keeps in memory between steps: two store slots and one stage of gradients."""
+        return self.store.resident_bytes + self._grads.nbytes
+
+    def predict(self, inputs: Any) -> np.ndarray:
+        """Model outputs in eval mode (no graph, dropout off), streamed stage by stage; a NumPy copy."""
+        self._check_usable()
+        self.model.eval()
+        loads = _Loads(self.store, [(k, True) for k in range(len(self.stages))])
+        y: Any = inputs if isinstance(inputs, Tensor) else Tensor(inputs)
+        try:
+            with no_grad(), Arena(pool=self.pool, name="streaming predict arena") as arena:
+                for k, stage in enumerate(self.stages):
+                    self._attach(k, loads.get(k))
+                    with Arena(pool=self.pool, name=f"stage {stage.name!r} predict arena"):
+                        out = _as_tensor(stage.forward(y), stage.name).data
+                        keep = arena.alloc(out.shape, out.dtype)
+                        np.copyto(keep, out)
+                    self._detach(k)
+                    y = Tensor(keep)
+                return keep.copy()
+        finally:
+            loads.finish()
+            for k in range(len(self.stages)):
+                self._detach(k)
+            self.model.train()
+
+    def to_memory(self) -> None:
+        """Write the trained parameters and optimizer state back into the model and optimizer, then close.
+
+        Parameters get heap arrays again (the same arrays when release=False), optimizer.state
+        holds what eager training would hold; the step count is `step_count`, and the schedule
+        and RNG were live objects all along. Continue streaming with `resume` (the store is
+        unchanged) or `from_memory` (after editing the in-memory state).
+        """
+        self._check_usable()
+        self.store.drain()
+        for k, stage in enumerate(self.stages):
+            self.store.read(k, 0).result()
+            views = self.store.views(0, k)
+            for i, p in enumerate(stage.params):
+                kept = self._kept.pop(id(p), None)
+                array = optim_state._into(kept, views.params[i])
+                gi = self._group_of.get(id(p))
+                if gi is not None:
+                    optim_state.write_state(self.kinds, self.optimizer, p, self.optimizer.param_groups[gi],
+                                            views.state[i], views.scalars[i], self._kept_state.pop(id(p), None))
+                p._data, p._arena, p._generation = array, None, 0
+        self.close()
+
+    def close(self) -> None:
+        """Finish I/O and release the store (parameters stay on disk unless to_memory() ran)."""
+        self.store.close()
+
+    def __enter__(self) -> "StreamingRoute":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _Loads:
+    """The step's stage reads in order, read j into slot j % 2, read j + 1 always in flight.
+
+    Read j + 1 goes to the slot of read j - 1; it is queued when j is taken, i.e. after the
+    caller finished with j - 1 and queued its write-back, and the store's single I/O thread
+    runs them in order, so the write empties the slot before the read refills it.
+    """
+
+    def __init__(self, store: ParamStore, plan: list[tuple[int, bool]]) -> None:
+        self.store, self.plan = store, plan
+        self.futures: dict[int, Any] = {}
+        self.taken = 0
+
+    def _queue(self, j: int) -> None:
+        if j < len(self.plan) and j not in self.futures:
+            k, params_only = self.plan[j]
+            self.futures[j] = self.store.read(k, j % 2, params_only=params_only)
+
+    def get(self, stage: int) -> int:
+        """Wait for the next planned read (which must be of `stage`); returns its slot."""
+        j = self.taken
+        assert self.plan[j][0] == stage, (j, stage, self.plan[j])
+        self._queue(j)
+        self._queue(j + 1)
+        self.futures.pop(j).result()
+        self.taken += 1
+        return j % 2
+
+    def finish(self) -> None:
+        """Wait for reads still in flight (an early exit must not leave the I/O thread filling slots)."""
+        for future in self.futures.values():
+            try:
+                future.result()
+            except BaseException:  # noqa: BLE001 - the step's own error matters more
+                pass
+        self.futures.clear()
+
+
+class _Sweep:
+    """One backward pass over the stages, last to first; see StreamingRoute's module docstring."""
+
+    def __init__(self, route: StreamingRoute, arena: Arena, loads: _Loads, acts: list, rng_before: list,
+                 targets: Any, io_grads: dict) -> None:
+        self.route, self.arena, self.loads, self.acts = route, arena, loads, acts
+        self.rng_before, self.targets, self.io_grads = rng_before, targets, io_grads
+        self.rng_after = None
+        self.norms: list[float] = []
+        self.high_water = 0
+
+    def _io_grad(self, shape: tuple, dtype, parity: int) -> np.ndarray:
+        """A buffer for a stage input's gradient: two per (shape, dtype), alternating, in the step arena.
+
+        Stage k writes its input's gradient while reading stage k + 1's, so they must differ;
+        two suffice whatever the depth.
+        """
+        key = (tuple(shape), np.dtype(dtype).str)
+        pair = self.io_grads.get(key)
+        if pair is None:
+            pair = self.io_grads[key] = [self.arena.alloc(shape, dtype), self.arena.alloc(shape, dtype)]
+        return pair[parity]
+
+    def run(self, *, update: bool, coef: float | None = None) -> tuple[float, bool]:
+        """Recompute + backward every stage; update each one (update=True) or collect gradient norms."""
+        route, n = self.route, len(self.route.stages)
+        upstream = None
+        loss = math.nan
+        for k in reversed(range(n)):
+            stage = route.stages[k]
+            slot = self.loads.get(k)
+            views = route._attach(k, slot)
+            route._rng_restore(self.rng_before[k])
+            grads = route._grad_views(k)
+            for p, g in zip(stage.params, grads):
+                p.grad, p._grad_buffer = None, g
+            last = k == n - 1
+            with Arena(pool=route.pool, name=f"stage {stage.name!r} backward arena") as inner:
+                if k == 0:
+                    xin = self.acts[0]
+                else:
+                    xin = Tensor(self.acts[k], requires_grad=True)
+                    xin._grad_buffer = self._io_grad(self.acts[k].shape, self.acts[k].dtype, k % 2)
+                with enable_grad():
+                    out = _as_tensor(stage.forward(xin), stage.name)
+                    if last:
+                        loss_t = route.loss_fn(out, self.targets)
+                        loss = float(loss_t.item())
+                        self.rng_after = route._rng_snapshot()
+                        if not math.isfinite(loss):
+                            return loss, False
+                        loss_t.backward()
+                    elif upstream is not None and out.requires_grad:
+                        out.backward(upstream)
+                upstream = xin.grad if k > 0 else None
+            self.high_water = max(self.high_water, inner.stats.high_water)
+            if update:
+                self._update(k, views, coef)
+                route.store.write(k, slot, route.step_count + 1)
+                route._writes += 1
+            else:
+                self.norms.extend(_norm(p.grad, 2.0) for p in stage.params if p.grad is not None)
+            route._detach(k)
+        return loss, True
+
+    def _update(self, k: int, views, coef: float | None) -> None:
+        route = self.route
+        stage = route.stages[k]
+        by_group: dict[int, list[int]] = {}
+        for i, p in enumerate(stage.params):
+            gi = route._group_of.get(id(p))
+            if p.grad is not None and gi is not None:
+                by_group.setdefault(gi, []).append(i)
+        for gi, members in by_group.items():
+            params = [stage.params[i] for i in members]
+            if coef is not None:
+                for p in params:
+                    np.multiply(p.grad, coef, out=p.grad)
+            optim_state.update(route.kinds, route.optimizer, route.optimizer.param_groups[gi], params,
+                               [views.state[i] for i in members], [views.scalars[i] for i in members])
+
+    def total_norm(self) -> float:
+        """The global 2-norm of the gradients the last sweep saw (as clip_grad_norm_ computes it)."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            try:
+                total = math.fsum(v ** 2.0 for v in self.norms) ** 0.5
+            except OverflowError:
+                total = math.inf
+            if any(math.isnan(v) for v in self.norms):
+                total = math.nan
+        return total
+
+
+def _as_tensor(value: Any, name: str) -> Tensor:
+    if not isinstance(value, Tensor):
+        raise TypeError(f"stage {name!r} returned a {type(value).__name__}; a stage's forward must return a Tensor")
+    return value
+
+
+__all__ = ["StreamingRoute", "StreamStepStats"]

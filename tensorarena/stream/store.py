@@ -1,0 +1,457 @@
+"""ParamStore: every parameter and optimizer-state array of a model, in one file per stage on disk.
+
+Why files and not memory: the streaming route trains models whose parameters plus optimizer
+state do not fit in RAM. Only two stage-sized buffers ("slots") are resident: the stage being
+computed and the one a background thread is reading next. Files are read and written with
+os.preadv/os.pwritev straight into those slots, never memory-mapped whole, so resident
+memory is two stages whatever the depth, and the page cache (which the kernel can drop)
+holds the rest.
+
+Per stage file, at 64-byte aligned offsets: the parameters (first, so the forward pass can
+read just them), then each state kind's arrays, then a (params, scalar kinds) float64 table.
+
+manifest.json says what the files hold: the model signature (stage names; parameter names,
+shapes, dtypes in order), the optimizer class and its state kinds, the step count, the
+schedule position, RNG states, the optimizer hyperparameters, and per stage the step whose
+update it holds. Crash ordering, for a run killed at any instant (a process kill; pass
+durable=True to also fsync against power loss):
+
+  create:  stage files are written, then the manifest appears (no manifest = unfinished)
+  step s:  per stage: manifest marks it "writing s" -> data written -> manifest marks it at s;
+           after the last stage: manifest step = s (with the RNG and schedule of step s)
+
+so opening a store tells a finished run (every stage at the manifest's step) from an
+interrupted one (a stage marked writing, or stages at different steps), and refuses the
+latter rather than mixing two steps' weights.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import shutil
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMAT = "tensorarena-stream-store"
+VERSION = 1
+MANIFEST = "manifest.json"
+ALIGN = 64
+
+
+class StoreError(RuntimeError):
+    """The streaming store cannot be used as asked; the message says what is wrong and what to do."""
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """One parameter: its dotted name, shape and dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One stage: its name and its parameters in order."""
+
+    name: str
+    params: tuple[ArraySpec, ...]
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """What a store holds: the stages and the optimizer state kinds kept per parameter."""
+
+    stages: tuple[StageSpec, ...]
+    optimizer: str
+    state_arrays: tuple[str, ...]
+    state_scalars: tuple[str, ...]
+
+    def signature(self) -> list:
+        """The model signature as the manifest records it (JSON-ready)."""
+        return [{"stage": s.name, "params": [[a.name, list(a.shape), a.dtype] for a in s.params]}
+                for s in self.stages]
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+class StageLayout:
+    """Byte offsets of one stage's arrays inside its file (and inside a slot buffer)."""
+
+    def __init__(self, stage: StageSpec, spec: StoreSpec) -> None:
+        self.stage = stage
+        offset = 0
+        self.param_offsets = []
+        for a in stage.params:
+            self.param_offsets.append(offset)
+            offset = _align(offset + a.nbytes)
+        self.params_bytes = offset  # the forward pass reads [0, params_bytes)
+        self.state_offsets: dict[str, list[int]] = {}
+        for kind in spec.state_arrays:
+            self.state_offsets[kind] = []
+            for a in stage.params:
+                self.state_offsets[kind].append(offset)
+                offset = _align(offset + a.nbytes)
+        self.scalar_offset = offset
+        self.n_scalars = len(spec.state_scalars)
+        offset = _align(offset + 8 * self.n_scalars * len(stage.params))
+        self.total_bytes = offset
+
+
+@dataclass
+class StageViews:
+    """Arrays of one stage inside a slot buffer: writes to them are writes to the slot."""
+
+    params: list[np.ndarray]
+    state: list[dict[str, np.ndarray]]  # per parameter: kind -> array
+    scalars: np.ndarray  # (params, scalar kinds) float64; row i belongs to parameter i
+
+
+def _aligned_bytes(nbytes: int) -> np.ndarray:
+    raw = np.empty(nbytes + ALIGN, np.uint8)
+    start = (-raw.ctypes.data) % ALIGN
+    return raw[start:start + nbytes]
+
+
+class ParamStore:
+    """A directory of stage files plus manifest.json; see the module docstring.
+
+    Args:
+        directory: where the files live; created if missing. Must be writable (checked now).
+        spec: the stages and state kinds this store holds.
+        durable: fsync data and manifest at each commit point (survives power loss, slower).
+    """
+
+    def __init__(self, directory: str | os.PathLike, spec: StoreSpec, *, durable: bool = False) -> None:
+        self.directory = Path(directory)
+        self.spec = spec
+        self.durable = durable
+        self.layouts = [StageLayout(s, spec) for s in spec.stages]
+        self.files = [f"stage-{i:04d}.bin" for i in range(len(spec.stages))]
+        self.manifest: dict[str, Any] | None = None
+        self.bytes_read = 0
+        self.bytes_written = 0
+        self._fds: list[int | None] = [None] * len(self.layouts)
+        self._lock_fd: int | None = None
+        self._manifest_lock = threading.Lock()
+        self._pending: list[Future] = []
+        self._io: ThreadPoolExecutor | None = None
+        self.closed = False
+        self._check_writable()
+        self._take_lock()
+        slot_bytes = max(layout.total_bytes for layout in self.layouts)
+        # Two slots: one stage computes in one while the next stage is read into the other.
+        self.slots = [_aligned_bytes(slot_bytes), _aligned_bytes(slot_bytes)]
+
+    # -- construction checks ----------------------------------------------------
+    def _check_writable(self) -> None:
+        where = self.directory
+        try:
+            where.mkdir(parents=True, exist_ok=True)
+            probe = where / f".write-probe-{os.getpid()}"
+            with open(probe, "wb") as f:
+                f.write(b"ok")
+            probe.unlink()
+        except OSError as exc:
+            raise StoreError(
+                f"cannot use {where} as a streaming store: {exc.strerror or exc} ({type(exc).__name__}). "
+                f"The store writes every parameter and optimizer state there; pass a writable directory "
+                f"(store_dir=...) on a disk with room for {_fmt(self.disk_bytes)}") from exc
+
+    def _take_lock(self) -> None:
+        fd = os.open(self.directory / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise StoreError(
+                    f"the streaming store {self.directory} is in use by another StreamingRoute (in this or "
+                    f"another process); close that route first (route.close()) or use another directory") from None
+            raise
+        self._lock_fd = fd
+
+    @property
+    def disk_bytes(self) -> int:
+        """Bytes the stage files take on disk."""
+        return sum(layout.total_bytes for layout in self.layouts)
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes of the store's own buffers in memory (the two slots), independent of depth."""
+        return sum(s.nbytes for s in self.slots)
+
+    # -- what is there ------------------------------------------------------------
+    def has_manifest(self) -> bool:
+        """Whether the directory holds a committed store (a manifest)."""
+        return (self.directory / MANIFEST).exists()
+
+    def leftovers(self) -> list[str]:
+        """Stage files present without a manifest: a creation that was interrupted."""
+        return sorted(p.name for p in self.directory.glob("stage-*.bin"))
+
+    def open(self) -> dict[str, Any]:
+        """Read and check the manifest and files; returns the manifest or raises StoreError saying why not."""
+        path = self.directory / MANIFEST
+        try:
+            manifest = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise StoreError(f"{self.directory} holds no streaming store (no {MANIFEST}); create one with "
+                             f"StreamingRoute.from_memory(...)") from None
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"{path} cannot be read ({exc}); the store is damaged: delete {self.directory} "
+                             f"and resume from a checkpoint") from exc
+        if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+            raise StoreError(f"{path} is not a {FORMAT} v{VERSION} manifest (format {manifest.get('format')!r}, "
+                             f"version {manifest.get('version')!r}); point store_dir at a streaming store")
+        self._check_signature(manifest)
+        self._check_files()
+        self._check_steps(manifest)
+        self.manifest = manifest
+        return manifest
+
+    def _check_signature(self, manifest: dict[str, Any]) -> None:
+        mine, theirs = self.spec.signature(), manifest.get("signature")
+        problems = []
+        if theirs != mine:
+            problems.append(_signature_diff(theirs or [], mine))
+        opt = manifest.get("optimizer", {})
+        if opt.get("class") != self.spec.optimizer:
+            problems.append(f"it holds {opt.get('class')} state but the optimizer is {self.spec.optimizer}")
+        elif (list(opt.get("state_arrays", [])) != list(self.spec.state_arrays)
+              or list(opt.get("state_scalars", [])) != list(self.spec.state_scalars)):
+            problems.append(f"its optimizer state kinds {opt.get('state_arrays')}/{opt.get('state_scalars')} differ "
+                            f"from this optimizer's {list(self.spec.state_arrays)}/{list(self.spec.state_scalars)} "
+                            f"(amsgrad or momentum changed)")
+        if problems:
+            raise StoreError(f"the streaming store {self.directory} was written for a different model or optimizer: "
+                             + "; ".join(problems) + ". Use a new directory for this model, or delete this one "
+                             "(its training state is lost) or resume with the model it was made for")
+
+    def _check_files(self) -> None:
+        bad = []
+        for name, layout in zip(self.files, self.layouts):
+            path = self.directory / name
+            if not path.exists():
+                bad.append(f"{name} (stage {layout.stage.name!r}) is missing")
+            elif path.stat().st_size != layout.total_bytes:
+                bad.append(f"{name} (stage {layout.stage.name!r}) has {path.stat().st_size} bytes, expected "
+                           f"{layout.total_bytes}")
+        if bad:
+            raise StoreError(f"the streaming store {self.directory} is damaged: " + "; ".join(bad)
+                             + ". Delete the directory and resume from a checkpoint (or restart training)")
+
+    def _check_steps(self, manifest: dict[str, Any]) -> None:
+        stages = manifest.get("stages", [])
+        data_step = manifest.get("data_step")
+        writing = [f"{s['name']!r} (step {s['writing']})" for s in stages if s.get("writing") is not None]
+        if writing:
+            raise StoreError(
+                f"the streaming store {self.directory} was interrupted while writing stage(s) {', '.join(writing)}: "
+                f"those files hold a mix of two steps. Delete the directory and resume from a checkpoint")
+        at = {}
+        for s in stages:
+            at.setdefault(s.get("step"), []).append(s["name"])
+        if len(at) == 1 and data_step is not None and next(iter(at)) == data_step + 1:
+            raise StoreError(
+                f"the streaming store {self.directory} was killed at the very end of step {data_step + 1}: every "
+                f"stage holds its update but the manifest (step count, RNG and schedule) still says step "
+                f"{data_step}. Delete the directory and resume from a checkpoint")
+        if set(at) != {data_step}:
+            detail = "; ".join(f"step {k}: {', '.join(v[:6])}{' ...' if len(v) > 6 else ''}"
+                               for k, v in sorted(at.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)))
+            raise StoreError(
+                f"the streaming store {self.directory} is inconsistent: the run was killed in the middle of step "
+                f"{max(k for k in at if k is not None)}, so its stages hold different steps ({detail}; the "
+                f"manifest's last complete step is {data_step}). Training on it would mix weights of different "
+                f"steps: delete the directory and resume from a checkpoint")
+
+    # -- creating -----------------------------------------------------------------
+    def create(self) -> None:
+        """Start a new store here: drop any manifest and stage files, make empty files of the right sizes."""
+        self.drain()
+        (self.directory / MANIFEST).unlink(missing_ok=True)  # first: a half-made store must look unfinished
+        self.manifest = None
+        for name in self.leftovers():
+            (self.directory / name).unlink()
+        free = shutil.disk_usage(self.directory).free
+        if free < self.disk_bytes:
+            raise StoreError(f"the streaming store needs {_fmt(self.disk_bytes)} on disk but {self.directory} has "
+                             f"{_fmt(free)} free; free space or pass another store_dir")
+        for i, layout in enumerate(self.layouts):
+            fd = self._fd(i)
+            os.ftruncate(fd, layout.total_bytes)
+
+    def commit(self, **fields: Any) -> None:
+        """Update manifest fields and write it atomically (after all pending writes finished)."""
+        self.drain()
+        with self._manifest_lock:
+            if self.manifest is None:
+                self.manifest = {"format": FORMAT, "version": VERSION}
+            self.manifest.update(fields)
+            self._write_manifest()
+
+    def _write_manifest(self) -> None:
+        # Caller holds _manifest_lock. Write aside, then rename: a kill leaves the old or the new one.
+        path = self.directory / MANIFEST
+        tmp = self.directory / f".{MANIFEST}.tmp"
+        payload = json.dumps(self.manifest, separators=(",", ":")).encode()
+        with open(tmp, "wb") as f:
+            f.write(payload)
+            if self.durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+        if self.durable:
+            _fsync_dir(self.directory)
+
+    def _mark(self, index: int, **entry: Any) -> None:
+        with self._manifest_lock:
+            self.manifest["stages"][index].update(entry)
+            self._write_manifest()
+
+    # -- slots and I/O ------------------------------------------------------------
+    def views(self, slot: int, index: int) -> StageViews:
+        """Arrays of stage `index` inside slot buffer `slot` (0 or 1)."""
+        buf, layout = self.slots[slot], self.layouts[index]
+
+        def at(offset: int, a: ArraySpec) -> np.ndarray:
+            return buf[offset:offset + a.nbytes].view(a.dtype).reshape(a.shape)
+
+        params = [at(o, a) for o, a in zip(layout.param_offsets, layout.stage.params)]
+        state = [{kind: at(layout.state_offsets[kind][i], a) for kind in self.spec.state_arrays}
+                 for i, a in enumerate(layout.stage.params)]
+        n = len(layout.stage.params) * layout.n_scalars
+        scalars = buf[layout.scalar_offset:layout.scalar_offset + 8 * n].view(np.float64)
+        return StageViews(params, state, scalars.reshape(len(layout.stage.params), layout.n_scalars))
+
+    def read(self, index: int, slot: int, *, params_only: bool = False) -> Future:
+        """Read stage `index` into `slot` on the I/O thread (parameters only, or everything)."""
+        layout = self.layouts[index]
+        nbytes = layout.params_bytes if params_only else layout.total_bytes
+        return self._submit(self._read, index, slot, nbytes)
+
+    def write(self, index: int, slot: int, step: int | None) -> Future:
+        """Write stage `index` from `slot` on the I/O thread; `step` marks it in the manifest (None: creating)."""
+        return self._submit(self._write, index, slot, step)
+
+    def _submit(self, fn, *args) -> Future:
+        if self.closed:
+            raise StoreError(f"the streaming store {self.directory} is closed")
+        if self._io is None:
+            # One worker: reads and writes run in submission order, so a slot is never read
+            # into before the write that empties it has finished.
+            self._io = ThreadPoolExecutor(1, thread_name_prefix="tensorarena-stream-io")
+        future = self._io.submit(fn, *args)
+        self._pending = [f for f in self._pending if not f.done()] + [future]
+        return future
+
+    def _read(self, index: int, slot: int, nbytes: int) -> None:
+        view = memoryview(self.slots[slot])[:nbytes]
+        fd, done = self._fd(index), 0
+        while done < nbytes:
+            n = os.preadv(fd, [view[done:]], done)
+            if n == 0:
+                raise StoreError(f"{self.directory / self.files[index]} ended after {done} of {nbytes} bytes; the "
+                                 f"store was truncated: delete it and resume from a checkpoint")
+            done += n
+        self.bytes_read += nbytes
+
+    def _write(self, index: int, slot: int, step: int | None) -> None:
+        nbytes = self.layouts[index].total_bytes
+        if step is not None:
+            self._mark(index, writing=step)
+        view = memoryview(self.slots[slot])[:nbytes]
+        fd, done = self._fd(index), 0
+        while done < nbytes:
+            done += os.pwritev(fd, [view[done:]], done)
+        if self.durable:
+            os.fsync(fd)
+        self.bytes_written += nbytes
+        if step is not None:
+            self._mark(index, writing=None, step=step)
+
+    def _fd(self, index: int) -> int:
+        fd = self._fds[index]
+        if fd is None:
+            fd = self._fds[index] = os.open(self.directory / self.files[index], os.O_RDWR | os.O_CREAT, 0o644)
+        return fd
+
+    def drain(self) -> None:
+        """Wait for every queued read and write; re-raise the first failure."""
+        pending, self._pending = self._pending, []
+        error = None
+        for future in pending:
+            try:
+                future.result()
+            except BaseException as exc:  # noqa: BLE001 - keep draining, raise the first below
+                error = error or exc
+        if error is not None:
+            raise error
+
+    def close(self) -> None:
+        """Finish pending I/O, close the files and release the directory lock."""
+        if self.closed:
+            return
+        try:
+            self.drain()
+        finally:
+            self.closed = True
+            if self._io is not None:
+                self._io.shutdown(wait=True)
+            for i, fd in enumerate(self._fds):
+                if fd is not None:
+                    os.close(fd)
+                    self._fds[i] = None
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)  # closing the descriptor drops the flock
+                self._lock_fd = None
+
+
+def _signature_diff(theirs: list, mine: list) -> str:
+    """The first differences between two signatures, in words."""
+    if [s.get("stage") for s in theirs] != [s["stage"] for s in mine]:
+        return (f"its stages are {[s.get('stage') for s in theirs][:6]}... ({len(theirs)}) but this model's are "
+                f"{[s['stage'] for s in mine][:6]}... ({len(mine)})")
+    for a, b in zip(theirs, mine):
+        if a.get("params") != b["params"]:
+            pa, pb = a.get("params") or [], b["params"]
+            for x, y in zip(pa, pb):
+                if x != y:
+                    return (f"in stage {b['stage']!r} it holds {x[0]} {tuple(x[1])} {x[2]} where this model has "
+                            f"{y[0]} {tuple(y[1])} {y[2]}")
+            return f"stage {b['stage']!r} has {len(pa)} parameters in the store but {len(pb)} in this model"
+    return "the signatures differ"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fmt(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} bytes"
+
+
+__all__ = ["ParamStore", "StoreError", "StoreSpec", "StageSpec", "ArraySpec", "StageLayout", "StageViews"]
