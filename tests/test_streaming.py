@@ -155,6 +155,20 @@ def test_memory_does_not_grow_with_depth(tmp_path):
     assert deep["read"] - shallow["read"] > 6 * block * 3 // 4
 
 
+def test_estimate_predicts_resident_memory_and_io_before_creating_anything(tmp_path):
+    model, optimizer, sched = _setup(depth=3)
+    estimate = StreamingRoute.estimate(model, optimizer)
+    assert not list(tmp_path.iterdir())
+    with StreamingRoute.from_memory(model, optimizer, cross_entropy, tmp_path, scheduler=sched) as route:
+        route.step(*_batches(1)[0])
+        stats = route.last_stats
+        assert estimate["disk_bytes"] == sum(f.stat().st_size for f in tmp_path.glob("stage-*.bin"))
+    assert (estimate["stages"], estimate["largest_stage"]) == (5, "blocks.0")
+    assert estimate["resident_bytes"] == stats.resident_bytes
+    assert (estimate["read_bytes_per_step"], estimate["written_bytes_per_step"]) == (stats.bytes_read,
+                                                                                     stats.bytes_written)
+
+
 def test_parameters_live_on_disk_while_streaming(tmp_path):
     model, optimizer, sched = _setup()
     route = StreamingRoute.from_memory(model, optimizer, cross_entropy, tmp_path, scheduler=sched)

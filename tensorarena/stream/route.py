@@ -51,7 +51,7 @@ from ..train.checkpoint import _generators, _jsonable
 from ..train.report import NonFiniteLossError
 from . import optim_state
 from .stages import Stage, model_stages
-from .store import ArraySpec, ParamStore, StageSpec, StoreError, StoreSpec, _aligned_bytes
+from .store import ArraySpec, ParamStore, StageLayout, StageSpec, StoreError, StoreSpec, _aligned_bytes
 
 LossFn = Callable[[Tensor, Any], Tensor]
 STARTS = ("auto", "memory", "resume")
@@ -164,6 +164,31 @@ class StreamingRoute:
                scheduler=None, **options: Any) -> "StreamingRoute":
         """Continue the run in `store_dir`: restores step count, hyperparameters, schedule and RNG into the objects."""
         return cls(model, optimizer, loss_fn, store_dir, scheduler=scheduler, start="resume", **options)
+
+    @staticmethod
+    def estimate(model: Module, optimizer: Optimizer) -> dict[str, Any]:
+        """What streaming `model` would hold, before creating anything (for a route planner).
+
+        resident_bytes: the route's buffers between steps (two slots of the largest stage's
+        parameters + optimizer state, and its gradients), independent of depth. disk_bytes: the
+        store's files. read/written_bytes_per_step: the I/O of one step (clipping reads the
+        parameters once more). Activations are not included: they depend on the batch (the largest
+        stage's recompute + backward, plus one boundary activation per stage).
+        """
+        kinds = optim_state.state_kinds(optimizer)
+        stages = model_stages(model)
+        spec = StoreSpec(tuple(StageSpec(s.name, tuple(ArraySpec(f"{s.name}.{i}", tuple(p.shape), p.dtype.str)
+                                                        for i, p in enumerate(s.params))) for s in stages),
+                         kinds.optimizer, kinds.arrays, kinds.scalars)
+        layouts = [StageLayout(stage, spec) for stage in spec.stages]
+        largest = max(layouts, key=lambda layout: layout.total_bytes)
+        return {"stages": len(layouts), "largest_stage": largest.stage.name,
+                "resident_bytes": 2 * largest.total_bytes + max(lay.params_bytes for lay in layouts),
+                "disk_bytes": sum(lay.total_bytes for lay in layouts),
+                # forward reads parameters (all stages but the last), backward reads and writes everything
+                "read_bytes_per_step": sum(lay.params_bytes + lay.total_bytes for lay in layouts[:-1])
+                + layouts[-1].total_bytes,
+                "written_bytes_per_step": sum(lay.total_bytes for lay in layouts)}
 
     # -- setup --------------------------------------------------------------------
     def _index_params(self, model: Module, optimizer: Optimizer) -> None:
@@ -318,7 +343,6 @@ class StreamingRoute:
             self._abort(index, exc)
             raise
         self.step_count = index
-        self.store.drain()
         self.last_stats = StreamStepStats(
             step=index, loss=loss, skipped=skipped, grad_norm=grad_norm, lr=lr,
             seconds=time.perf_counter() - start, arena_high_water=step_hw + stage_hw,

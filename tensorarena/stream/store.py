@@ -423,6 +423,14 @@ class ParamStore:
                 self._lock_fd = None
 
 
+    def __del__(self) -> None:
+        # A route dropped without close(): give the descriptors and the directory lock back.
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - nothing useful to do at garbage collection
+            pass
+
+
 def _signature_diff(theirs: list, mine: list) -> str:
     """The first differences between two signatures, in words."""
     if [s.get("stage") for s in theirs] != [s["stage"] for s in mine]:
