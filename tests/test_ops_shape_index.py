@@ -58,6 +58,17 @@ def test_unsqueeze_squeeze(dtype, shape, seed, data):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,target", [((1, 1, 4), (3, 1, 4)), ((2, 1), (2, 5)), ((3,), (2, 4, 3)),
+                                          ((1, 3), (4, -1))])
+def test_expand_matches_torch_and_uses_no_memory(shape, target, dtype):
+    check_op(lambda x: x.expand(*target), lambda x: x.expand(*target), [randn(0, shape)], dtype=dtype)
+    out = ta.tensor(randn(0, shape), dtype=dtype).expand(target)
+    assert 0 in out.data.strides  # a zero-stride view, no copy
+    with pytest.raises(ValueError, match=r"cannot be expanded"):
+        ta.tensor(randn(0, (2, 3))).expand(4, 3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @FAST
 @given(shape=shapes, seed=seeds, data=st.data())
 def test_flatten(dtype, shape, seed, data):

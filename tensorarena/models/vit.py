@@ -112,8 +112,7 @@ class ViT(Module):
         """Patch tokens after [CLS], positions and dropout. Shape: (B, C, H, W) -> (B, 1 + N, dim)."""
         x = self.patch_embed(images)  # (B, N, dim)
         B, _, D = x.shape
-        # (B, 1, dim) via a zero-strided zeros view: no memory; grads sum back over the batch.
-        cls = self.cls_token + np.broadcast_to(np.zeros((), x.dtype), (B, 1, D))
+        cls = self.cls_token.expand(B, 1, D)  # (B, 1, dim): a zero-stride view; grads sum back over the batch
         x = cat([cls, x], dim=1)  # (B, 1 + N, dim)
         return self.pos_drop(self.pos_embed(x))
 

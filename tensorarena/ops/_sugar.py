@@ -30,7 +30,7 @@ def _install() -> None:
     T.softmax, T.log_softmax = reduce.softmax, reduce.log_softmax
     T.reshape = T.view = shape.reshape
     T.transpose, T.permute, T.flatten = shape.transpose, shape.permute, shape.flatten
-    T.unsqueeze, T.squeeze = shape.unsqueeze, shape.squeeze
+    T.unsqueeze, T.squeeze, T.expand = shape.unsqueeze, shape.squeeze, shape.expand
     T.T = property(lambda a: shape.permute(a, *reversed(range(a.ndim))))
 
 

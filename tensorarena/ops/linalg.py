@@ -6,7 +6,7 @@ import numpy as np
 
 from ..kernels.blas import matmul as bmm
 from ..tensor import Tensor
-from ._base import as_tensor, grad_out, new, unbroadcast
+from ._base import as_tensor, grad_out, new, reshaped, unbroadcast
 
 
 def _matmul_shape(a_shape: tuple[int, ...], b_shape: tuple[int, ...], what: str = "matmul") -> tuple[int, ...]:
@@ -90,7 +90,7 @@ def linear(x, weight, bias=None) -> Tensor:
         raise ValueError(f"linear: bias shape {bias.shape} must be ({weight.shape[0]},) for weight {weight.shape}")
     xd, wd = x.data, weight.data
     lead = xd.shape[:-1]
-    x2 = xd.reshape(-1, xd.shape[-1])  # (N, in)
+    x2 = reshaped(xd, (-1, xd.shape[-1]))  # (N, in); a copy (arena) only if xd is not contiguous
     out = new(lead + (wd.shape[0],), np.result_type(xd.dtype, wd.dtype))
     out2 = out.reshape(-1, wd.shape[0])  # (N, out)
     np.matmul(x2, wd.T, out=out2)
@@ -99,7 +99,7 @@ def linear(x, weight, bias=None) -> Tensor:
     parents = (x, weight) if bias is None else (x, weight, bias)
 
     def backward(g):
-        g2 = g.reshape(-1, g.shape[-1])  # (N, out)
+        g2 = reshaped(g, (-1, g.shape[-1]))  # (N, out)
         gx = gw = gbias = None
         if x.requires_grad:
             gx = new(xd.shape, g.dtype)

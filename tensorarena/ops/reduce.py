@@ -10,7 +10,7 @@ import numpy as np
 
 from ..kernels import kernel
 from ..tensor import Tensor
-from ._base import contiguous, new, new_like, normalize_axes
+from ._base import contiguous, new, new_like, normalize_axes, reshaped
 
 
 class MaxResult(NamedTuple):
@@ -41,7 +41,7 @@ def _reduce_axes(dim, ndim: int) -> tuple[int, ...]:
 
 def _expand_grad(g: np.ndarray, shape: tuple[int, ...], axes: tuple[int, ...]) -> np.ndarray:
     """View of `g` (reduced over `axes`) broadcast back to the input `shape`."""
-    return np.broadcast_to(g.reshape(_reduced_shape(shape, axes, True)), shape)
+    return np.broadcast_to(reshaped(g, _reduced_shape(shape, axes, True)), shape)
 
 
 def sum(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:  # noqa: A001 - torch's name
@@ -127,7 +127,7 @@ def _max_dim(a: Tensor, dim: int, keepdim: bool) -> MaxResult:
     def backward(g):
         ga = new(in_shape, ad.dtype)
         ga.fill(0)
-        np.put_along_axis(ga, idx, g.reshape(keep_shape), axis=axis)
+        np.put_along_axis(ga, idx, reshaped(g, keep_shape), axis=axis)
         return (ga.reshape(a.shape),)
 
     values_t = Tensor._make(values.reshape(shape), (a,), backward)

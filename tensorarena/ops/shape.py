@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..tensor import Tensor
-from ._base import as_dtype, as_tensor, new, reshaped
+from ._base import as_dtype, as_tensor, new, reshaped, unbroadcast
 
 
 def reshape(a: Tensor, *shape) -> Tensor:
@@ -66,6 +66,28 @@ def permute(a: Tensor, *dims) -> Tensor:
         return (np.transpose(g, inverse),)
 
     return Tensor._make(np.transpose(ad, perm), (a,), backward, view_of=a)
+
+
+def expand(a: Tensor, *shape) -> Tensor:
+    """`a` broadcast to `shape` as a zero-stride view (torch's expand; -1 keeps a dim). No memory is used;
+    the gradient sums back over the broadcast dims."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    ad = a.data
+    lead = len(shape) - ad.ndim
+    if lead < 0:
+        raise ValueError(f"expand: target shape {tuple(shape)} has fewer dims than the tensor's {ad.shape}")
+    target = tuple(ad.shape[i - lead] if n == -1 and i >= lead else n for i, n in enumerate(shape))
+    try:
+        view = np.broadcast_to(ad, target)
+    except ValueError:
+        raise ValueError(f"expand: shape {ad.shape} cannot be expanded to {tuple(shape)} (only size-1 dims "
+                         f"can grow)") from None
+
+    def backward(g):
+        return (unbroadcast(g, ad.shape),)
+
+    return Tensor._make(view, (a,), backward, view_of=a)
 
 
 def unsqueeze(a: Tensor, dim: int) -> Tensor:
