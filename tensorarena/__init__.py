@@ -10,4 +10,6 @@ from . import kernels, models, nn, optim
 from .ops import (add, cat, concat, div, exp, flatten, log, matmul, max, mean, mul, neg, permute, pow,
                   reshape, sqrt, squeeze, stack, sub, sum, tanh, transpose, unsqueeze, var, where)
 
+from .compile.step import FusedStep, compile_step
+
 __version__ = "0.1.0"

@@ -86,7 +86,9 @@ def test_the_same_measurement_catches_the_leak_without_a_step_arena():
     with pytest.raises(AssertionError):
         _assert_flat(pool_bytes, high_waters, rss, losses)
     assert high_waters[-1] > 100 * high_waters[0]  # linear growth: one step's working set per step
-    assert rss[-1] - rss[19] > 2 * 2**20
+    # Memory held grows too. (Not asserted through RSS: after earlier tests freed memory, malloc
+    # can hand the leaked blocks out of already-resident free lists, so RSS may not move.)
+    assert pool_bytes[-1] - pool_bytes[19] > 2 * 2**20
 
 
 def test_parameters_and_optimizer_state_are_not_arena_memory():

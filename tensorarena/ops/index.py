@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd import SliceGrad
+from ..compile.trace import unsupported
 from ..tensor import Tensor
-from ._base import as_dtype, as_tensor, new, unbroadcast
+from ._base import as_dtype, as_tensor, new, reshaped, unbroadcast
 
 
 def _normalize_index(index) -> tuple:
@@ -80,6 +81,9 @@ def getitem(a: Tensor, index) -> Tensor:
         # Bounds are checked above, so "wrap" only maps negatives; "raise" would buffer the output.
         np.take(ad, ids, axis=axis, out=out, mode="wrap")
     else:
+        if any(isinstance(x, np.ndarray) and x.dtype == np.bool_ for x in idx):
+            unsupported("getitem with a boolean mask",
+                        "its output shape depends on how many elements the mask selects in each batch")
         picked = ad[idx]  # NumPy has no out= for general fancy indexing; move the result into the arena
         out = new(picked.shape, ad.dtype)
         np.copyto(out, picked)
@@ -153,7 +157,7 @@ def embedding(indices, weight: Tensor) -> Tensor:
     def backward(g):
         gw = new(wd.shape, g.dtype)
         gw.fill(0)
-        np.add.at(gw, ids.reshape(-1), g.reshape(-1, dim))  # a token seen twice gets both gradients
+        np.add.at(gw, ids.reshape(-1), reshaped(g, (-1, dim)))  # a token seen twice gets both gradients
         return (gw,)
 
     return Tensor._make(out, (weight,), backward)

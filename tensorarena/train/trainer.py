@@ -10,6 +10,7 @@ which is exactly the leak DESIGN.md was written about.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from typing import Any, Callable
@@ -25,7 +26,8 @@ from ..optim.optimizer import Optimizer
 from ..tensor import Tensor
 from .report import NonFiniteLossError, StepReport
 
-ROUTES = ("eager",)
+ROUTES = ("eager", "fused")
+log = logging.getLogger("tensorarena")
 LossFn = Callable[[Tensor, Any], Tensor]
 
 
@@ -38,7 +40,13 @@ class Trainer:
         loss_fn: loss_fn(outputs, targets) -> scalar Tensor.
         scheduler: optional LR scheduler, stepped after each applied update.
         clip_grad_norm: if set, global-norm gradient clipping to this value.
-        route: "eager" (the define-by-run tape). Other routes arrive with the fused/streaming issues.
+        route: "eager" (the define-by-run tape) or "fused" (the step traced once per batch signature
+            into a static slab plan and replayed without allocating; see compile/step.py).
+        fallback_to_eager: with route="fused", a step the tracer cannot handle (UnsupportedOpError)
+            runs on the eager route instead of raising; the reason is logged once and kept in
+            `fallback_reason`. Off by default: a silent change of route would hide a memory change.
+        max_plans: how many fused plans (one per input shape/dtype signature) to keep, least
+            recently used evicted first.
         on_nonfinite: "raise" (default) raises NonFiniteLossError naming the step before
             any update; "skip" leaves parameters untouched and reports the step as skipped.
         pool: block pool for step arenas (default: the process-wide pool).
@@ -46,7 +54,7 @@ class Trainer:
 
     def __init__(self, model: Module, optimizer: Optimizer, loss_fn: LossFn, *, scheduler=None,
                  clip_grad_norm: float | None = None, route: str = "eager", on_nonfinite: str = "raise",
-                 pool: BlockPool | None = None) -> None:
+                 pool: BlockPool | None = None, fallback_to_eager: bool = False, max_plans: int = 4) -> None:
         if route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
         if on_nonfinite not in ("raise", "skip"):
@@ -63,9 +71,30 @@ class Trainer:
         self.pool = pool
         self.step_count = 0  # applied or skipped steps so far
         self._params = [p for p in model.parameters() if p.requires_grad]
+        self.fallback_to_eager = fallback_to_eager
+        self.fallback_reason: str | None = None
+        self.max_plans = max_plans
+        self.fused = None  # the FusedStep, built at the first fused step (it needs a batch to trace)
+
+    def compile(self, inputs: Any, targets: Any):
+        """Trace the fused step for this batch signature now (before step 1); returns the FusedStep.
+
+        Its `memory_report()` is the step's memory, known before any update.
+        """
+        from ..compile.step import FusedStep
+
+        if self.fused is None:
+            self.fused = FusedStep(self.model, self.loss_fn, self.optimizer, scheduler=self.scheduler,
+                                   clip_grad_norm=self.clip_grad_norm, max_plans=self.max_plans)
+        self.fused.plan_for(inputs, targets)
+        return self.fused
 
     def step(self, inputs: Any, targets: Any) -> StepReport:
         """One training step on a batch; returns its report."""
+        if self.route == "fused":
+            report = self._fused_step(inputs, targets)
+            if report is not None:
+                return report
         start = time.perf_counter()
         index = self.step_count + 1
         self.model.train()
@@ -97,6 +126,29 @@ class Trainer:
         self.step_count = index
         return StepReport(step=index, loss=loss_value, route=self.route, seconds=time.perf_counter() - start,
                           arena_high_water=high_water, rss=rss_bytes(), lr=lr, grad_norm=grad_norm,
+                          skipped=skipped)
+
+    def _fused_step(self, inputs: Any, targets: Any) -> StepReport | None:
+        """A replayed fused step, or None after switching to eager (allowed fallback only)."""
+        from ..compile.trace import UnsupportedOpError
+
+        start = time.perf_counter()
+        index = self.step_count + 1
+        self.model.train()
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        try:
+            self.compile(inputs, targets)
+        except UnsupportedOpError as err:
+            if not self.fallback_to_eager:
+                raise
+            self.route, self.fallback_reason = "eager", str(err)
+            log.warning("fused route unavailable, training on the eager route: %s", err)
+            return None
+        loss_value, grad_norm, skipped, arena = self.fused.step(inputs, targets, index=index,
+                                                                on_nonfinite=self.on_nonfinite)
+        self.step_count = index
+        return StepReport(step=index, loss=loss_value, route="fused", seconds=time.perf_counter() - start,
+                          arena_high_water=arena.stats.high_water, rss=rss_bytes(), lr=lr, grad_norm=grad_norm,
                           skipped=skipped)
 
     def evaluate(self, inputs: np.ndarray, targets: np.ndarray, *, batch_size: int = 1024) -> dict:

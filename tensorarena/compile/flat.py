@@ -1,0 +1,157 @@
+"""Parameters, gradients and optimizer state in flat persistent buffers, one segment per param group.
+
+The fused route updates a whole parameter group with ONE optimizer kernel call, which
+needs each group's parameters (and their gradients and every per-element optimizer
+state array) to be consecutive pieces of one flat array. `FlatState` copies them
+there once and rebinds every parameter, gradient buffer and state entry to a view of
+its piece, so the module, `state_dict`, eval and checkpoints keep seeing the live,
+trained values through the same objects they always used.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..nn.module import Module
+from ..optim.optimizer import Optimizer
+from ..tensor import Tensor
+
+
+class FlatGroup:
+    """One optimizer param group laid out flat: params, grads, state kinds and step counts."""
+
+    def __init__(self, group: dict, params: list[Tensor], names: list[str], state_init: dict[str, float],
+                 scalar_init: dict[str, float]) -> None:
+        dtypes = {p.dtype for p in params}
+        if len(dtypes) != 1:
+            raise TypeError(f"a fused param group must hold one dtype, got {sorted(map(str, dtypes))} in the "
+                            f"group with {names[:3]}...; put float32 and float64 parameters in separate groups")
+        self.group = group
+        self.params = params
+        self.names = names
+        self.dtype = np.dtype(dtypes.pop())
+        sizes = [p.data.size for p in params]
+        self.segments = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        total = int(self.segments[-1])
+        self.param = np.empty(total, self.dtype)
+        self.grad = np.zeros(total, self.dtype)
+        self.state = {kind: np.full(total, fill, self.dtype) for kind, fill in state_init.items()}
+        # Per-parameter scalars ("step", NAdam's "mu_product"...): one float64 per parameter, each
+        # parameter's state entry a 0-d view, all equal within a group (the group updates as one).
+        self.scalar_init = {"step": 0.0, **scalar_init}
+        self.scalars = {kind: np.full(len(params), fill, np.float64) for kind, fill in self.scalar_init.items()}
+        self.steps = self.scalars["step"]
+        self._param_views = [self._piece(self.param, i) for i in range(len(params))]
+        self._grad_views = [self._piece(self.grad, i) for i in range(len(params))]
+        self._state_views = {kind: [self._piece(flat, i) for i in range(len(params))]
+                             for kind, flat in self.state.items()}
+        self._scalar_views = {kind: [flat[i:i + 1].reshape(()) for i in range(len(params))]
+                              for kind, flat in self.scalars.items()}
+        # What update_flat sees: the flat state arrays and parameter 0's scalars (copied to the rest after).
+        self.update_state = dict(self.state)
+        self.update_state.update({kind: views[0] for kind, views in self._scalar_views.items() if kind != "step"})
+
+    def _piece(self, flat: np.ndarray, i: int) -> np.ndarray:
+        return flat[self.segments[i]:self.segments[i + 1]].reshape(self.params[i].shape)
+
+    @property
+    def nbytes(self) -> dict[str, int]:
+        out = {"params": self.param.nbytes, "grads": self.grad.nbytes,
+               "scalars": sum(flat.nbytes for flat in self.scalars.values())}
+        out.update({f"state.{kind}": flat.nbytes for kind, flat in self.state.items()})
+        return out
+
+    def bind(self, optimizer_state: dict) -> None:
+        """Copy current values into the flat pieces (where they are not there already) and point everything at them."""
+        for i, p in enumerate(self.params):
+            view = self._param_views[i]
+            if p._data is not view:
+                np.copyto(view, p._data)
+                p.data = view
+            p._grad_buffer = self._grad_views[i]
+            state = optimizer_state[p]
+            for kind, views in self._state_views.items():
+                current = state.get(kind)
+                if current is not views[i]:
+                    if current is not None:
+                        np.copyto(views[i], current)
+                    state[kind] = views[i]
+            for kind, views in self._scalar_views.items():
+                current = state.get(kind)
+                if current is not views[i]:
+                    views[i][...] = self.scalar_init[kind] if current is None else float(current)
+                    state[kind] = views[i]
+        for kind, flat in self.scalars.items():
+            if flat.size and not np.all(flat == flat[0]):
+                raise ValueError(
+                    f"the parameters of one group have different {kind!r} values {sorted(set(flat.tolist()))[:4]}; "
+                    f"the fused optimizer updates a group as one. Some parameters missed updates on the eager "
+                    f"route (no gradient): keep training them with route='eager'")
+
+    def is_bound(self, optimizer_state: dict) -> bool:
+        for i, p in enumerate(self.params):
+            if p._data is not self._param_views[i] or p._grad_buffer is not self._grad_views[i]:
+                return False
+            state = optimizer_state.get(p)
+            if state is None:
+                return False
+            if any(state.get(kind) is not views[i] for kind, views in self._scalar_views.items()):
+                return False
+            if any(state.get(kind) is not views[i] for kind, views in self._state_views.items()):
+                return False
+        return True
+
+
+class FlatState:
+    """Every parameter group of `optimizer` laid out flat; see the module docstring."""
+
+    def __init__(self, model: Module, optimizer: Optimizer) -> None:
+        for method in ("state_init", "scalar_state_init", "update_flat"):
+            if not callable(getattr(optimizer, method, None)):
+                raise TypeError(f"{type(optimizer).__name__} has no {method}(); the fused route needs an optimizer "
+                                f"with a flat-buffer update (every tensorarena.optim optimizer has one)")
+        self.optimizer = optimizer
+        names = {id(p): name for name, p in model.named_parameters()}
+        self.groups: list[FlatGroup] = []
+        for group in optimizer.param_groups:
+            params = list(group["params"])
+            if not params:
+                continue
+            self.groups.append(FlatGroup(group, params, [names.get(id(p), "<not in model>") for p in params],
+                                         optimizer.state_init(group), optimizer.scalar_state_init(group)))
+        self.bind()
+
+    def bind(self) -> None:
+        for g in self.groups:
+            g.bind(self.optimizer.state)
+
+    def ensure_bound(self) -> bool:
+        """Re-adopt values someone rebound (e.g. optimizer.load_state_dict replaced step arrays); True if it had to."""
+        if all(g.is_bound(self.optimizer.state) for g in self.groups):
+            return False
+        self.bind()
+        return True
+
+    def params(self) -> list[Tensor]:
+        return [p for g in self.groups for p in g.params]
+
+    def missing_grads(self) -> list[str]:
+        """Names of flattened parameters that received no gradient."""
+        return [name for g in self.groups for p, name in zip(g.params, g.names) if p.grad is None]
+
+    def update(self) -> None:
+        """The optimizer step: one `update_flat` kernel call per group over its flat buffers."""
+        for g in self.groups:
+            np.add(g.steps, 1.0, out=g.steps)
+            self.optimizer.update_flat(g.group, g.param, g.grad, g.update_state, float(g.steps[0]), g.segments)
+            for kind, flat in g.scalars.items():
+                if kind != "step":
+                    flat[1:] = flat[0]  # parameter 0's scalar was the group's; keep every entry equal
+
+    def nbytes(self) -> dict[str, int]:
+        """Persistent bytes by kind (params, grads, steps, state.<kind>) summed over groups."""
+        total: dict[str, int] = {}
+        for g in self.groups:
+            for kind, n in g.nbytes.items():
+                total[kind] = total.get(kind, 0) + n
+        return total

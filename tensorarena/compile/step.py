@@ -1,0 +1,281 @@
+"""The fused route: a training step traced once, planned into one slab, replayed without allocating.
+
+`compile_step(model, loss_fn, optimizer, example_batch)` returns a `FusedStep`. For each
+input signature (shapes and dtypes of inputs and targets) it traces the step once
+(compile/trace.py), places every transient buffer into ONE slab by liveness
+(compile/planner.py), and from then on replays: the batch is copied into the plan's
+persistent input buffers, and the same Python ops run inside a `PlannedArena` whose
+i-th allocation is the precomputed slab view of traced buffer i — so a replayed step
+allocates no array memory. Parameters, gradients and optimizer state are flat
+(compile/flat.py): the update is one kernel call per parameter group; clipping and the
+LR schedule run as host calls after backward, reading the live step count and lr.
+
+Honest limits: replay re-runs the Python op dispatch (it does not execute a captured
+kernel list), and it checks every allocation against the trace, so input-dependent
+control flow is caught (`PlanMismatchError`) rather than silently mis-planned. The trace
+itself does not update anything: no step is taken, and RNG states are restored, so
+`memory_report()` is known before step 1 and step 1 is the first replay.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..memory.arena import Arena
+from ..memory.meter import format_bytes
+from ..nn.module import Module
+from ..optim.clip import clip_grad_norm_
+from ..optim.optimizer import Optimizer
+from ..tensor import Tensor
+from .flat import FlatState
+from .planner import BufferSpec, MemoryPlan, plan_memory
+from .trace import PlanMismatchError, TracedBuffer, TracingArena, UnsupportedOpError
+
+log = logging.getLogger("tensorarena")
+
+Signature = tuple
+
+
+def batch_signature(inputs: Any, targets: Any) -> Signature:
+    """What a plan is specialised on: shape and dtype of inputs and of targets."""
+    def one(x):
+        if x is None:
+            return None
+        a = x.data if isinstance(x, Tensor) else np.asarray(x)
+        return (a.shape, a.dtype.str)
+    return (one(inputs), one(targets))
+
+
+@dataclass
+class StepPlan:
+    """One traced step for one batch signature: buffers, their slab placement and the persistent inputs."""
+
+    signature: Signature
+    buffers: list[TracedBuffer]
+    memory: MemoryPlan
+    slab: np.ndarray
+    views: list[np.ndarray]  # views[i]: traced buffer i inside the slab
+    inputs: np.ndarray
+    targets: np.ndarray | None
+    host_calls: list[str]
+    persistent: dict[str, int] = field(default_factory=dict)  # filled by FusedStep: params, grads, state...
+
+    @property
+    def program(self) -> list[tuple[str, str, str]]:
+        """The flat list the plan runs: (kind, what, where) for every buffer-producing op, then the host calls."""
+        rows = [("op", b.op, f"{b.shape} {b.dtype} @ slab+{self.memory.offsets[str(b.index)]}") for b in self.buffers]
+        rows += [("host", call, "flat buffers") for call in self.host_calls]
+        return rows
+
+    def memory_report(self) -> dict[str, int]:
+        """Bytes by kind, known before step 1: persistent (params, grads, state.*, inputs), slab, predicted peak."""
+        report = dict(self.persistent)
+        report["inputs"] = self.inputs.nbytes + (self.targets.nbytes if self.targets is not None else 0)
+        persistent = sum(report.values())
+        report["persistent_total"] = persistent
+        report["slab"] = self.memory.slab_bytes
+        report["slab_lower_bound"] = self.memory.peak_live_bytes
+        report["saved_by_reuse"] = self.memory.saved_bytes
+        report["predicted_peak"] = persistent + self.memory.slab_bytes
+        return report
+
+    def format_report(self) -> str:
+        lines = [f"fused plan for inputs {self.signature[0]}, targets {self.signature[1]}: "
+                 f"{len(self.buffers)} buffers, {len(self.host_calls)} host calls"]
+        for key, value in self.memory_report().items():
+            lines.append(f"  {key:<20} {format_bytes(value):>12}")
+        return "\n".join(lines)
+
+
+class PlannedArena(Arena):
+    """A step arena whose i-th allocation is the plan's precomputed slab view i; it owns no blocks."""
+
+    def __init__(self, plan: StepPlan, name: str) -> None:
+        super().__init__(name=name)
+        self.plan = plan
+        self.cursor = 0
+        self.stats.high_water = plan.memory.slab_bytes
+
+    def alloc(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        i = self.cursor
+        buffers = self.plan.buffers
+        if i >= len(buffers):
+            raise PlanMismatchError(
+                f"this step asked for more buffers than its trace ({len(buffers)}): buffer #{i} {tuple(shape)} "
+                f"{np.dtype(dtype)}. The step's control flow depends on the data; use route='eager' for it.")
+        b = buffers[i]
+        if b.shape != tuple(shape) or b.dtype != np.dtype(dtype):
+            raise PlanMismatchError(
+                f"this step diverged from its trace at buffer #{i}: the trace had {b.op} -> {b.shape} {b.dtype}, "
+                f"this step asked for {tuple(shape)} {np.dtype(dtype)}. The step's control flow depends on "
+                f"the data; use route='eager' for it.")
+        self.cursor = i + 1
+        self.stats.allocations += 1
+        return self.plan.views[i]
+
+
+class FusedStep:
+    """A model's compiled training step: per-signature plans in a bounded LRU; see the module docstring.
+
+    Plans belong to this object (one per model/optimizer pair), never to a process- or
+    thread-wide cache, so two models trained side by side never see each other's plans.
+    """
+
+    def __init__(self, model: Module, loss_fn: Callable, optimizer: Optimizer, *, scheduler=None,
+                 clip_grad_norm: float | None = None, max_plans: int = 4) -> None:
+        if not isinstance(max_plans, int) or max_plans < 1:
+            raise ValueError(f"max_plans must be a positive integer, got {max_plans!r}")
+        self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
+        self.scheduler, self.clip_grad_norm, self.max_plans = scheduler, clip_grad_norm, max_plans
+        self.flat = FlatState(model, optimizer)
+        self.plans: OrderedDict[Signature, StepPlan] = OrderedDict()
+        self.traces = 0  # how many times a step was traced (first signature + every retrace)
+        self.replays = 0
+
+    # -- plans ------------------------------------------------------------------
+    @property
+    def plan(self) -> StepPlan:
+        """The most recently used plan."""
+        if not self.plans:
+            raise RuntimeError("no step has been traced yet; call plan_for(inputs, targets) or step() first")
+        return next(reversed(self.plans.values()))
+
+    def memory_report(self) -> dict[str, int]:
+        return self.plan.memory_report()
+
+    def plan_for(self, inputs: Any, targets: Any) -> StepPlan:
+        """The plan for this batch's signature, tracing it (and evicting the least recently used) if new."""
+        sig = batch_signature(inputs, targets)
+        plan = self.plans.get(sig)
+        if plan is not None:
+            self.plans.move_to_end(sig)
+            return plan
+        if self.plans:
+            log.info("fused route: new batch signature %s, retracing (%d plan(s) cached)", sig, len(self.plans))
+        plan = self._trace(inputs, targets, sig)
+        self.plans[sig] = plan
+        while len(self.plans) > self.max_plans:
+            old, _ = self.plans.popitem(last=False)
+            log.info("fused route: evicted the plan for %s (max_plans=%d)", old, self.max_plans)
+        return plan
+
+    def _trace(self, inputs: Any, targets: Any, sig: Signature) -> StepPlan:
+        x = np.array(inputs.data if isinstance(inputs, Tensor) else inputs, copy=True)
+        y = None if targets is None else np.array(targets.data if isinstance(targets, Tensor) else targets, copy=True)
+        params = self.flat.params()
+        saved_rng = _rng_states(self.model)
+        tracer = TracingArena(name=f"tracing arena ({sig})")
+        self.model.train()
+        try:
+            with tracer:
+                for p in params:
+                    p.grad = None
+                loss = self.loss_fn(self.model(Tensor(x)), y)
+                if loss.data.size != 1:
+                    raise ValueError(f"loss_fn must return a scalar, got shape {loss.shape}")
+                loss.backward()
+                missing = self.flat.missing_grads()
+                del loss
+            if missing:
+                raise UnsupportedOpError(
+                    f"parameters {missing[:5]}{'...' if len(missing) > 5 else ''} received no gradient in the traced "
+                    f"step; the fused optimizer updates every parameter of a group each step. Freeze them "
+                    f"(requires_grad=False, and leave them out of the optimizer) or use route='eager'")
+        finally:
+            _restore_rng(saved_rng)
+            for p in params:
+                p.grad = None
+        buffers = tracer.finish()
+        self.traces += 1
+        n = len(buffers)
+        specs = [BufferSpec(str(b.index), b.nbytes, b.index, n - 1 if b.death is None else max(b.index, b.death - 1))
+                 for b in buffers]
+        memory = plan_memory(specs)
+        slab = np.empty(max(memory.slab_bytes, 1), np.uint8)  # persistent: owned by the plan
+        views = [slab[memory.offsets[str(b.index)]:memory.offsets[str(b.index)] + b.nbytes].view(b.dtype).reshape(b.shape)
+                 for b in buffers]
+        host = ["zero_grad (set_to_none)", "backward"]
+        if self.clip_grad_norm is not None:
+            host.append(f"clip_grad_norm_({self.clip_grad_norm})")
+        host += [f"{type(self.optimizer).__name__}.update_flat(group {i})" for i in range(len(self.flat.groups))]
+        if self.scheduler is not None:
+            host.append(f"{type(self.scheduler).__name__}.step()")
+        persistent = {k: v for k, v in self.flat.nbytes().items()}
+        plan = StepPlan(sig, buffers, memory, slab, views, x, y, host, persistent)
+        log.info("fused route: traced %s", memory.summary())
+        return plan
+
+    # -- replay -----------------------------------------------------------------
+    def step(self, inputs: Any, targets: Any, *, index: int = 0, on_nonfinite: str = "raise"
+             ) -> tuple[float, float | None, bool, PlannedArena]:
+        """One replayed step: (loss, grad norm before clipping or None, skipped, the step's arena)."""
+        plan = self.plan_for(inputs, targets)
+        np.copyto(plan.inputs, inputs.data if isinstance(inputs, Tensor) else inputs)
+        if plan.targets is not None:
+            np.copyto(plan.targets, targets.data if isinstance(targets, Tensor) else targets)
+        self.flat.ensure_bound()
+        params = self.flat.params()
+        grad_norm = None
+        arena = PlannedArena(plan, name=f"fused step {index} arena")
+        with arena:  # closed before any exception below propagates
+            for p in params:
+                p.grad = None
+            loss = self.loss_fn(self.model(Tensor(plan.inputs)), plan.targets)
+            value = loss.item()
+            if not math.isfinite(value):
+                if on_nonfinite == "raise":
+                    from ..train.report import NonFiniteLossError
+                    raise NonFiniteLossError(
+                        f"loss is {value} at step {index}; the parameters were not updated. Lower the learning "
+                        f"rate or check the batch, or pass on_nonfinite='skip' to skip such steps.")
+                return value, None, True, arena
+            loss.backward()
+            del loss
+            if arena.cursor != len(plan.buffers):
+                raise PlanMismatchError(f"this step used {arena.cursor} buffers but its trace used "
+                                        f"{len(plan.buffers)}; the step's control flow depends on the data")
+            missing = self.flat.missing_grads()
+            if missing:
+                raise PlanMismatchError(f"parameters {missing[:5]} got no gradient in this step but did in its trace")
+            if self.clip_grad_norm is not None:
+                grad_norm = float(clip_grad_norm_(params, self.clip_grad_norm))
+            self.flat.update()
+            if self.scheduler is not None:
+                self.scheduler.step()
+        self.replays += 1
+        return value, grad_norm, False, arena
+
+
+def compile_step(model: Module, loss_fn: Callable, optimizer: Optimizer, example_batch: tuple[Any, Any], *,
+                 scheduler=None, clip_grad_norm: float | None = None, max_plans: int = 4) -> FusedStep:
+    """Trace `model`'s training step on `example_batch` = (inputs, targets); nothing is updated yet.
+
+    The result's `memory_report()` gives the step's memory before step 1; `step(x, y)` trains.
+    """
+    fused = FusedStep(model, loss_fn, optimizer, scheduler=scheduler, clip_grad_norm=clip_grad_norm,
+                      max_plans=max_plans)
+    fused.plan_for(*example_batch)
+    return fused
+
+
+def _rng_states(model: Module) -> list[tuple[np.random.Generator, dict]]:
+    """Every generator the step may draw from (the default one and any a module holds), with its state."""
+    from ..random import default_generator
+
+    gens = {id(default_generator()): default_generator()}
+    for m in model.modules():
+        for value in vars(m).values():
+            if isinstance(value, np.random.Generator):
+                gens[id(value)] = value
+    return [(g, g.bit_generator.state) for g in gens.values()]
+
+
+def _restore_rng(saved: list[tuple[np.random.Generator, dict]]) -> None:
+    for gen, state in saved:
+        gen.bit_generator.state = state
