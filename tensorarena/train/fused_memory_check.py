@@ -1,0 +1,71 @@
+"""Check a fused plan's memory prediction against the process's real RSS growth.
+
+`python -m tensorarena.train.fused_memory_check --model vit-tiny --batch 8` builds the model
+and optimizer, compiles the kernels, takes the RSS baseline, traces the fused step, reads
+`memory_report()` (before any step), trains a few steps and prints one JSON line: the
+prediction, the measured RSS growth over the baseline and their ratio. Run it in a fresh
+process (tests and bench/fused.py do) so the baseline is this model's alone.
+
+The prediction includes the parameters although they exist before the baseline: flattening
+copies them into the plan's flat buffer, and whether NumPy's old per-parameter arrays go
+back to the operating system is up to malloc, so the measured growth lands between
+predicted_peak - params and predicted_peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+
+import numpy as np
+
+VIT_SIZES = {"vit-tiny": "tiny", "vit-small": "small", "vit-base": "base"}
+
+
+def measure(model_name: str, batch: int, image_size: int, steps: int, seed: int = 0) -> dict:
+    from ..compile.step import compile_step
+    from ..kernels.warmup import compile_all
+    from ..memory.meter import peak_rss_bytes, rss_bytes
+    from ..models.vit import ViT, ViTConfig
+    from ..nn.functional import cross_entropy
+    from ..optim import AdamW
+
+    config = getattr(ViTConfig, VIT_SIZES[model_name])(image_size=image_size, num_classes=10)
+    model = ViT(config, rng=np.random.default_rng(seed))
+    optimizer = AdamW(model.parameters(), lr=1e-4)
+    compile_all()  # JIT code and its LLVM memory are not the step's; keep them out of the growth
+    rng = np.random.default_rng(seed + 1)
+    x = rng.standard_normal((batch, 3, image_size, image_size)).astype(config.dtype)
+    y = rng.integers(0, 10, batch)
+    gc.collect()
+    baseline = rss_bytes()
+    start = time.perf_counter()
+    fused = compile_step(model, cross_entropy, optimizer, (x, y))
+    trace_s = time.perf_counter() - start
+    report = fused.memory_report()
+    step_s = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        fused.step(x, y)
+        step_s.append(time.perf_counter() - start)
+    growth = rss_bytes() - baseline
+    return {"model": model_name, "batch": batch, "image_size": image_size, "report": report,
+            "predicted_peak": report["predicted_peak"], "measured_growth": growth,
+            "peak_growth": peak_rss_bytes() - baseline, "ratio": growth / report["predicted_peak"],
+            "trace_s": trace_s, "step_s": step_s}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=sorted(VIT_SIZES), default="vit-tiny")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args(argv)
+    print(json.dumps(measure(args.model, args.batch, args.image_size, args.steps)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,17 @@
+"""The fused plan's memory_report(), made before step 1, against the real RSS growth of a fresh process."""
+
+import json
+import subprocess
+import sys
+
+
+def test_vit_tiny_batch_8_rss_growth_is_within_5_percent_of_the_prediction():
+    out = subprocess.run([sys.executable, "-m", "tensorarena.train.fused_memory_check", "--model", "vit-tiny",
+                          "--batch", "8", "--steps", "3"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    report = result["report"]
+    # The activations' slab is most of it, so matching is not just matching the persistent part.
+    assert report["slab"] > 0.7 * report["predicted_peak"]
+    assert 0.95 <= result["ratio"] <= 1.05, result
+    assert result["peak_growth"] <= 1.05 * result["predicted_peak"], "the trace step went over the prediction"
