@@ -310,33 +310,25 @@ def test_a_real_kill_mid_step_is_detected(tmp_path):
         StreamingRoute.resume(model, optimizer, cross_entropy, tmp_path, scheduler=sched)
 
 
-def _edit_manifest(directory: Path, edit) -> None:
-    path = directory / "manifest.json"
-    manifest = json.loads(path.read_text())
-    edit(manifest)
-    path.write_text(json.dumps(manifest))
-
-
-def test_a_block_marked_writing_or_all_blocks_ahead_are_refused(tmp_path):
-    model, optimizer, sched = _setup()
+def test_a_stage_being_written_or_all_stages_ahead_of_the_manifest_are_refused(tmp_path):
+    model, optimizer, sched = _setup()  # stages: embed, blocks.0, blocks.1, head
     with StreamingRoute.from_memory(model, optimizer, cross_entropy, tmp_path, scheduler=sched) as route:
         route.step(*_batches(1)[0])
-
-    def writing(m):
-        m["stages"][1]["writing"] = 2
-
-    _edit_manifest(tmp_path, writing)
+    assert json.loads((tmp_path / "manifest.json").read_text())["data_step"] == 1
+    journal = tmp_path / "journal.json"
+    # Killed while writing blocks.0 of step 2 (head and blocks.1 already written):
+    journal.write_text(json.dumps({"step": 2, "written": [3, 2], "writing": 1}))
     model, optimizer, sched = _setup()
-    with pytest.raises(StoreError, match=r"interrupted while writing stage\(s\) 'blocks.0' \(step 2\)"):
+    with pytest.raises(StoreError, match=r"interrupted while writing stage 'blocks.0' of step 2"):
         StreamingRoute.resume(model, optimizer, cross_entropy, tmp_path, scheduler=sched)
-
-    def ahead(m):
-        for s in m["stages"]:
-            s["writing"], s["step"] = None, 2
-
-    _edit_manifest(tmp_path, ahead)
+    # Killed after the last stage's write but before the manifest's commit:
+    journal.write_text(json.dumps({"step": 2, "written": [3, 2, 1, 0], "writing": None}))
     with pytest.raises(StoreError, match="very end of step 2"):
         StreamingRoute.resume(model, optimizer, cross_entropy, tmp_path, scheduler=sched)
+    # Killed after the forward pass of step 2, before any write: nothing mixed, resumes at step 1.
+    journal.write_text(json.dumps({"step": 2, "written": [], "writing": None}))
+    with StreamingRoute.resume(model, optimizer, cross_entropy, tmp_path, scheduler=sched) as route:
+        assert route.step_count == 1
 
 
 def test_a_store_of_another_model_or_optimizer_is_refused(tmp_path):

@@ -233,8 +233,6 @@ class StreamingRoute:
                      optimizer={"class": self.kinds.optimizer, "state_arrays": list(self.kinds.arrays),
                                 "state_scalars": list(self.kinds.scalars)},
                      param_groups_of=self._groups_of_params(),
-                     stages=[{"name": s.name, "file": f, "step": step, "writing": None}
-                             for s, f in zip(self.stages, store.files)],
                      **self._progress(step, step))
         # Only now, with the store committed, let go of the in-memory arrays.
         for stage in self.stages:
@@ -242,8 +240,10 @@ class StreamingRoute:
                 self._offload(p)
 
     def _progress(self, step: int, data_step: int) -> dict[str, Any]:
-        """Manifest fields that change every step."""
+        """Manifest fields that change every step; every stage holds the update of `data_step`."""
         return {"step": step, "data_step": data_step,
+                "stages": [{"name": s.name, "file": f, "step": data_step}
+                           for s, f in zip(self.stages, self.store.files)],
                 "param_groups": [_jsonable({k: v for k, v in g.items() if k != "params"})
                                  for g in self.optimizer.param_groups],
                 "scheduler": None if self.scheduler is None else _jsonable(self.scheduler.state_dict()),

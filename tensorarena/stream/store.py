@@ -13,15 +13,20 @@ read just them), then each state kind's arrays, then a (params, scalar kinds) fl
 manifest.json says what the files hold: the model signature (stage names; parameter names,
 shapes, dtypes in order), the optimizer class and its state kinds, the step count, the
 schedule position, RNG states, the optimizer hyperparameters, and per stage the step whose
-update it holds. Crash ordering, for a run killed at any instant (a process kill; pass
-durable=True to also fsync against power loss):
+update it holds. journal.json follows the step in flight: which stage is being written and
+which are done. It is tiny, so rewriting it twice per stage costs O(stages) per step, where
+rewriting the manifest (which grows with the model) would cost O(stages^2).
+
+Crash ordering, for a run killed at any instant (a process kill; pass durable=True to also
+fsync against power loss):
 
   create:  stage files are written, then the manifest appears (no manifest = unfinished)
-  step s:  per stage: manifest marks it "writing s" -> data written -> manifest marks it at s;
-           after the last stage: manifest step = s (with the RNG and schedule of step s)
+  step s:  per stage: journal "writing k" -> stage k's data -> journal "k written";
+           after the last stage: manifest at step s (every stage, RNG, schedule), one rename
 
-so opening a store tells a finished run (every stage at the manifest's step) from an
-interrupted one (a stage marked writing, or stages at different steps), and refuses the
+A journal for a step later than the manifest's says how far that step got, so opening a
+store tells a finished run (no stage of a later step written) from an interrupted one (a
+stage being written, or some stages at step s and the others at s - 1), and refuses the
 latter rather than mixing two steps' weights.
 """
 
@@ -30,11 +35,13 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import math
 import os
 import shutil
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +50,7 @@ import numpy as np
 FORMAT = "tensorarena-stream-store"
 VERSION = 1
 MANIFEST = "manifest.json"
+JOURNAL = "journal.json"
 ALIGN = 64
 
 
@@ -58,9 +66,9 @@ class ArraySpec:
     shape: tuple[int, ...]
     dtype: str
 
-    @property
+    @cached_property  # asked for every view of every load
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
 
 @dataclass(frozen=True)
@@ -144,6 +152,7 @@ class ParamStore:
         self.layouts = [StageLayout(s, spec) for s in spec.stages]
         self.files = [f"stage-{i:04d}.bin" for i in range(len(spec.stages))]
         self.manifest: dict[str, Any] | None = None
+        self._journal: dict[str, Any] = {}
         self.bytes_read = 0
         self.bytes_written = 0
         self._fds: list[int | None] = [None] * len(self.layouts)
@@ -221,7 +230,7 @@ class ParamStore:
                              f"version {manifest.get('version')!r}); point store_dir at a streaming store")
         self._check_signature(manifest)
         self._check_files()
-        self._check_steps(manifest)
+        self._check_steps(manifest, self._read_journal())
         self.manifest = manifest
         return manifest
 
@@ -256,28 +265,42 @@ class ParamStore:
             raise StoreError(f"the streaming store {self.directory} is damaged: " + "; ".join(bad)
                              + ". Delete the directory and resume from a checkpoint (or restart training)")
 
-    def _check_steps(self, manifest: dict[str, Any]) -> None:
-        stages = manifest.get("stages", [])
+    def _read_journal(self) -> dict[str, Any]:
+        try:
+            return json.loads((self.directory / JOURNAL).read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"{self.directory / JOURNAL} cannot be read ({exc}); the store is damaged: delete "
+                             f"{self.directory} and resume from a checkpoint") from exc
+
+    def _check_steps(self, manifest: dict[str, Any], journal: dict[str, Any]) -> None:
+        names = [s["name"] for s in manifest.get("stages", [])]
         data_step = manifest.get("data_step")
-        writing = [f"{s['name']!r} (step {s['writing']})" for s in stages if s.get("writing") is not None]
-        if writing:
-            raise StoreError(
-                f"the streaming store {self.directory} was interrupted while writing stage(s) {', '.join(writing)}: "
-                f"those files hold a mix of two steps. Delete the directory and resume from a checkpoint")
-        at = {}
-        for s in stages:
-            at.setdefault(s.get("step"), []).append(s["name"])
-        if len(at) == 1 and data_step is not None and next(iter(at)) == data_step + 1:
-            raise StoreError(
-                f"the streaming store {self.directory} was killed at the very end of step {data_step + 1}: every "
-                f"stage holds its update but the manifest (step count, RNG and schedule) still says step "
-                f"{data_step}. Delete the directory and resume from a checkpoint")
-        if set(at) != {data_step}:
+        at = {name: s.get("step") for name, s in zip(names, manifest.get("stages", []))}
+        step = journal.get("step")
+        if step is not None and data_step is not None and step > data_step:  # a step that never committed
+            if journal.get("writing") is not None:
+                raise StoreError(
+                    f"the streaming store {self.directory} was interrupted while writing stage "
+                    f"{names[journal['writing']]!r} of step {step}: its file holds a mix of two steps. Delete the "
+                    f"directory and resume from a checkpoint")
+            written = journal.get("written", [])
+            if len(written) == len(names):
+                raise StoreError(
+                    f"the streaming store {self.directory} was killed at the very end of step {step}: every "
+                    f"stage holds its update but the manifest (step count, RNG and schedule) still says step "
+                    f"{data_step}. Delete the directory and resume from a checkpoint")
+            at.update({names[k]: step for k in written})
+        by_step: dict[Any, list[str]] = {}
+        for name, value in at.items():
+            by_step.setdefault(value, []).append(name)
+        if set(by_step) != {data_step}:
             detail = "; ".join(f"step {k}: {', '.join(v[:6])}{' ...' if len(v) > 6 else ''}"
-                               for k, v in sorted(at.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)))
+                               for k, v in sorted(by_step.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)))
             raise StoreError(
                 f"the streaming store {self.directory} is inconsistent: the run was killed in the middle of step "
-                f"{max(k for k in at if k is not None)}, so its stages hold different steps ({detail}; the "
+                f"{max(k for k in by_step if k is not None)}, so its stages hold different steps ({detail}; the "
                 f"manifest's last complete step is {data_step}). Training on it would mix weights of different "
                 f"steps: delete the directory and resume from a checkpoint")
 
@@ -286,7 +309,9 @@ class ParamStore:
         """Start a new store here: drop any manifest and stage files, make empty files of the right sizes."""
         self.drain()
         (self.directory / MANIFEST).unlink(missing_ok=True)  # first: a half-made store must look unfinished
+        (self.directory / JOURNAL).unlink(missing_ok=True)
         self.manifest = None
+        self._journal = {}
         for name in self.leftovers():
             (self.directory / name).unlink()
         free = shutil.disk_usage(self.directory).free
@@ -307,10 +332,14 @@ class ParamStore:
             self._write_manifest()
 
     def _write_manifest(self) -> None:
-        # Caller holds _manifest_lock. Write aside, then rename: a kill leaves the old or the new one.
-        path = self.directory / MANIFEST
-        tmp = self.directory / f".{MANIFEST}.tmp"
-        payload = json.dumps(self.manifest, separators=(",", ":")).encode()
+        # Caller holds _manifest_lock.
+        self._replace(MANIFEST, self.manifest)
+
+    def _replace(self, name: str, content: dict[str, Any]) -> None:
+        """Write `content` as JSON to `name` aside, then rename over it: a kill leaves the old or the new one."""
+        path = self.directory / name
+        tmp = self.directory / f".{name}.tmp"
+        payload = json.dumps(content, separators=(",", ":")).encode()
         with open(tmp, "wb") as f:
             f.write(payload)
             if self.durable:
@@ -320,10 +349,18 @@ class ParamStore:
         if self.durable:
             _fsync_dir(self.directory)
 
-    def _mark(self, index: int, **entry: Any) -> None:
-        with self._manifest_lock:
-            self.manifest["stages"][index].update(entry)
-            self._write_manifest()
+    def _mark(self, step: int, index: int, *, done: bool) -> None:
+        """Journal that stage `index` of `step` is being written (done=False) or is written."""
+        journal = self._journal
+        if journal.get("step") != step:
+            journal.clear()
+            journal.update(step=step, written=[], writing=None)
+        if done:
+            journal["written"].append(index)
+            journal["writing"] = None
+        else:
+            journal["writing"] = index
+        self._replace(JOURNAL, journal)
 
     # -- slots and I/O ------------------------------------------------------------
     def views(self, slot: int, index: int) -> StageViews:
@@ -347,7 +384,7 @@ class ParamStore:
         return self._submit(self._read, index, slot, nbytes)
 
     def write(self, index: int, slot: int, step: int | None) -> Future:
-        """Write stage `index` from `slot` on the I/O thread; `step` marks it in the manifest (None: creating)."""
+        """Write stage `index` from `slot` on the I/O thread; `step` journals it (None: creating, no journal)."""
         return self._submit(self._write, index, slot, step)
 
     def _submit(self, fn, *args) -> Future:
@@ -375,7 +412,7 @@ class ParamStore:
     def _write(self, index: int, slot: int, step: int | None) -> None:
         nbytes = self.layouts[index].total_bytes
         if step is not None:
-            self._mark(index, writing=step)
+            self._mark(step, index, done=False)
         view = memoryview(self.slots[slot])[:nbytes]
         fd, done = self._fd(index), 0
         while done < nbytes:
@@ -384,7 +421,7 @@ class ParamStore:
             os.fsync(fd)
         self.bytes_written += nbytes
         if step is not None:
-            self._mark(index, writing=None, step=step)
+            self._mark(step, index, done=True)
 
     def _fd(self, index: int) -> int:
         fd = self._fds[index]
