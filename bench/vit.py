@@ -1,4 +1,4 @@
-"""ViT training steps, 224x224 images, AdamW: tensorarena eager vs PyTorch eager vs torch.compile.
+"""ViT training steps, 224x224 images, AdamW: tensorarena eager and fused vs PyTorch eager vs torch.compile.
 
     python bench/vit.py [--only tiny|base] [--steps N] [--json out.json]
 
@@ -23,8 +23,11 @@ and the optimizer are not counted):
     attention   L * 3 * (2 * 2 * B*H*T*T*hs)                 q k^T and p v; bwd = 2 x fwd
     patches     4 * B*N * (3*P*P*D)                          no gradient w.r.t. the pixels
     head        6 * B * D*C
-Bars (issue): our eager median step <= 0.9x PyTorch eager, our peak RSS <= PyTorch eager's,
+Bars (issue 3): our eager median step <= 0.9x PyTorch eager, our peak RSS <= PyTorch eager's,
 and ViT-Base batch 1 over 40 steps: our RSS slope < 1 MB/step.
+Bars (issue 4): fused median step <= 0.7x PyTorch eager and <= 1.0x torch.compile, fused peak RSS
+<= 0.8x PyTorch eager's. The fused contender also reports its plan's memory_report() (made before
+step 1) against the RSS growth it measured over the baseline taken before compiling.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ CASES = {
     "tiny": {"title": "ViT-Tiny", "dim": 192, "depth": 12, "heads": 3, "mlp": 768, "batch": 8, "steps": 20},
     "base": {"title": "ViT-Base", "dim": 768, "depth": 12, "heads": 12, "mlp": 3072, "batch": 1, "steps": 40},
 }
-CONTENDERS = ["tensorarena eager", "pytorch eager", "torch.compile"]
+CONTENDERS = ["tensorarena eager", "tensorarena fused", "pytorch eager", "torch.compile"]
 REFERENCE = "pytorch eager"
 CHILD_TIMEOUT_S = 1800
 MB = 1e6
@@ -82,7 +85,7 @@ def _data():
             rng.integers(0, CLASSES, batch).astype(np.int64))
 
 
-def run_ours() -> dict:
+def run_ours(route: str = "eager") -> dict:
     import numpy as np
 
     from tensorarena import optim
@@ -98,9 +101,29 @@ def run_ours() -> dict:
     want = {k: case[k] for k in got}
     if got != want:
         raise SystemExit(f"ViTConfig.{name}() is {got}, the benchmark's FLOP count assumes {want}")
-    trainer = Trainer(model, optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY), cross_entropy)
+    trainer = Trainer(model, optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY), cross_entropy,
+                      route=route)
     x, y = _data()
-    return time_trainer(trainer, x, y, warmup=WARMUP, steps=_steps())
+    if route != "fused":
+        return time_trainer(trainer, x, y, warmup=WARMUP, steps=_steps())
+    from tensorarena.kernels.warmup import compile_all
+    from tensorarena.memory.meter import rss_bytes
+
+    compile_all()
+    baseline = rss_bytes()
+    started = time.perf_counter()
+    report = trainer.compile(x, y).memory_report()
+    trace_s = time.perf_counter() - started
+    result = time_trainer(trainer, x, y, warmup=WARMUP, steps=_steps())
+    result.update(trace_s=trace_s, memory_report=report, predicted_peak_bytes=report["predicted_peak"],
+                  measured_growth_bytes=rss_bytes() - baseline)
+    result["prediction_ratio"] = result["measured_growth_bytes"] / report["predicted_peak"]
+    result["routes"] = sorted({"fused"} if trainer.fused.replays == WARMUP + _steps() else {"NOT all fused"})
+    return result
+
+
+def run_fused() -> dict:
+    return run_ours("fused")
 
 
 def _torch_vit(case: dict):
@@ -247,6 +270,36 @@ def print_table(title: str, results: dict[str, dict], reference: str = REFERENCE
         print(f"torch.compile first step (compiles): {compiled['compile_first_step_s']:.1f} s")
 
 
+def fused_verdict(results: dict[str, dict]) -> dict:
+    """Issue 4's bars for the fused route against PyTorch eager and torch.compile."""
+    fused, eager, compiled = (results.get(k, {}) for k in ("tensorarena fused", REFERENCE, "torch.compile"))
+    if not fused or fused.get("unavailable") or not eager or eager.get("unavailable"):
+        return {"available": False}
+    v = {"step_vs_torch_eager": fused["median_step_s"] / eager["median_step_s"],
+         "rss_vs_torch_eager": fused["peak_rss_bytes"] / eager["peak_rss_bytes"],
+         "prediction_ratio": fused["prediction_ratio"]}
+    v["step_bar_0.7x_met"] = v["step_vs_torch_eager"] <= 0.7
+    v["rss_bar_0.8x_met"] = v["rss_vs_torch_eager"] <= 0.8
+    if compiled and not compiled.get("unavailable"):
+        v["step_vs_torch_compile"] = fused["median_step_s"] / compiled["median_step_s"]
+        v["step_bar_1.0x_compile_met"] = v["step_vs_torch_compile"] <= 1.0
+    return v
+
+
+def print_fused_verdict(v: dict) -> None:
+    if not v.get("available", True):
+        print("fused bars: not evaluated (tensorarena fused or pytorch eager was not run or unavailable)")
+        return
+    met = lambda ok: "met" if ok else "NOT met"  # noqa: E731
+    print(f"fused bar: step {v['step_vs_torch_eager']:.3f}x PyTorch eager (<= 0.7x): {met(v['step_bar_0.7x_met'])}")
+    if "step_vs_torch_compile" in v:
+        print(f"fused bar: step {v['step_vs_torch_compile']:.3f}x torch.compile (<= 1.0x): "
+              f"{met(v['step_bar_1.0x_compile_met'])}")
+    print(f"fused bar: peak RSS {v['rss_vs_torch_eager']:.3f}x PyTorch eager (<= 0.8x): {met(v['rss_bar_0.8x_met'])}")
+    print(f"fused memory: measured RSS growth / memory_report() predicted peak = {v['prediction_ratio']:.3f} "
+          f"(bar 0.95-1.05)")
+
+
 def verdict(results: dict[str, dict], *, slope_bar: bool) -> dict:
     """The issue's bars for our eager route against PyTorch eager."""
     ours, theirs = results.get("tensorarena eager", {}), results.get(REFERENCE, {})
@@ -281,7 +334,8 @@ def machine_note() -> dict:
 
 if __name__ == "__main__":
     if "--child" in sys.argv:
-        child_main({"tensorarena eager": run_ours, "pytorch eager": run_torch, "torch.compile": run_compiled})
+        child_main({"tensorarena eager": run_ours, "tensorarena fused": run_fused, "pytorch eager": run_torch,
+                    "torch.compile": run_compiled})
         sys.exit(0)
     from sgemm_peak import measure_sgemm_peak
 
@@ -307,6 +361,8 @@ if __name__ == "__main__":
         print_table(title, results)
         v = verdict(results, slope_bar=key == "base")
         print_verdict(v)
+        v["fused"] = fused_verdict(results)
+        print_fused_verdict(v["fused"])
         for r in results.values():
             r.pop("step_times_s", None)
         summary["cases"][key] = {"title": title, "steps": steps, "flops_per_step": flops, "results": results,
