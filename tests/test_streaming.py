@@ -372,6 +372,18 @@ def test_an_existing_store_is_not_overwritten_and_a_busy_one_not_shared(tmp_path
     StreamingRoute.from_memory(model, optimizer, cross_entropy, tmp_path, overwrite=True, release=False).close()
     with pytest.raises(StoreError, match="no streaming store"):
         StreamingRoute.resume(model, optimizer, cross_entropy, tmp_path / "empty")
+    (tmp_path / "manifest.json").unlink()  # as if creating the store had been killed
+    with pytest.raises(StoreError, match="creating a store there was interrupted"):
+        StreamingRoute.from_memory(*_setup(schedule=False)[:2], cross_entropy, tmp_path)
+
+
+def test_a_closed_route_keeps_the_parameters_on_disk_until_resumed(tmp_path):
+    model, optimizer, _ = _setup(schedule=False)
+    StreamingRoute.from_memory(model, optimizer, cross_entropy, tmp_path).close()
+    with pytest.raises(StoreError, match="not in memory: a StreamingRoute holds them on disk"):
+        StreamingRoute.from_memory(model, optimizer, cross_entropy, tmp_path / "other")
+    StreamingRoute.resume(model, optimizer, cross_entropy, tmp_path).to_memory()
+    assert np.isfinite(model.head.weight.data).all()
 
 
 def test_an_unwritable_directory_fails_before_step_one(tmp_path):

@@ -215,10 +215,19 @@ class StreamingRoute:
 
     def _move_in(self, step: int, overwrite: bool) -> None:
         store = self.store
-        if (store.has_manifest() or store.leftovers()) and not overwrite:
+        on_disk = [name for s, names in zip(self.stages, self._names) for p, name in zip(s.params, names)
+                   if p._arena is _ON_DISK]
+        if on_disk:
+            raise StoreError(f"the model's parameters ({on_disk[0]}, ...) are not in memory: a StreamingRoute holds "
+                             f"them on disk (closed without to_memory()). Continue that run with "
+                             f"StreamingRoute.resume(...), or bring them back with resume(...).to_memory() first")
+        if store.has_manifest() and not overwrite:
             raise StoreError(f"{store.directory} already holds a streaming store; continue it with "
                              f"StreamingRoute.resume(...), or pass overwrite=True to replace it with the in-memory "
                              f"state (its current contents are lost)")
+        if store.leftovers() and not overwrite:
+            raise StoreError(f"{store.directory} holds stage files but no manifest: creating a store there was "
+                             f"interrupted. Pass overwrite=True (or delete the directory) to start it again")
         store.create()
         for k, stage in enumerate(self.stages):
             views = store.views(0, k)
@@ -256,13 +265,13 @@ class StreamingRoute:
         if manifest.get("param_groups_of") != self._groups_of_params():
             raise StoreError(f"the optimizer's parameter groups differ from the ones the store {where} was trained "
                              f"with; build the optimizer with the same groups (or delete the directory)")
-        saved = manifest["param_groups"]
-        for group, entries in zip(self.optimizer.param_groups, saved):
-            group.update({k: tuple(v) if k == "betas" else v for k, v in entries.items()})
         if (manifest.get("scheduler") is None) != (self.scheduler is None):
             raise StoreError(f"the store {where} was trained {'without' if manifest.get('scheduler') is None else 'with'} "
                              f"an LR scheduler but this route was given "
                              f"{'one' if self.scheduler is not None else 'none'}; pass the same scheduler kind")
+        # Everything checked: now restore (hyperparameters first: the schedule's state refers to them).
+        for group, entries in zip(self.optimizer.param_groups, manifest["param_groups"]):
+            group.update({k: tuple(v) if k == "betas" else v for k, v in entries.items()})
         if self.scheduler is not None:
             self.scheduler.load_state_dict(manifest["scheduler"])
         generators = _generators(self.model)
