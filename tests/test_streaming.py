@@ -97,6 +97,39 @@ def test_streaming_matches_eager_step_for_step(tmp_path, opt, dropout, dtype):
     assert s2.state_dict() == s1.state_dict()
 
 
+def _grouped_adam(model):
+    """Two groups: no weight decay and a lower lr for biases and norms (the usual ViT recipe), AMSGrad on."""
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    rest = [p for p in model.parameters() if p.ndim < 2]
+    return optim.AdamW([{"params": decay}, {"params": rest, "weight_decay": 0.0, "lr": 3e-3}], lr=1e-2, amsgrad=True)
+
+
+@pytest.mark.parametrize("make", [
+    _grouped_adam,
+    lambda m: optim.NAdam(m.parameters(), lr=1e-2),  # an extra per-parameter scalar (mu_product)
+    lambda m: optim.RMSprop(m.parameters(), lr=1e-3, momentum=0.9, centered=True),
+    lambda m: optim.Adagrad(m.parameters(), lr=1e-2, initial_accumulator_value=0.1),  # non-zero state fill
+    lambda m: optim.Lion(m.parameters(), lr=1e-3),
+    lambda m: optim.LAMB(m.parameters(), lr=1e-2),
+], ids=["adamw-2-groups-amsgrad", "nadam", "rmsprop", "adagrad", "lion", "lamb"])
+def test_every_optimizer_and_param_groups_match_eager(tmp_path, make):
+    batches = _batches(6)
+    m1 = ViT(_config(dropout=0.1), rng=np.random.default_rng(0))
+    o1 = make(m1)
+    trainer = Trainer(m1, o1, cross_entropy)
+    eager_losses = [trainer.step(x, y).loss for x, y in batches[:5]]
+    m2 = ViT(_config(dropout=0.1), rng=np.random.default_rng(0))
+    o2 = make(m2)
+    trainer2 = Trainer(m2, o2, cross_entropy)
+    losses = [trainer2.step(x, y).loss for x, y in batches[:2]]  # state exists when it moves in
+    with StreamingRoute.from_memory(m2, o2, cross_entropy, tmp_path, step=2) as route:
+        losses += [route.step(x, y) for x, y in batches[2:5]]
+        route.to_memory()
+    np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=1e-6)
+    assert _max_param_diff(m1, m2) <= 1e-6
+    _assert_same_optimizer_state(o1, o2, m1, m2, 1e-6)
+
+
 def test_clip_grad_norm_runs_two_backward_sweeps_and_matches_eager(tmp_path):
     batches = _batches(10)
     m1, o1, s1 = _setup(dropout=0.1)
@@ -227,7 +260,7 @@ def test_resume_continues_the_same_trajectory(tmp_path):
         losses = [route.step(x, y) for x, y in batches[:6]]
     # A new process would build fresh objects: different init, RNG and schedule position.
     model, optimizer, sched = _setup(dropout=0.1, seed=123)
-    with StreamingRoute(model, optimizer, cross_entropy, tmp_path, scheduler=sched) as route:  # "auto" resumes
+    with StreamingRoute(model, optimizer, cross_entropy, tmp_path, scheduler=sched, durable=True) as route:  # resumes
         assert route.step_count == 6
         losses += [route.step(x, y) for x, y in batches[6:]]
         route.to_memory()
