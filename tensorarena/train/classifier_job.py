@@ -21,8 +21,10 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
     from tqdm import tqdm
 
     optimizer = make_optimizer(args, model.parameters())
+    route = getattr(args, "route", "eager")
     trainer = Trainer(model, optimizer, cross_entropy, scheduler=make_scheduler(args, optimizer),
-                      clip_grad_norm=args.clip or None, on_nonfinite=args.on_nonfinite)
+                      clip_grad_norm=args.clip or None, on_nonfinite=args.on_nonfinite, route=route,
+                      memory_limit=getattr(args, "memory_limit", None), store_dir=getattr(args, "store_dir", None))
     x_train, y_train = train
     loader = BatchLoader(x_train, y_train, min(args.batch_size, len(x_train)), rng=np.random.default_rng(args.seed + 1))
     if args.resume:
@@ -36,6 +38,8 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
     remaining = max(args.steps - trainer.step_count, 0)
     started = time.perf_counter()
     bar = tqdm(total=remaining, disable=args.no_progress, unit="step", file=sys.stderr)
+    if route == "auto" and remaining:  # the choice, and why, before step 1 (shapes are all it needs)
+        print(trainer.plan(x_train[:loader.batch_size], y_train[:loader.batch_size]).format(), file=sys.stderr)
     for _ in range(remaining):
         report = trainer.step(*loader.next())
         reports.append(report)
@@ -50,7 +54,10 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
     first, last = (reports[0], reports[-1]) if reports else (None, None)
     high_waters = [r.arena_high_water for r in reports]
     return {
-        "model": args.model, "route": last.route if last else "eager", "steps": trainer.step_count,
+        "model": args.model, "route": last.route if last else trainer.route, "steps": trainer.step_count,
+        "memory_budget_bytes": trainer.budget.nbytes, "memory_budget_source": trainer.budget.source,
+        "route_plan": trainer.route_plan.format() if trainer.route_plan else None,
+        "route_switches": trainer.route_switches,
         "first_loss": first.loss if first else None, "final_loss": last.loss if last else None,
         "test_loss": held_out["loss"], "test_accuracy": held_out["accuracy"],
         "steps_per_second": remaining / elapsed if elapsed > 0 and remaining else None,

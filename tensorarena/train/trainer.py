@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..memory.arena import Arena
+from ..memory.budget import resolve_budget
 from ..memory.meter import rss_bytes
 from ..memory.pool import BlockPool
 from ..nn.module import Module
@@ -26,7 +27,7 @@ from ..optim.optimizer import Optimizer
 from ..tensor import Tensor
 from .report import NonFiniteLossError, StepReport
 
-ROUTES = ("eager", "fused")
+ROUTES = ("eager", "fused", "streaming", "auto")
 log = logging.getLogger("tensorarena")
 LossFn = Callable[[Tensor, Any], Tensor]
 
@@ -50,11 +51,21 @@ class Trainer:
         on_nonfinite: "raise" (default) raises NonFiniteLossError naming the step before
             any update; "skip" leaves parameters untouched and reports the step as skipped.
         pool: block pool for step arenas (default: the process-wide pool).
+        memory_limit: the memory budget ("2G", bytes); default: the smaller of the cgroup limit and
+            the RAM available, minus a margin (`budget.source` says which). route="auto" picks by it.
+        route="streaming" keeps parameters and optimizer state in files under `store_dir` (a new
+            temporary directory by default) and trains stage by stage (stream/route.py);
+            route="auto" estimates every route before step 1 (`route_plan`, train/route_plan.py)
+            and takes fused if it fits the budget, else streaming.
+        oom_fallback: when an eager or fused step runs out of memory (MemoryError, ArenaOutOfMemory),
+            move the whole training state into the streaming store, redo that step there and go
+            on (logged once, recorded in `route_switches`). A model without stream_stages() re-raises.
     """
 
     def __init__(self, model: Module, optimizer: Optimizer, loss_fn: LossFn, *, scheduler=None,
                  clip_grad_norm: float | None = None, route: str = "eager", on_nonfinite: str = "raise",
-                 pool: BlockPool | None = None, fallback_to_eager: bool = False, max_plans: int = 4) -> None:
+                 pool: BlockPool | None = None, fallback_to_eager: bool = False, max_plans: int = 4,
+                 memory_limit: str | int | None = None, store_dir=None, oom_fallback: bool = True) -> None:
         if route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
         if on_nonfinite not in ("raise", "skip"):
@@ -75,6 +86,94 @@ class Trainer:
         self.fallback_reason: str | None = None
         self.max_plans = max_plans
         self.fused = None  # the FusedStep, built at the first fused step (it needs a batch to trace)
+        self.budget = resolve_budget(memory_limit)
+        self.store_dir = store_dir
+        self.oom_fallback = oom_fallback
+        self.route_plan = None  # RoutePlan from plan(): every route's estimate and the choice
+        self.stream = None  # the StreamingRoute once training streams
+        self.route_switches: list[dict] = []  # out-of-memory fallbacks: step, from, to, error
+
+    # -- routes ------------------------------------------------------------------------
+    def plan(self, inputs: Any, targets: Any, routes: tuple[str, ...] = ("fused", "streaming")):
+        """Estimate the routes for this batch against the budget (before step 1); returns the RoutePlan."""
+        from .route_plan import plan_routes
+
+        self.route_plan = plan_routes(self.model, self.optimizer, self.loss_fn, inputs, targets, self.budget,
+                                      routes=routes)
+        return self.route_plan
+
+    def _choose_route(self, inputs: Any, targets: Any) -> None:
+        plan = self.route_plan or self.plan(inputs, targets)  # plan() may have run before step 1 already
+        if plan.chosen is None:
+            raise MemoryError(f"no training route fits before step 1: {plan.reason}\n{plan.format()}")
+        self.route = plan.chosen
+        log.info("route auto -> %s: %s", plan.chosen, plan.reason)
+
+    def _start_streaming(self, *, redo_after_oom: bool = False) -> None:
+        import tempfile
+
+        from ..stream.route import StreamingRoute
+
+        if self.store_dir is None:
+            self.store_dir = tempfile.mkdtemp(prefix="tensorarena-store-")
+            log.info("streaming store: %s", self.store_dir)
+        start = "memory" if redo_after_oom else "auto"
+        self.stream = StreamingRoute(self.model, self.optimizer, self.loss_fn, self.store_dir,
+                                     scheduler=self.scheduler, clip_grad_norm=self.clip_grad_norm,
+                                     on_nonfinite=self.on_nonfinite, start=start, step=self.step_count,
+                                     overwrite=redo_after_oom, pool=self.pool)
+        self.step_count = self.stream.step_count
+        self.fused = None  # its flat buffers and slab held the state the store now has; let them go
+        self.route = "streaming"
+
+    def _streaming_step(self, inputs: Any, targets: Any) -> StepReport:
+        if self.stream is None:
+            self._start_streaming()
+        try:
+            self.stream.step(inputs, targets)
+        except MemoryError as err:
+            need = self._streaming_minimum(inputs, targets)
+            raise MemoryError(f"the streaming route ran out of memory too at step {self.step_count + 1} ({err}); "
+                              f"it needs at least {need} for this model and batch. Raise the memory limit or "
+                              f"lower the batch size") from err
+        stats = self.stream.last_stats
+        self.step_count = self.stream.step_count
+        return StepReport(step=self.step_count, loss=stats.loss, route="streaming", seconds=stats.seconds,
+                          arena_high_water=stats.arena_high_water, rss=rss_bytes(), lr=stats.lr,
+                          grad_norm=stats.grad_norm, skipped=stats.skipped)
+
+    def _streaming_minimum(self, inputs: Any, targets: Any) -> str:
+        from ..memory.meter import format_bytes
+        from .route_plan import persistent_bytes
+
+        try:
+            from ..stream.route import StreamingRoute
+
+            stream = StreamingRoute.estimate(self.model, self.optimizer)
+            x = np.asarray(inputs.data if isinstance(inputs, Tensor) else inputs)
+            return (f"{format_bytes(stream['resident_bytes'] + x.nbytes)} for its store buffers and inputs "
+                    f"plus one stage's activations (see Trainer.plan)")
+        except Exception:  # noqa: BLE001 - the estimate is only a hint inside an error message
+            return f"more than the {format_bytes(persistent_bytes(self.optimizer)['params'])} of parameters"
+
+    def _switch_after_oom(self, err: MemoryError, index: int, rng_snapshot) -> None:
+        from ..compile.step import _restore_rng
+        from ..stream.stages import StreamingUnsupportedError
+
+        source = self.route
+        if not callable(getattr(self.model, "stream_stages", None)):
+            raise MemoryError(f"step {index} on the {source} route ran out of memory ({err}); the streaming "
+                              f"fallback needs a model with stream_stages(), which {type(self.model).__name__} "
+                              f"does not have. Lower the batch size or raise the memory limit") from err
+        _restore_rng(rng_snapshot)  # the redo must draw the same dropout masks as the failed step
+        try:
+            self._start_streaming(redo_after_oom=True)
+        except StreamingUnsupportedError as exc:
+            raise MemoryError(f"step {index} ran out of memory ({err}) and the streaming fallback is not "
+                              f"possible: {exc}") from err
+        self.route_switches.append({"step": index, "from": source, "to": "streaming", "error": str(err)})
+        log.warning("step %d ran out of memory on the %s route (%s); the training state moved to the streaming "
+                    "store %s and training goes on there", index, source, err, self.store_dir)
 
     def compile(self, inputs: Any, targets: Any):
         """Trace the fused step for this batch signature now (before step 1); returns the FusedStep.
@@ -91,10 +190,26 @@ class Trainer:
 
     def step(self, inputs: Any, targets: Any) -> StepReport:
         """One training step on a batch; returns its report."""
-        if self.route == "fused":
-            report = self._fused_step(inputs, targets)
-            if report is not None:
-                return report
+        from ..compile.step import _rng_states
+
+        if self.route == "auto":
+            self._choose_route(inputs, targets)
+        if self.route == "streaming":
+            return self._streaming_step(inputs, targets)
+        rng_snapshot = _rng_states(self.model) if self.oom_fallback else None
+        try:
+            if self.route == "fused":
+                report = self._fused_step(inputs, targets)
+                if report is not None:
+                    return report
+            return self._eager_step(inputs, targets)
+        except MemoryError as err:  # ArenaOutOfMemory too; the step arena is already closed
+            if not self.oom_fallback:
+                raise
+            self._switch_after_oom(err, self.step_count + 1, rng_snapshot)
+        return self._streaming_step(inputs, targets)
+
+    def _eager_step(self, inputs: Any, targets: Any) -> StepReport:
         start = time.perf_counter()
         index = self.step_count + 1
         self.model.train()
@@ -162,7 +277,7 @@ class Trainer:
             for begin in range(0, len(inputs), batch_size):
                 with Arena(pool=self.pool, name="eval arena"):
                     xb, yb = inputs[begin:begin + batch_size], targets[begin:begin + batch_size]
-                    out = self.model(Tensor(xb))
+                    out = Tensor(self.stream.predict(xb)) if self.stream is not None else self.model(Tensor(xb))
                     total_loss += self.loss_fn(out, yb).item() * len(xb)
                     correct += int((out.data.argmax(axis=-1) == yb).sum())
         self.model.train()

@@ -1,0 +1,268 @@
+"""How much memory each training route needs for a model, batch and optimizer, and which one to take.
+
+Persistent bytes are exact, from the parameter shapes and the optimizer's declared state
+(`state_init` / `scalar_state_init`). Activations come from tracing: for a model with
+`stream_stages()` each stage is traced on its own at the real batch size (so estimating never
+needs more memory than one stage: a model that does not fit can still be planned), identical
+stages once; otherwise the whole step is traced. From the traced buffers:
+
+- eager: every allocation of the step stays until the step ends (the arena bump-allocates),
+  so its activations are the sum of all buffers;
+- fused: buffers share the slab by liveness. From whole-step traces this is the planned slab;
+  from stage traces it is everything the forward keeps alive, stage by stage, plus the largest
+  extra a stage's backward needs on top;
+- streaming: the route's resident buffers (two slots of the largest stage's parameters and
+  state, one stage's gradients; stream.StreamingRoute.estimate), the largest stage's traced
+  slab, and one boundary activation per stage.
+
+`plan_routes` compares each total, added to what the process holds besides the parameters, with
+the budget and picks fused if it fits, else streaming (eager when asked and it fits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..compile.planner import BufferSpec, plan_memory
+from ..compile.trace import TracingArena
+from ..memory.budget import MemoryBudget
+from ..memory.meter import format_bytes, rss_bytes
+from ..nn.module import Module
+from ..optim.optimizer import Optimizer
+from ..tensor import Tensor
+
+ROUTE_ORDER = ("fused", "eager", "streaming")
+
+
+@dataclass
+class RouteEstimate:
+    """Bytes one route needs, by part, and whether it fits the budget."""
+
+    route: str
+    parts: dict[str, int]
+    total: int
+    required: int  # total + what the process holds besides the parameters
+    fits: bool
+    note: str = ""
+
+
+@dataclass
+class RoutePlan:
+    """Every route's estimate, the budget, the chosen route and why."""
+
+    budget: MemoryBudget
+    estimates: dict[str, RouteEstimate]
+    chosen: str | None
+    reason: str
+    process_other_bytes: int
+    activation_source: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def format(self) -> str:
+        parts = sorted({k for e in self.estimates.values() for k in e.parts}, key=_part_order)
+        routes = [r for r in ROUTE_ORDER if r in self.estimates]
+        width = 14
+        lines = [f"memory budget {format_bytes(self.budget.nbytes)} ({self.budget.source}"
+                 + (f", after a {format_bytes(self.budget.margin)} margin)" if self.budget.margin else ")"),
+                 f"activations: {self.activation_source}",
+                 f"{'':<26}" + "".join(f"{r:>{width}}" for r in routes)]
+        for part in parts:
+            lines.append(f"{part:<26}" + "".join(
+                f"{format_bytes(self.estimates[r].parts[part]) if part in self.estimates[r].parts else '-':>{width}}"
+                for r in routes))
+        lines.append(f"{'route total':<26}" + "".join(f"{format_bytes(self.estimates[r].total):>{width}}"
+                                                      for r in routes))
+        lines.append(f"{'+ process, not params':<26}" + "".join(
+            f"{format_bytes(self.process_other_bytes):>{width}}" for _ in routes))
+        lines.append(f"{'= needs':<26}" + "".join(f"{format_bytes(self.estimates[r].required):>{width}}"
+                                                  for r in routes))
+        lines.append(f"{'fits':<26}" + "".join(f"{'yes' if self.estimates[r].fits else 'NO':>{width}}"
+                                               for r in routes))
+        lines.append(f"chosen: {self.chosen or 'none'} ({self.reason})")
+        return "\n".join(lines)
+
+
+def _part_order(name: str) -> tuple:
+    order = ["params", "grads", "optimizer", "inputs", "activations", "stream buffers", "boundary activations"]
+    for i, prefix in enumerate(order):
+        if name.startswith(prefix):
+            return (i, name)
+    return (len(order), name)
+
+
+# -- persistent memory ---------------------------------------------------------------------------
+
+def persistent_bytes(optimizer: Optimizer) -> dict[str, int]:
+    """Parameters, their gradients and the optimizer's state by kind, from shapes alone."""
+    out = {"params": 0, "grads": 0}
+    for group in optimizer.param_groups:
+        # _data, not data: a streamed parameter's memory is on disk, its placeholder keeps shape and dtype
+        size = sum(int(np.prod(p._data.shape)) * p._data.dtype.itemsize for p in group["params"])
+        out["params"] += size
+        out["grads"] += size
+        for kind in optimizer.state_init(group):
+            out[f"optimizer {kind}"] = out.get(f"optimizer {kind}", 0) + size
+        scalars = 1 + len(optimizer.scalar_state_init(group))
+        out["optimizer scalars"] = out.get("optimizer scalars", 0) + 8 * scalars * len(group["params"])
+    return out
+
+
+# -- traced activations ----------------------------------------------------------------------------
+
+@dataclass
+class TracedStage:
+    """What tracing one stage (or the whole step) found."""
+
+    forward_live: int  # bytes the forward leaves alive: saved for backward, plus its output
+    allocated: int  # every byte the stage's forward and backward allocate (the eager arena's share)
+    slab: int  # the stage's own liveness plan (its peak)
+    output_bytes: int
+
+
+def _trace(run: Callable[[], Any], params: list[Tensor], model: Module) -> tuple[TracedStage, Any]:
+    """Run `run` (forward then backward) under a TracingArena; restore grads and RNG after."""
+    from ..compile.step import _restore_rng, _rng_states
+
+    saved_grads = [(p, p.grad, p._grad_buffer) for p in params]
+    rng = _rng_states(model)
+    tracer = TracingArena(name="route estimate tracing arena")
+    marks: dict[str, int] = {}
+    try:
+        with tracer:
+            for p in params:
+                p.grad = None
+            result = run(lambda: marks.setdefault("forward_end", len(tracer.buffers)))
+        buffers = tracer.finish()
+    finally:
+        _restore_rng(rng)
+        for p, grad, buf in saved_grads:
+            p.grad, p._grad_buffer = grad, buf
+    n = len(buffers)
+    end = marks.get("forward_end", n)
+    live = sum(b.nbytes for b in buffers[:end] if b.death is None or b.death > end)
+    specs = [BufferSpec(str(b.index), b.nbytes, b.index, n - 1 if b.death is None else max(b.index, b.death - 1))
+             for b in buffers]
+    slab = plan_memory(specs).slab_bytes if specs else 0
+    return TracedStage(live, sum(b.nbytes for b in buffers), slab, result[1]), result[0]
+
+
+def trace_stages(model: Module, loss_fn: Callable, inputs: np.ndarray, targets: Any) -> list[TracedStage]:
+    """Each stage of `model.stream_stages()` traced once at this batch (identical stages share one trace)."""
+    from ..stream.stages import model_stages
+
+    stages = model_stages(model)
+    model.train()
+    cache: dict[tuple, tuple[TracedStage, tuple, np.dtype]] = {}
+    x = np.zeros(inputs.shape, inputs.dtype)
+    out_stats = []
+    for i, stage in enumerate(stages):
+        last = i == len(stages) - 1
+        owner = getattr(stage.forward, "__self__", stage.forward)
+        key = (type(owner).__name__, tuple((p.shape, p.dtype.str) for p in stage.params), x.shape, x.dtype.str, last)
+        if key in cache and not last:
+            stats, shape, dtype = cache[key]
+            out_stats.append(stats)
+            x = np.zeros(shape, dtype)
+            continue
+
+        def run(mark, stage=stage, x=x, first=(i == 0), last=last):
+            inp = Tensor(x, requires_grad=not first and np.dtype(x.dtype).kind == "f")
+            out = stage.forward(inp)
+            mark()
+            if last:
+                loss_fn(out, targets).backward()
+            elif out.requires_grad:
+                out.backward(np.ones(out.shape, out.dtype))
+            return np.zeros(out.shape, out.dtype), out.data.nbytes
+
+        stats, nxt = _trace(run, list(stage.params), model)
+        cache[key] = (stats, nxt.shape, nxt.dtype)
+        out_stats.append(stats)
+        x = nxt
+    return out_stats
+
+
+def trace_whole(model: Module, loss_fn: Callable, inputs: np.ndarray, targets: Any) -> TracedStage:
+    """The whole step traced once (models without stages)."""
+    model.train()
+
+    def run(mark):
+        out = model(Tensor(np.zeros(inputs.shape, inputs.dtype)))
+        mark()
+        loss_fn(out, targets).backward()
+        return None, 0
+
+    return _trace(run, [p for p in model.parameters()], model)[0]
+
+
+# -- the plan ---------------------------------------------------------------------------------------
+
+def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: Any, targets: Any,
+                budget: MemoryBudget, *, routes: tuple[str, ...] = ("fused", "streaming"),
+                process_other_bytes: int | None = None) -> RoutePlan:
+    """Estimate each route in `routes` for this batch and pick the first that fits (see module docstring)."""
+    x = np.asarray(inputs.data if isinstance(inputs, Tensor) else inputs)
+    y = None if targets is None else np.asarray(targets.data if isinstance(targets, Tensor) else targets)
+    persistent = persistent_bytes(optimizer)
+    inputs_bytes = x.nbytes + (y.nbytes if y is not None else 0)
+    has_stages = callable(getattr(model, "stream_stages", None))
+    details: dict[str, Any] = {}
+    if has_stages:
+        traced = trace_stages(model, loss_fn, x, y)
+        source = f"traced stage by stage at batch {x.shape[0] if x.ndim else 1} ({len(traced)} stages)"
+        forward_live = sum(s.forward_live for s in traced)
+        fused_act = forward_live + max(s.slab - s.forward_live for s in traced)
+        eager_act = sum(s.allocated for s in traced)
+        details["stages"] = [vars(s) for s in traced]
+    else:
+        whole = trace_whole(model, loss_fn, x, y)
+        source = f"traced whole step at batch {x.shape[0] if x.ndim else 1}"
+        fused_act, eager_act = whole.slab, whole.allocated
+        traced = [whole]
+    if process_other_bytes is None:
+        # Measured after tracing: the kernels are compiled (or loaded from the cache) by now, and
+        # that code is part of what the process holds whatever the route.
+        process_other_bytes = max(0, rss_bytes() - persistent["params"])
+    estimates: dict[str, RouteEstimate] = {}
+
+    def add(route: str, parts: dict[str, int], note: str = "") -> None:
+        total = sum(parts.values())
+        required = total + process_other_bytes
+        estimates[route] = RouteEstimate(route, parts, total, required, required <= budget.nbytes, note)
+
+    base = dict(persistent, inputs=inputs_bytes)
+    if "fused" in routes:
+        add("fused", dict(base, **{"activations (slab)": fused_act}))
+    if "eager" in routes:
+        add("eager", dict(base, **{"activations (arena)": eager_act}))
+    if "streaming" in routes:
+        if has_stages:
+            from ..stream.route import StreamingRoute
+
+            stream = StreamingRoute.estimate(model, optimizer)
+            add("streaming", {"inputs": inputs_bytes, "stream buffers": stream["resident_bytes"],
+                              "activations (one stage)": max(s.slab for s in traced),
+                              "boundary activations": sum(s.output_bytes for s in traced)},
+                note=f"{stream['stages']} stages, largest {stream['largest_stage']}; "
+                     f"{format_bytes(stream['disk_bytes'])} on disk")
+            details["streaming"] = stream
+    chosen, reason = None, ""
+    for route in routes:
+        est = estimates.get(route)
+        if est is not None and est.fits:
+            chosen = route
+            reason = (f"{route} needs {format_bytes(est.required)} of {format_bytes(budget.nbytes)}"
+                      + ("" if route == routes[0] else
+                         f"; {', '.join(r for r in routes[:routes.index(route)] if r in estimates)} would need "
+                         + ", ".join(format_bytes(estimates[r].required) for r in routes[:routes.index(route)]
+                                     if r in estimates)))
+            break
+    if chosen is None:
+        smallest = min(estimates.values(), key=lambda e: e.required)
+        reason = (f"nothing fits: the smallest, {smallest.route}, needs {format_bytes(smallest.required)} but the "
+                  f"budget is {format_bytes(budget.nbytes)} ({budget.source}); raise the limit to at least "
+                  f"{format_bytes(smallest.required + budget.margin)} or lower the batch size")
+    return RoutePlan(budget, estimates, chosen, reason, process_other_bytes, source, details)

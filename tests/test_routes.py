@@ -1,0 +1,174 @@
+"""Choosing a route by memory budget, and the out-of-memory fallback to streaming with nothing lost."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+import tensorarena as ta
+from tensorarena import optim
+from tensorarena.cli import main
+from tensorarena.compile import compile_step
+from tensorarena.memory.budget import MemoryBudget
+from tensorarena.models import MLP, MLPConfig
+from tensorarena.nn.functional import cross_entropy
+from tensorarena.train.route_plan import plan_routes
+from tensorarena.train.trainer import Trainer
+from tests.test_fused import _batches, _vit
+
+MiB = 1 << 20
+
+
+def _trainer(route, *, seed=0, dim=32, depth=2, steps=12, **kw):
+    model = _vit(seed=seed, dim=dim, depth=depth)
+    opt = optim.AdamW(model.parameters(), lr=3e-3)
+    sched = optim.lr_scheduler.warmup_cosine(opt, warmup_steps=3, total_steps=steps)
+    return model, Trainer(model, opt, cross_entropy, scheduler=sched, route=route, **kw)
+
+
+# -- estimates ------------------------------------------------------------------------------------
+
+def test_stage_by_stage_estimates_match_the_real_routes():
+    model = _vit(dim=64, depth=4)
+    opt = optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = _batches(1, batch=16)[0]
+    plan = plan_routes(model, opt, cross_entropy, x, y, MemoryBudget(1 << 34, "test"),
+                       routes=("fused", "eager", "streaming"))
+    fused = plan.estimates["fused"].parts
+    eager = plan.estimates["eager"].parts
+    assert fused["params"] == fused["grads"] == fused["optimizer exp_avg"] == sum(p.data.nbytes for p in model.parameters())
+    real_plan = compile_step(model, cross_entropy, opt, (x, y)).plan
+    # Stage traces approximate the whole step's liveness; the bar is a few percent.
+    assert abs(fused["activations (slab)"] - real_plan.memory.slab_bytes) <= 0.03 * real_plan.memory.slab_bytes
+    model2 = _vit(dim=64, depth=4)
+    report = Trainer(model2, optim.AdamW(model2.parameters(), lr=1e-3), cross_entropy).step(x, y)
+    # The eager arena keeps every byte of the step: the traced sum, up to 64-byte alignment per buffer.
+    assert 0 <= report.arena_high_water - eager["activations (arena)"] <= 64 * 2000
+    assert plan.estimates["streaming"].total < plan.estimates["fused"].total < plan.estimates["eager"].total
+
+
+def test_auto_takes_fused_when_it_fits_and_says_why():
+    model, trainer = _trainer("auto", memory_limit="8G")
+    reports = [trainer.step(*b) for b in _batches(3)]
+    assert {r.route for r in reports} == {"fused"} and trainer.route == "fused"
+    assert trainer.route_plan.chosen == "fused" and "fused needs" in trainer.route_plan.reason
+    assert trainer.budget.source == "set by the user"
+
+
+def test_auto_streams_when_fused_does_not_fit(tmp_path):
+    x, y = _batches(1, batch=32)[0]
+    _, probe = _trainer("auto", dim=64, depth=4, memory_limit="8G")
+    plan = probe.plan(x, y)
+    fused, stream = plan.estimates["fused"].required, plan.estimates["streaming"].required
+    assert fused - stream > 8 * MiB  # a budget between them must tell them apart
+    limit = (fused + stream) // 2
+    model, trainer = _trainer("auto", dim=64, depth=4, memory_limit=limit, store_dir=tmp_path / "store")
+    reports = [trainer.step(x, y) for _ in range(3)]
+    assert {r.route for r in reports} == {"streaming"}
+    assert "fused would need" in trainer.route_plan.reason
+    assert reports[-1].loss < reports[0].loss
+
+
+def test_a_limit_below_the_streaming_minimum_fails_before_step_1():
+    model, trainer = _trainer("auto", memory_limit="1M")
+    before = [p.numpy() for p in model.parameters()]
+    with pytest.raises(MemoryError, match=r"nothing fits: the smallest, streaming, needs .* raise the limit to at least"):
+        trainer.step(*_batches(1)[0])
+    assert trainer.step_count == 0
+    assert all(np.array_equal(p.data, b) for p, b in zip(model.parameters(), before))
+
+
+# -- out-of-memory fallback ---------------------------------------------------------------------------
+
+def _inject_oom(model, trainer, at_step):
+    """Make the second block raise ArenaOutOfMemory during step `at_step` (only off the streaming route)."""
+    block = model.blocks[1]
+    real = block.forward
+
+    def forward(*args, **kw):
+        if trainer.step_count + 1 == at_step and trainer.route != "streaming":
+            raise ta.ArenaOutOfMemory(64 * MiB, 32 * MiB, 30 * MiB, 0)
+        return real(*args, **kw)
+
+    block.forward = forward
+
+
+@pytest.mark.parametrize("route", ["eager", "fused"])
+def test_out_of_memory_moves_to_streaming_once_and_loses_nothing(route, tmp_path, caplog):
+    at = int(np.random.default_rng().integers(2, 10))  # a random step: the trajectory must not care
+    batches = _batches(4)
+    _, straight = _trainer(route)
+    expected = [straight.step(*batches[i % 4]).loss for i in range(12)]
+    model, trainer = _trainer(route, store_dir=tmp_path / "store")
+    _inject_oom(model, trainer, at)
+    with caplog.at_level(logging.WARNING, logger="tensorarena"):
+        reports = [trainer.step(*batches[i % 4]) for i in range(12)]
+    assert [r.route for r in reports] == [route] * (at - 1) + ["streaming"] * (13 - at), f"fault at step {at}"
+    assert [s["step"] for s in trainer.route_switches] == [at]
+    assert sum("ran out of memory" in r.message for r in caplog.records) == 1
+    np.testing.assert_allclose([r.loss for r in reports], expected, rtol=1e-6, atol=1e-6)
+    assert [r.step for r in reports] == list(range(1, 13))
+
+
+def test_the_same_check_catches_a_fallback_that_loses_the_failed_steps_rng(tmp_path, monkeypatch):
+    # Proof the trajectory check can fail: without restoring the RNG of the failed step, dropout
+    # draws different masks on the redo and the losses part from the uninterrupted run.
+    from tensorarena.compile import step as compiled
+
+    def make(route, **kw):
+        model = _vit()
+        model.blocks[0].attn.dropout = 0.0
+        model.pos_drop.p = 0.3
+        opt = optim.AdamW(model.parameters(), lr=3e-3)
+        return model, Trainer(model, opt, cross_entropy, route=route, **kw)
+
+    batches = _batches(4)
+    _, straight = make("eager")
+    expected = [straight.step(*batches[i % 4]).loss for i in range(6)]
+    monkeypatch.setattr(compiled, "_restore_rng", lambda saved: None)
+    model, trainer = make("eager", store_dir=tmp_path / "store")
+    _inject_oom(model, trainer, 3)
+    losses = [trainer.step(*batches[i % 4]).loss for i in range(6)]
+    assert not np.allclose(losses, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_a_second_out_of_memory_on_streaming_names_the_minimum(tmp_path):
+    model, trainer = _trainer("eager", store_dir=tmp_path / "store")
+    block = model.blocks[0]
+
+    def forward(*args, **kw):
+        raise MemoryError("injected")
+
+    block.forward = forward
+    with pytest.raises(MemoryError, match=r"streaming route ran out of memory too at step 1.*needs at least"):
+        trainer.step(*_batches(1)[0])
+    assert len(trainer.route_switches) == 1
+
+
+def test_out_of_memory_without_stages_is_re_raised_clearly():
+    model = MLP(MLPConfig(in_features=12, hidden=(16,), out_features=4), rng=np.random.default_rng(0))
+    trainer = Trainer(model, optim.SGD(model.parameters(), lr=0.1), cross_entropy)
+    before = [p.numpy() for p in model.parameters()]
+
+    def forward(*args, **kw):
+        raise ta.ArenaOutOfMemory(8 * MiB, 4 * MiB, 4 * MiB, 0)
+
+    model.forward = forward
+    with pytest.raises(MemoryError, match="stream_stages"):
+        trainer.step(np.zeros((4, 12), np.float32), np.zeros(4, np.int64))
+    assert all(np.array_equal(p.data, b) for p, b in zip(model.parameters(), before))
+
+
+# -- the command line -----------------------------------------------------------------------------------
+
+def test_plan_command_prints_the_table_the_choice_and_why(capsys):
+    main(["plan", "--model", "vit-tiny", "--batch", "2", "--image-size", "32", "--memory-limit", "4G"])
+    out = capsys.readouterr().out
+    assert "memory budget 4.00 GiB (set by the user)" in out
+    for word in ("fused", "eager", "streaming", "activations (slab)", "stream buffers", "fits"):
+        assert word in out
+    assert "chosen by route=auto: fused" in out or "chosen: fused" in out
+    main(["plan", "--model", "vit-tiny", "--batch", "2", "--image-size", "32", "--memory-limit", "100M"])
+    assert "NO" in capsys.readouterr().out
