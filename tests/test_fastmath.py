@@ -1,4 +1,4 @@
-"""kernels.fastmath: vectorisable exp, erf, erfc and normal CDF/density.
+"""kernels.fastmath (vectorisable exp, erf, erfc, normal CDF/density) and the fused GELU that uses it.
 
 Bars, measured over dense grids that include the extremes (float32 "ulp" is the spacing of the
 float64 truth rounded to float32; results below the flush threshold, ~1.5x the smallest normal,
@@ -6,7 +6,11 @@ must be exactly 0):
   float32  exp <= 2 ulp (measured 1.04), erf <= 2 ulp (1.34), erfc and Phi <= 6 ulp (4.5, 4.7),
            phi <= 3 ulp (2.0);
   float64  exp, erf, erfc, Phi, phi <= 1e-14 relative (measured <= 6e-16).
-The loops that use them are checked to compile to packed (ymm/zmm) code with no libm call.
+The fused kernels compute in their input's precision; against their float64 NumPy twins they
+must agree within 2e-6 relative + 5e-7 absolute (float32; ~8 ulp at O(1) values) and 1e-14
+relative + 2e-15 absolute (float64), and the exact GELU must match mpmath to 8 float32 ulps /
+1e-14 relative down its lower tail, where the references' 1 + erf cancels. The kernels are also
+checked to compile to packed (ymm/zmm) loops with no libm call and no gather.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ import numba
 import numpy as np
 import pytest
 
+from tensorarena import kernels
 from tensorarena.kernels import fastmath as fm
+from tensorarena.kernels import gelu
 
 JIT = dict(error_model="numpy", fastmath={"contract"})  # the kernels' own flags
 F32_ULPS = {"exp": 2.0, "erf": 2.0, "erfc": 6.0, "ndtr": 6.0, "pdf": 3.0}
@@ -194,6 +200,68 @@ def test_generic_names_promote_integers_and_refuse_python_calls():
         fm.exp(1.0)
 
 
+# ---------------------------------------------------------------- fused GELU and softmax vs the reference twins
+
+# float32: 5e-7 is ~8 ulp at O(1) values (gelu' crosses zero near -0.75, so no relative bar there);
+# 2e-6 relative covers float32 exp's argument amplification in the tanh form's left tail
+# (exp(-2u) at -2u ~ 17: 17 x 6e-8). float64: the reference's own 1 + erf(x / sqrt2) cancels in
+# the lower tail to ~1e-16 absolute (the fused twin does not: see the mpmath test below).
+GELU_TOL = {np.float32: dict(rtol=2e-6, atol=5e-7), np.float64: dict(rtol=F64_REL, atol=2e-15)}
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_fused_matches_reference_densely(dt, approximate):
+    x = np.concatenate([np.linspace(-45.0, 45.0, 300_001), np.geomspace(1e-30, 1.0, 2001),
+                        -np.geomspace(1e-30, 1.0, 2001)]).astype(dt)
+    g = np.ones_like(x)
+    outs = {}
+    for impl in ("reference", "fused"):
+        y, dy = np.empty_like(x), np.empty_like(x)
+        kernels.kernel("gelu_forward", impl)(x, y, approximate)
+        kernels.kernel("gelu_backward", impl)(x, g, dy, approximate)
+        outs[impl] = y, dy
+    with np.errstate(under="ignore"):
+        for ref, fus, what in zip(outs["reference"], outs["fused"], ("forward", "backward")):
+            np.testing.assert_allclose(fus, ref, **GELU_TOL[dt], err_msg=f"{what}, {approximate}")
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_bias_gelu_fused_matches_reference(dt, approximate):
+    rng = np.random.default_rng(7)
+    x, b, g = (rng.standard_normal(s).astype(dt) * 3 for s in ((67, 96), (96,), (67, 96)))
+    outs = {}
+    for impl in ("reference", "fused"):
+        pre, y, dx, db = np.empty_like(x), np.empty_like(x), np.empty_like(x), np.empty_like(b)
+        kernels.kernel("bias_gelu_forward", impl)(x, b, pre, y, approximate)
+        kernels.kernel("bias_gelu_backward", impl)(pre, g, dx, db, approximate)
+        outs[impl] = pre, y, dx, db
+    with np.errstate(under="ignore"):
+        for ref, fus in zip(outs["reference"][:3], outs["fused"][:3]):
+            np.testing.assert_allclose(fus, ref, **GELU_TOL[dt])
+        # dbias: 67 terms of size ~3, each within the bar above
+        np.testing.assert_allclose(outs["fused"][3], outs["reference"][3], rtol=GELU_TOL[dt]["rtol"],
+                                   atol=67 * 3 * GELU_TOL[dt]["atol"])
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_gelu_lower_tail_keeps_relative_accuracy(dt):
+    # gelu(x) = x Phi(x) through erfc: no 1 + erf cancellation, so tiny outputs stay accurate
+    # (an erf with 3e-7 absolute error gave 1e-4 relative at x = -3 and failed the ViT parity test).
+    x = -np.geomspace(0.5, 12.5 if dt == np.float32 else 37.0, 400).astype(dt)
+    y, dy = np.empty_like(x), np.empty_like(x)
+    kernels.kernel("gelu_forward", "fused")(x, y, "none")
+    kernels.kernel("gelu_backward", "fused")(x, np.ones_like(x), dy, "none")
+    xs = [mpmath.mpf(float(v)) for v in x]
+    truth = np.array([float(v * mpmath.ncdf(v)) for v in xs])
+    dtruth = np.array([float(mpmath.ncdf(v) + v * mpmath.npdf(v)) for v in xs])
+    bar = 8 * np.finfo(np.float32).eps if dt == np.float32 else F64_REL
+    assert rel(y, truth).max() <= bar
+    far = x < -1.5  # away from gelu's zero crossing near -0.75
+    assert rel(dy[far], dtruth[far]).max() <= bar
+
+
 # ---------------------------------------------------------------- the loops really vectorise
 
 _LIBM = re.compile(r"call [^@]*@(?:numba_)?(?:exp|expf|erf|erff|erfc|erfcf|tanh|tanhf)\b")
@@ -215,3 +283,28 @@ def test_function_loops_are_packed_and_call_no_libm(loop, dt):
     assert not _LIBM.search(llvm)
     suffix = "ps" if dt == np.float32 else "pd"
     assert len([m for m in _PACKED.findall(asm) if suffix in m.split()[0]]) >= 20
+
+
+def _kernel_flags(dispatcher):
+    opts = dict(dispatcher.targetoptions)
+    return dict(parallel=opts["parallel"], error_model=opts["error_model"], fastmath=opts["fastmath"])
+
+
+def _kernel_cases():
+    x = np.linspace(-3, 3, 64 * 48).astype(np.float32).reshape(64, 48)
+    flat = x.reshape(-1)
+    return {
+        "gelu._forward": (gelu._forward, (flat, flat.copy(), False)),
+        "gelu._backward": (gelu._backward, (flat, flat, flat.copy(), True)),
+        "gelu._bias_forward": (gelu._bias_forward, (x, x[0].copy(), x.copy(), x.copy(), False)),
+        "gelu._bias_backward": (gelu._bias_backward, (x, x, x.copy(), np.zeros((2, 48)), 2, False)),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_kernel_cases()))
+def test_fused_kernels_are_packed_without_libm_or_gathers(name):
+    dispatcher, args = _kernel_cases()[name]
+    asm, llvm = _asm_and_ir(dispatcher, *args, **_kernel_flags(dispatcher))
+    assert not _LIBM.search(llvm), name
+    assert "gather" not in asm and "scatter" not in asm, name
+    assert len([m for m in _PACKED.findall(asm) if "ps" in m.split()[0]]) >= 20, name
