@@ -1,4 +1,5 @@
-"""kernels.fastmath (vectorisable exp, erf, erfc, normal CDF/density) and the fused GELU that uses it.
+"""kernels.fastmath (vectorisable exp, erf, erfc, normal CDF/density) and the fused GELU and softmax
+that use it.
 
 Bars, measured over dense grids that include the extremes (float32 "ulp" is the spacing of the
 float64 truth rounded to float32; results below the flush threshold, ~1.5x the smallest normal,
@@ -24,7 +25,7 @@ import pytest
 
 from tensorarena import kernels
 from tensorarena.kernels import fastmath as fm
-from tensorarena.kernels import gelu
+from tensorarena.kernels import gelu, softmax
 
 JIT = dict(error_model="numpy", fastmath={"contract"})  # the kernels' own flags
 F32_ULPS = {"exp": 2.0, "erf": 2.0, "erfc": 6.0, "ndtr": 6.0, "pdf": 3.0}
@@ -262,6 +263,41 @@ def test_gelu_lower_tail_keeps_relative_accuracy(dt):
     assert rel(dy[far], dtruth[far]).max() <= bar
 
 
+SOFTMAX_TOL = {np.float32: dict(rtol=2e-6, atol=1e-30), np.float64: dict(rtol=F64_REL, atol=1e-290)}
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+@pytest.mark.parametrize("mask_dtype", [None, np.float32, np.float64])
+def test_softmax_fused_matches_reference(dt, mask_dtype):
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((2, 3, 37, 197)) * 4).astype(dt)
+    mask = None
+    if mask_dtype is not None:
+        mask = np.where(rng.random((2, 1, 1, 197)) < 0.2, -np.inf, 0.0).astype(mask_dtype)
+        mask[1, ..., :] = -np.inf  # a fully masked batch element
+    g = rng.standard_normal(x.shape).astype(dt)
+    outs = {}
+    for impl in ("reference", "fused"):
+        y, dx = np.empty_like(x), np.empty_like(x)
+        kernels.kernel("softmax_forward", impl)(x, mask, y)
+        kernels.kernel("softmax_backward", impl)(y, g, dx)
+        outs[impl] = y, dx
+    with np.errstate(under="ignore"):
+        np.testing.assert_allclose(outs["fused"][0], outs["reference"][0], **SOFTMAX_TOL[dt])
+        np.testing.assert_allclose(outs["fused"][1], outs["reference"][1],
+                                   rtol=SOFTMAX_TOL[dt]["rtol"], atol=1e-6 if dt == np.float32 else 1e-14)
+
+
+def test_softmax_fused_nan_row_stays_nan_and_masked_tail_is_fast_path():
+    x = np.zeros((3, 5), np.float32)
+    x[1, 2] = np.nan
+    x[2, :] = -np.inf
+    y = np.empty_like(x)
+    kernels.kernel("softmax_forward", "fused")(x, None, y)
+    np.testing.assert_allclose(y[0], 0.2, rtol=1e-7)
+    assert np.isnan(y[1]).all() and (y[2] == 0).all()
+
+
 # ---------------------------------------------------------------- the loops really vectorise
 
 _LIBM = re.compile(r"call [^@]*@(?:numba_)?(?:exp|expf|erf|erff|erfc|erfcf|tanh|tanhf)\b")
@@ -293,11 +329,13 @@ def _kernel_flags(dispatcher):
 def _kernel_cases():
     x = np.linspace(-3, 3, 64 * 48).astype(np.float32).reshape(64, 48)
     flat = x.reshape(-1)
+    m, lead_shape, lead_stride, last = softmax._mask_layout(x.reshape(4, 16, 48), np.zeros((4, 1, 48), np.float32))
     return {
         "gelu._forward": (gelu._forward, (flat, flat.copy(), False)),
         "gelu._backward": (gelu._backward, (flat, flat, flat.copy(), True)),
         "gelu._bias_forward": (gelu._bias_forward, (x, x[0].copy(), x.copy(), x.copy(), False)),
         "gelu._bias_backward": (gelu._bias_backward, (x, x, x.copy(), np.zeros((2, 48)), 2, False)),
+        "softmax._forward": (softmax._forward, (x, m, True, lead_shape, lead_stride, last, x.copy(), 8)),
     }
 
 

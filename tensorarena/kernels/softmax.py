@@ -5,17 +5,19 @@ an additive float array broadcastable to x (e.g. (B, 1, 1, T) holding 0 and -inf
 negative number, at padded keys). A row whose every z is -inf (fully masked) comes out as
 zeros rather than torch's NaNs: a padded query then contributes nothing downstream and its
 gradient is zero, instead of poisoning the whole batch. Backward: dx = y * (g - sum(g * y)).
-Both twins compute in float64 per element and round once into `out`. The fused twin never
-materialises the broadcast mask: it maps each row to its mask offset from the mask's strides.
+The reference computes in float64 per element and rounds once into `out`. The fused twin forms
+z - max(z) in float64 too, then takes kernels.fastmath's vectorisable exp in out's precision
+(float32 arithmetic for float32 arrays: within a few ulps of the reference) over a block of rows
+at a time, and sums in float64. It never materialises the broadcast mask: it maps each row to its
+mask offset from the mask's strides.
 """
 
 from __future__ import annotations
 
-import math
-
 import numba
 import numpy as np
 
+from . import fastmath as fm
 from . import register
 
 # Results that underflow to (sub)normal zero are right, not errors: keep np.seterr(under="raise")
@@ -63,48 +65,92 @@ def softmax_backward_reference(y: np.ndarray, g: np.ndarray, out: np.ndarray) ->
     np.copyto(out, y64 * (g - dot), casting="same_kind")
 
 
-@numba.njit(cache=True, parallel=True, fastmath=False)
-def _forward(x, m, has_mask, lead_shape, lead_stride, last_stride, out):
+# FMA contraction is the only fast-math licence the fused loops take; the sums get reassociation
+# (so that they vectorise) in helpers of their own, where it cannot reach the exp's Cody-Waite
+# reduction. error_model="numpy" drops the ZeroDivisionError check that would stop vectorisation.
+_JIT = dict(cache=True, error_model="numpy", fastmath={"contract"})
+
+
+@numba.njit(cache=True, error_model="numpy", fastmath={"reassoc", "contract"})
+def _rowsum(a):
+    s = 0.0
+    for j in range(a.shape[0]):
+        s += a[j]
+    return s
+
+
+@numba.njit(cache=True, error_model="numpy", fastmath={"reassoc", "contract"})
+def _rowdot(a, b):
+    s = 0.0
+    for j in range(a.shape[0]):
+        s += float(a[j]) * b[j]
+    return s
+
+
+@numba.njit(inline="always")
+def _rowmax(a):
+    mx = a[0]
+    for j in range(1, a.shape[0]):
+        mx = fm.fmax(mx, a[j])  # NaN wins, as in np.max
+    return mx
+
+
+_BLOCK = 2048  # elements per exp sweep: whole rows, one flat loop (a 197-wide row loop is 1/6 remainder)
+
+
+@numba.njit(parallel=True, **_JIT)
+def _forward(x, m, has_mask, lead_shape, lead_stride, last_stride, out, rows_per_block):
     n, d = x.shape
     nlead = lead_shape.shape[0]
-    for r in numba.prange(n):
-        off = np.int64(0)  # prange's index is unsigned: uint64 % int64 would be a float
-        if has_mask:
-            rem = np.int64(r)
-            for k in range(nlead - 1, -1, -1):  # row index -> multi-index -> offset into the mask
-                off += (rem % lead_shape[k]) * lead_stride[k]
-                rem //= lead_shape[k]
-        mx = -np.inf
-        for j in range(d):
-            z = float(x[r, j])
+    nblocks = (n + rows_per_block - 1) // rows_per_block
+    for blk in numba.prange(nblocks):
+        r0 = np.int64(blk) * rows_per_block  # prange's index is unsigned: keep the arithmetic in int64
+        r1 = min(n, r0 + rows_per_block)
+        z = np.empty(d)  # float64 z = x + mask, as the reference: out's precision starts at z - max(z)
+        for r in range(r0, r1):  # z - max(z) into out, row by row
+            off = np.int64(0)
             if has_mask:
-                z += m[off + j * last_stride]
-            if z > mx:
-                mx = z
-        if mx == -np.inf:  # fully masked row: zeros (see the module docstring)
+                rem = r
+                for k in range(nlead - 1, -1, -1):  # row index -> multi-index -> offset into the mask
+                    off += (rem % lead_shape[k]) * lead_stride[k]
+                    rem //= lead_shape[k]
+            xr = x[r]
+            if not has_mask:
+                for j in range(d):
+                    z[j] = xr[j]
+            elif last_stride == 1:
+                mr = m[off:off + d]  # a view indexed from 0: m[off + j] would make LLVM gather
+                for j in range(d):
+                    z[j] = float(xr[j]) + mr[j]
+            elif last_stride == 0:
+                mj = float(m[off])
+                for j in range(d):
+                    z[j] = xr[j] + mj
+            else:
+                for j in range(d):
+                    z[j] = float(xr[j]) + m[off + j * last_stride]
+            mx = _rowmax(z)
+            if mx == -np.inf:  # fully masked row: exp(-inf - 0) = 0 everywhere (as the reference)
+                mx = 0.0
+            row = out[r]  # may be x[r] itself (in place): z holds all of it by now
             for j in range(d):
-                out[r, j] = 0.0
-        else:
-            s = 0.0
+                row[j] = z[j] - mx
+        flat = out[r0:r1].reshape(-1)  # one long vectorised loop over the block's rows
+        for i in range(flat.shape[0]):
+            flat[i] = fm.exp(flat[i])
+        for r in range(r0, r1):
+            row = out[r]
+            tot = _rowsum(row)
+            inv = 1.0 / tot if tot > 0.0 else 0.0  # a fully masked row stays zeros, NaN stays NaN
             for j in range(d):
-                z = float(x[r, j])
-                if has_mask:
-                    z += m[off + j * last_stride]
-                e = math.exp(z - mx)
-                out[r, j] = e
-                s += e
-            inv = 1.0 / s
-            for j in range(d):
-                out[r, j] = out[r, j] * inv
+                row[j] = row[j] * inv
 
 
-@numba.njit(cache=True, parallel=True, fastmath=False)
+@numba.njit(parallel=True, **_JIT)
 def _backward(y, g, out):
     n, d = y.shape
     for r in numba.prange(n):
-        dot = 0.0
-        for j in range(d):
-            dot += float(g[r, j]) * y[r, j]
+        dot = _rowdot(g[r], y[r])
         for j in range(d):
             out[r, j] = y[r, j] * (g[r, j] - dot)
 
@@ -146,7 +192,8 @@ def softmax_forward_fused(x: np.ndarray, mask: np.ndarray | None, out: np.ndarra
     else:
         m, lead_shape, lead_stride, last_stride = _mask_layout(x, mask)
     o = rows_out(out, d)
-    _forward(rows_in(x, d), m, mask is not None, lead_shape, lead_stride, last_stride, o)
+    _forward(rows_in(x, d), m, mask is not None, lead_shape, lead_stride, last_stride, o,
+             max(1, min(_BLOCK // max(d, 1), -(-o.shape[0] // numba.get_num_threads()))))
     copy_back(out, o)
 
 
