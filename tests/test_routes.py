@@ -172,3 +172,39 @@ def test_plan_command_prints_the_table_the_choice_and_why(capsys):
     assert "chosen by route=auto: fused" in out or "chosen: fused" in out
     main(["plan", "--model", "vit-tiny", "--batch", "2", "--image-size", "32", "--memory-limit", "100M"])
     assert "NO" in capsys.readouterr().out
+
+
+# -- stores ---------------------------------------------------------------------------------------------
+
+def test_an_unwritable_store_dir_fails_before_step_1(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(ValueError, match=r"store_dir .*a-file/store cannot be used for the streaming store"):
+        _trainer("streaming", store_dir=blocker / "store")
+
+
+def test_a_streaming_run_resumes_from_its_store_in_a_new_trainer(tmp_path):
+    batches = _batches(4)
+    _, straight = _trainer("streaming", store_dir=tmp_path / "straight")
+    expected = [straight.step(*batches[i % 4]).loss for i in range(10)]
+    straight.stream.close()
+    _, first = _trainer("streaming", store_dir=tmp_path / "run")
+    losses = [first.step(*batches[i % 4]).loss for i in range(5)]
+    first.stream.close()  # as if the process ended here
+    _, second = _trainer("streaming", seed=123, store_dir=tmp_path / "run")  # other init: the store must win
+    losses += [second.step(*batches[i % 4]).loss for i in range(5, 10)]
+    assert second.step_count == 10
+    np.testing.assert_allclose(losses, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_a_store_of_another_model_is_refused_not_mixed(tmp_path):
+    from tensorarena.stream.store import StoreError
+
+    _, first = _trainer("streaming", store_dir=tmp_path / "run")
+    first.step(*_batches(1)[0])
+    first.stream.close()
+    model, other = _trainer("streaming", dim=48, store_dir=tmp_path / "run")
+    before = [p.numpy() for p in model.parameters()]
+    with pytest.raises(StoreError, match="different model"):
+        other.step(*_batches(1)[0])
+    assert all(np.array_equal(p.data, b) for p, b in zip(model.parameters(), before))

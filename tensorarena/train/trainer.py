@@ -32,6 +32,23 @@ log = logging.getLogger("tensorarena")
 LossFn = Callable[[Tensor, Any], Tensor]
 
 
+def _check_store_dir(store_dir) -> None:
+    """Create `store_dir` and prove it writable now; a clear error instead of a failed fallback later."""
+    import os
+    from pathlib import Path
+
+    where = Path(store_dir)
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        probe = where / f".trainer-write-probe-{os.getpid()}"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"store_dir {where} cannot be used for the streaming store: {exc.strerror or exc}. "
+                         f"Pass a writable directory on a disk with room for the parameters and optimizer "
+                         f"state") from exc
+
+
 class Trainer:
     """Runs training steps of `model` with `optimizer`, one arena per step.
 
@@ -88,6 +105,8 @@ class Trainer:
         self.fused = None  # the FusedStep, built at the first fused step (it needs a batch to trace)
         self.budget = resolve_budget(memory_limit)
         self.store_dir = store_dir
+        if store_dir is not None:
+            _check_store_dir(store_dir)  # before step 1, not when a fallback needs it mid-run
         self.oom_fallback = oom_fallback
         self.route_plan = None  # RoutePlan from plan(): every route's estimate and the choice
         self.stream = None  # the StreamingRoute once training streams
