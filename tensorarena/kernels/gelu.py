@@ -171,15 +171,18 @@ def _backward(x, g, out, tanh):
 @numba.njit(parallel=True, **_JIT)
 def _bias_forward(x, bias, pre, out, tanh):
     n, d = x.shape
-    for r in numba.prange(n):
-        for j in range(d):
-            pre[r, j] = x[r, j] + bias[j]  # in the input dtype, exactly as the reference's np.add
-        if tanh:
+    if tanh:
+        for r in numba.prange(n):
             for j in range(d):
-                out[r, j] = _gelu_tanh(pre[r, j])
-        else:
+                p = x[r, j] + bias[j]  # in the input dtype, exactly as the reference's np.add
+                pre[r, j] = p
+                out[r, j] = _gelu_tanh(p)
+    else:
+        for r in numba.prange(n):
             for j in range(d):
-                out[r, j] = _gelu_erf(pre[r, j])
+                p = x[r, j] + bias[j]
+                pre[r, j] = p
+                out[r, j] = _gelu_erf(p)
 
 
 @numba.njit(parallel=True, **_JIT)
@@ -187,15 +190,17 @@ def _bias_backward(pre, g, dx, part, nchunks, tanh):
     n, d = pre.shape
     for c in numba.prange(nchunks):  # one partial dbias row per chunk: no two threads share a slot
         lo, hi = _chunk(c, n, nchunks)
+        acc = part[c]
         for r in range(lo, hi):
+            dxr, gr, pr = dx[r], g[r], pre[r]
             if tanh:
                 for j in range(d):
-                    dx[r, j] = g[r, j] * _gelu_grad_tanh(pre[r, j])
+                    dxr[j] = gr[j] * _gelu_grad_tanh(pr[j])
             else:
                 for j in range(d):
-                    dx[r, j] = g[r, j] * _gelu_grad_erf(pre[r, j])
-            for j in range(d):
-                part[c, j] += dx[r, j]
+                    dxr[j] = gr[j] * _gelu_grad_erf(pr[j])
+            for j in range(d):  # apart: in the loop above the float64 sums would halve its width
+                acc[j] += dxr[j]
 
 
 def gelu_forward_fused(x: np.ndarray, out: np.ndarray, approximate: str = "none") -> None:
