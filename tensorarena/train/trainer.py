@@ -304,16 +304,35 @@ class Trainer:
 
     # -- checkpoints -----------------------------------------------------------
     def save(self, path, *, extra: dict | None = None) -> None:
-        """Write model, optimizer, schedule, RNG states and step count atomically to `path`."""
+        """Write model, optimizer, schedule, RNG states and step count atomically to `path`.
+
+        The same file on every route; a streaming run writes it stage by stage from its store.
+        """
         from .checkpoint import save_checkpoint
 
+        if self.stream is not None:
+            from ..stream.checkpoint import save_streaming_checkpoint
+
+            save_streaming_checkpoint(self.stream, path, step=self.step_count, extra=extra)
+            return
         save_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
                         step=self.step_count, extra=extra)
 
     def load(self, path) -> dict:
-        """Restore everything `save` wrote; returns the checkpoint's `extra` dict."""
+        """Restore everything `save` wrote (on any route); returns the checkpoint's `extra` dict.
+
+        On route="streaming" the checkpoint goes into the store stage by stage, never whole into memory.
+        """
         from .checkpoint import load_checkpoint
 
+        if self.route == "streaming":
+            from ..stream.checkpoint import load_into_streaming
+
+            if self.stream is None:
+                self._start_streaming()
+            meta = load_into_streaming(self.stream, path)
+            self.step_count = meta["step"]
+            return meta.get("extra") or {}
         meta = load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
         self.step_count = meta["step"]
         return meta.get("extra") or {}
