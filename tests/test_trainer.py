@@ -198,16 +198,19 @@ def test_cli_train_end_to_end(tmp_path, capsys):
     assert main(["train", "--steps", "150", "--no-progress", "--json", str(out), "--save", str(ckpt),
                  "--train-size", "3000", "--test-size", "500"]) == 0
     summary = json.loads(out.read_text())
-    assert summary["route"] == "eager" and summary["steps"] == 150
+    # The default route is auto: the planner takes fused when it fits, and says so before step 1.
+    assert summary["route"] == "fused" and summary["steps"] == 150
+    assert "chosen: fused" in summary["route_plan"] and summary["memory_budget_bytes"] > 0
     assert summary["final_loss"] < summary["first_loss"]
     assert summary["test_accuracy"] > 0.8  # 10 classes: chance is 0.1
     assert summary["arena_high_water_bytes"] > 0 and summary["peak_rss_bytes"] > 0
     printed = capsys.readouterr().out
     assert "held-out accuracy" in printed and "peak RSS" in printed and "arena high-water" in printed
-    # Resume from the checkpoint and continue to 160 steps.
+    # Resume the fused run's checkpoint on the eager route and continue to 160 steps.
     assert main(["train", "--steps", "160", "--no-progress", "--resume", str(ckpt), "--json", str(out),
-                 "--train-size", "3000", "--test-size", "500"]) == 0
-    assert json.loads(out.read_text())["steps"] == 160
+                 "--train-size", "3000", "--test-size", "500", "--route", "eager"]) == 0
+    resumed = json.loads(out.read_text())
+    assert resumed["steps"] == 160 and resumed["route"] == "eager"
 
 
 def test_cli_help_documents_every_option(capsys):

@@ -57,7 +57,7 @@ def test_train_vit_tiny_learns_with_flat_arena(tmp_path, capsys):
     summary = json.loads(out.read_text())
     printed = capsys.readouterr().out
     assert "held-out accuracy" in printed and "arena high-water" in printed
-    assert summary["model"] == "vit-tiny" and summary["steps"] == 40 and summary["route"] == "eager"
+    assert summary["model"] == "vit-tiny" and summary["steps"] == 40 and summary["route"] == "fused"
     losses = summary["step_losses"]
     assert len(losses) == 40 and all(np.isfinite(losses))
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.1, f"loss did not fall: {losses}"
