@@ -8,7 +8,7 @@ Each comes in float32 and float64 flavours; the generic names (`exp`, `erf`, `er
 `ndtr_pdf`) pick the flavour from the argument's type, so a kernel compiled for float32 arrays
 computes in float32 (8 lanes per ymm register) and one for float64 in float64. `like(x, c)`
 gives a constant in x's type (a bare float literal would promote float32 code to float64), and
-`fmax` a maximum whose reductions vectorise.
+`fmax` and `radd` a maximum and an addition whose reductions vectorise.
 
 exp(x): k = round(x / ln2), r = x - k ln2 with ln2 split Cody-Waite style into a short high part
 (k * LN2HI is exact) and a low part, exp(r) = 1 + r + r^2 q(r) on |r| <= ln2/2 with q a minimax
@@ -268,6 +268,19 @@ def fmax(typingctx, a, b):
         fty = args[0].type
         fn = builder.module.declare_intrinsic("llvm.maximum", [fty], ir.FunctionType(fty, [fty, fty]))
         return builder.call(fn, args)
+
+    return a(a, b), codegen
+
+
+@intrinsic
+def radd(typingctx, a, b):
+    """a + b with LLVM's `reassoc` flag on this one addition: a loop summing with it vectorises
+    (in partial sums), while the rest of the loop body keeps strict IEEE evaluation."""
+    if a != b or a not in (types.float32, types.float64):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.fadd(args[0], args[1], flags=("reassoc",))
 
     return a(a, b), codegen
 

@@ -6,10 +6,10 @@ negative number, at padded keys). A row whose every z is -inf (fully masked) com
 zeros rather than torch's NaNs: a padded query then contributes nothing downstream and its
 gradient is zero, instead of poisoning the whole batch. Backward: dx = y * (g - sum(g * y)).
 The reference computes in float64 per element and rounds once into `out`. The fused twin forms
-z - max(z) in float64 too, then takes kernels.fastmath's vectorisable exp in out's precision
-(float32 arithmetic for float32 arrays: within a few ulps of the reference) over a block of rows
-at a time, and sums in float64. It never materialises the broadcast mask: it maps each row to its
-mask offset from the mask's strides.
+z - max(z) in float64 too (rounded once into out's precision), then takes kernels.fastmath's
+vectorisable exp and the row sum in out's precision: float32 arithmetic for float32 arrays,
+within ~1e-6 relative of the reference. It never materialises the broadcast mask: it maps each
+row to its mask offset from the mask's strides.
 """
 
 from __future__ import annotations
@@ -65,25 +65,19 @@ def softmax_backward_reference(y: np.ndarray, g: np.ndarray, out: np.ndarray) ->
     np.copyto(out, y64 * (g - dot), casting="same_kind")
 
 
-# FMA contraction is the only fast-math licence the fused loops take; the sums get reassociation
-# (so that they vectorise) in helpers of their own, where it cannot reach the exp's Cody-Waite
-# reduction. error_model="numpy" drops the ZeroDivisionError check that would stop vectorisation.
+# FMA contraction is the only fast-math licence the fused loops take; sums reassociate (so that
+# they vectorise) through fastmath.radd, on their own additions only, where it cannot reach the
+# exp's Cody-Waite reduction. error_model="numpy" drops the ZeroDivisionError check that would
+# stop vectorisation.
 _JIT = dict(cache=True, error_model="numpy", fastmath={"contract"})
 
 
-@numba.njit(cache=True, error_model="numpy", fastmath={"reassoc", "contract"})
-def _rowsum(a):
-    s = 0.0
-    for j in range(a.shape[0]):
-        s += a[j]
-    return s
-
-
-@numba.njit(cache=True, error_model="numpy", fastmath={"reassoc", "contract"})
+@numba.njit(inline="always")
 def _rowdot(a, b):
+    # sum(a * b) in float64, vectorised (radd lets LLVM keep partial sums)
     s = 0.0
     for j in range(a.shape[0]):
-        s += float(a[j]) * b[j]
+        s = fm.radd(s, np.float64(a[j]) * b[j])
     return s
 
 
@@ -95,7 +89,37 @@ def _rowmax(a):
     return mx
 
 
-_BLOCK = 2048  # elements per exp sweep: whole rows, one flat loop (a 197-wide row loop is 1/6 remainder)
+@numba.njit(cache=True, error_model="numpy", fastmath={"contract"})
+def _exp_normalise(src, row, mx):
+    # row = exp(src - mx) / sum(exp(src - mx)) in row's precision (src and row distinct). Functions
+    # of their own, not inlined: Numba's inliner trips over fastmath.exp inlined at two call sites.
+    s = fm.like(row[0], 0.0)
+    for j in range(row.shape[0]):
+        e = fm.like(row[0], fm.exp(src[j] - mx))  # a no-op conversion unless src and row differ in dtype
+        row[j] = e
+        s = fm.radd(s, e)  # partial sums in row's precision keep the loop 8 float32 lanes wide
+    _scale_by_inverse(row, s)
+
+
+@numba.njit(cache=True, error_model="numpy", fastmath={"contract"})
+def _exp_normalise_in_place(row):
+    # row = exp(row) / sum(exp(row)); one array, so no aliasing check sends LLVM to the scalar loop
+    s = fm.like(row[0], 0.0)
+    for j in range(row.shape[0]):
+        e = fm.exp(row[j])
+        row[j] = e
+        s = fm.radd(s, e)
+    _scale_by_inverse(row, s)
+
+
+@numba.njit(inline="always")
+def _scale_by_inverse(row, s):
+    inv = fm.like(row[0], 1.0) / s if s > 0 else fm.like(row[0], 0.0)  # fully masked: zeros; NaN stays NaN
+    for j in range(row.shape[0]):
+        row[j] = row[j] * inv
+
+
+_BLOCK = 2048  # elements per block of rows: one float64 scratch row per block
 
 
 @numba.njit(parallel=True, **_JIT)
@@ -106,51 +130,49 @@ def _forward(x, m, has_mask, lead_shape, lead_stride, last_stride, out, rows_per
     for blk in numba.prange(nblocks):
         r0 = np.int64(blk) * rows_per_block  # prange's index is unsigned: keep the arithmetic in int64
         r1 = min(n, r0 + rows_per_block)
-        z = np.empty(d)  # float64 z = x + mask, as the reference: out's precision starts at z - max(z)
-        for r in range(r0, r1):  # z - max(z) into out, row by row
-            off = np.int64(0)
-            if has_mask:
-                rem = r
-                for k in range(nlead - 1, -1, -1):  # row index -> multi-index -> offset into the mask
-                    off += (rem % lead_shape[k]) * lead_stride[k]
-                    rem //= lead_shape[k]
-            xr = x[r]
+        z = np.empty(d)  # float64 z = x + mask, as the reference; out's precision starts at z - max(z)
+        for r in range(r0, r1):
+            xr, row = x[r], out[r]  # row may be xr itself (in place)
             if not has_mask:
-                for j in range(d):
-                    z[j] = xr[j]
-            elif last_stride == 1:
+                mx = _rowmax(xr)
+                if mx == -np.inf:  # fully masked row: exp(-inf - 0) = 0 everywhere (as the reference)
+                    mx = fm.like(mx, 0.0)
+                if row is xr:  # identity, not equality: in place
+                    for j in range(d):
+                        row[j] = xr[j] - mx
+                    _exp_normalise_in_place(row)
+                else:
+                    _exp_normalise(xr, row, mx)  # float32 x - mx is the float64 difference rounded once
+                continue
+            off = np.int64(0)
+            rem = r
+            for k in range(nlead - 1, -1, -1):  # row index -> multi-index -> offset into the mask
+                off += (rem % lead_shape[k]) * lead_stride[k]
+                rem //= lead_shape[k]
+            if last_stride == 1:
                 mr = m[off:off + d]  # a view indexed from 0: m[off + j] would make LLVM gather
                 for j in range(d):
-                    z[j] = float(xr[j]) + mr[j]
+                    z[j] = np.float64(xr[j]) + mr[j]
             elif last_stride == 0:
-                mj = float(m[off])
+                mj = np.float64(m[off])
                 for j in range(d):
                     z[j] = xr[j] + mj
             else:
                 for j in range(d):
-                    z[j] = float(xr[j]) + m[off + j * last_stride]
-            mx = _rowmax(z)
-            if mx == -np.inf:  # fully masked row: exp(-inf - 0) = 0 everywhere (as the reference)
-                mx = 0.0
-            row = out[r]  # may be x[r] itself (in place): z holds all of it by now
+                    z[j] = np.float64(xr[j]) + m[off + j * last_stride]
+            mz = _rowmax(z)
+            if mz == -np.inf:
+                mz = 0.0
             for j in range(d):
-                row[j] = z[j] - mx
-        flat = out[r0:r1].reshape(-1)  # one long vectorised loop over the block's rows
-        for i in range(flat.shape[0]):
-            flat[i] = fm.exp(flat[i])
-        for r in range(r0, r1):
-            row = out[r]
-            tot = _rowsum(row)
-            inv = 1.0 / tot if tot > 0.0 else 0.0  # a fully masked row stays zeros, NaN stays NaN
-            for j in range(d):
-                row[j] = row[j] * inv
+                row[j] = z[j] - mz
+            _exp_normalise_in_place(row)
 
 
 @numba.njit(parallel=True, **_JIT)
 def _backward(y, g, out):
     n, d = y.shape
     for r in numba.prange(n):
-        dot = _rowdot(g[r], y[r])
+        dot = _rowdot(g[r], y[r])  # float64
         for j in range(d):
             out[r, j] = y[r, j] * (g[r, j] - dot)
 
