@@ -27,7 +27,7 @@ import pytest
 
 from tensorarena import kernels
 from tensorarena.kernels import fastmath as fm
-from tensorarena.kernels import gelu, softmax
+from tensorarena.kernels import attention, gelu, softmax
 
 JIT = dict(error_model="numpy", fastmath={"contract"})  # the kernels' own flags
 F32_ULPS = {"exp": 2.0, "erf": 2.0, "erfc": 6.0, "ndtr": 6.0, "pdf": 3.0}
@@ -348,6 +348,8 @@ def _kernel_cases():
         "softmax._forward": (softmax._forward, (x, m, True, lead_shape, lead_stride, last, x.copy(), 8)),
         "softmax._exp_normalise": (softmax._exp_normalise, (x[0], x[1].copy(), x[0, 0])),
         "softmax._exp_normalise_in_place": (softmax._exp_normalise_in_place, (x[0].copy(),)),
+        "attention._masked_softmax": (attention._masked_softmax,
+                                      (x.reshape(2, 2, 16, 48).copy(), np.zeros((2, 48), bool), True, True, 0.125, 8)),
     }
 
 

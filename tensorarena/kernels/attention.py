@@ -8,8 +8,9 @@ is dropped gets P = 0 and out = 0, as torch 2.13's scaled_dot_product_attention 
 Backward: dv = P^T g, dP = g v^T, dS = scale * P * (dP - rowsum(P * dP)), dq = dS k, dk = dS^T q.
 
 The fused twin does the matmuls with NumPy's batched BLAS straight into the caller's arrays and
-fuses scale, masks and softmax into one in-place parallel pass over P (forward), and the softmax
-gradient into one pass over a dP tile (backward). The tile is its only scratch: about 2**20
+fuses scale, masks and softmax into one in-place parallel pass over P (forward; the exp is
+kernels.fastmath's packed one, in P's precision, as in softmax.py), and the softmax gradient into
+one pass over a dP tile (backward). The tile is its only scratch: about 2**20
 elements, or one batch element's (H, T, S) if larger, never the whole (B, H, T, S). Why not BLAS
 inside a Numba prange over (b, h): OpenBLAS's own threads nested in Numba's oversubscribe the
 cores; that measured 6x to 50x slower than this on a shared 2-core machine.
@@ -25,7 +26,7 @@ import numpy as np
 from . import register
 from ..memory.arena import empty
 from .blas import matmul as bmm
-from .softmax import softmax_forward_reference
+from .softmax import _BLOCK, _exp_normalise_in_place, _rowdot, _rowmax, softmax_forward_reference
 
 # Results that underflow to (sub)normal zero are right, not errors: keep np.seterr(under="raise")
 # callers (the tests) from tripping over them in the NumPy parts.
@@ -82,37 +83,38 @@ def attention_backward_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, pr
     bmm(ds.swapaxes(-1, -2), q, out=dk)
 
 
-@numba.njit(cache=True, parallel=True, fastmath=False)
-def _masked_softmax(p, kpm, has_kpm, causal, scale):
-    # In place over probs viewed as (B*H*T, S) rows that hold raw q.k scores.
+@numba.njit(cache=True, parallel=True, error_model="numpy", fastmath={"contract"})
+def _masked_softmax(p, kpm, has_kpm, causal, scale, rows_per_block):
+    # In place over probs viewed as (B*H*T, S) rows that hold raw q.k scores. As softmax.py's
+    # fused forward: z = scale * score (float64, -inf where dropped), z - max(z) rounded once into
+    # the row, then fastmath's packed exp and the row sum in p's precision.
     nb, nh, t, s = p.shape
     rows = p.reshape(nb * nh * t, s)
-    for r in numba.prange(nb * nh * t):
-        r64 = np.int64(r)  # prange's index is unsigned: keep the arithmetic in int64
-        b = r64 // (nh * t)
-        i = r64 % t
-        row = rows[r64]
-        mx = -np.inf
-        for j in range(s):
-            if not ((has_kpm and kpm[b, j]) or (causal and j > i)):
-                z = row[j] * scale
-                if z > mx:
-                    mx = z
-        if mx == -np.inf:  # every key dropped: zeros, not NaN
+    n = rows.shape[0]
+    for blk in numba.prange((n + rows_per_block - 1) // rows_per_block):
+        r0 = np.int64(blk) * rows_per_block  # prange's index is unsigned: keep the arithmetic in int64
+        r1 = min(n, r0 + rows_per_block)
+        z = np.empty(s)
+        for r in range(r0, r1):
+            b = r // (nh * t)
+            i = r % t
+            row = rows[r]
             for j in range(s):
-                row[j] = 0.0
-        else:
-            tot = 0.0
+                z[j] = row[j] * scale
+            if has_kpm:
+                kb = kpm[b]
+                for j in range(s):
+                    z[j] = -np.inf if kb[j] else z[j]  # a select and a plain store: no scatter
+            if causal:
+                later = z[i + 1:]  # a view indexed from 0: range(i + 1, s) made LLVM scatter
+                for j in range(later.shape[0]):
+                    later[j] = -np.inf
+            mx = _rowmax(z)
+            if mx == -np.inf:  # every key dropped: exp(-inf - 0) = 0, and the row stays zeros, not NaN
+                mx = 0.0
             for j in range(s):
-                if (has_kpm and kpm[b, j]) or (causal and j > i):
-                    row[j] = 0.0
-                else:
-                    e = math.exp(row[j] * scale - mx)
-                    row[j] = e
-                    tot += e
-            inv = 1.0 / tot
-            for j in range(s):
-                row[j] = row[j] * inv
+                row[j] = z[j] - mx
+            _exp_normalise_in_place(row)
 
 
 @numba.njit(cache=True, parallel=True, fastmath=False)
@@ -122,9 +124,7 @@ def _softmax_grad(p, ds, scale):
     prow = p.reshape(-1, s)
     drow = ds.reshape(-1, s)
     for r in numba.prange(prow.shape[0]):
-        rowdot = 0.0
-        for j in range(s):
-            rowdot += float(prow[r, j]) * drow[r, j]
+        rowdot = _rowdot(prow[r], drow[r])  # float64, vectorised
         for j in range(s):
             drow[r, j] = scale * prow[r, j] * (drow[r, j] - rowdot)
 
@@ -153,7 +153,9 @@ def attention_forward_fused(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_pad
     kpm = np.zeros((1, 1), bool) if key_padding_mask is None else _cin(key_padding_mask)
     p = _cout(probs)
     bmm(q, k.swapaxes(-1, -2), out=p)  # raw scores straight into probs: no (B, H, T, S) temporary
-    _masked_softmax(p, kpm, key_padding_mask is not None, bool(causal), _scale(q, scale))
+    rows, s = p.size // max(1, p.shape[-1]), p.shape[-1]
+    _masked_softmax(p, kpm, key_padding_mask is not None, bool(causal), _scale(q, scale),
+                    max(1, min(_BLOCK // max(s, 1), -(-rows // numba.get_num_threads()))))
     bmm(p, v, out=out)
     _back(probs, p)
 
