@@ -399,3 +399,5 @@ def test_compile_all_times_every_fused_kernel():
     assert set(KERNELS) <= set(seconds)
     assert all(isinstance(s, float) and s >= 0.0 for s in seconds.values())
     assert not set(KERNELS) & set(not_covered())
+    assert not_covered() == []  # every registered fused kernel, the optimizers' included
+    assert {"adam", "nadam", "rmsprop", "adagrad", "lion", "lamb"} <= set(seconds)

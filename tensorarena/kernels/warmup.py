@@ -51,11 +51,36 @@ def _tiny_calls(dt) -> dict[str, Callable[[], object]]:
                                                                           arr(n, d)),
         "sgd": lambda: fused["sgd"](arr(d), arr(d), arr(d), lr=0.1, momentum=0.9, dampening=0.0, weight_decay=0.0,
                                     nesterov=False, maximize=False, first_step=False),
-        "adam": lambda: fused["adam"](arr(d), arr(d), arr(d), np.zeros(d, dt), np.zeros(d, dt), step=1.0, lr=1e-3),
     }
     if "erf" in fused:
         calls["erf"] = lambda: fused["erf"](x, arr(n, d))
+    calls.update(_optimizer_calls(dt, arr))
     return calls
+
+
+def _optimizer_calls(dt, arr) -> dict[str, Callable[[], object]]:
+    """Optimizer kernels warmed through their optimizers' update_flat (exact argument types, including
+    the None-or-array variants Numba compiles separately: amsgrad, momentum, centered)."""
+    from .. import optim
+    from ..nn.parameter import Parameter
+
+    def run(*makers):
+        def call():
+            for make in makers:
+                p = Parameter(arr(5), dtype=dt)
+                p.grad = arr(5)
+                make([p]).step()
+        return call
+
+    return {
+        "adam": run(lambda ps: optim.Adam(ps, fused=True), lambda ps: optim.Adam(ps, amsgrad=True, fused=True)),
+        "nadam": run(lambda ps: optim.NAdam(ps, fused=True)),
+        "rmsprop": run(lambda ps: optim.RMSprop(ps, fused=True),
+                       lambda ps: optim.RMSprop(ps, momentum=0.9, centered=True, fused=True)),
+        "adagrad": run(lambda ps: optim.Adagrad(ps, fused=True)),
+        "lion": run(lambda ps: optim.Lion(ps, fused=True)),
+        "lamb": run(lambda ps: optim.LAMB(ps, fused=True)),
+    }
 
 
 def not_covered() -> list[str]:
