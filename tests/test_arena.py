@@ -75,13 +75,46 @@ def test_views_go_stale_with_their_source():
 
 def test_arena_stats_track_bytes_and_high_water():
     with ta.Arena(pool=ta.BlockPool()) as a:
-        a.alloc((10,), np.float64)  # 80 bytes padded to 128
-        a.alloc((16,), np.float32)  # 64 bytes
+        x = a.alloc((10,), np.float64)  # 80 bytes padded to 128
+        y = a.alloc((16,), np.float32)  # 64 bytes
         assert a.stats.bytes_in_use == 192
+        del x, y  # dead memory is no longer in use
+        assert a.stats.bytes_in_use == 0
         assert a.stats.allocations == 2
         a.reset()
         assert a.stats.bytes_in_use == 0 and a.stats.high_water == 192
         assert a.stats.blocks == 1
+
+
+def test_dead_memory_is_reused_within_the_scope_and_live_memory_never_is():
+    with ta.Arena(pool=ta.BlockPool()) as a:
+        x = a.alloc((256,), np.float32)
+        keep = a.alloc((256,), np.float32)
+        keep[:] = 7
+        address = x.ctypes.data
+        del x
+        y = a.alloc((128,), np.float32)  # best fit: the dead 1 KiB chunk, not fresh memory
+        assert y.ctypes.data == address
+        view = y.reshape(2, 64)[1]
+        del y  # a view keeps the allocation alive
+        z = a.alloc((128,), np.float32)
+        assert not np.shares_memory(z, view) and z.ctypes.data != address
+        z[:] = 1
+        view[:] = 2
+        assert (keep == 7).all() and (z == 1).all()
+        assert a.stats.high_water == 2 * 1024  # y and z both came out of x's dead kilobyte
+
+
+def test_the_high_water_of_a_chain_of_temporaries_is_what_is_alive_at_once():
+    # y = (y + 1) * 0.5, twenty times, with no graph: each intermediate dies after the next op, so
+    # at most three 4 MiB arena arrays are alive at once (old y, y + 1 and the new y).
+    x = ta.tensor(np.ones((1024, 1024), np.float32))
+    with ta.no_grad(), ta.Arena(pool=ta.BlockPool()) as a:
+        y = x
+        for _ in range(20):
+            y = (y + 1.0) * 0.5
+        assert np.allclose(y.numpy(), 1.0, atol=1e-5)
+        assert a.stats.high_water == 3 * 4 * 2**20  # a bump allocator would hold 40 x 4 MiB
 
 
 def test_allocations_are_aligned_and_disjoint():

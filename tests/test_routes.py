@@ -44,9 +44,9 @@ def test_stage_by_stage_estimates_match_the_real_routes():
     assert abs(fused["activations (slab)"] - real_plan.memory.slab_bytes) <= 0.03 * real_plan.memory.slab_bytes
     model2 = _vit(dim=64, depth=4)
     report = Trainer(model2, optim.AdamW(model2.parameters(), lr=1e-3), cross_entropy).step(x, y)
-    # The eager arena keeps every byte of the step: the traced sum, up to 64-byte alignment per buffer.
-    assert 0 <= report.arena_high_water - eager["activations (arena)"] <= 64 * 2000
-    assert plan.estimates["streaming"].total < plan.estimates["fused"].total < plan.estimates["eager"].total
+    # The eager arena reuses dead memory: its high-water is the live peak, as estimated.
+    assert abs(report.arena_high_water - eager["activations (arena)"]) <= 0.03 * report.arena_high_water
+    assert plan.estimates["streaming"].total < plan.estimates["fused"].total
 
 
 def test_auto_takes_fused_when_it_fits_and_says_why():

@@ -1,4 +1,4 @@
-"""Scoped bump allocator for everything one training step creates.
+"""Scoped allocator for everything one training step creates.
 
 `with Arena() as a:` makes `a` the current arena of this thread; every tensor an
 op creates inside the block is carved out of blocks `a` borrows from the
@@ -6,11 +6,22 @@ process-wide `BlockPool`. Closing the arena (at any nesting depth) hands its
 blocks back, so the next step reuses them and memory stays flat. A tensor that
 outlives its arena's reset/close raises `StaleTensorError` when touched instead
 of silently reading memory that now belongs to someone else.
+
+Within a scope, memory is reused as soon as it is dead: every allocation is its
+own NumPy base array (over a memoryview of the block, so views of it keep *it*
+alive rather than the whole block), and a weak reference reports when the last
+view is gone; its bytes go to a free list that later requests of the same scope
+take first (best fit, neighbours merged). So an eager step's high-water is the
+most bytes alive at once, as in PyTorch's caching allocator, not the sum of every
+temporary the step ever made (DESIGN.md's arena bump-allocates; this keeps its
+scope semantics and adds the reuse).
 """
 
 from __future__ import annotations
 
+import bisect
 import threading
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,6 +73,8 @@ class Arena:
         self._blocks: list[Block] = []
         self._block_index = 0  # the block we are bumping in
         self._offset = 0  # bump pointer inside that block
+        self._free: dict[int, list[tuple[int, int]]] = {}  # block index -> sorted (start, size) dead chunks
+        self._watch: dict[int, tuple] = {}  # id(weakref) -> (weakref, generation, block, start, size)
 
     # -- scope -------------------------------------------------------------
     def __enter__(self) -> "Arena":
@@ -89,12 +102,60 @@ class Arena:
             count *= dim
         nbytes = count * dtype.itemsize
         padded = (nbytes + ALIGN - 1) // ALIGN * ALIGN or ALIGN
-        buffer = self._reserve(padded)
+        where = self._take_free(padded)
+        if where is None:
+            self._reserve(padded)
+            where = (self._block_index, self._offset - padded)
+        block, start = where
         self.stats.allocations += 1
         self.stats.bytes_in_use += padded
         if self.stats.bytes_in_use > self.stats.high_water:
             self.stats.high_water = self.stats.bytes_in_use
-        return buffer[:nbytes].view(dtype).reshape(shape)
+        # Its own base array (over a memoryview, which is not an ndarray, so NumPy stops collapsing
+        # bases there): when this array and every view of it are gone, the weakref fires.
+        base = np.frombuffer(memoryview(self._blocks[block].buffer)[start:start + padded], np.uint8)
+        ref = weakref.ref(base, self._dead)
+        self._watch[id(ref)] = (ref, self.generation, block, start, padded)
+        return base[:nbytes].view(dtype).reshape(shape)
+
+    def _take_free(self, nbytes: int) -> tuple[int, int] | None:
+        """Best-fit dead chunk of at least `nbytes` (the rest stays free), or None."""
+        best = None
+        for block, chunks in self._free.items():
+            for i, (start, size) in enumerate(chunks):
+                if size >= nbytes and (best is None or size < best[3]):
+                    best = (block, i, start, size)
+        if best is None:
+            return None
+        block, i, start, size = best
+        chunks = self._free[block]
+        if size == nbytes:
+            del chunks[i]
+        else:
+            chunks[i] = (start + nbytes, size - nbytes)
+        return block, start
+
+    def _dead(self, ref: weakref.ref) -> None:
+        entry = self._watch.pop(id(ref), None)
+        if entry is None or entry[1] != self.generation or self.closed:
+            return  # from before a reset/close: that memory was already taken back wholesale
+        _, _, block, start, size = entry
+        self.stats.bytes_in_use -= size
+        if block == self._block_index and start + size == self._offset:
+            self._offset = start  # the top of the bump region: just move the pointer back
+            chunks = self._free.get(block)
+            while chunks and chunks[-1][0] + chunks[-1][1] == self._offset:
+                self._offset = chunks.pop()[0]
+            return
+        chunks = self._free.setdefault(block, [])
+        i = bisect.bisect(chunks, (start, size))
+        if i < len(chunks) and start + size == chunks[i][0]:  # merge with the next dead chunk
+            size += chunks.pop(i)[1]
+        if i > 0 and chunks[i - 1][0] + chunks[i - 1][1] == start:  # and with the previous one
+            start, prev = chunks[i - 1][0], chunks[i - 1][1]
+            chunks[i - 1] = (start, prev + size)
+        else:
+            chunks.insert(i, (start, size))
 
     def _reserve(self, nbytes: int) -> np.ndarray:
         blocks = self._blocks
@@ -126,6 +187,8 @@ class Arena:
         self.generation += 1
         self._block_index = 0
         self._offset = 0
+        self._free.clear()
+        self._watch.clear()  # their callbacks would only find an old generation
         self.stats.bytes_in_use = 0
 
     def close(self) -> None:
@@ -134,6 +197,8 @@ class Arena:
             return
         self.generation += 1
         self.closed = True
+        self._free.clear()
+        self._watch.clear()
         for block in self._blocks:
             self.pool.release(block)
         self._blocks.clear()

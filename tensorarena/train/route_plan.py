@@ -6,8 +6,8 @@ Persistent bytes are exact, from the parameter shapes and the optimizer's declar
 needs more memory than one stage: a model that does not fit can still be planned), identical
 stages once; otherwise the whole step is traced. From the traced buffers:
 
-- eager: every allocation of the step stays until the step ends (the arena bump-allocates),
-  so its activations are the sum of all buffers;
+- eager: the step arena reuses a buffer's bytes once it is dead, so its high-water is the most
+  bytes alive at once (the traced live peak; its best-fit reuse has matched it exactly on ViTs);
 - fused: buffers share the slab by liveness. From whole-step traces this is the planned slab;
   from stage traces it is everything the forward keeps alive, stage by stage, plus the largest
   extra a stage's backward needs on top;
@@ -117,8 +117,9 @@ class TracedStage:
     """What tracing one stage (or the whole step) found."""
 
     forward_live: int  # bytes the forward leaves alive: saved for backward, plus its output
-    allocated: int  # every byte the stage's forward and backward allocate (the eager arena's share)
+    allocated: int  # every byte the stage's forward and backward allocate
     slab: int  # the stage's own liveness plan (its peak)
+    live_peak: int  # the most bytes alive at once (what the eager arena, reusing dead memory, holds)
     output_bytes: int
 
 
@@ -145,8 +146,9 @@ def _trace(run: Callable[[], Any], params: list[Tensor], model: Module) -> tuple
     live = sum(b.nbytes for b in buffers[:end] if b.death is None or b.death > end)
     specs = [BufferSpec(str(b.index), b.nbytes, b.index, n - 1 if b.death is None else max(b.index, b.death - 1))
              for b in buffers]
-    slab = plan_memory(specs).slab_bytes if specs else 0
-    return TracedStage(live, sum(b.nbytes for b in buffers), slab, result[1]), result[0]
+    memory = plan_memory(specs) if specs else None
+    slab, peak = (memory.slab_bytes, memory.peak_live_bytes) if memory else (0, 0)
+    return TracedStage(live, sum(b.nbytes for b in buffers), slab, peak, result[1]), result[0]
 
 
 def trace_stages(model: Module, loss_fn: Callable, inputs: np.ndarray, targets: Any) -> list[TracedStage]:
@@ -215,12 +217,12 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
         source = f"traced stage by stage at batch {x.shape[0] if x.ndim else 1} ({len(traced)} stages)"
         forward_live = sum(s.forward_live for s in traced)
         fused_act = forward_live + max(s.slab - s.forward_live for s in traced)
-        eager_act = sum(s.allocated for s in traced)
+        eager_act = forward_live + max(s.live_peak - s.forward_live for s in traced)
         details["stages"] = [vars(s) for s in traced]
     else:
         whole = trace_whole(model, loss_fn, x, y)
         source = f"traced whole step at batch {x.shape[0] if x.ndim else 1}"
-        fused_act, eager_act = whole.slab, whole.allocated
+        fused_act, eager_act = whole.slab, whole.live_peak
         traced = [whole]
     if process_other_bytes is None:
         # Measured after tracing: the kernels are compiled (or loaded from the cache) by now, and
