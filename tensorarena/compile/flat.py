@@ -10,11 +10,31 @@ trained values through the same objects they always used.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import logging
+
 import numpy as np
 
 from ..nn.module import Module
 from ..optim.optimizer import Optimizer
 from ..tensor import Tensor
+
+
+def _return_freed_memory() -> None:
+    """Hand the per-parameter arrays just replaced by flat views back to the operating system.
+
+    glibc keeps freed heap chunks mapped (its mmap threshold grows after large frees, so big
+    parameter arrays often live on the heap); malloc_trim releases their pages. Measured on
+    ViT-Base: without it the old parameters (327 MiB) stayed resident next to their flat copy.
+    """
+    name = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    if trim is None:
+        logging.getLogger("tensorarena").debug("no malloc_trim here (not glibc): freed parameter arrays stay "
+                                               "with the allocator until it reuses them")
+        return
+    trim(0)
 
 
 class FlatGroup:
@@ -120,6 +140,7 @@ class FlatState:
             self.groups.append(FlatGroup(group, params, [names.get(id(p), "<not in model>") for p in params],
                                          optimizer.state_init(group), optimizer.scalar_state_init(group)))
         self.bind()
+        _return_freed_memory()
 
     def bind(self) -> None:
         for g in self.groups:

@@ -74,7 +74,8 @@ class StepPlan:
         return rows
 
     def memory_report(self) -> dict[str, int]:
-        """Bytes by kind, known before step 1: persistent (params, grads, state.*, inputs), slab, predicted peak."""
+        """Bytes by kind, known before step 1: persistent (params, grads, state.*, inputs), slab, the predicted
+        peak (everything training holds) and predicted growth (what it adds to a process that has the model)."""
         report = dict(self.persistent)
         report["inputs"] = self.inputs.nbytes + (self.targets.nbytes if self.targets is not None else 0)
         persistent = sum(report.values())
@@ -83,6 +84,9 @@ class StepPlan:
         report["slab_lower_bound"] = self.memory.peak_live_bytes
         report["saved_by_reuse"] = self.memory.saved_bytes
         report["predicted_peak"] = persistent + self.memory.slab_bytes
+        # The parameters existed before: flattening moves them (the old arrays are freed and
+        # returned), so what training adds to the process is the peak less one copy of them.
+        report["predicted_growth"] = report["predicted_peak"] - report["params"]
         return report
 
     def format_report(self) -> str:

@@ -6,10 +6,9 @@ and optimizer, compiles the kernels, takes the RSS baseline, traces the fused st
 prediction, the measured RSS growth over the baseline and their ratio. Run it in a fresh
 process (tests and bench/fused.py do) so the baseline is this model's alone.
 
-The prediction includes the parameters although they exist before the baseline: flattening
-copies them into the plan's flat buffer, and whether NumPy's old per-parameter arrays go
-back to the operating system is up to malloc, so the measured growth lands between
-predicted_peak - params and predicted_peak.
+The parameters exist before the baseline; flattening moves them into the plan's flat buffer
+and returns the old arrays to the operating system (compile/flat.py), so the comparison is
+with `predicted_growth` = predicted_peak - params.
 """
 
 from __future__ import annotations
@@ -52,8 +51,9 @@ def measure(model_name: str, batch: int, image_size: int, steps: int, seed: int 
         step_s.append(time.perf_counter() - start)
     growth = rss_bytes() - baseline
     return {"model": model_name, "batch": batch, "image_size": image_size, "report": report,
-            "predicted_peak": report["predicted_peak"], "measured_growth": growth,
-            "peak_growth": peak_rss_bytes() - baseline, "ratio": growth / report["predicted_peak"],
+            "predicted_peak": report["predicted_peak"], "predicted_growth": report["predicted_growth"],
+            "measured_growth": growth, "peak_growth": peak_rss_bytes() - baseline,
+            "ratio": growth / report["predicted_growth"],
             "trace_s": trace_s, "step_s": step_s}
 
 
