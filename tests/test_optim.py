@@ -173,7 +173,16 @@ ROUND_TRIP = {
     "SGD-dampening": lambda ps: optim.SGD(_grouped(ps, (0.1, 0.01)), momentum=0.8, dampening=0.3),
     "Adam": lambda ps: optim.Adam(ps, lr=0.01, amsgrad=True, weight_decay=0.01),
     "AdamW": lambda ps: optim.AdamW(_grouped(ps, (0.01, 0.002)), amsgrad=True, maximize=True),
+    "NAdam": lambda ps: optim.NAdam(ps, lr=0.01, weight_decay=0.01),
+    "NAdam-decoupled": lambda ps: optim.NAdam(_grouped(ps, (0.01, 0.002)), weight_decay=0.1,
+                                              decoupled_weight_decay=True),
+    "RMSprop": lambda ps: optim.RMSprop(_grouped(ps, (0.01, 0.002)), centered=True, momentum=0.9),
+    "Adagrad": lambda ps: optim.Adagrad(ps, lr=0.1, lr_decay=0.01, initial_accumulator_value=0.1),
+    "Lion": lambda ps: optim.Lion(_grouped(ps, (1e-3, 3e-4)), weight_decay=0.1),
+    "LAMB": lambda ps: optim.LAMB(ps, lr=0.01, weight_decay=0.01),
+    "SGD-momentum": lambda ps: optim.SGD(ps, lr=0.05, momentum=0.9, dampening=0.2),
 }
+SCALAR_STATE = ("step", "mu_product")  # per-parameter numbers (NAdam keeps mu_product too)
 
 
 def _grad_stream(n, seed=5):
@@ -202,12 +211,16 @@ def test_state_dict_round_trip_is_exact(name, via_json):
     _train(opt_a, params_a, grads[:10])
     sd = opt_a.state_dict()
     if via_json:  # what a checkpoint does: scalars and hyperparameters through JSON, arrays as arrays
-        sd = {"state": {str(i): {k: (float(v) if k == "step" else v) for k, v in e.items()}
+        sd = {"state": {str(i): {k: (float(v) if k in SCALAR_STATE else v) for k, v in e.items()}
                         for i, e in sd["state"].items()},
               "param_groups": json.loads(json.dumps(sd["param_groups"]))}
     params_b = [Parameter(p.data, dtype=np.float64) for p in params_a]
     opt_b = make(params_b)
     opt_b.load_state_dict(sd)
+    for s in opt_b.state.values():
+        for key in SCALAR_STATE:
+            if key in s:
+                assert isinstance(s[key], np.ndarray) and s[key].shape == () and s[key].dtype == np.float64
     _train(opt_a, params_a, grads[10:])  # the source keeps training: the loaded copy must not alias it
     _train(opt_b, params_b, grads[10:])
     for ref, a, b in zip(ref_params, params_a, params_b):
