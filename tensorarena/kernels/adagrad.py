@@ -11,7 +11,7 @@ import numba
 import numpy as np
 
 from . import register
-from .optim_arrays import flat_views
+from .optim_arrays import effective_grad, flat_views
 
 
 def _clr(lr: float, lr_decay: float, step: float) -> float:
@@ -28,14 +28,7 @@ def adagrad_reference(param: np.ndarray, grad: np.ndarray, state_sum: np.ndarray
     """
     a, b = scratch if scratch is not None else (np.empty_like(param), np.empty_like(param))
     dt = param.dtype.type
-    g = grad
-    if maximize:
-        np.negative(grad, out=a)
-        g = a
-    if weight_decay != 0:
-        np.multiply(param, dt(weight_decay), out=b)
-        np.add(g, b, out=a)
-        g = a
+    g = effective_grad(param, grad, weight_decay, maximize, a, b)
     np.multiply(g, g, out=b)
     np.add(state_sum, b, out=state_sum)
     np.sqrt(state_sum, out=b)

@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from . import register
+from .optim_arrays import effective_grad, lerp_
 
 
 def adam_reference(param: np.ndarray, grad: np.ndarray, exp_avg: np.ndarray, exp_avg_sq: np.ndarray,
@@ -29,29 +30,10 @@ def adam_reference(param: np.ndarray, grad: np.ndarray, exp_avg: np.ndarray, exp
     Operation order follows torch's single-tensor Adam so results agree to rounding.
     """
     a, b = scratch if scratch is not None else (np.empty_like(param), np.empty_like(param))
-    g = grad
-    if weight_decay != 0 and not decoupled_weight_decay:
-        np.multiply(param, weight_decay, out=a)
-        if maximize:
-            np.subtract(a, grad, out=a)  # -g + wd * p
-        else:
-            np.add(grad, a, out=a)  # g + wd * p
-        g = a
-    elif maximize:
-        np.negative(grad, out=a)
-        g = a
+    g = effective_grad(param, grad, 0.0 if decoupled_weight_decay else weight_decay, maximize, a, b)
     if weight_decay != 0 and decoupled_weight_decay:
         np.multiply(param, 1 - lr * weight_decay, out=param)
-
-    # exp_avg.lerp_(g, 1 - beta1), with torch's two-sided lerp formula.
-    weight = 1 - beta1
-    np.subtract(g, exp_avg, out=b)
-    if abs(weight) < 0.5:
-        np.multiply(b, weight, out=b)
-        np.add(exp_avg, b, out=exp_avg)
-    else:
-        np.multiply(b, 1 - weight, out=b)
-        np.subtract(g, b, out=exp_avg)
+    lerp_(exp_avg, g, 1 - beta1, b)  # exp_avg.lerp_(g, 1 - beta1)
     # exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * g * g
     np.multiply(exp_avg_sq, beta2, out=exp_avg_sq)
     np.multiply(g, 1 - beta2, out=b)

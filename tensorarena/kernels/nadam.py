@@ -16,7 +16,7 @@ import numba
 import numpy as np
 
 from . import register
-from .optim_arrays import flat_views, lerp_
+from .optim_arrays import effective_grad, flat_views, lerp_
 
 
 def _coefficients(lr: float, mu: float, mu_next: float, mu_product: float) -> tuple[float, float]:
@@ -35,17 +35,9 @@ def nadam_reference(param: np.ndarray, grad: np.ndarray, exp_avg: np.ndarray, ex
     """
     a, b = scratch if scratch is not None else (np.empty_like(param), np.empty_like(param))
     dt = param.dtype.type
-    g = grad
-    if maximize:
-        np.negative(grad, out=a)
-        g = a
-    if weight_decay != 0:
-        if decoupled_weight_decay:
-            np.multiply(param, dt(1 - lr * weight_decay), out=param)
-        else:
-            np.multiply(param, dt(weight_decay), out=b)
-            np.add(g, b, out=a)
-            g = a
+    if weight_decay != 0 and decoupled_weight_decay:
+        np.multiply(param, dt(1 - lr * weight_decay), out=param)
+    g = effective_grad(param, grad, 0.0 if decoupled_weight_decay else weight_decay, maximize, a, b)
     lerp_(exp_avg, g, 1 - beta1, b)
     np.multiply(exp_avg_sq, dt(beta2), out=exp_avg_sq)
     np.multiply(g, dt(1 - beta2), out=b)

@@ -1,4 +1,5 @@
-"""Pieces the optimizer kernels share: checked flat views for the fused twins, torch's lerp for the references.
+"""Pieces the optimizer kernels share: checked flat views for the fused twins; torch's lerp and the
+sign/L2-decayed gradient for the references.
 
 An optimizer kernel updates one array in place, and that array may be a single parameter or
 a group's parameters concatenated into one flat buffer (the fused route); both look the same
@@ -30,6 +31,24 @@ def flat_views(name: str, param: np.ndarray, *arrays: np.ndarray | None) -> tupl
                              f"{param.dtype}{list(param.shape)}")
     out.extend(flat if a is None else a.reshape(-1) for a in arrays)
     return tuple(out)
+
+
+def effective_grad(param: np.ndarray, grad: np.ndarray, weight_decay: float, maximize: bool,
+                   a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """torch's g = -grad if maximize else grad; g = g + weight_decay * param (L2 decay), in scratch.
+
+    Returns `grad` itself when neither applies, else `a` (`b` is overwritten); `grad` is never
+    modified. The decay scalar meets the arrays in their dtype, as torch's Python scalars do.
+    """
+    g = grad
+    if maximize:
+        np.negative(grad, out=a)
+        g = a
+    if weight_decay != 0:
+        np.multiply(param, param.dtype.type(weight_decay), out=b)
+        np.add(g, b, out=a)
+        g = a
+    return g
 
 
 def lerp_(start: np.ndarray, end: np.ndarray, weight: float, tmp: np.ndarray) -> None:

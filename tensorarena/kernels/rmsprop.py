@@ -13,7 +13,7 @@ import numba
 import numpy as np
 
 from . import register
-from .optim_arrays import flat_views, lerp_
+from .optim_arrays import effective_grad, flat_views, lerp_
 
 
 def _check(grad_avg, momentum_buffer, momentum: float) -> None:
@@ -33,14 +33,7 @@ def rmsprop_reference(param: np.ndarray, grad: np.ndarray, square_avg: np.ndarra
     _check(grad_avg, momentum_buffer, momentum)
     a, b = scratch if scratch is not None else (np.empty_like(param), np.empty_like(param))
     dt = param.dtype.type
-    g = grad
-    if maximize:
-        np.negative(grad, out=a)
-        g = a
-    if weight_decay != 0:
-        np.multiply(param, dt(weight_decay), out=b)
-        np.add(g, b, out=a)
-        g = a
+    g = effective_grad(param, grad, weight_decay, maximize, a, b)
     np.multiply(square_avg, dt(alpha), out=square_avg)
     np.multiply(g, dt(1 - alpha), out=b)
     np.multiply(b, g, out=b)

@@ -13,6 +13,7 @@ import numba
 import numpy as np
 
 from . import register
+from .optim_arrays import effective_grad
 
 
 def _check(param: np.ndarray, grad: np.ndarray, momentum_buffer: np.ndarray | None, momentum: float) -> None:
@@ -38,14 +39,7 @@ def sgd_reference(param: np.ndarray, grad: np.ndarray, momentum_buffer: np.ndarr
     _check(param, grad, momentum_buffer, momentum)
     a, b = scratch if scratch is not None else (np.empty_like(param), np.empty_like(param))
     dt = param.dtype.type  # torch's scalars meet the tensors in the tensor's dtype
-    g = grad
-    if maximize:
-        np.negative(grad, out=a)
-        g = a
-    if weight_decay != 0.0:
-        np.multiply(param, dt(weight_decay), out=b)
-        np.add(g, b, out=a)
-        g = a
+    g = effective_grad(param, grad, weight_decay, maximize, a, b)
     if momentum != 0.0:
         buf = momentum_buffer
         if first_step:
