@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..random import default_generator
-from ..train.checkpoint import FORMAT, VERSION, _generators, _jsonable, read_metadata
+from ..train.checkpoint import FORMAT, VERSION, _atomic_write, _generators, _jsonable, read_metadata
 
 _DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float64): "F64", np.dtype(np.int64): "I64"}
 
@@ -55,12 +55,8 @@ def _entries(route) -> list[tuple[int, str, str, Any]]:
 
 
 def _meta(route, step: int, extra: dict | None) -> dict:
-    groups = []
-    index = _optimizer_index(route.optimizer)
-    for group in route.optimizer.param_groups:
-        packed = {k: v for k, v in group.items() if k != "params"}
-        packed["params"] = [index[id(p)] for p in group["params"]]
-        groups.append(packed)
+    # The optimizer's state lives in the store (its in-memory state is empty): only the groups are used.
+    groups = route.optimizer.state_dict()["param_groups"]
     meta: dict[str, Any] = {"format": FORMAT, "version": VERSION, "step": step, "extra": extra or {},
                             "optimizer": {"class": type(route.optimizer).__name__, "param_groups": _jsonable(groups),
                                           "scalar_state": {}}}
@@ -89,31 +85,24 @@ def save_streaming_checkpoint(route, path: str | os.PathLike, *, step: int, extr
     header["__metadata__"] = {"tensorarena": json.dumps(_meta(route, step, extra))}
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(struct.pack("<Q", len(raw)))
-            f.write(raw)
-            loaded = None
-            for k, name, what, key in rows:
-                if loaded != k:
-                    store.read(k, 0).result()
-                    views, loaded = store.views(0, k), k
-                if what == "param":
-                    array = views.params[key]
-                elif what == "state":
-                    array = views.state[key[0]][key[1]]
-                else:
-                    array = views.scalars[key[0], key[1]:key[1] + 1].reshape(())
-                f.write(np.ascontiguousarray(array).tobytes() if array.ndim == 0 else memoryview(array).cast("B"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+
+    def write(f) -> None:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        loaded = None
+        for k, name, what, key in rows:
+            if loaded != k:
+                store.read(k, 0).result()
+                views, loaded = store.views(0, k), k
+            if what == "param":
+                array = views.params[key]
+            elif what == "state":
+                array = views.state[key[0]][key[1]]
+            else:
+                array = views.scalars[key[0], key[1]:key[1] + 1].reshape(())
+            f.write(np.ascontiguousarray(array).tobytes() if array.ndim == 0 else memoryview(array).cast("B"))
+
+    _atomic_write(Path(path), write)
 
 
 def load_into_streaming(route, path: str | os.PathLike) -> dict:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Callable
 
 import numpy as np
 from safetensors.numpy import load_file, save
@@ -75,12 +75,16 @@ def save_checkpoint(path: str | os.PathLike, *, model: Module, optimizer=None, s
     _atomic_write(Path(path), payload)
 
 
-def _atomic_write(path: Path, payload: bytes) -> None:
+def _atomic_write(path: Path, payload: bytes | Callable[[BinaryIO], None]) -> None:
+    """Write `payload` (bytes, or a function writing into the open file) to `path` atomically and durably."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
-            f.write(payload)
+            if callable(payload):
+                payload(f)
+            else:
+                f.write(payload)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
