@@ -139,6 +139,7 @@ class FlatState:
                 continue
             self.groups.append(FlatGroup(group, params, [names.get(id(p), "<not in model>") for p in params],
                                          optimizer.state_init(group), optimizer.scalar_state_init(group)))
+        self._params = [p for g in self.groups for p in g.params]
         self.bind()
         _return_freed_memory()
 
@@ -154,7 +155,8 @@ class FlatState:
         return True
 
     def params(self) -> list[Tensor]:
-        return [p for g in self.groups for p in g.params]
+        """Every flattened parameter, in group order (the same list each call)."""
+        return self._params
 
     def missing_grads(self) -> list[str]:
         """Names of flattened parameters that received no gradient."""

@@ -34,7 +34,7 @@ from ..optim.clip import clip_grad_norm_
 from ..optim.optimizer import Optimizer
 from ..tensor import Tensor
 from .flat import FlatState
-from .planner import BufferSpec, MemoryPlan, plan_memory
+from .planner import MemoryPlan, plan_memory
 from .trace import PlanMismatchError, TracedBuffer, TracingArena, UnsupportedOpError
 
 log = logging.getLogger("tensorarena")
@@ -197,10 +197,7 @@ class FusedStep:
                 p.grad = None
         buffers = tracer.finish()
         self.traces += 1
-        n = len(buffers)
-        specs = [BufferSpec(str(b.index), b.nbytes, b.index, n - 1 if b.death is None else max(b.index, b.death - 1))
-                 for b in buffers]
-        memory = plan_memory(specs)
+        memory = plan_memory(tracer.lifetimes())
         slab = np.empty(max(memory.slab_bytes, 1), np.uint8)  # persistent: owned by the plan
         views = [slab[memory.offsets[str(b.index)]:memory.offsets[str(b.index)] + b.nbytes].view(b.dtype).reshape(b.shape)
                  for b in buffers]
@@ -268,16 +265,18 @@ def compile_step(model: Module, loss_fn: Callable, optimizer: Optimizer, example
     return fused
 
 
-def _rng_states(model: Module) -> list[tuple[np.random.Generator, dict]]:
-    """Every generator the step may draw from (the default one and any a module holds), with its state."""
+def rng_generators(model: Module) -> list[np.random.Generator]:
+    """Every generator a step may draw from: the default one and any a module holds, each once."""
     from ..random import default_generator
+    from ..train.checkpoint import _generators
 
-    gens = {id(default_generator()): default_generator()}
-    for m in model.modules():
-        for value in vars(m).values():
-            if isinstance(value, np.random.Generator):
-                gens[id(value)] = value
-    return [(g, g.bit_generator.state) for g in gens.values()]
+    return list({id(g): g for g in (default_generator(), *_generators(model).values())}.values())
+
+
+def _rng_states(model: Module, generators: list[np.random.Generator] | None = None
+                ) -> list[tuple[np.random.Generator, dict]]:
+    """(generator, state) for `generators` (default: all of `model`'s), to restore after a trace or a failed step."""
+    return [(g, g.bit_generator.state) for g in (generators if generators is not None else rng_generators(model))]
 
 
 def _restore_rng(saved: list[tuple[np.random.Generator, dict]]) -> None:

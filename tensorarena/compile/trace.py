@@ -129,6 +129,15 @@ class TracingArena(Arena):
             record.death = len(self.buffers)
             self.stats.bytes_in_use -= record.nbytes
 
+    def lifetimes(self) -> list:
+        """Each traced buffer as a planner BufferSpec: live from its allocation to the last
+        allocation before it died (to the end of the step if it never did)."""
+        from .planner import BufferSpec
+
+        n = len(self.buffers)
+        return [BufferSpec(str(b.index), b.nbytes, b.index, n - 1 if b.death is None else max(b.index, b.death - 1))
+                for b in self.buffers]
+
     def finish(self) -> list[TracedBuffer]:
         """Stop watching; buffers still alive are alive until the end of the step."""
         for fin in self._finalizers:

@@ -71,6 +71,7 @@ class Arena:
         self.closed = False
         self.stats = ArenaStats()
         self._blocks: list[Block] = []
+        self._bytes: list[memoryview] = []  # one memoryview per block, sliced per allocation
         self._block_index = 0  # the block we are bumping in
         self._offset = 0  # bump pointer inside that block
         self._free: dict[int, list[tuple[int, int]]] = {}  # block index -> sorted (start, size) dead chunks
@@ -113,7 +114,7 @@ class Arena:
             self.stats.high_water = self.stats.bytes_in_use
         # Its own base array (over a memoryview, which is not an ndarray, so NumPy stops collapsing
         # bases there): when this array and every view of it are gone, the weakref fires.
-        base = np.frombuffer(memoryview(self._blocks[block].buffer)[start:start + padded], np.uint8)
+        base = np.frombuffer(self._bytes[block][start:start + padded], np.uint8)
         ref = weakref.ref(base, self._dead)
         self._watch[id(ref)] = (ref, self.generation, block, start, padded)
         return base[:nbytes].view(dtype).reshape(shape)
@@ -176,6 +177,7 @@ class Arena:
             self._block_index, self._offset = entry_position
             raise
         blocks.append(block)
+        self._bytes.append(memoryview(block.buffer))
         self.stats.blocks = len(blocks)
         self._block_index = len(blocks) - 1
         self._offset = nbytes
@@ -202,6 +204,7 @@ class Arena:
         for block in self._blocks:
             self.pool.release(block)
         self._blocks.clear()
+        self._bytes.clear()
         self.stats.blocks = 0
         self.stats.bytes_in_use = 0
 

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..compile.planner import BufferSpec, plan_memory
+from ..compile.planner import plan_memory
 from ..compile.trace import TracingArena
 from ..memory.budget import MemoryBudget
 from ..memory.meter import format_bytes, rss_bytes
@@ -144,9 +144,7 @@ def _trace(run: Callable[[], Any], params: list[Tensor], model: Module) -> tuple
     n = len(buffers)
     end = marks.get("forward_end", n)
     live = sum(b.nbytes for b in buffers[:end] if b.death is None or b.death > end)
-    specs = [BufferSpec(str(b.index), b.nbytes, b.index, n - 1 if b.death is None else max(b.index, b.death - 1))
-             for b in buffers]
-    memory = plan_memory(specs) if specs else None
+    memory = plan_memory(tracer.lifetimes()) if buffers else None
     slab, peak = (memory.slab_bytes, memory.peak_live_bytes) if memory else (0, 0)
     return TracedStage(live, sum(b.nbytes for b in buffers), slab, peak, result[1]), result[0]
 

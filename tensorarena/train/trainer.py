@@ -111,6 +111,7 @@ class Trainer:
         self.route_plan = None  # RoutePlan from plan(): every route's estimate and the choice
         self.stream = None  # the StreamingRoute once training streams
         self.route_switches: list[dict] = []  # out-of-memory fallbacks: step, from, to, error
+        self._generators = None  # the RNGs a step draws from, snapshot per step for the fallback
 
     # -- routes ------------------------------------------------------------------------
     def plan(self, inputs: Any, targets: Any, routes: tuple[str, ...] = ("fused", "streaming")):
@@ -209,13 +210,16 @@ class Trainer:
 
     def step(self, inputs: Any, targets: Any) -> StepReport:
         """One training step on a batch; returns its report."""
-        from ..compile.step import _rng_states
+        from ..compile.step import _rng_states, rng_generators
 
         if self.route == "auto":
             self._choose_route(inputs, targets)
         if self.route == "streaming":
             return self._streaming_step(inputs, targets)
-        rng_snapshot = _rng_states(self.model) if self.oom_fallback else None
+        # Generators found once (walking every module each step would be hot-path work for nothing).
+        if self._generators is None:
+            self._generators = rng_generators(self.model)
+        rng_snapshot = _rng_states(self.model, self._generators) if self.oom_fallback else None
         try:
             if self.route == "fused":
                 report = self._fused_step(inputs, targets)
