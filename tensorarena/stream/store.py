@@ -54,6 +54,15 @@ JOURNAL = "journal.json"
 ALIGN = 64
 
 
+def ensure_writable_dir(where: Path) -> None:
+    """Create `where` and write and remove a probe file there; raises the OSError if that fails."""
+    where.mkdir(parents=True, exist_ok=True)
+    probe = where / f".write-probe-{os.getpid()}"
+    with open(probe, "wb") as f:
+        f.write(b"ok")
+    probe.unlink()
+
+
 class StoreError(RuntimeError):
     """The streaming store cannot be used as asked; the message says what is wrong and what to do."""
 
@@ -171,11 +180,7 @@ class ParamStore:
     def _check_writable(self) -> None:
         where = self.directory
         try:
-            where.mkdir(parents=True, exist_ok=True)
-            probe = where / f".write-probe-{os.getpid()}"
-            with open(probe, "wb") as f:
-                f.write(b"ok")
-            probe.unlink()
+            ensure_writable_dir(where)
         except OSError as exc:
             raise StoreError(
                 f"cannot use {where} as a streaming store: {exc.strerror or exc} ({type(exc).__name__}). "

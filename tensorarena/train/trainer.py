@@ -34,17 +34,14 @@ LossFn = Callable[[Tensor, Any], Tensor]
 
 def _check_store_dir(store_dir) -> None:
     """Create `store_dir` and prove it writable now; a clear error instead of a failed fallback later."""
-    import os
     from pathlib import Path
 
-    where = Path(store_dir)
+    from ..stream.store import ensure_writable_dir
+
     try:
-        where.mkdir(parents=True, exist_ok=True)
-        probe = where / f".trainer-write-probe-{os.getpid()}"
-        probe.write_bytes(b"ok")
-        probe.unlink()
+        ensure_writable_dir(Path(store_dir))
     except OSError as exc:
-        raise ValueError(f"store_dir {where} cannot be used for the streaming store: {exc.strerror or exc}. "
+        raise ValueError(f"store_dir {store_dir} cannot be used for the streaming store: {exc.strerror or exc}. "
                          f"Pass a writable directory on a disk with room for the parameters and optimizer "
                          f"state") from exc
 
