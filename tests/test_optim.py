@@ -291,6 +291,21 @@ def test_load_state_dict_validates_and_leaves_optimizer_untouched(mutate, messag
     (optim.Adam, dict(weight_decay=-0.1), "-0.1"),
     (optim.AdamW, dict(betas=(0.9, 1.5)), "1.5"),
     (optim.AdamW, dict(weight_decay=-0.01), "-0.01"),
+    (optim.NAdam, dict(lr=-1e-3), "Invalid learning rate: -0.001"),
+    (optim.NAdam, dict(betas=(0.9, 1.0)), "Invalid beta parameter at index 1: 1.0"),
+    (optim.NAdam, dict(momentum_decay=-1.0), "Invalid momentum_decay value: -1.0"),
+    (optim.NAdam, dict(eps=-1.0), "Invalid epsilon value: -1.0"),
+    (optim.RMSprop, dict(alpha=-0.5), "Invalid alpha value: -0.5"),
+    (optim.RMSprop, dict(momentum=-0.5), "Invalid momentum value: -0.5"),
+    (optim.RMSprop, dict(weight_decay=-0.5), "Invalid weight_decay value: -0.5"),
+    (optim.Adagrad, dict(lr_decay=-0.1), "Invalid lr_decay value: -0.1"),
+    (optim.Adagrad, dict(initial_accumulator_value=-0.1), "Invalid initial_accumulator_value value: -0.1"),
+    (optim.Adagrad, dict(eps=float("nan")), "nan"),
+    (optim.Lion, dict(lr=-1.0), "Invalid learning rate: -1.0"),
+    (optim.Lion, dict(betas=(1.5, 0.99)), "Invalid beta parameter at index 0: 1.5"),
+    (optim.Lion, dict(weight_decay=-0.1), "Invalid weight_decay value: -0.1"),
+    (optim.LAMB, dict(betas=(0.9,)), "(0.9,)"),
+    (optim.LAMB, dict(eps=-1e-6), "Invalid epsilon value: -1e-06"),
 ])
 def test_invalid_hyperparameters_raise_naming_the_value(cls, kwargs, bad):
     params, _ = _params(np.float64)
