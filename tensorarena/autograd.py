@@ -1,8 +1,15 @@
 """Define-by-run reverse-mode autodiff.
 
-Each op that needs a gradient records, on its output tensor, the parent tensors
-and a backward closure (micrograd style: forward and backward sit side by side
-in the op's file). `backward` walks that graph in reverse topological order.
+Each op that needs a gradient records a graph node on its output tensor: the
+parents' nodes and a backward closure (micrograd style: forward and backward sit
+side by side in the op's file). `backward` walks that graph in reverse
+topological order. Leaf tensors (parameters) are their own nodes.
+
+The graph holds nodes, never op outputs: an intermediate tensor's memory lives
+only as long as the caller holds it or a backward closure saved it (as
+PyTorch's saved tensors). Were the graph to hold the tensors, every forward
+intermediate (a linear's output feeding a residual add, a projection whose
+q/k/v the attention copied) would stay alive until backward reached it.
 Gradients of intermediates come from the current arena; gradients of leaves
 (parameters) accumulate into persistent buffers that outlive every step.
 """
@@ -69,6 +76,22 @@ class SliceGrad:
         return full
 
 
+class Node:
+    """One recorded op: the nodes of its parents and its backward closure; no data."""
+
+    __slots__ = ("_parents", "_backward")
+    requires_grad = True  # a node exists only where a gradient is needed
+
+    def __init__(self, parents: tuple, backward) -> None:
+        self._parents = parents
+        self._backward = backward
+
+
+def graph_node(t: "Tensor"):
+    """The node standing for `t` in the graph: its op's Node, or the tensor itself for a leaf."""
+    return t._node if t._node is not None else t
+
+
 def _freed_backward(_grad):
     raise RuntimeError(
         "trying to backward through the graph a second time: its saved tensors were "
@@ -76,13 +99,13 @@ def _freed_backward(_grad):
     )
 
 
-def _topological_order(root: "Tensor") -> tuple[list["Tensor"], dict[int, int]]:
+def _topological_order(root) -> tuple[list, dict[int, int]]:
     """Nodes in topological order, and how many graph edges lead into each node."""
     # Iterative DFS: deep graphs (long sequences, many blocks) must not hit the recursion limit.
-    order: list[Tensor] = []
+    order: list = []
     visited: set[int] = set()
     uses: dict[int, int] = {}
-    stack: list[tuple[Tensor, bool]] = [(root, False)]
+    stack: list[tuple[object, bool]] = [(root, False)]
     while stack:
         node, expanded = stack.pop()
         if expanded:
@@ -133,26 +156,29 @@ def backward(root: "Tensor", grad: np.ndarray | None = None) -> None:
     elif grad.shape != root.shape:
         raise ValueError(f"grad shape {grad.shape} does not match output shape {root.shape}")
 
-    order, uses = _topological_order(root)
-    _state.direct = {id(n) for n in order if not n._parents and n.grad is None and uses.get(id(n)) == 1}
+    start = graph_node(root)
+    if isinstance(start, Node) and start._backward is _freed_backward:
+        _freed_backward(grad)
+    order, uses = _topological_order(start)
+    _state.direct = {id(n) for n in order if not isinstance(n, Node) and n.grad is None and uses.get(id(n)) == 1}
     try:
-        _run_backward(order, root, grad)
+        _run_backward(order, start, grad)
     finally:
         _state.direct = None
 
 
-def _run_backward(order: list["Tensor"], root: "Tensor", grad: np.ndarray) -> None:
+def _run_backward(order: list, root, grad: np.ndarray) -> None:
     grads: dict[int, np.ndarray] = {id(root): grad}
     owned: set[int] = set()  # grads we allocated ourselves, safe to add into in place
     for node in reversed(order):
         g = grads.pop(id(node), None)
         if g is None:
             continue
-        if not node._parents:
-            if node._backward is _freed_backward:  # an op output whose graph an earlier backward freed
-                _freed_backward(g)
+        if not isinstance(node, Node):
             node._accumulate_leaf_grad(g)
             continue
+        if node._backward is _freed_backward:  # an op whose saved tensors an earlier backward freed
+            _freed_backward(g)
         parent_grads = node._backward(g)
         node._backward = _freed_backward
         for parent, pg in zip(node._parents, parent_grads):

@@ -20,15 +20,12 @@ SUPPORTED_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 BackwardFn = Callable[[np.ndarray], Sequence["np.ndarray | None"]]
 
 
-def _no_backward(_g):
-    return ()
-
-
 class Tensor:
     """An n-dimensional array that can record the ops that produced it."""
 
-    __slots__ = ("_data", "requires_grad", "grad", "_grad_buffer", "_parents", "_backward",
-                 "_arena", "_generation", "__weakref__")
+    __slots__ = ("_data", "requires_grad", "grad", "_grad_buffer", "_node", "_arena", "_generation",
+                 "__weakref__")
+    _parents: tuple = ()  # in the graph a tensor is always a leaf node (autograd.graph_node)
     __array_priority__ = 1000  # make `ndarray + Tensor` defer to Tensor.__radd__
 
     def __init__(self, data: Any, *, dtype=None, requires_grad: bool = False) -> None:
@@ -48,8 +45,7 @@ class Tensor:
         self.requires_grad = requires_grad
         self.grad: np.ndarray | None = None
         self._grad_buffer: np.ndarray | None = None
-        self._parents: tuple[Tensor, ...] = ()
-        self._backward: BackwardFn = _no_backward
+        self._node: autograd.Node | None = None  # the op that made it; None for a leaf
         self._arena: Arena | None = None
         self._generation = 0
 
@@ -69,12 +65,11 @@ class Tensor:
             t._generation = arena.generation if arena is not None else 0
         if backward is not None and autograd.is_grad_enabled() and any(p.requires_grad for p in parents):
             t.requires_grad = True
-            t._parents = tuple(parents)
-            t._backward = backward
+            # Parents' nodes, not the parents: the graph must not keep their data alive.
+            t._node = autograd.Node(tuple(autograd.graph_node(p) for p in parents), backward)
         else:
             t.requires_grad = False
-            t._parents = ()
-            t._backward = _no_backward
+            t._node = None
         return t
 
     # -- storage -------------------------------------------------------------
@@ -120,7 +115,7 @@ class Tensor:
 
     @property
     def is_leaf(self) -> bool:
-        return not self._parents
+        return self._node is None
 
     def item(self) -> float:
         """The value of a one-element tensor as a Python number."""
@@ -167,7 +162,7 @@ class Tensor:
     def requires_grad_(self, flag: bool = True) -> "Tensor":
         if flag and self._data.dtype not in SUPPORTED_FLOATS:
             raise TypeError(f"only float32/float64 tensors can require grad, got {self._data.dtype}")
-        if self._parents:
+        if self._node is not None:
             raise RuntimeError("requires_grad_ only applies to leaf tensors")
         self.requires_grad = flag
         return self

@@ -272,6 +272,27 @@ def test_attention_non_contiguous(dt):
     close(outs["reference"], outs["fused"], FUSED_TOL[dt])
 
 
+@pytest.mark.parametrize("dt", DTYPES)
+def test_attention_on_heads_of_a_packed_projection(dt):
+    # ops.packed_self_attention's layout: q, k, v are strided views of one (B, T, 3, H, hs) array, the
+    # output and the gradients are (B, T, H, hs) views, which the fused twin reads and writes in place.
+    rng = np.random.default_rng(6)
+    b, t, nh, hs = 2, 7, 3, 4
+    qkv = randn(rng, (b, t, 3, nh, hs), dt).transpose(2, 0, 3, 1, 4)  # (3, B, H, T, hs)
+    g = randn(rng, (b, t, nh, hs), dt).transpose(0, 2, 1, 3)
+    pad = np.zeros((b, t), bool)
+    pad[1, 5:] = True
+    outs = {}
+    for impl in ("reference", "fused"):
+        out = np.empty((b, t, nh, hs), dt).transpose(0, 2, 1, 3)
+        probs = np.empty((b, nh, t, t), dt)
+        kernels.kernel("attention_forward", impl)(qkv[0], qkv[1], qkv[2], pad, False, None, out, probs)
+        dqkv = np.empty((b, t, 3, nh, hs), dt).transpose(2, 0, 3, 1, 4)
+        kernels.kernel("attention_backward", impl)(qkv[0], qkv[1], qkv[2], probs, g, None, *dqkv)
+        outs[impl] = [out, probs, dqkv]
+    close(outs["reference"], outs["fused"], FUSED_TOL[dt])
+
+
 # ---------------------------------------------------------------- cross_entropy
 
 CE_CASES = [  # N, C, ignore_index, label_smoothing, ignored rows

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import tensorarena as ta
 from tensorarena import kernels
-from tensorarena.ops import bias_gelu, scaled_dot_product_attention
+from tensorarena.ops import bias_gelu, packed_self_attention, scaled_dot_product_attention
 from tests.reference import check_finite_differences, check_op, randn
 
 DTYPES = [np.float64, np.float32]
@@ -134,6 +134,66 @@ def test_attention_on_strided_head_views_and_mixed_precision(dtype, impl):
     assert out.dtype == np.float64  # promoted, as in torch
     out.sum().backward()
     assert q32.grad.dtype == np.float32 and k64.grad.dtype == np.float64
+
+
+# -- packed_self_attention: heads read straight from a (B, T, 3D) projection ---------------------
+
+def _torch_packed(qkv, heads, mask=None, causal=False):
+    b, t, three_d = qkv.shape
+    q, k, v = (x.reshape(b, t, heads, three_d // 3 // heads).transpose(1, 2) for x in qkv.split(three_d // 3, -1))
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    return y.transpose(1, 2).reshape(b, t, three_d // 3)
+
+
+PACKED = {  # B, T, heads, hs, padded keys per batch element or None, causal
+    "plain": (2, 5, 3, 4, None, False),
+    "padding": (3, 6, 2, 5, [[4, 5], [], [1, 2, 3]], False),
+    "causal": (2, 7, 2, 3, None, True),
+    "one head": (1, 4, 1, 6, None, False),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", list(PACKED))
+def test_packed_self_attention_matches_torch(name, dtype, impl):
+    b, t, heads, hs, padded, causal = PACKED[name]
+    pad = None
+    if padded is not None:
+        pad = np.zeros((b, t), bool)
+        for i, cols in enumerate(padded):
+            pad[i, cols] = True
+    mask = _torch_mask(b, t, t, pad, False)
+    before = kernels.calls[("attention_backward", impl)]
+    check_op(lambda qkv: packed_self_attention(qkv, heads, key_padding_mask=pad, causal=causal),
+             lambda qkv: _torch_packed(qkv, heads, mask, causal), [randn(7, (b, t, 3 * heads * hs))],
+             dtype=dtype, **TOL[dtype])
+    assert kernels.calls[("attention_backward", impl)] == before + 1  # the route the test meant ran
+
+
+def test_packed_self_attention_equals_split_heads_and_finite_differences(impl):
+    b, t, heads, hs = 2, 4, 2, 3
+    x = randn(3, (b, t, 3 * heads * hs))
+    pad = np.array([[False, False, True, True], [False] * 4])
+
+    def split(qkv):
+        parts = qkv.reshape(b, t, 3, heads, hs).permute(2, 0, 3, 1, 4)
+        y = scaled_dot_product_attention(parts[0], parts[1], parts[2], key_padding_mask=pad)
+        return y.transpose(1, 2).reshape(b, t, heads * hs)
+
+    ours = [ta.tensor(x, dtype=np.float64, requires_grad=True) for _ in range(2)]
+    outs = [packed_self_attention(ours[0], heads, key_padding_mask=pad), split(ours[1])]
+    np.testing.assert_allclose(outs[0].numpy(), outs[1].numpy(), rtol=1e-12, atol=1e-13)
+    for o in outs:
+        o.sum().backward()
+    np.testing.assert_allclose(ours[0].grad, ours[1].grad, rtol=1e-12, atol=1e-13)
+    check_finite_differences(lambda qkv: packed_self_attention(qkv, heads, key_padding_mask=pad), [x])
+
+
+def test_packed_self_attention_errors_name_the_shape():
+    with pytest.raises(ValueError, match=r"\(B, T, 3 \* D\).*num_heads=2.*\(2, 3, 10\)"):
+        packed_self_attention(ta.tensor(np.zeros((2, 3, 10))), 2)
+    with pytest.raises(ValueError, match=r"\(B, T, 3 \* D\)"):
+        packed_self_attention(ta.tensor(np.zeros((3, 12))), 2)
 
 
 def test_attention_outputs_come_from_the_arena_and_leaf_grads_outlive_it():

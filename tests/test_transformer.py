@@ -126,7 +126,7 @@ def test_block_runs_the_fused_ops_unless_attention_dropout_is_training(monkeypat
             return fn(*args, **kwargs)
         return wrapper
 
-    monkeypatch.setattr(F, "scaled_dot_product_attention", counted("sdpa", F.scaled_dot_product_attention))
+    monkeypatch.setattr(F, "packed_self_attention", counted("sdpa", F.packed_self_attention))
     monkeypatch.setattr(F, "bias_gelu", counted("bias_gelu", F.bias_gelu))
     x = ta.tensor(np.random.default_rng(0).standard_normal((2, 4, 8)).astype(np.float32))
     block = nn.TransformerBlock(8, 2, attention_dropout=0.1, rng=np.random.default_rng(0))

@@ -7,7 +7,8 @@ keys j > i (top-left aligned, as torch's is_causal; meant for T == S). A query w
 is dropped gets P = 0 and out = 0, as torch 2.13's scaled_dot_product_attention does too.
 Backward: dv = P^T g, dP = g v^T, dS = scale * P * (dP - rowsum(P * dP)), dq = dS k, dk = dS^T q.
 
-The fused twin does the matmuls with NumPy's batched BLAS straight into the caller's arrays and
+The fused twin does the matmuls as one 2-D BLAS call per (batch, head) slice straight between the
+caller's arrays, which may be strided views (no copies), and
 fuses scale, masks and softmax into one in-place parallel pass over P (forward; the exp is
 kernels.fastmath's packed one, in P's precision, as in softmax.py), and the softmax gradient into
 one pass over a dP tile (backward). The tile is its only scratch: about 2**20
@@ -145,38 +146,61 @@ def _back(a: np.ndarray, scratch: np.ndarray) -> None:
         np.copyto(a, scratch)
 
 
+def _slicewise(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """out[i, j] = a[i, j] @ b[i, j] over the two leading (batch, head) axes, one 2-D BLAS call each.
+
+    Each 2-D slice only needs unit stride along one axis: BLAS takes a leading dimension and a
+    transpose flag, so q, k, v viewed straight out of a packed (B, T, 3, H, hs) projection, k^T,
+    P^T and an output viewed as (B, T, H, hs) all go to BLAS with no copy. NumPy's batched matmul
+    would copy (or, for a batched transpose, run its naive loop).
+    """
+    for i in range(a.shape[0]):
+        for j in range(a.shape[1]):
+            np.matmul(a[i, j], b[i, j], out=out[i, j])
+
+
+def _swap(x: np.ndarray) -> np.ndarray:
+    return x.swapaxes(-1, -2)
+
+
 @_quiet_underflow
 def attention_forward_fused(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_padding_mask: np.ndarray | None,
                             causal: bool, scale: float | None, out: np.ndarray, probs: np.ndarray) -> None:
-    """Same contract as `attention_forward_reference`: BLAS matmuls around one fused masked-softmax pass."""
+    """Same contract as `attention_forward_reference`: BLAS matmuls around one fused masked-softmax pass.
+
+    q, k, v and out may be strided views (e.g. heads of a packed projection): nothing is copied.
+    """
     _check(q, k, v, key_padding_mask)
     kpm = np.zeros((1, 1), bool) if key_padding_mask is None else _cin(key_padding_mask)
     p = _cout(probs)
-    bmm(q, k.swapaxes(-1, -2), out=p)  # raw scores straight into probs: no (B, H, T, S) temporary
+    _slicewise(q, _swap(k), p)  # raw scores straight into probs: no (B, H, T, S) temporary
     rows, s = p.size // max(1, p.shape[-1]), p.shape[-1]
     _masked_softmax(p, kpm, key_padding_mask is not None, bool(causal), _scale(q, scale),
                     max(1, min(_BLOCK // max(s, 1), -(-rows // numba.get_num_threads()))))
-    bmm(p, v, out=out)
+    _slicewise(p, v, out)
     _back(probs, p)
 
 
 @_quiet_underflow
 def attention_backward_fused(q: np.ndarray, k: np.ndarray, v: np.ndarray, probs: np.ndarray, g: np.ndarray,
                              scale: float | None, dq: np.ndarray, dk: np.ndarray, dv: np.ndarray) -> None:
-    """Same contract as `attention_backward_reference`, a few batch elements at a time through one dP tile."""
+    """Same contract as `attention_backward_reference`, a few batch elements at a time through one dP tile.
+
+    q, k, v, g, dq, dk, dv may be strided views, as in the forward.
+    """
     scale = _scale(q, scale)
     nb, nh, t, _ = q.shape
     s = k.shape[2]
     chunk = max(1, min(nb, _TILE_ELEMENTS // max(1, nh * t * s)))
     tile = empty((chunk, nh, t, s), probs.dtype)  # the step's arena (a fused plan's slab), not the heap
-    bmm(probs.swapaxes(-1, -2), g, out=dv)
+    _slicewise(_swap(probs), g, dv)
     for b0 in range(0, nb, chunk):
         b1 = min(nb, b0 + chunk)
         ds = tile[: b1 - b0]
-        bmm(g[b0:b1], v[b0:b1].swapaxes(-1, -2), out=ds)  # dP
+        _slicewise(g[b0:b1], _swap(v[b0:b1]), ds)  # dP
         _softmax_grad(_cin(probs[b0:b1]), ds, scale)  # dS, in place
-        bmm(ds, k[b0:b1], out=dq[b0:b1])
-        bmm(ds.swapaxes(-1, -2), q[b0:b1], out=dk[b0:b1])
+        _slicewise(ds, k[b0:b1], dq[b0:b1])
+        _slicewise(_swap(ds), q[b0:b1], dk[b0:b1])
 
 
 register("attention_forward", "reference", attention_forward_reference)

@@ -75,14 +75,14 @@ class MultiheadAttention(Module):
         nh, hs = self.num_heads, self.head_dim
         if key_padding_mask is not None:
             key_padding_mask = _bool_mask(key_padding_mask, (B, T), "key_padding_mask")
-        qkv = self.qkv(x).reshape(B, T, 3, nh, hs)  # (B, T, 3, nh, hs)
-        qkv = qkv.permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
-        q, k, v = qkv[0], qkv[1], qkv[2]  # each (B, nh, T, hs)
+        qkv = self.qkv(x)  # (B, T, 3C): [query; key; value]
         if self.training and self.dropout > 0.0:
-            y = self._composed_attention(q, k, v, key_padding_mask, causal)
+            qkv = qkv.reshape(B, T, 3, nh, hs).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
+            y = self._composed_attention(qkv[0], qkv[1], qkv[2], key_padding_mask, causal)  # (B, nh, T, hs)
+            y = y.transpose(1, 2).reshape(B, T, C)  # (B, nh, T, hs) -> (B, T, nh, hs) -> (B, T, C)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, key_padding_mask=key_padding_mask, causal=causal)
-        y = y.transpose(1, 2).reshape(B, T, C)  # (B, nh, T, hs) -> (B, T, nh, hs) -> (B, T, C)
+            # The heads are read as strided views of qkv and written straight into (B, T, C).
+            y = F.packed_self_attention(qkv, nh, key_padding_mask=key_padding_mask, causal=causal)
         return self.proj(y)
 
     def _composed_attention(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: np.ndarray | None,

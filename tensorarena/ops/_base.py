@@ -32,12 +32,20 @@ def new(shape: tuple[int, ...], dtype) -> np.ndarray:
     return empty(tuple(shape), dtype)
 
 
-def grad_out(parent: Tensor, shape: tuple[int, ...], dtype) -> np.ndarray:
+def grad_out(parent: Tensor | None, shape: tuple[int, ...], dtype) -> np.ndarray:
     """Buffer for `parent`'s gradient: its persistent .grad buffer when autograd allows a
     direct write (a parameter used once), else a transient one from the arena. The backward
-    must return this very array (not a view) for the direct write to count."""
-    buf = direct_leaf_grad_buffer(parent, tuple(shape), dtype)
+    must return this very array (not a view) for the direct write to count. `parent` None
+    (an intermediate, see `leaf_or_none`) always gets a transient one."""
+    buf = direct_leaf_grad_buffer(parent, tuple(shape), dtype) if parent is not None else None
     return buf if buf is not None else new(shape, dtype)
+
+
+def leaf_or_none(t: Tensor) -> Tensor | None:
+    """What a backward closure may keep of an input tensor for `grad_out`: a leaf, whose data
+    persists anyway, never an intermediate: holding it would keep its memory alive until
+    backward (the graph itself holds only nodes, see autograd)."""
+    return t if t.is_leaf else None
 
 
 def new_like(a: np.ndarray) -> np.ndarray:

@@ -22,9 +22,10 @@ def add(a, b) -> Tensor:
     a, b = _pair(a, b)
     out = _binary_out(a, b)
     np.add(a.data, b.data, out=out)
+    a_shape, b_shape = a.shape, b.shape  # not a, b: the closure would keep their memory alive
 
     def backward(g):
-        return unbroadcast(g, a.shape), unbroadcast(g, b.shape)
+        return unbroadcast(g, a_shape), unbroadcast(g, b_shape)
 
     return Tensor._make(out, (a, b), backward)
 
@@ -34,14 +35,15 @@ def sub(a, b) -> Tensor:
     a, b = _pair(a, b)
     out = _binary_out(a, b)
     np.subtract(a.data, b.data, out=out)
+    a_shape, b_shape, b_needs_grad = a.shape, b.shape, b.requires_grad
 
     def backward(g):
         gb = None
-        if b.requires_grad:
+        if b_needs_grad:
             gb = new_like(g)
             np.negative(g, out=gb)
-            gb = unbroadcast(gb, b.shape)
-        return unbroadcast(g, a.shape), gb
+            gb = unbroadcast(gb, b_shape)
+        return unbroadcast(g, a_shape), gb
 
     return Tensor._make(out, (a, b), backward)
 
@@ -50,19 +52,22 @@ def mul(a, b) -> Tensor:
     """a * b, broadcasting."""
     a, b = _pair(a, b)
     out = _binary_out(a, b)
-    ad, bd = a.data, b.data
-    np.multiply(ad, bd, out=out)
+    np.multiply(a.data, b.data, out=out)
+    # Keep only what backward reads: b for a's gradient, a for b's (a * constant keeps no a).
+    a_shape, b_shape = a.shape, b.shape
+    ad = a.data if b.requires_grad else None
+    bd = b.data if a.requires_grad else None
 
     def backward(g):
         ga = gb = None
-        if a.requires_grad:
+        if bd is not None:
             ga = new(g.shape, g.dtype)
             np.multiply(g, bd, out=ga)
-            ga = unbroadcast(ga, a.shape)
-        if b.requires_grad:
+            ga = unbroadcast(ga, a_shape)
+        if ad is not None:
             gb = new(g.shape, g.dtype)
             np.multiply(g, ad, out=gb)
-            gb = unbroadcast(gb, b.shape)
+            gb = unbroadcast(gb, b_shape)
         return ga, gb
 
     return Tensor._make(out, (a, b), backward)
@@ -72,22 +77,25 @@ def div(a, b) -> Tensor:
     """a / b, broadcasting."""
     a, b = _pair(a, b)
     out = _binary_out(a, b)
-    ad, bd = a.data, b.data
-    np.divide(ad, bd, out=out)
+    bd = b.data
+    np.divide(a.data, bd, out=out)
+    # Backward never reads a; it reads the quotient only for b's gradient.
+    a_shape, b_shape, a_needs_grad = a.shape, b.shape, a.requires_grad
+    quotient = out if b.requires_grad else None
 
     def backward(g):
         ga = gb = None
-        if a.requires_grad:
+        if a_needs_grad:
             ga = new(g.shape, g.dtype)
             np.divide(g, bd, out=ga)
-            ga = unbroadcast(ga, a.shape)
-        if b.requires_grad:
+            ga = unbroadcast(ga, a_shape)
+        if quotient is not None:
             # d(a/b)/db = -(a/b)/b = -out/b
             gb = new(g.shape, g.dtype)
-            np.multiply(g, out, out=gb)
+            np.multiply(g, quotient, out=gb)
             np.divide(gb, bd, out=gb)
             np.negative(gb, out=gb)
-            gb = unbroadcast(gb, b.shape)
+            gb = unbroadcast(gb, b_shape)
         return ga, gb
 
     return Tensor._make(out, (a, b), backward)

@@ -6,7 +6,12 @@ import numpy as np
 
 from ..kernels import kernel
 from ..tensor import Tensor
-from ._base import as_dtype, as_tensor, contiguous, grad_out, new
+from ._base import as_dtype, as_tensor, contiguous, grad_out, leaf_or_none, new
+
+
+def _as_float(a: np.ndarray, dtype) -> np.ndarray:
+    """`a` in `dtype`, any strides (the attention kernels take strided views); a copy only to convert."""
+    return a if a.dtype == dtype else contiguous(a, dtype)
 
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, *, key_padding_mask: np.ndarray | None = None,
@@ -19,8 +24,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, *, key_padding
     """
     q, k, v = as_tensor(q), as_tensor(k), as_tensor(v)
     dtype = np.result_type(q.dtype, k.dtype, v.dtype)
-    # The kernels walk contiguous rows in one dtype; copies (arena) only when needed.
-    qd, kd, vd = (contiguous(t.data, dtype) for t in (q, k, v))
+    qd, kd, vd = (_as_float(t.data, dtype) for t in (q, k, v))
     kpm = key_padding_mask.data if isinstance(key_padding_mask, Tensor) else key_padding_mask
     if qd.ndim != 4 or kd.ndim != 4 or vd.ndim != 4:
         raise ValueError(f"scaled_dot_product_attention: q, k, v must be 4-D (B, H, T, hs); got shapes "
@@ -28,15 +32,63 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, *, key_padding
     out = new(qd.shape[:3] + vd.shape[3:], dtype)  # (B, H, T, hv)
     probs = new(qd.shape[:3] + kd.shape[2:3], dtype)  # (B, H, T, S), kept for backward
     kernel("attention_forward")(qd, kd, vd, kpm, bool(causal), scale, out, probs)
+    # The closure keeps metadata and leaves, not the input tensors (see leaf_or_none).
+    inputs = tuple((leaf_or_none(t), t.requires_grad, t.shape, t.dtype) for t in (q, k, v))
 
     def backward(g):
-        g = contiguous(g, dtype)
         # The kernel computes all three; a grad nobody asked for lands in arena scratch.
-        dq, dk, dv = (grad_out(t, t.shape, dtype) if t.requires_grad else new(t.shape, dtype) for t in (q, k, v))
+        dq, dk, dv = (grad_out(leaf, shape, dtype) if needed else new(shape, dtype)
+                      for leaf, needed, shape, _ in inputs)
         kernel("attention_backward")(qd, kd, vd, probs, g, scale, dq, dk, dv)
-        return tuple(as_dtype(d, t.dtype) if t.requires_grad else None for d, t in ((dq, q), (dk, k), (dv, v)))
+        return tuple(as_dtype(d, t_dtype) if needed else None
+                     for d, (_, needed, _, t_dtype) in zip((dq, dk, dv), inputs))
 
     return Tensor._make(out, (q, k, v), backward)
+
+
+def packed_self_attention(qkv: Tensor, num_heads: int, *, key_padding_mask: np.ndarray | None = None,
+                          causal: bool = False, scale: float | None = None) -> Tensor:
+    """Self-attention straight from a fused projection. Shape: qkv (B, T, 3*D) -> (B, T, D).
+
+    qkv's last axis is [query; key; value], each D = num_heads * hs wide (MultiheadAttention's
+    qkv Linear). The same as splitting q, k, v into (B, H, T, hs), scaled_dot_product_attention
+    and merging the heads back to (B, T, D), but the kernels read the heads as strided views of
+    qkv and write the output and the gradient (B, T, 3*D) in place: no per-head copies forward or
+    backward, and backward keeps only qkv (already the projection's output) and the probabilities.
+    """
+    qkv = as_tensor(qkv)
+    if qkv.ndim != 3 or num_heads <= 0 or qkv.shape[-1] % (3 * num_heads):
+        raise ValueError(f"packed_self_attention: qkv must be (B, T, 3 * D) with D a multiple of num_heads="
+                         f"{num_heads}; got shape {qkv.shape}")
+    B, T, three_d = qkv.shape
+    D = three_d // 3
+    hs = D // num_heads
+    x = qkv.data
+    x = x if x.flags.c_contiguous else contiguous(x)
+
+    def heads(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        parts = a.reshape(B, T, 3, num_heads, hs).transpose(2, 0, 3, 1, 4)  # (3, B, H, T, hs), a view
+        return parts[0], parts[1], parts[2]
+
+    q, k, v = heads(x)
+    out = new((B, T, D), x.dtype)
+    probs = new((B, num_heads, T, T), x.dtype)  # kept for backward
+    kernel("attention_forward")(q, k, v, key_padding_mask, bool(causal), scale, _split_heads(out, num_heads), probs)
+    leaf = leaf_or_none(qkv)
+
+    def backward(g):
+        dqkv = grad_out(leaf, (B, T, three_d), x.dtype)
+        dq, dk, dv = heads(dqkv)
+        kernel("attention_backward")(q, k, v, probs, _split_heads(contiguous(g), num_heads), scale, dq, dk, dv)
+        return (dqkv,)
+
+    return Tensor._make(out, (qkv,), backward)
+
+
+def _split_heads(a: np.ndarray, num_heads: int) -> np.ndarray:
+    """(B, T, D) viewed as (B, H, T, hs)."""
+    B, T, D = a.shape
+    return a.reshape(B, T, num_heads, D // num_heads).transpose(0, 2, 1, 3)
 
 
 def bias_gelu(x: Tensor, bias: Tensor, approximate: str = "none") -> Tensor:
@@ -51,13 +103,18 @@ def bias_gelu(x: Tensor, bias: Tensor, approximate: str = "none") -> Tensor:
     pre = new(x2.shape, dtype)  # x + bias, kept for backward
     out = new(x.shape, dtype)
     kernel("bias_gelu_forward")(x2, b, pre, out.reshape(x2.shape), approximate)
+    # Backward needs only `pre`: keep x's metadata, not x (its memory would stay alive).
+    x_shape, x_dtype, x_needs_grad = x.shape, x.dtype, x.requires_grad
+    bias_leaf, bias_needs_grad = leaf_or_none(bias), bias.requires_grad
+    bias_shape, bias_dtype = bias.shape, bias.dtype
+    del x2
 
     def backward(g):
-        dx = new(x2.shape, dtype)
+        dx = new(pre.shape, dtype)
         # dbias is a column sum of dx; a bias used once gets it written into its persistent buffer.
-        db = grad_out(bias, bias.shape, bias.dtype) if bias.requires_grad else new(bias.shape, dtype)
-        kernel("bias_gelu_backward")(pre, contiguous(g).reshape(x2.shape), dx, db, approximate)
-        gx = as_dtype(dx.reshape(x.shape), x.dtype) if x.requires_grad else None
-        return gx, db if bias.requires_grad else None
+        db = grad_out(bias_leaf, bias_shape, bias_dtype) if bias_needs_grad else new(bias_shape, dtype)
+        kernel("bias_gelu_backward")(pre, contiguous(g).reshape(pre.shape), dx, db, approximate)
+        gx = as_dtype(dx.reshape(x_shape), x_dtype) if x_needs_grad else None
+        return gx, db if bias_needs_grad else None
 
     return Tensor._make(out, (x, bias), backward)

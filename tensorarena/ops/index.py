@@ -62,11 +62,12 @@ def getitem(a: Tensor, index) -> Tensor:
         # A trailing Ellipsis makes NumPy return a 0-d view instead of a scalar copy for a[i, j].
         view_idx = idx if any(x is Ellipsis for x in idx) else idx + (Ellipsis,)
         view = ad[view_idx]
+        a_shape = ad.shape  # backward keeps shapes, never `a`'s memory
 
         def backward_basic(g):
             # Zero except on the view: the engine scatters it into one buffer shared by every
             # slice of `a` (q, k and v of a fused qkv projection) instead of one full array each.
-            return (SliceGrad(view_idx, g, ad.shape),)
+            return (SliceGrad(view_idx, g, a_shape),)
 
         return Tensor._make(view, (a,), backward_basic, view_of=a)
 
@@ -88,9 +89,11 @@ def getitem(a: Tensor, index) -> Tensor:
         out = new(picked.shape, ad.dtype)
         np.copyto(out, picked)
         del picked
+    a_shape = ad.shape
+    del ad
 
     def backward_advanced(g):
-        ga = new(ad.shape, g.dtype)
+        ga = new(a_shape, g.dtype)
         ga.fill(0)
         np.add.at(ga, idx, g)  # repeated indices accumulate, as the chain rule requires
         return (ga,)
@@ -118,19 +121,23 @@ def where(condition, a, b) -> Tensor:
     out = new(shape, dtype)
     np.copyto(out, bd, casting="same_kind")
     np.copyto(out, ad, casting="same_kind", where=cond)
+    # Shapes and dtypes of the inputs needing grad: backward reads neither input's values.
+    a_meta = (ad.shape, ad.dtype) if a.requires_grad else None
+    b_meta = (bd.shape, bd.dtype) if b.requires_grad else None
+    del ad, bd
 
     def backward(g):
         ga = gb = None
-        if a.requires_grad:
+        if a_meta is not None:
             full = new(g.shape, g.dtype)
             full.fill(0)
             np.copyto(full, g, where=cond)  # zero, not g*0: inf/nan in g must not leak through
-            ga = as_dtype(unbroadcast(full, ad.shape), ad.dtype)
-        if b.requires_grad:
+            ga = as_dtype(unbroadcast(full, a_meta[0]), a_meta[1])
+        if b_meta is not None:
             full = new(g.shape, g.dtype)
             np.copyto(full, g)
             np.copyto(full, 0, where=cond)
-            gb = as_dtype(unbroadcast(full, bd.shape), bd.dtype)
+            gb = as_dtype(unbroadcast(full, b_meta[0]), b_meta[1])
         return ga, gb
 
     return Tensor._make(out, (a, b), backward)

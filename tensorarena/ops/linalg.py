@@ -6,7 +6,7 @@ import numpy as np
 
 from ..kernels.blas import matmul as bmm
 from ..tensor import Tensor
-from ._base import as_tensor, grad_out, new, reshaped, unbroadcast
+from ._base import as_tensor, grad_out, leaf_or_none, new, reshaped, unbroadcast
 
 
 def _matmul_shape(a_shape: tuple[int, ...], b_shape: tuple[int, ...], what: str = "matmul") -> tuple[int, ...]:
@@ -97,19 +97,27 @@ def linear(x, weight, bias=None) -> Tensor:
     if bias is not None:
         out2 += bias.data
     parents = (x, weight) if bias is None else (x, weight, bias)
+    # Backward reads x2 (x's rows, for the weight's gradient) and wd; of the tensors it keeps
+    # metadata and leaves (see leaf_or_none), so no intermediate is held alive beyond x2.
+    x_shape, x_needs_grad = xd.shape, x.requires_grad
+    w_leaf, w_needs_grad = leaf_or_none(weight), weight.requires_grad
+    b_leaf, b_needs_grad = (leaf_or_none(bias), bias.requires_grad) if bias is not None else (None, False)
+    has_bias = bias is not None
+    x2 = x2 if w_needs_grad else None
+    del xd
 
     def backward(g):
         g2 = reshaped(g, (-1, g.shape[-1]))  # (N, out)
         gx = gw = gbias = None
-        if x.requires_grad:
-            gx = new(xd.shape, g.dtype)
+        if x_needs_grad:
+            gx = new(x_shape, g.dtype)
             np.matmul(g2, wd, out=gx.reshape(-1, wd.shape[1]))
-        if weight.requires_grad:
-            gw = grad_out(weight, wd.shape, g.dtype)
+        if w_needs_grad:
+            gw = grad_out(w_leaf, wd.shape, g.dtype)
             np.matmul(g2.T, x2, out=gw)
-        if bias is not None and bias.requires_grad:
-            gbias = grad_out(bias, (wd.shape[0],), g.dtype)
+        if b_needs_grad:
+            gbias = grad_out(b_leaf, (wd.shape[0],), g.dtype)
             np.sum(g2, axis=0, out=gbias)
-        return (gx, gw) if bias is None else (gx, gw, gbias)
+        return (gx, gw) if not has_bias else (gx, gw, gbias)
 
     return Tensor._make(out, parents, backward)

@@ -9,7 +9,7 @@ import numpy as np
 from ..kernels import kernel
 from ..random import get_generator
 from ..tensor import Tensor
-from ._base import as_tensor, contiguous, grad_out, new, new_like
+from ._base import as_tensor, contiguous, grad_out, leaf_or_none, new, new_like
 
 
 def dropout(a: Tensor, p: float = 0.5, *, training: bool = True, rng: np.random.Generator | None = None) -> Tensor:
@@ -79,20 +79,28 @@ def layer_norm(a: Tensor, normalized_shape, weight: Tensor | None = None, bias: 
     kernel("layer_norm_forward")(x2, w2, b2, float(eps), out.reshape(n, d), mean, rstd)
 
     parents = (a,) + tuple(x for x in (weight, bias) if x is not None)
+    # Backward reads x2 (a view of `a`, or its contiguous copy) and the statistics; of the tensors
+    # themselves it keeps metadata and leaves only, so a copied `a` is not held alive.
+    a_shape, a_dtype, a_needs_grad = ad.shape, ad.dtype, a.requires_grad
+    # (leaf or None, dtype) for a weight/bias that needs a gradient, else None.
+    w_grad = (leaf_or_none(weight), wd.dtype) if weight is not None and weight.requires_grad else None
+    b_grad = (leaf_or_none(bias), bd.dtype) if bias is not None and bias.requires_grad else None
+    has_weight, has_bias = weight is not None, bias is not None
+    del ad, bd
 
     def backward(g):
         g2 = contiguous(g).reshape(n, d)
         # dx is always computed by the kernel; when `a` needs no grad it is scratch.
-        ga = new(ad.shape, ad.dtype)
-        gw = grad_out(weight, norm_shape, wd.dtype) if weight is not None and weight.requires_grad else None
-        gb = grad_out(bias, norm_shape, bd.dtype) if bias is not None and bias.requires_grad else None
+        ga = new(a_shape, a_dtype)
+        gw = grad_out(w_grad[0], norm_shape, w_grad[1]) if w_grad is not None else None
+        gb = grad_out(b_grad[0], norm_shape, b_grad[1]) if b_grad is not None else None
         kernel("layer_norm_backward")(g2, x2, w2, mean, rstd, ga.reshape(n, d),
                                       gw.reshape(d) if gw is not None else None,
                                       gb.reshape(d) if gb is not None else None)
-        result = (ga if a.requires_grad else None,)
-        if weight is not None:
+        result = (ga if a_needs_grad else None,)
+        if has_weight:
             result += (gw,)
-        if bias is not None:
+        if has_bias:
             result += (gb,)
         return result
 

@@ -50,10 +50,11 @@ def sum(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:  # noqa: A001 - t
     axes = _reduce_axes(dim, ad.ndim)
     out = new(_reduced_shape(ad.shape, axes, keepdim), ad.dtype)
     np.sum(ad, axis=axes, keepdims=keepdim, out=out)
+    a_shape = ad.shape  # not ad: backward reads no values, and would keep `a`'s memory alive
 
     def backward(g):
-        ga = new(ad.shape, g.dtype)
-        np.copyto(ga, _expand_grad(g, ad.shape, axes))
+        ga = new(a_shape, g.dtype)
+        np.copyto(ga, _expand_grad(g, a_shape, axes))
         return (ga,)
 
     return Tensor._make(out, (a,), backward)
@@ -69,10 +70,11 @@ def mean(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:
     out = new(_reduced_shape(ad.shape, axes, keepdim), ad.dtype)
     np.sum(ad, axis=axes, keepdims=keepdim, out=out)
     out /= count
+    a_shape = ad.shape  # not ad: backward reads no values
 
     def backward(g):
-        ga = new(ad.shape, g.dtype)
-        np.divide(_expand_grad(g, ad.shape, axes), count, out=ga)
+        ga = new(a_shape, g.dtype)
+        np.divide(_expand_grad(g, a_shape, axes), count, out=ga)
         return (ga,)
 
     return Tensor._make(out, (a,), backward)
@@ -124,11 +126,14 @@ def _max_dim(a: Tensor, dim: int, keepdim: bool) -> MaxResult:
     np.max(ad, axis=axis, keepdims=True, out=values)
     in_shape = ad.shape
 
+    a_shape, a_dtype = a.shape, ad.dtype
+    del ad
+
     def backward(g):
-        ga = new(in_shape, ad.dtype)
+        ga = new(in_shape, a_dtype)
         ga.fill(0)
         np.put_along_axis(ga, idx, reshaped(g, keep_shape), axis=axis)
-        return (ga.reshape(a.shape),)
+        return (ga.reshape(a_shape),)
 
     values_t = Tensor._make(values.reshape(shape), (a,), backward)
     return MaxResult(values_t, Tensor._make(idx.reshape(shape)))
@@ -189,7 +194,7 @@ def softmax(a: Tensor, dim: int = -1) -> Tensor:
     def backward(g):
         gy = new_like(y)
         kernel("softmax_backward")(y, contiguous(np.moveaxis(g, axis, -1)), gy)
-        ga = new_like(ad)
+        ga = new_like(out)
         np.copyto(ga, np.moveaxis(gy, -1, axis))
         return (ga,)
 
@@ -201,9 +206,11 @@ def _softmax_last(a: Tensor, x: np.ndarray, shape: tuple[int, ...]) -> Tensor:
     out = new_like(x)  # kept for backward
     kernel("softmax_forward")(x, None, out)
 
+    del x  # backward needs only the output
+
     def backward(g):
-        ga = new_like(x)
-        kernel("softmax_backward")(out, contiguous(g).reshape(x.shape), ga)
+        ga = new_like(out)
+        kernel("softmax_backward")(out, contiguous(g).reshape(out.shape), ga)
         return (ga.reshape(shape),)
 
     return Tensor._make(out.reshape(shape), (a,), backward)
@@ -229,8 +236,8 @@ def log_softmax(a: Tensor, dim: int = -1) -> Tensor:
 
     def backward(g):
         # g - softmax * sum(g), with softmax = exp(log_softmax)
-        ga = new_like(ad)
-        s = new(keep, ad.dtype)
+        ga = new_like(out)
+        s = new(keep, out.dtype)
         np.sum(g, axis=axis, keepdims=True, out=s)
         with np.errstate(under="ignore"):
             np.exp(out, out=ga)

@@ -19,9 +19,10 @@ def reshape(a: Tensor, *shape) -> Tensor:
         raise ValueError(f"reshape: cannot view shape {ad.shape} ({ad.size} elements) as {tuple(shape)}") from None
     view = reshaped(ad, shape)
     view_of = a if np.shares_memory(view, ad) else None  # a copy lives in the arena, not in `a`
+    a_shape = ad.shape  # not ad: after a copy, the closure would keep `a`'s memory alive
 
     def backward(g):
-        return (reshaped(g, ad.shape),)
+        return (reshaped(g, a_shape),)
 
     return Tensor._make(view, (a,), backward, view_of=view_of)
 
@@ -83,9 +84,10 @@ def expand(a: Tensor, *shape) -> Tensor:
     except ValueError:
         raise ValueError(f"expand: shape {ad.shape} cannot be expanded to {tuple(shape)} (only size-1 dims "
                          f"can grow)") from None
+    a_shape = ad.shape
 
     def backward(g):
-        return (unbroadcast(g, ad.shape),)
+        return (unbroadcast(g, a_shape),)
 
     return Tensor._make(view, (a,), backward, view_of=a)
 
@@ -94,9 +96,10 @@ def unsqueeze(a: Tensor, dim: int) -> Tensor:
     """Insert a size-1 dimension at `dim` (a view; dim in [-ndim-1, ndim])."""
     ad = a.data
     d = _dim(dim, ad.ndim + 1, "unsqueeze")
+    a_shape = ad.shape
 
     def backward(g):
-        return (g.reshape(ad.shape),)
+        return (g.reshape(a_shape),)
 
     return Tensor._make(np.expand_dims(ad, d), (a,), backward, view_of=a)
 
@@ -112,9 +115,10 @@ def squeeze(a: Tensor, dim=None) -> Tensor:
         axes = tuple(sorted({d for d in (_dim(x, ad.ndim, "squeeze") for x in dims)
                              if ad.ndim and ad.shape[d] == 1}))
     view = np.squeeze(ad, axis=axes) if axes else ad.view()
+    a_shape = ad.shape
 
     def backward(g):
-        return (g.reshape(ad.shape),)
+        return (g.reshape(a_shape),)
 
     return Tensor._make(view, (a,), backward, view_of=a)
 
@@ -166,11 +170,12 @@ def cat(tensors, dim: int = 0) -> Tensor:
     out = new(first[:d] + (sum(sizes),) + first[d + 1 :], _promoted_dtype([x.dtype for x in datas]))
     np.concatenate(datas, axis=d, out=out, casting="same_kind")
     bounds = np.cumsum([0] + sizes)
+    wanted = [t.dtype if t.requires_grad else None for t in ts]  # not ts: that would keep every input alive
 
     def backward(g):
         lead = (slice(None),) * d
-        return tuple(as_dtype(g[lead + (slice(lo, hi),)], t.dtype) if t.requires_grad else None
-                     for t, lo, hi in zip(ts, bounds[:-1], bounds[1:]))
+        return tuple(as_dtype(g[lead + (slice(lo, hi),)], dtype) if dtype is not None else None
+                     for dtype, lo, hi in zip(wanted, bounds[:-1], bounds[1:]))
 
     return Tensor._make(out, ts, backward)
 
@@ -188,10 +193,11 @@ def stack(tensors, dim: int = 0) -> Tensor:
     d = _dim(dim, len(first) + 1, "stack")
     out = new(first[:d] + (len(datas),) + first[d:], _promoted_dtype([x.dtype for x in datas]))
     np.stack(datas, axis=d, out=out, casting="same_kind")
+    wanted = [t.dtype if t.requires_grad else None for t in ts]  # not ts: that would keep every input alive
 
     def backward(g):
         lead = (slice(None),) * d
-        return tuple(as_dtype(g[lead + (i,)], t.dtype) if t.requires_grad else None
-                     for i, t in enumerate(ts))
+        return tuple(as_dtype(g[lead + (i,)], dtype) if dtype is not None else None
+                     for i, dtype in enumerate(wanted))
 
     return Tensor._make(out, ts, backward)

@@ -16,7 +16,7 @@ def exp(a: Tensor) -> Tensor:
     np.exp(ad, out=out)
 
     def backward(g):
-        ga = new_like(ad)
+        ga = new_like(out)  # from the output: the closure keeps no input
         np.multiply(g, out, out=ga)
         return (ga,)
 
@@ -44,7 +44,7 @@ def sqrt(a: Tensor) -> Tensor:
     np.sqrt(ad, out=out)
 
     def backward(g):
-        ga = new_like(ad)
+        ga = new_like(out)  # from the output: the closure keeps no input
         np.multiply(out, 2.0, out=ga)
         np.divide(g, ga, out=ga)
         return (ga,)
@@ -59,7 +59,7 @@ def tanh(a: Tensor) -> Tensor:
     np.tanh(ad, out=out)
 
     def backward(g):
-        ga = new_like(ad)
+        ga = new_like(out)  # from the output: the closure keeps no input
         np.square(out, out=ga)
         np.subtract(1.0, ga, out=ga)
         ga *= g
@@ -100,7 +100,7 @@ def sigmoid(a: Tensor) -> Tensor:
         np.divide(1.0, den, out=out, where=~negative)
 
     def backward(g):
-        ga = new_like(ad)
+        ga = new_like(out)  # from the output: the closure keeps no input
         np.subtract(1.0, out, out=ga)
         with np.errstate(under="ignore"):  # a saturated sigmoid's gradient is ~0, possibly subnormal
             ga *= out
