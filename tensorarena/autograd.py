@@ -142,8 +142,15 @@ def direct_leaf_grad_buffer(parent: "Tensor", shape: tuple[int, ...], dtype) -> 
     return buf
 
 
-def backward(root: "Tensor", grad: np.ndarray | None = None) -> None:
-    """Accumulate d(root)/d(leaf) into `.grad` of every leaf that requires grad."""
+def backward(root: "Tensor", grad: np.ndarray | None = None, *, on_leaf_grad=None) -> None:
+    """Accumulate d(root)/d(leaf) into `.grad` of every leaf that requires grad.
+
+    on_leaf_grad(leaf, g), if given, receives each leaf's complete gradient instead of `.grad`
+    (the fused route updates the parameter right there, so no gradient outlives its update);
+    it returns False to have `g` accumulated into `.grad` as usual. A leaf's turn comes after
+    every op that read it has run its backward, so updating it in place then is safe. Gradients
+    are then never written straight into persistent buffers: they are transient arena memory.
+    """
     if not root.requires_grad:
         raise RuntimeError("backward() on a tensor that does not require grad (it has no graph)")
     if grad is None:
@@ -160,50 +167,69 @@ def backward(root: "Tensor", grad: np.ndarray | None = None) -> None:
     if isinstance(start, Node) and start._backward is _freed_backward:
         _freed_backward(grad)
     order, uses = _topological_order(start)
-    _state.direct = {id(n) for n in order if not isinstance(n, Node) and n.grad is None and uses.get(id(n)) == 1}
+    _state.direct = set() if on_leaf_grad is not None else {
+        id(n) for n in order if not isinstance(n, Node) and n.grad is None and uses.get(id(n)) == 1}
     try:
-        _run_backward(order, start, grad)
+        _run_backward(order, start, grad, uses, on_leaf_grad)
     finally:
         _state.direct = None
 
 
-def _run_backward(order: list, root, grad: np.ndarray) -> None:
+def _run_backward(order: list, root, grad: np.ndarray, uses: dict[int, int], on_leaf_grad=None) -> None:
     grads: dict[int, np.ndarray] = {id(root): grad}
     owned: set[int] = set()  # grads we allocated ourselves, safe to add into in place
+    pending = dict(uses)  # edges into each node whose op has not run its backward yet
     for node in reversed(order):
         g = grads.pop(id(node), None)
         if g is None:
             continue
         if not isinstance(node, Node):
-            node._accumulate_leaf_grad(g)
+            _deliver_leaf(node, g, on_leaf_grad)
             continue
         if node._backward is _freed_backward:  # an op whose saved tensors an earlier backward freed
             _freed_backward(g)
         parent_grads = node._backward(g)
         node._backward = _freed_backward
         for parent, pg in zip(node._parents, parent_grads):
-            if pg is None or not parent.requires_grad:
+            if not parent.requires_grad:
                 continue
             key = id(parent)
-            prev = grads.get(key)
-            if isinstance(pg, SliceGrad):
-                if prev is None:
-                    grads[key] = pg.dense()
-                    owned.add(key)
-                    continue
-                if key not in owned:  # never add into an array some op may still alias
-                    acc = empty(prev.shape, prev.dtype)
-                    np.copyto(acc, prev)
-                    grads[key] = prev = acc
-                    owned.add(key)
-                prev[pg.index] += pg.values
-            elif prev is None:
-                grads[key] = pg
-            elif key in owned:
-                np.add(prev, pg, out=prev)
-            else:
-                acc = empty(prev.shape, prev.dtype)
-                np.add(prev, pg, out=acc)
-                grads[key] = acc
-                owned.add(key)
+            if pg is not None:
+                _add_grad(grads, owned, key, pg)
+            pending[key] -= 1
+            # A leaf whose every use has run is complete now: deliver it at once rather than at its
+            # place in the order (a depth-first order puts a block's weights after every earlier
+            # block), so a gradient the caller consumes (update_in_backward) dies straight away.
+            if not pending[key] and not isinstance(parent, Node) and key in grads:
+                _deliver_leaf(parent, grads.pop(key), on_leaf_grad)
         node._parents = ()
+
+
+def _deliver_leaf(leaf: "Tensor", g: np.ndarray, on_leaf_grad) -> None:
+    if on_leaf_grad is None or on_leaf_grad(leaf, g) is False:
+        leaf._accumulate_leaf_grad(g)
+
+
+def _add_grad(grads: dict[int, np.ndarray], owned: set[int], key: int, pg) -> None:
+    """Add one incoming gradient `pg` (an array or a SliceGrad) into grads[key]."""
+    prev = grads.get(key)
+    if isinstance(pg, SliceGrad):
+        if prev is None:
+            grads[key] = pg.dense()
+            owned.add(key)
+            return
+        if key not in owned:  # never add into an array some op may still alias
+            acc = empty(prev.shape, prev.dtype)
+            np.copyto(acc, prev)
+            grads[key] = prev = acc
+            owned.add(key)
+        prev[pg.index] += pg.values
+    elif prev is None:
+        grads[key] = pg
+    elif key in owned:
+        np.add(prev, pg, out=prev)
+    else:
+        acc = empty(prev.shape, prev.dtype)
+        np.add(prev, pg, out=acc)
+        grads[key] = acc
+        owned.add(key)

@@ -6,6 +6,11 @@ state array) to be consecutive pieces of one flat array. `FlatState` copies them
 there once and rebinds every parameter, gradient buffer and state entry to a view of
 its piece, so the module, `state_dict`, eval and checkpoints keep seeing the live,
 trained values through the same objects they always used.
+
+With `keep_grads=False` (FusedStep's update_in_backward) there is no flat gradient buffer:
+the step updates each parameter (`update_param`, the same kernel on its own pieces, as the
+eager optimizer does) the moment backward completes its gradient, which then dies in the
+step's slab. That saves one parameter-sized buffer (327 MiB on ViT-Base).
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ class FlatGroup:
     """One optimizer param group laid out flat: params, grads, state kinds and step counts."""
 
     def __init__(self, group: dict, params: list[Tensor], names: list[str], state_init: dict[str, float],
-                 scalar_init: dict[str, float]) -> None:
+                 scalar_init: dict[str, float], keep_grads: bool = True) -> None:
         dtypes = {p.dtype for p in params}
         if len(dtypes) != 1:
             raise TypeError(f"a fused param group must hold one dtype, got {sorted(map(str, dtypes))} in the "
@@ -54,7 +59,7 @@ class FlatGroup:
         self.segments = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         total = int(self.segments[-1])
         self.param = np.empty(total, self.dtype)
-        self.grad = np.zeros(total, self.dtype)
+        self.grad = np.zeros(total, self.dtype) if keep_grads else None
         self.state = {kind: np.full(total, fill, self.dtype) for kind, fill in state_init.items()}
         # Per-parameter scalars ("step", NAdam's "mu_product"...): one float64 per parameter, each
         # parameter's state entry a 0-d view, all equal within a group (the group updates as one).
@@ -62,7 +67,7 @@ class FlatGroup:
         self.scalars = {kind: np.full(len(params), fill, np.float64) for kind, fill in self.scalar_init.items()}
         self.steps = self.scalars["step"]
         self._param_views = [self._piece(self.param, i) for i in range(len(params))]
-        self._grad_views = [self._piece(self.grad, i) for i in range(len(params))]
+        self._grad_views = [self._piece(self.grad, i) if keep_grads else None for i in range(len(params))]
         self._state_views = {kind: [self._piece(flat, i) for i in range(len(params))]
                              for kind, flat in self.state.items()}
         self._scalar_views = {kind: [flat[i:i + 1].reshape(()) for i in range(len(params))]
@@ -70,13 +75,17 @@ class FlatGroup:
         # What update_flat sees: the flat state arrays and parameter 0's scalars (copied to the rest after).
         self.update_state = dict(self.state)
         self.update_state.update({kind: views[0] for kind, views in self._scalar_views.items() if kind != "step"})
+        # What update_param(i) sees: parameter i's own pieces and scalars.
+        self._param_states = [{**{kind: views[i] for kind, views in self._state_views.items()},
+                               **{kind: views[i] for kind, views in self._scalar_views.items() if kind != "step"}}
+                              for i in range(len(params))]
 
     def _piece(self, flat: np.ndarray, i: int) -> np.ndarray:
         return flat[self.segments[i]:self.segments[i + 1]].reshape(self.params[i].shape)
 
     @property
     def nbytes(self) -> dict[str, int]:
-        out = {"params": self.param.nbytes, "grads": self.grad.nbytes,
+        out = {"params": self.param.nbytes, "grads": self.grad.nbytes if self.grad is not None else 0,
                "scalars": sum(flat.nbytes for flat in self.scalars.values())}
         out.update({f"state.{kind}": flat.nbytes for kind, flat in self.state.items()})
         return out
@@ -108,6 +117,12 @@ class FlatGroup:
                     f"the fused optimizer updates a group as one. Some parameters missed updates on the eager "
                     f"route (no gradient): keep training them with route='eager'")
 
+    def update_param(self, i: int, optimizer: Optimizer, grad: np.ndarray) -> None:
+        """Parameter i's update from its complete gradient: step += 1, then one kernel on its own pieces."""
+        step = self._scalar_views["step"][i]
+        np.add(step, 1.0, out=step)
+        optimizer.update_flat(self.group, self._param_views[i], grad, self._param_states[i], float(step), None)
+
     def is_bound(self, optimizer_state: dict) -> bool:
         for i, p in enumerate(self.params):
             if p._data is not self._param_views[i] or p._grad_buffer is not self._grad_views[i]:
@@ -125,7 +140,7 @@ class FlatGroup:
 class FlatState:
     """Every parameter group of `optimizer` laid out flat; see the module docstring."""
 
-    def __init__(self, model: Module, optimizer: Optimizer) -> None:
+    def __init__(self, model: Module, optimizer: Optimizer, *, keep_grads: bool = True) -> None:
         for method in ("state_init", "scalar_state_init", "update_flat"):
             if not callable(getattr(optimizer, method, None)):
                 raise TypeError(f"{type(optimizer).__name__} has no {method}(); the fused route needs an optimizer "
@@ -138,8 +153,11 @@ class FlatState:
             if not params:
                 continue
             self.groups.append(FlatGroup(group, params, [names.get(id(p), "<not in model>") for p in params],
-                                         optimizer.state_init(group), optimizer.scalar_state_init(group)))
+                                         optimizer.state_init(group), optimizer.scalar_state_init(group),
+                                         keep_grads))
+        self.keep_grads = keep_grads
         self._params = [p for g in self.groups for p in g.params]
+        self._where = {id(p): (g, i) for g in self.groups for i, p in enumerate(g.params)}
         self.bind()
         _return_freed_memory()
 
@@ -158,9 +176,26 @@ class FlatState:
         """Every flattened parameter, in group order (the same list each call)."""
         return self._params
 
-    def missing_grads(self) -> list[str]:
-        """Names of flattened parameters that received no gradient."""
-        return [name for g in self.groups for p, name in zip(g.params, g.names) if p.grad is None]
+    def missing_grads(self, received: set[int] | None = None) -> list[str]:
+        """Names of flattened parameters that received no gradient (no .grad, or id not in `received`)."""
+        if received is None:
+            return [name for g in self.groups for p, name in zip(g.params, g.names) if p.grad is None]
+        return [name for g in self.groups for p, name in zip(g.params, g.names) if id(p) not in received]
+
+    def owns(self, p: Tensor) -> bool:
+        """Whether `p` is one of the flattened parameters."""
+        return id(p) in self._where
+
+    def update_param(self, p: Tensor, grad: np.ndarray) -> bool:
+        """Update flattened parameter `p` from its complete gradient now; False if `p` is not one of ours."""
+        where = self._where.get(id(p))
+        if where is None:
+            return False
+        group, i = where
+        if grad.dtype != group.dtype:
+            grad = grad.astype(group.dtype)  # as a leaf's .grad keeps its parameter's precision
+        group.update_param(i, self.optimizer, grad)
+        return True
 
     def update(self) -> None:
         """The optimizer step: one `update_flat` kernel call per group over its flat buffers."""

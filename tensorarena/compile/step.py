@@ -7,8 +7,14 @@ input signature (shapes and dtypes of inputs and targets) it traces the step onc
 persistent input buffers, and the same Python ops run inside a `PlannedArena` whose
 i-th allocation is the precomputed slab view of traced buffer i — so a replayed step
 allocates no array memory. Parameters, gradients and optimizer state are flat
-(compile/flat.py): the update is one kernel call per parameter group; clipping and the
-LR schedule run as host calls after backward, reading the live step count and lr.
+(compile/flat.py): the update is one kernel call per parameter group; clipping and the LR
+schedule run as host calls after backward, reading the live step count and lr.
+
+`update_in_backward=True` trades the one-kernel-per-group update for memory: each parameter
+is updated inside backward the moment its gradient is complete (the optimizer's kernel on that
+parameter's flat pieces, as the eager optimizer runs it), so gradients are transient slab
+buffers and no parameter-sized gradient array exists (327 MiB less on ViT-Base). It cannot be
+combined with global-norm clipping, which must read every gradient before any update.
 
 Honest limits: replay re-runs the Python op dispatch (it does not execute a captured
 kernel list), and it checks every allocation against the trace, so input-dependent
@@ -27,6 +33,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .. import autograd
 from ..memory.arena import Arena
 from ..memory.meter import format_bytes
 from ..nn.module import Module
@@ -132,12 +139,17 @@ class FusedStep:
     """
 
     def __init__(self, model: Module, loss_fn: Callable, optimizer: Optimizer, *, scheduler=None,
-                 clip_grad_norm: float | None = None, max_plans: int = 4) -> None:
+                 clip_grad_norm: float | None = None, max_plans: int = 4,
+                 update_in_backward: bool = False) -> None:
         if not isinstance(max_plans, int) or max_plans < 1:
             raise ValueError(f"max_plans must be a positive integer, got {max_plans!r}")
+        if update_in_backward and clip_grad_norm is not None:
+            raise ValueError("update_in_backward=True cannot clip by global norm: clipping must see every gradient "
+                             "before any update. Drop one of the two (update_in_backward=False keeps flat gradients)")
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
         self.scheduler, self.clip_grad_norm, self.max_plans = scheduler, clip_grad_norm, max_plans
-        self.flat = FlatState(model, optimizer)
+        self.update_in_backward = bool(update_in_backward)
+        self.flat = FlatState(model, optimizer, keep_grads=not self.update_in_backward)
         self.plans: OrderedDict[Signature, StepPlan] = OrderedDict()
         self.traces = 0  # how many times a step was traced (first signature + every retrace)
         self.replays = 0
@@ -183,8 +195,20 @@ class FusedStep:
                 loss = self.loss_fn(self.model(Tensor(x)), y)
                 if loss.data.size != 1:
                     raise ValueError(f"loss_fn must return a scalar, got shape {loss.shape}")
-                loss.backward()
-                missing = self.flat.missing_grads()
+                if self.update_in_backward:
+                    seen: set[int] = set()
+
+                    def note(p, g):  # the trace updates nothing: note who got a gradient, let it die as in a replay
+                        if not self.flat.owns(p):
+                            return False
+                        seen.add(id(p))
+                        return True
+
+                    autograd.backward(loss, on_leaf_grad=note)
+                    missing = self.flat.missing_grads(seen)
+                else:
+                    loss.backward()
+                    missing = self.flat.missing_grads()
                 del loss
             if missing:
                 raise UnsupportedOpError(
@@ -201,10 +225,14 @@ class FusedStep:
         slab = np.empty(max(memory.slab_bytes, 1), np.uint8)  # persistent: owned by the plan
         views = [slab[memory.offsets[str(b.index)]:memory.offsets[str(b.index)] + b.nbytes].view(b.dtype).reshape(b.shape)
                  for b in buffers]
-        host = ["zero_grad (set_to_none)", "backward"]
-        if self.clip_grad_norm is not None:
-            host.append(f"clip_grad_norm_({self.clip_grad_norm})")
-        host += [f"{type(self.optimizer).__name__}.update_flat(group {i})" for i in range(len(self.flat.groups))]
+        name = type(self.optimizer).__name__
+        if self.update_in_backward:
+            host = [f"backward, each parameter updated as its gradient completes ({name}.update_flat on its pieces)"]
+        else:
+            host = ["zero_grad (set_to_none)", "backward"]
+            if self.clip_grad_norm is not None:
+                host.append(f"clip_grad_norm_({self.clip_grad_norm})")
+            host += [f"{name}.update_flat(group {i})" for i in range(len(self.flat.groups))]
         if self.scheduler is not None:
             host.append(f"{type(self.scheduler).__name__}.step()")
         persistent = {k: v for k, v in self.flat.nbytes().items()}
@@ -236,17 +264,33 @@ class FusedStep:
                         f"loss is {value} at step {index}; the parameters were not updated. Lower the learning "
                         f"rate or check the batch, or pass on_nonfinite='skip' to skip such steps.")
                 return value, None, True, arena
-            loss.backward()
+            if self.update_in_backward:
+                updated: set[int] = set()
+                update = self.flat.update_param
+
+                def on_leaf_grad(p, g):
+                    if not update(p, g):
+                        return False
+                    updated.add(id(p))
+                    return True
+
+                autograd.backward(loss, on_leaf_grad=on_leaf_grad)
+                missing = self.flat.missing_grads(updated)
+            else:
+                loss.backward()
+                missing = self.flat.missing_grads()
             del loss
+            partly = " (the parameters that did get one are already updated)" if self.update_in_backward else ""
             if arena.cursor != len(plan.buffers):
                 raise PlanMismatchError(f"this step used {arena.cursor} buffers but its trace used "
-                                        f"{len(plan.buffers)}; the step's control flow depends on the data")
-            missing = self.flat.missing_grads()
+                                        f"{len(plan.buffers)}; the step's control flow depends on the data{partly}")
             if missing:
-                raise PlanMismatchError(f"parameters {missing[:5]} got no gradient in this step but did in its trace")
+                raise PlanMismatchError(f"parameters {missing[:5]} got no gradient in this step but did in its "
+                                        f"trace{partly}")
             if self.clip_grad_norm is not None:
                 grad_norm = float(clip_grad_norm_(params, self.clip_grad_norm))
-            self.flat.update()
+            if not self.update_in_backward:
+                self.flat.update()
             if self.scheduler is not None:
                 self.scheduler.step()
         self.replays += 1
@@ -254,13 +298,14 @@ class FusedStep:
 
 
 def compile_step(model: Module, loss_fn: Callable, optimizer: Optimizer, example_batch: tuple[Any, Any], *,
-                 scheduler=None, clip_grad_norm: float | None = None, max_plans: int = 4) -> FusedStep:
+                 scheduler=None, clip_grad_norm: float | None = None, max_plans: int = 4,
+                 update_in_backward: bool = False) -> FusedStep:
     """Trace `model`'s training step on `example_batch` = (inputs, targets); nothing is updated yet.
 
     The result's `memory_report()` gives the step's memory before step 1; `step(x, y)` trains.
     """
     fused = FusedStep(model, loss_fn, optimizer, scheduler=scheduler, clip_grad_norm=clip_grad_norm,
-                      max_plans=max_plans)
+                      max_plans=max_plans, update_in_backward=update_in_backward)
     fused.plan_for(*example_batch)
     return fused
 

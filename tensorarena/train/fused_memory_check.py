@@ -23,7 +23,8 @@ import numpy as np
 VIT_SIZES = {"vit-tiny": "tiny", "vit-small": "small", "vit-base": "base"}
 
 
-def measure(model_name: str, batch: int, image_size: int, steps: int, seed: int = 0) -> dict:
+def measure(model_name: str, batch: int, image_size: int, steps: int, seed: int = 0,
+            update_in_backward: bool = False) -> dict:
     from ..compile.step import compile_step
     from ..kernels.warmup import compile_all
     from ..memory.meter import peak_rss_bytes, rss_bytes
@@ -41,7 +42,7 @@ def measure(model_name: str, batch: int, image_size: int, steps: int, seed: int 
     gc.collect()
     baseline = rss_bytes()
     start = time.perf_counter()
-    fused = compile_step(model, cross_entropy, optimizer, (x, y))
+    fused = compile_step(model, cross_entropy, optimizer, (x, y), update_in_backward=update_in_backward)
     trace_s = time.perf_counter() - start
     report = fused.memory_report()
     step_s = []
@@ -50,7 +51,8 @@ def measure(model_name: str, batch: int, image_size: int, steps: int, seed: int 
         fused.step(x, y)
         step_s.append(time.perf_counter() - start)
     growth = rss_bytes() - baseline
-    return {"model": model_name, "batch": batch, "image_size": image_size, "report": report,
+    return {"model": model_name, "batch": batch, "image_size": image_size, "update_in_backward": update_in_backward,
+            "report": report,
             "predicted_peak": report["predicted_peak"], "predicted_growth": report["predicted_growth"],
             "measured_growth": growth, "peak_growth": peak_rss_bytes() - baseline,
             "ratio": growth / report["predicted_growth"],
@@ -63,8 +65,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--update-in-backward", action="store_true",
+                        help="update each parameter inside backward (no gradient buffer)")
     args = parser.parse_args(argv)
-    print(json.dumps(measure(args.model, args.batch, args.image_size, args.steps)))
+    print(json.dumps(measure(args.model, args.batch, args.image_size, args.steps,
+                             update_in_backward=args.update_in_backward)))
 
 
 if __name__ == "__main__":

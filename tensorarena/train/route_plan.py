@@ -15,6 +15,9 @@ stages once; otherwise the whole step is traced. From the traced buffers:
   state, one stage's gradients; stream.StreamingRoute.estimate), the largest stage's traced
   slab, and one boundary activation per stage.
 
+With update_in_backward the fused route holds no gradient buffer, only about the largest
+parameter's gradient in flight.
+
 `plan_routes` compares each total, added to what the process holds besides the parameters, with
 the budget and picks fused if it fits, else streaming (eager when asked and it fits).
 """
@@ -202,7 +205,7 @@ def trace_whole(model: Module, loss_fn: Callable, inputs: np.ndarray, targets: A
 
 def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: Any, targets: Any,
                 budget: MemoryBudget, *, routes: tuple[str, ...] = ("fused", "streaming"),
-                process_other_bytes: int | None = None) -> RoutePlan:
+                process_other_bytes: int | None = None, fused_keeps_grads: bool = True) -> RoutePlan:
     """Estimate each route in `routes` for this batch and pick the first that fits (see module docstring)."""
     x = np.asarray(inputs.data if isinstance(inputs, Tensor) else inputs)
     y = None if targets is None else np.asarray(targets.data if isinstance(targets, Tensor) else targets)
@@ -235,7 +238,15 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
 
     base = dict(persistent, inputs=inputs_bytes)
     if "fused" in routes:
-        add("fused", dict(base, **{"activations (slab)": fused_act}))
+        fused_parts = dict(base, **{"activations (slab)": fused_act})
+        if not fused_keeps_grads:
+            # update_in_backward: no gradient buffer; each gradient lives in the slab from its op to
+            # its parameter's update, which follows at once, so about one parameter's worth extra.
+            del fused_parts["grads"]
+            fused_parts["gradient in flight"] = max(
+                (int(np.prod(p._data.shape)) * p._data.dtype.itemsize
+                 for group in optimizer.param_groups for p in group["params"]), default=0)
+        add("fused", fused_parts, "" if fused_keeps_grads else "parameters updated inside backward")
     if "eager" in routes:
         add("eager", dict(base, **{"activations (arena)": eager_act}))
     if "streaming" in routes:

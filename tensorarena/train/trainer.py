@@ -62,6 +62,9 @@ class Trainer:
             `fallback_reason`. Off by default: a silent change of route would hide a memory change.
         max_plans: how many fused plans (one per input shape/dtype signature) to keep, least
             recently used evicted first.
+        update_in_backward: fused route only: update each parameter inside backward as soon as its
+            gradient is complete, so no parameter-sized gradient buffer exists (compile/step.py);
+            not with clip_grad_norm. Off by default: the update is then one kernel per group.
         on_nonfinite: "raise" (default) raises NonFiniteLossError naming the step before
             any update; "skip" leaves parameters untouched and reports the step as skipped.
         pool: block pool for step arenas (default: the process-wide pool).
@@ -79,13 +82,18 @@ class Trainer:
     def __init__(self, model: Module, optimizer: Optimizer, loss_fn: LossFn, *, scheduler=None,
                  clip_grad_norm: float | None = None, route: str = "eager", on_nonfinite: str = "raise",
                  pool: BlockPool | None = None, fallback_to_eager: bool = False, max_plans: int = 4,
-                 memory_limit: str | int | None = None, store_dir=None, oom_fallback: bool = True) -> None:
+                 memory_limit: str | int | None = None, store_dir=None, oom_fallback: bool = True,
+                 update_in_backward: bool = False) -> None:
         if route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
         if on_nonfinite not in ("raise", "skip"):
             raise ValueError(f"on_nonfinite must be 'raise' or 'skip', got {on_nonfinite!r}")
         if clip_grad_norm is not None and not clip_grad_norm > 0:
             raise ValueError(f"clip_grad_norm must be positive, got {clip_grad_norm}")
+        if update_in_backward and clip_grad_norm is not None:
+            raise ValueError("update_in_backward=True cannot be combined with clip_grad_norm: global-norm "
+                             "clipping must see every gradient before any parameter is updated")
+        self.update_in_backward = bool(update_in_backward)
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
@@ -116,7 +124,7 @@ class Trainer:
         from .route_plan import plan_routes
 
         self.route_plan = plan_routes(self.model, self.optimizer, self.loss_fn, inputs, targets, self.budget,
-                                      routes=routes)
+                                      routes=routes, fused_keeps_grads=not self.update_in_backward)
         return self.route_plan
 
     def _choose_route(self, inputs: Any, targets: Any) -> None:
@@ -201,7 +209,8 @@ class Trainer:
 
         if self.fused is None:
             self.fused = FusedStep(self.model, self.loss_fn, self.optimizer, scheduler=self.scheduler,
-                                   clip_grad_norm=self.clip_grad_norm, max_plans=self.max_plans)
+                                   clip_grad_norm=self.clip_grad_norm, max_plans=self.max_plans,
+                                   update_in_backward=self.update_in_backward)
         self.fused.plan_for(inputs, targets)
         return self.fused
 
