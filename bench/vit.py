@@ -25,6 +25,8 @@ and the optimizer are not counted):
     head        6 * B * D*C
 Bars (issue 3): our eager median step <= 0.9x PyTorch eager, our peak RSS <= PyTorch eager's,
 and ViT-Base batch 1 over 40 steps: our RSS slope < 1 MB/step.
+A second fused contender, "tensorarena fused bwd-update", runs Trainer(update_in_backward=True):
+each parameter is updated inside backward, so no gradient buffer exists (compile/step.py).
 Bars (issue 4): fused median step <= 0.7x PyTorch eager and <= 1.0x torch.compile, fused peak RSS
 <= 0.8x PyTorch eager's. The fused contender also reports its plan's memory_report() (made before
 step 1) against the RSS growth it measured over the baseline taken before compiling.
@@ -49,7 +51,8 @@ CASES = {
     "tiny": {"title": "ViT-Tiny", "dim": 192, "depth": 12, "heads": 3, "mlp": 768, "batch": 8, "steps": 20},
     "base": {"title": "ViT-Base", "dim": 768, "depth": 12, "heads": 12, "mlp": 3072, "batch": 1, "steps": 40},
 }
-CONTENDERS = ["tensorarena eager", "tensorarena fused", "pytorch eager", "torch.compile"]
+FUSED_IB = "tensorarena fused bwd-update"  # Trainer(route="fused", update_in_backward=True)
+CONTENDERS = ["tensorarena eager", "tensorarena fused", FUSED_IB, "pytorch eager", "torch.compile"]
 REFERENCE = "pytorch eager"
 CHILD_TIMEOUT_S = 1800
 MB = 1e6
@@ -85,7 +88,7 @@ def _data():
             rng.integers(0, CLASSES, batch).astype(np.int64))
 
 
-def run_ours(route: str = "eager") -> dict:
+def run_ours(route: str = "eager", update_in_backward: bool = False) -> dict:
     import numpy as np
 
     from tensorarena import optim
@@ -102,7 +105,7 @@ def run_ours(route: str = "eager") -> dict:
     if got != want:
         raise SystemExit(f"ViTConfig.{name}() is {got}, the benchmark's FLOP count assumes {want}")
     trainer = Trainer(model, optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY), cross_entropy,
-                      route=route)
+                      route=route, update_in_backward=update_in_backward)
     x, y = _data()
     if route != "fused":
         return time_trainer(trainer, x, y, warmup=WARMUP, steps=_steps())
@@ -124,6 +127,10 @@ def run_ours(route: str = "eager") -> dict:
 
 def run_fused() -> dict:
     return run_ours("fused")
+
+
+def run_fused_update_in_backward() -> dict:
+    return run_ours("fused", update_in_backward=True)
 
 
 def _torch_vit(case: dict):
@@ -251,18 +258,18 @@ def print_table(title: str, results: dict[str, dict], reference: str = REFERENCE
     """Median/first step, ratio to `reference`, peak RSS (and ratio), RSS slope, GFLOP/s and % of peak."""
     ref = results.get(reference, {})
     print(f"\n{title}")
-    header = (f"{'contender':<20}{'median ms':>11}{'first ms':>11}{'x ' + reference:>16}{'peak RSS MiB':>14}"
+    header = (f"{'contender':<30}{'median ms':>11}{'first ms':>11}{'x ' + reference:>16}{'peak RSS MiB':>14}"
               f"{'RSS x':>8}{'slope KB/step':>15}{'GFLOP/s':>9}{'% peak':>8}")
     print(header)
     print("-" * len(header))
     for name, r in results.items():
         if r.get("unavailable"):
-            print(f"{name:<20}unavailable: {r['error'].strip().splitlines()[-1][:90] if r['error'].strip() else '?'}")
+            print(f"{name:<30}unavailable: {r['error'].strip().splitlines()[-1][:90] if r['error'].strip() else '?'}")
             continue
         ok = ref and not ref.get("unavailable")
         time_x = f"{r['median_step_s'] / ref['median_step_s']:.3f}" if ok else "-"
         rss_x = f"{r['peak_rss_bytes'] / ref['peak_rss_bytes']:.3f}" if ok else "-"
-        print(f"{name:<20}{r['median_step_s'] * 1e3:>11.1f}{r['first_step_s'] * 1e3:>11.1f}{time_x:>16}"
+        print(f"{name:<30}{r['median_step_s'] * 1e3:>11.1f}{r['first_step_s'] * 1e3:>11.1f}{time_x:>16}"
               f"{r['peak_rss_bytes'] / 2**20:>14.1f}{rss_x:>8}{r['rss_slope_bytes_per_step'] / 1e3:>15.1f}"
               f"{r['achieved_gflops']:>9.1f}{r['share_of_sgemm_peak']:>8.1%}")
     compiled = results.get("torch.compile", {})
@@ -270,12 +277,12 @@ def print_table(title: str, results: dict[str, dict], reference: str = REFERENCE
         print(f"torch.compile first step (compiles): {compiled['compile_first_step_s']:.1f} s")
 
 
-def fused_verdict(results: dict[str, dict]) -> dict:
-    """Issue 4's bars for the fused route against PyTorch eager and torch.compile."""
-    fused, eager, compiled = (results.get(k, {}) for k in ("tensorarena fused", REFERENCE, "torch.compile"))
+def fused_verdict(results: dict[str, dict], name: str = "tensorarena fused") -> dict:
+    """Issue 4's bars for the fused contender `name` against PyTorch eager and torch.compile."""
+    fused, eager, compiled = (results.get(k, {}) for k in (name, REFERENCE, "torch.compile"))
     if not fused or fused.get("unavailable") or not eager or eager.get("unavailable"):
         return {"available": False}
-    v = {"step_vs_torch_eager": fused["median_step_s"] / eager["median_step_s"],
+    v = {"contender": name, "step_vs_torch_eager": fused["median_step_s"] / eager["median_step_s"],
          "rss_vs_torch_eager": fused["peak_rss_bytes"] / eager["peak_rss_bytes"],
          "prediction_ratio": fused["prediction_ratio"]}
     v["step_bar_0.7x_met"] = v["step_vs_torch_eager"] <= 0.7
@@ -291,6 +298,7 @@ def print_fused_verdict(v: dict) -> None:
         print("fused bars: not evaluated (tensorarena fused or pytorch eager was not run or unavailable)")
         return
     met = lambda ok: "met" if ok else "NOT met"  # noqa: E731
+    print(f"[{v['contender']}]")
     print(f"fused bar: step {v['step_vs_torch_eager']:.3f}x PyTorch eager (<= 0.7x): {met(v['step_bar_0.7x_met'])}")
     if "step_vs_torch_compile" in v:
         print(f"fused bar: step {v['step_vs_torch_compile']:.3f}x torch.compile (<= 1.0x): "
@@ -334,8 +342,8 @@ def machine_note() -> dict:
 
 if __name__ == "__main__":
     if "--child" in sys.argv:
-        child_main({"tensorarena eager": run_ours, "tensorarena fused": run_fused, "pytorch eager": run_torch,
-                    "torch.compile": run_compiled})
+        child_main({"tensorarena eager": run_ours, "tensorarena fused": run_fused,
+                    FUSED_IB: run_fused_update_in_backward, "pytorch eager": run_torch, "torch.compile": run_compiled})
         sys.exit(0)
     from sgemm_peak import measure_sgemm_peak
 
@@ -363,6 +371,9 @@ if __name__ == "__main__":
         print_verdict(v)
         v["fused"] = fused_verdict(results)
         print_fused_verdict(v["fused"])
+        if FUSED_IB in results:
+            v["fused_update_in_backward"] = fused_verdict(results, FUSED_IB)
+            print_fused_verdict(v["fused_update_in_backward"])
         for r in results.values():
             r.pop("step_times_s", None)
         summary["cases"][key] = {"title": title, "steps": steps, "flops_per_step": flops, "results": results,

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import tensorarena as ta
 from tensorarena import kernels
-from tensorarena.ops import bias_gelu, packed_self_attention, scaled_dot_product_attention
+from tensorarena.ops import bias_gelu, bias_gelu_linear, packed_self_attention, scaled_dot_product_attention
 from tests.reference import check_finite_differences, check_op, randn
 
 DTYPES = [np.float64, np.float32]
@@ -275,3 +275,40 @@ def test_bias_gelu_errors():
         bias_gelu(x, ta.tensor(np.zeros(2)))
     with pytest.raises(ValueError, match="'none' or 'tanh'"):
         bias_gelu(x, ta.tensor(np.zeros(3)), approximate="fast")
+
+
+# -- bias_gelu_linear: GELU + second MLP layer, the activation recomputed in backward -------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("out_bias", [True, False], ids=["out_bias", "no_out_bias"])
+def test_bias_gelu_linear_matches_torch(out_bias, approximate, dtype, impl):
+    arrays = [randn(1, (2, 5, 8)), randn(2, (8,)), randn(3, (3, 8))] + ([randn(4, (3,))] if out_bias else [])
+    before = kernels.calls[("gelu_forward", impl)]
+    check_op(lambda x, b, w, *ob: bias_gelu_linear(x, b, w, *ob, approximate=approximate),
+             lambda x, b, w, *ob: F.linear(F.gelu(x + b, approximate=approximate), w, *ob),
+             arrays, dtype=dtype, **TOL[dtype])
+    assert kernels.calls[("gelu_forward", impl)] == before + 1  # backward recomputed the activation
+
+
+def test_bias_gelu_linear_keeps_only_the_pre_activation_and_passes_finite_differences(impl):
+    x, b, w, ob = randn(5, (4, 6)), randn(6, (6,)), randn(7, (2, 6)), randn(8, (2,))
+    check_finite_differences(lambda *t: bias_gelu_linear(*t), [x, b, w, ob])
+    leaf = ta.tensor(x, requires_grad=True)
+    params = [ta.tensor(a, requires_grad=True) for a in (b, w, ob)]
+    with ta.Arena() as arena:
+        h = leaf * 1.0
+        out = bias_gelu_linear(h, *params)
+        del h
+        # Alive: x + bias (saved, 192 B) and the output (64 B); h and the activation (192 B each) are gone.
+        assert arena.stats.bytes_in_use == x.nbytes + out.data.nbytes
+        out.sum().backward()
+    assert all(t.grad is not None for t in [leaf, *params])
+
+
+def test_bias_gelu_linear_errors_name_the_shapes():
+    x = ta.tensor(np.zeros((2, 4)))
+    with pytest.raises(ValueError, match=r"x \(2, 4\).*bias \(3,\).*weight \(5, 4\)"):
+        bias_gelu_linear(x, ta.tensor(np.zeros(3)), ta.tensor(np.zeros((5, 4))))
+    with pytest.raises(ValueError, match=r"out_bias shape \(4,\) must be \(5,\)"):
+        bias_gelu_linear(x, ta.tensor(np.zeros(4)), ta.tensor(np.zeros((5, 4))), ta.tensor(np.zeros(4)))

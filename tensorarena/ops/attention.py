@@ -118,3 +118,63 @@ def bias_gelu(x: Tensor, bias: Tensor, approximate: str = "none") -> Tensor:
         return gx, db if bias_needs_grad else None
 
     return Tensor._make(out, (x, bias), backward)
+
+
+def bias_gelu_linear(x: Tensor, bias: Tensor, weight: Tensor, out_bias: Tensor | None = None,
+                     approximate: str = "none") -> Tensor:
+    """linear(gelu(x + bias), weight, out_bias): a transformer MLP's activation and second layer.
+
+    Shape: x (..., M), bias (M,), weight (D, M), out_bias (D,) -> (..., D). Backward keeps only
+    x + bias and recomputes the activation gelu(x + bias) for the weight's gradient, where
+    bias_gelu followed by linear keeps both (x + bias for GELU's gradient, the activation for the
+    linear's): one (..., M) buffer per block less, for one GELU forward more.
+    """
+    x, bias, weight = as_tensor(x), as_tensor(bias), as_tensor(weight)
+    if x.ndim == 0 or bias.shape != x.shape[-1:] or weight.ndim != 2 or weight.shape[1] != x.shape[-1]:
+        raise ValueError(f"bias_gelu_linear: x {x.shape} (..., M) needs bias (M,) and weight (D, M); got bias "
+                         f"{bias.shape} and weight {weight.shape}")
+    if out_bias is not None and out_bias.shape != weight.shape[:1]:
+        raise ValueError(f"bias_gelu_linear: out_bias shape {out_bias.shape} must be ({weight.shape[0]},)")
+    dtype = np.result_type(x.dtype, bias.dtype, weight.dtype)
+    m, d = x.shape[-1], weight.shape[0]
+    x2 = contiguous(x.data, dtype).reshape(-1, m)  # (N, M)
+    b = contiguous(bias.data, dtype)
+    wd = weight.data
+    pre = new(x2.shape, dtype)  # x + bias: the only activation backward keeps
+    act = new(x2.shape, dtype)  # gelu(pre): transient, dies at the end of this function
+    kernel("bias_gelu_forward")(x2, b, pre, act, approximate)
+    out = new(x.shape[:-1] + (d,), dtype)
+    out2 = out.reshape(-1, d)
+    np.matmul(act, wd.T, out=out2)
+    if out_bias is not None:
+        out2 += out_bias.data
+    del act, x2
+    x_shape, x_dtype, x_needs_grad = x.shape, x.dtype, x.requires_grad
+    needs = [(leaf_or_none(t), t.requires_grad, t.shape, t.dtype) if t is not None else None
+             for t in (bias, weight, out_bias)]
+    parents = (x, bias, weight) if out_bias is None else (x, bias, weight, out_bias)
+
+    def backward(g):
+        g2 = contiguous(g, dtype).reshape(-1, d)  # (N, D)
+        (b_leaf, b_needs, b_shape, _), (w_leaf, w_needs, w_shape, _) = needs[0], needs[1]
+        gw = gob = None
+        if w_needs:
+            act = new(pre.shape, dtype)
+            kernel("gelu_forward")(pre, act, approximate)  # recomputed, not kept since forward
+            gw = grad_out(w_leaf, w_shape, dtype)
+            np.matmul(g2.T, act, out=gw)
+            del act
+        if needs[2] is not None and needs[2][1]:
+            gob = grad_out(needs[2][0], needs[2][2], dtype)
+            np.sum(g2, axis=0, out=gob)
+        dact = new(pre.shape, dtype)
+        np.matmul(g2, wd, out=dact)
+        dx = new(pre.shape, dtype)
+        db = grad_out(b_leaf, b_shape, dtype) if b_needs else new(b_shape, dtype)
+        kernel("bias_gelu_backward")(pre, dact, dx, db, approximate)
+        del dact
+        gx = as_dtype(dx.reshape(x_shape), x_dtype) if x_needs_grad else None
+        grads = (gx, db if b_needs else None, gw)
+        return grads if out_bias is None else grads + (gob,)
+
+    return Tensor._make(out, parents, backward)
