@@ -42,6 +42,9 @@ def _return_freed_memory() -> None:
     trim(0)
 
 
+_RELEASE_EVERY = 64 << 20  # bytes of replaced arrays between malloc_trim calls while binding
+
+
 class FlatGroup:
     """One optimizer param group laid out flat: params, grads, state kinds and step counts."""
 
@@ -60,7 +63,11 @@ class FlatGroup:
         total = int(self.segments[-1])
         self.param = np.empty(total, self.dtype)
         self.grad = np.zeros(total, self.dtype) if keep_grads else None
-        self.state = {kind: np.full(total, fill, self.dtype) for kind, fill in state_init.items()}
+        # Filled piece by piece in bind(), while the old per-parameter arrays are handed back: a
+        # full-size np.full here made flattening ViT-Base hold old and new copies at once, and that
+        # moment (not the training step) was the process's peak RSS.
+        self.state = {kind: np.empty(total, self.dtype) for kind in state_init}
+        self.state_fill = dict(state_init)
         # Per-parameter scalars ("step", NAdam's "mu_product"...): one float64 per parameter, each
         # parameter's state entry a 0-d view, all equal within a group (the group updates as one).
         self.scalar_init = {"step": 0.0, **scalar_init}
@@ -91,11 +98,20 @@ class FlatGroup:
         return out
 
     def bind(self, optimizer_state: dict) -> None:
-        """Copy current values into the flat pieces (where they are not there already) and point everything at them."""
+        """Copy current values into the flat pieces (where they are not there already) and point everything at them.
+
+        The replaced arrays go back to the operating system every ~64 MiB, so flattening never
+        holds much more than one copy of the model and its state.
+        """
+        released = 0
         for i, p in enumerate(self.params):
+            if released > _RELEASE_EVERY:
+                _return_freed_memory()
+                released = 0
             view = self._param_views[i]
             if p._data is not view:
                 np.copyto(view, p._data)
+                released += p._data.nbytes
                 p.data = view
             p._grad_buffer = self._grad_views[i]
             state = optimizer_state[p]
@@ -104,6 +120,9 @@ class FlatGroup:
                 if current is not views[i]:
                     if current is not None:
                         np.copyto(views[i], current)
+                        released += getattr(current, "nbytes", 0)
+                    else:
+                        views[i].fill(self.state_fill[kind])  # fresh state
                     state[kind] = views[i]
             for kind, views in self._scalar_views.items():
                 current = state.get(kind)
