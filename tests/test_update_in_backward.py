@@ -122,3 +122,23 @@ def test_vit_tiny_rss_growth_matches_the_prediction_without_a_gradient_buffer():
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["update_in_backward"] and result["report"]["grads"] == 0
     assert 0.95 <= result["ratio"] <= 1.05, result
+
+
+def test_a_failure_after_some_updates_is_not_redone_as_an_out_of_memory(monkeypatch, tmp_path):
+    model = _mlp(np.float32)
+    trainer = Trainer(model, optim.AdamW(model.parameters(), lr=1e-3), cross_entropy, route="fused",
+                      update_in_backward=True, store_dir=tmp_path / "store")
+    x, y = _mlp_batches(np.float32)[0]
+    trainer.step(x, y)
+    real, calls = trainer.fused.flat.update_param, []
+
+    def failing(p, g):
+        calls.append(p)
+        if len(calls) == 2:
+            raise MemoryError("simulated")
+        return real(p, g)
+
+    monkeypatch.setattr(trainer.fused.flat, "update_param", failing)
+    with pytest.raises(RuntimeError, match=r"after 1 of 4 parameters were already updated.*partly applied"):
+        trainer.step(x, y)
+    assert trainer.route_switches == []  # the out-of-memory fallback did not redo (and double) the step

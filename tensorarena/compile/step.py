@@ -274,7 +274,17 @@ class FusedStep:
                     updated.add(id(p))
                     return True
 
-                autograd.backward(loss, on_leaf_grad=on_leaf_grad)
+                try:
+                    autograd.backward(loss, on_leaf_grad=on_leaf_grad)
+                except Exception as exc:
+                    if not updated:
+                        raise
+                    # Not a MemoryError any more: redoing this step (the out-of-memory fallback)
+                    # would update those parameters twice.
+                    raise RuntimeError(
+                        f"step {index} failed inside backward after {len(updated)} of {len(params)} parameters "
+                        f"were already updated (update_in_backward): the step is partly applied, so it is "
+                        f"not redone. Restore the last checkpoint; {type(exc).__name__}: {exc}") from exc
                 missing = self.flat.missing_grads(updated)
             else:
                 loss.backward()
