@@ -64,7 +64,8 @@ class Trainer:
             recently used evicted first.
         update_in_backward: fused route only: update each parameter inside backward as soon as its
             gradient is complete, so no parameter-sized gradient buffer exists (compile/step.py);
-            not with clip_grad_norm. Off by default: the update is then one kernel per group.
+            `p.grad` stays None after a step. Not with clip_grad_norm. Off by default: the update
+            is then one kernel per group over flat gradients.
         on_nonfinite: "raise" (default) raises NonFiniteLossError naming the step before
             any update; "skip" leaves parameters untouched and reports the step as skipped.
         pool: block pool for step arenas (default: the process-wide pool).
