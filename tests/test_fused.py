@@ -100,20 +100,27 @@ def _mlp_batches(dtype, n=5, batch=16):
     return [(rng.standard_normal((batch, 12)).astype(dtype), rng.integers(0, 4, batch)) for _ in range(n)]
 
 
+@pytest.mark.parametrize("update_in_backward", [False, True], ids=["flat", "in_backward"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-def test_every_fused_optimizer_matches_eager_over_50_steps(name, dtype):
+def test_every_fused_optimizer_matches_eager_over_50_steps(name, dtype, update_in_backward):
     batches = _mlp_batches(dtype)
     kw = dict(make_model=lambda: _mlp(dtype), make_opt=OPTIMIZERS[name], batches=batches, steps=50)
     eager, _, _ = _train("eager", **kw)
     before = kernels.calls.copy()
-    fused, trainer, reports = _train("fused", **kw)
-    assert {r.route for r in reports} == {"fused"}
+    fused, trainer, reports = _train("fused", update_in_backward=update_in_backward, **kw)
+    assert {r.route for r in reports} == {"fused"} and trainer.fused.update_in_backward == update_in_backward
     assert _max_param_diff(eager, fused) <= TOL[dtype], name
-    # The fused update is one kernel call per group per step (the eager one is one per parameter).
     optimizer_calls = sum(n for (kname, _), n in (kernels.calls - before).items()
                           if kname in {"sgd", "adam", "nadam", "rmsprop", "adagrad", "lion", "lamb"})
-    assert optimizer_calls == 50 * 2
+    if not update_in_backward:
+        # The fused update is one kernel call per group per step (the eager one is one per parameter).
+        assert optimizer_calls == 50 * 2
+        return
+    # In backward: one kernel call per parameter per step, and no gradient is kept.
+    assert optimizer_calls == 50 * len(list(fused.parameters()))
+    assert all(g.grad is None for g in trainer.fused.flat.groups)
+    assert all(p.grad is None and p._grad_buffer is None for p in fused.parameters())
 
 
 SCHEDULES = {

@@ -1,4 +1,7 @@
-"""The fused route's update_in_backward: each parameter updated as its gradient completes, no gradient buffer."""
+"""The fused route's update_in_backward: each parameter updated as its gradient completes, no gradient buffer.
+
+Parity with eager for every optimizer is test_fused.py's optimizer test, parametrized over the mode.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import numpy as np
 import pytest
 
 import tensorarena as ta
-from tensorarena import autograd, kernels, optim
+from tensorarena import autograd, optim
 from tensorarena.compile import compile_step
 from tensorarena.compile.step import FusedStep
 from tensorarena.memory.budget import MemoryBudget
@@ -18,27 +21,7 @@ from tensorarena.nn import Linear
 from tensorarena.nn.functional import cross_entropy
 from tensorarena.train.route_plan import plan_routes
 from tensorarena.train.trainer import Trainer
-from tests.test_fused import (OPTIMIZERS, TOL, _batches, _max_param_diff, _mlp, _mlp_batches, _train, _vit)
-
-OPTIMIZER_KERNELS = {"sgd", "adam", "nadam", "rmsprop", "adagrad", "lion", "lamb"}
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-def test_every_optimizer_updated_in_backward_matches_eager_over_50_steps(name, dtype):
-    batches = _mlp_batches(dtype)
-    kw = dict(make_model=lambda: _mlp(dtype), make_opt=OPTIMIZERS[name], batches=batches, steps=50)
-    eager, _, _ = _train("eager", **kw)
-    before = kernels.calls.copy()
-    fused, trainer, reports = _train("fused", update_in_backward=True, **kw)
-    assert {r.route for r in reports} == {"fused"} and trainer.fused.update_in_backward
-    assert _max_param_diff(eager, fused) <= TOL[dtype], name
-    # One kernel call per parameter per step, run from inside backward; no gradient is kept.
-    calls = sum(n for (kname, _), n in (kernels.calls - before).items() if kname in OPTIMIZER_KERNELS)
-    assert calls == 50 * len(list(fused.parameters()))
-    assert all(g.grad is None for g in trainer.fused.flat.groups)
-    assert all(p.grad is None and p._grad_buffer is None for p in fused.parameters())
-
+from tests.test_fused import TOL, _batches, _max_param_diff, _mlp, _mlp_batches, _train, _vit
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_vit_updated_in_backward_matches_eager_with_a_schedule(dtype):

@@ -205,16 +205,12 @@ class FlatState:
         """Whether `p` is one of the flattened parameters."""
         return id(p) in self._where
 
-    def update_param(self, p: Tensor, grad: np.ndarray) -> bool:
-        """Update flattened parameter `p` from its complete gradient now; False if `p` is not one of ours."""
-        where = self._where.get(id(p))
-        if where is None:
-            return False
-        group, i = where
+    def update_param(self, p: Tensor, grad: np.ndarray) -> None:
+        """Update flattened parameter `p` (see `owns`) from its complete gradient now."""
+        group, i = self._where[id(p)]
         if grad.dtype != group.dtype:
             grad = grad.astype(group.dtype)  # as a leaf's .grad keeps its parameter's precision
         group.update_param(i, self.optimizer, grad)
-        return True
 
     def update(self) -> None:
         """The optimizer step: one `update_flat` kernel call per group over its flat buffers."""

@@ -143,9 +143,7 @@ class FusedStep:
                  update_in_backward: bool = False) -> None:
         if not isinstance(max_plans, int) or max_plans < 1:
             raise ValueError(f"max_plans must be a positive integer, got {max_plans!r}")
-        if update_in_backward and clip_grad_norm is not None:
-            raise ValueError("update_in_backward=True cannot clip by global norm: clipping must see every gradient "
-                             "before any update. Drop one of the two (update_in_backward=False keeps flat gradients)")
+        check_update_in_backward(update_in_backward, clip_grad_norm)
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
         self.scheduler, self.clip_grad_norm, self.max_plans = scheduler, clip_grad_norm, max_plans
         self.update_in_backward = bool(update_in_backward)
@@ -197,14 +195,8 @@ class FusedStep:
                     raise ValueError(f"loss_fn must return a scalar, got shape {loss.shape}")
                 if self.update_in_backward:
                     seen: set[int] = set()
-
-                    def note(p, g):  # the trace updates nothing: note who got a gradient, let it die as in a replay
-                        if not self.flat.owns(p):
-                            return False
-                        seen.add(id(p))
-                        return True
-
-                    autograd.backward(loss, on_leaf_grad=note)
+                    # The trace updates nothing: it notes who got a gradient and lets it die as a replay would.
+                    autograd.backward(loss, on_leaf_grad=self._leaf_hook(seen, update=False))
                     missing = self.flat.missing_grads(seen)
                 else:
                     loss.backward()
@@ -240,6 +232,21 @@ class FusedStep:
         log.info("fused route: traced %s", memory.summary())
         return plan
 
+    def _leaf_hook(self, received: set[int], *, update: bool) -> Callable:
+        """update_in_backward's on_leaf_grad: for each flattened parameter, record that its gradient came
+        and (unless tracing) update it; any other leaf's gradient goes to .grad as usual."""
+        flat = self.flat
+
+        def hook(p: Tensor, g: np.ndarray) -> bool:
+            if not flat.owns(p):
+                return False
+            if update:
+                flat.update_param(p, g)
+            received.add(id(p))
+            return True
+
+        return hook
+
     # -- replay -----------------------------------------------------------------
     def step(self, inputs: Any, targets: Any, *, index: int = 0, on_nonfinite: str = "raise"
              ) -> tuple[float, float | None, bool, PlannedArena]:
@@ -266,16 +273,8 @@ class FusedStep:
                 return value, None, True, arena
             if self.update_in_backward:
                 updated: set[int] = set()
-                update = self.flat.update_param
-
-                def on_leaf_grad(p, g):
-                    if not update(p, g):
-                        return False
-                    updated.add(id(p))
-                    return True
-
                 try:
-                    autograd.backward(loss, on_leaf_grad=on_leaf_grad)
+                    autograd.backward(loss, on_leaf_grad=self._leaf_hook(updated, update=True))
                 except Exception as exc:
                     if not updated:
                         raise
@@ -305,6 +304,14 @@ class FusedStep:
                 self.scheduler.step()
         self.replays += 1
         return value, grad_norm, False, arena
+
+
+def check_update_in_backward(update_in_backward: bool, clip_grad_norm: float | None) -> None:
+    """ValueError for update_in_backward with global-norm clipping, which must see every gradient first."""
+    if update_in_backward and clip_grad_norm is not None:
+        raise ValueError("update_in_backward=True cannot be combined with clip_grad_norm: global-norm clipping "
+                         "must see every gradient before any parameter is updated. Drop one of the two "
+                         "(update_in_backward=False keeps flat gradients)")
 
 
 def compile_step(model: Module, loss_fn: Callable, optimizer: Optimizer, example_batch: tuple[Any, Any], *,

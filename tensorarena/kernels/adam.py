@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from . import register
-from .optim_arrays import effective_grad, lerp_
+from .optim_arrays import effective_grad, lerp_, second_moment_
 
 
 def adam_reference(param: np.ndarray, grad: np.ndarray, exp_avg: np.ndarray, exp_avg_sq: np.ndarray,
@@ -34,11 +34,7 @@ def adam_reference(param: np.ndarray, grad: np.ndarray, exp_avg: np.ndarray, exp
     if weight_decay != 0 and decoupled_weight_decay:
         np.multiply(param, 1 - lr * weight_decay, out=param)
     lerp_(exp_avg, g, 1 - beta1, b)  # exp_avg.lerp_(g, 1 - beta1)
-    # exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * g * g
-    np.multiply(exp_avg_sq, beta2, out=exp_avg_sq)
-    np.multiply(g, 1 - beta2, out=b)
-    np.multiply(b, g, out=b)
-    np.add(exp_avg_sq, b, out=exp_avg_sq)
+    second_moment_(exp_avg_sq, g, beta2, b)
 
     bias_correction1 = 1 - beta1**step
     bias_correction2_sqrt = (1 - beta2**step) ** 0.5

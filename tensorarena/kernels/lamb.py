@@ -21,7 +21,7 @@ import numba
 import numpy as np
 
 from . import register
-from .optim_arrays import flat_views
+from .optim_arrays import corrected_rms, flat_views, second_moment_
 
 
 def _segments(param: np.ndarray, segments: np.ndarray | None) -> np.ndarray:
@@ -55,13 +55,8 @@ def lamb_reference(param: np.ndarray, grad: np.ndarray, exp_avg: np.ndarray, exp
     np.multiply(exp_avg, dt(beta1), out=exp_avg)
     np.multiply(grad, dt(sign * (1 - beta1)), out=a)
     np.add(exp_avg, a, out=exp_avg)
-    np.multiply(exp_avg_sq, dt(beta2), out=exp_avg_sq)
-    np.multiply(grad, dt(1 - beta2), out=a)
-    np.multiply(a, grad, out=a)
-    np.add(exp_avg_sq, a, out=exp_avg_sq)
-    np.divide(exp_avg_sq, dt(1 - beta2**step), out=b)
-    np.sqrt(b, out=b)
-    np.add(b, dt(eps), out=b)
+    second_moment_(exp_avg_sq, grad, beta2, a)  # g^2: the maximize sign does not matter
+    corrected_rms(exp_avg_sq, beta2, step, eps, b)
     np.divide(exp_avg, dt(1 - beta1**step), out=a)
     np.divide(a, b, out=a)
     if weight_decay != 0:

@@ -16,7 +16,7 @@ import numba
 import numpy as np
 
 from . import register
-from .optim_arrays import effective_grad, flat_views, lerp_
+from .optim_arrays import corrected_rms, effective_grad, flat_views, lerp_, second_moment_
 
 
 def _coefficients(lr: float, mu: float, mu_next: float, mu_product: float) -> tuple[float, float]:
@@ -39,14 +39,8 @@ def nadam_reference(param: np.ndarray, grad: np.ndarray, exp_avg: np.ndarray, ex
         np.multiply(param, dt(1 - lr * weight_decay), out=param)
     g = effective_grad(param, grad, 0.0 if decoupled_weight_decay else weight_decay, maximize, a, b)
     lerp_(exp_avg, g, 1 - beta1, b)
-    np.multiply(exp_avg_sq, dt(beta2), out=exp_avg_sq)
-    np.multiply(g, dt(1 - beta2), out=b)
-    np.multiply(b, g, out=b)
-    np.add(exp_avg_sq, b, out=exp_avg_sq)
-    # denom = sqrt(v / bc2) + eps (torch divides before the root, unlike Adam)
-    np.divide(exp_avg_sq, dt(1 - beta2**step), out=b)
-    np.sqrt(b, out=b)
-    np.add(b, dt(eps), out=b)
+    second_moment_(exp_avg_sq, g, beta2, b)
+    corrected_rms(exp_avg_sq, beta2, step, eps, b)  # torch divides before the root here, unlike Adam
     c1, c2 = _coefficients(lr, mu, mu_next, mu_product)
     np.multiply(g, dt(c1), out=a)  # g may live in `a`: it is read before it is overwritten
     np.divide(a, b, out=a)

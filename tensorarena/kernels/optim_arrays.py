@@ -64,3 +64,20 @@ def lerp_(start: np.ndarray, end: np.ndarray, weight: float, tmp: np.ndarray) ->
     else:
         np.multiply(tmp, 1 - weight, out=tmp)
         np.subtract(end, tmp, out=start)
+
+
+def second_moment_(exp_avg_sq: np.ndarray, g: np.ndarray, beta2: float, tmp: np.ndarray) -> None:
+    """exp_avg_sq = beta2 * exp_avg_sq + (1 - beta2) * g * g in place, in torch's operation order; `tmp` is scratch."""
+    dt = exp_avg_sq.dtype.type
+    np.multiply(exp_avg_sq, dt(beta2), out=exp_avg_sq)
+    np.multiply(g, dt(1 - beta2), out=tmp)
+    np.multiply(tmp, g, out=tmp)
+    np.add(exp_avg_sq, tmp, out=exp_avg_sq)
+
+
+def corrected_rms(exp_avg_sq: np.ndarray, beta2: float, step: float, eps: float, out: np.ndarray) -> None:
+    """out = sqrt(exp_avg_sq / (1 - beta2**step)) + eps: NAdam's and LAMB's denominator (divided before the root)."""
+    dt = exp_avg_sq.dtype.type
+    np.divide(exp_avg_sq, dt(1 - beta2**step), out=out)
+    np.sqrt(out, out=out)
+    np.add(out, dt(eps), out=out)

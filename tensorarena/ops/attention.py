@@ -149,28 +149,29 @@ def bias_gelu_linear(x: Tensor, bias: Tensor, weight: Tensor, out_bias: Tensor |
     if out_bias is not None:
         out2 += out_bias.data
     del act, x2
+    # Metadata and leaves only (see leaf_or_none); the arrays backward reads are pre and wd.
     x_shape, x_dtype, x_needs_grad = x.shape, x.dtype, x.requires_grad
-    needs = [(leaf_or_none(t), t.requires_grad, t.shape, t.dtype) if t is not None else None
-             for t in (bias, weight, out_bias)]
+    b_leaf, b_needs = leaf_or_none(bias), bias.requires_grad
+    w_leaf, w_needs = leaf_or_none(weight), weight.requires_grad
+    ob_leaf, ob_needs = (leaf_or_none(out_bias), out_bias.requires_grad) if out_bias is not None else (None, False)
     parents = (x, bias, weight) if out_bias is None else (x, bias, weight, out_bias)
 
     def backward(g):
         g2 = contiguous(g, dtype).reshape(-1, d)  # (N, D)
-        (b_leaf, b_needs, b_shape, _), (w_leaf, w_needs, w_shape, _) = needs[0], needs[1]
         gw = gob = None
         if w_needs:
             act = new(pre.shape, dtype)
             kernel("gelu_forward")(pre, act, approximate)  # recomputed, not kept since forward
-            gw = grad_out(w_leaf, w_shape, dtype)
+            gw = grad_out(w_leaf, wd.shape, dtype)
             np.matmul(g2.T, act, out=gw)
             del act
-        if needs[2] is not None and needs[2][1]:
-            gob = grad_out(needs[2][0], needs[2][2], dtype)
+        if ob_needs:
+            gob = grad_out(ob_leaf, (d,), dtype)
             np.sum(g2, axis=0, out=gob)
         dact = new(pre.shape, dtype)
         np.matmul(g2, wd, out=dact)
         dx = new(pre.shape, dtype)
-        db = grad_out(b_leaf, b_shape, dtype) if b_needs else new(b_shape, dtype)
+        db = grad_out(b_leaf, (m,), dtype) if b_needs else new((m,), dtype)
         kernel("bias_gelu_backward")(pre, dact, dx, db, approximate)
         del dact
         gx = as_dtype(dx.reshape(x_shape), x_dtype) if x_needs_grad else None

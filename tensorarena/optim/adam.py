@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..kernels import kernel
-from .optimizer import Optimizer, ParamsT, _check_betas, _check_number
+from .optimizer import Optimizer, ParamsT, _check_adam_family
 
 
 class Adam(Optimizer):
@@ -29,10 +29,7 @@ class Adam(Optimizer):
         super().__init__(params, defaults)
 
     def _check_hyperparams(self, group: dict[str, Any]) -> None:
-        _check_number("lr", group["lr"], what="learning rate")
-        _check_number("eps", group["eps"], what="epsilon value")
-        _check_betas(group["betas"])
-        _check_number("weight_decay", group["weight_decay"])
+        _check_adam_family(group)
 
     def state_init(self, group: dict[str, Any]) -> dict[str, float]:
         """First and second moments, and the running max of the second with AMSGrad."""

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .optimizer import Optimizer, ParamsT, _check_betas, _check_number
+from .optimizer import Optimizer, ParamsT, _check_adam_family
 
 
 class LAMB(Optimizer):
@@ -28,10 +28,7 @@ class LAMB(Optimizer):
         self._whole = np.zeros(2, dtype=np.int64)
 
     def _check_hyperparams(self, group: dict[str, Any]) -> None:
-        _check_number("lr", group["lr"], what="learning rate")
-        _check_number("eps", group["eps"], what="epsilon value")
-        _check_betas(group["betas"])
-        _check_number("weight_decay", group["weight_decay"])
+        _check_adam_family(group)
 
     def state_init(self, group: dict[str, Any]) -> dict[str, float]:
         """First and second moments."""

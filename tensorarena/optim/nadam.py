@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .optimizer import Optimizer, ParamsT, _check_betas, _check_number
+from .optimizer import Optimizer, ParamsT, _check_adam_family, _check_number
 
 
 class NAdam(Optimizer):
@@ -31,10 +31,7 @@ class NAdam(Optimizer):
         super().__init__(params, defaults)
 
     def _check_hyperparams(self, group: dict[str, Any]) -> None:
-        _check_number("lr", group["lr"], what="learning rate")
-        _check_number("eps", group["eps"], what="epsilon value")
-        _check_betas(group["betas"])
-        _check_number("weight_decay", group["weight_decay"])
+        _check_adam_family(group)
         _check_number("momentum_decay", group["momentum_decay"])
 
     def state_init(self, group: dict[str, Any]) -> dict[str, float]:

@@ -368,6 +368,14 @@ def _check_number(name: str, value: Any, *, low: float = 0.0, high: float | None
         raise ValueError(f"Invalid {label}: {value}")
 
 
+def _check_adam_family(group: dict[str, Any]) -> None:
+    """The checks Adam, NAdam and LAMB share: lr, eps, betas and weight_decay of a param group."""
+    _check_number("lr", group["lr"], what="learning rate")
+    _check_number("eps", group["eps"], what="epsilon value")
+    _check_betas(group["betas"])
+    _check_number("weight_decay", group["weight_decay"])
+
+
 def _check_betas(betas: Any) -> None:
     """ValueError unless `betas` is a pair of numbers in [0, 1) (torch's messages)."""
     if not isinstance(betas, (tuple, list)) or len(betas) != 2:

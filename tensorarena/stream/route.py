@@ -48,7 +48,7 @@ from ..optim.optimizer import Optimizer
 from ..random import default_generator
 from ..tensor import Tensor
 from ..train.checkpoint import _generators, _jsonable
-from ..train.report import NonFiniteLossError
+from ..train.report import NonFiniteLossError, check_step_options
 from . import optim_state
 from .stages import Stage, model_stages
 from .store import ArraySpec, ParamStore, StageLayout, StageSpec, StoreError, StoreSpec, _aligned_bytes
@@ -119,10 +119,7 @@ class StreamingRoute:
                  durable: bool = False, pool: BlockPool | None = None) -> None:
         if start not in STARTS:
             raise ValueError(f"start must be one of {STARTS}, got {start!r}")
-        if on_nonfinite not in ("raise", "skip"):
-            raise ValueError(f"on_nonfinite must be 'raise' or 'skip', got {on_nonfinite!r}")
-        if clip_grad_norm is not None and not clip_grad_norm > 0:
-            raise ValueError(f"clip_grad_norm must be positive, got {clip_grad_norm}")
+        check_step_options(clip_grad_norm, on_nonfinite)
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be a non-negative int (steps already taken), got {step!r}")
         self.model, self.optimizer, self.loss_fn, self.scheduler = model, optimizer, loss_fn, scheduler

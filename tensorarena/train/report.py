@@ -25,3 +25,11 @@ class StepReport:
 
 class NonFiniteLossError(FloatingPointError):
     """The loss was NaN or infinite; the step was not applied."""
+
+
+def check_step_options(clip_grad_norm: float | None, on_nonfinite: str) -> None:
+    """The step options every route takes (Trainer, StreamingRoute): ValueError naming a bad one."""
+    if on_nonfinite not in ("raise", "skip"):
+        raise ValueError(f"on_nonfinite must be 'raise' or 'skip', got {on_nonfinite!r}")
+    if clip_grad_norm is not None and not clip_grad_norm > 0:
+        raise ValueError(f"clip_grad_norm must be positive, got {clip_grad_norm}")

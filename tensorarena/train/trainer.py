@@ -25,7 +25,7 @@ from ..nn.module import Module
 from ..optim import clip_grad_norm_
 from ..optim.optimizer import Optimizer
 from ..tensor import Tensor
-from .report import NonFiniteLossError, StepReport
+from .report import NonFiniteLossError, StepReport, check_step_options
 
 ROUTES = ("eager", "fused", "streaming", "auto")
 log = logging.getLogger("tensorarena")
@@ -87,13 +87,10 @@ class Trainer:
                  update_in_backward: bool = False) -> None:
         if route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
-        if on_nonfinite not in ("raise", "skip"):
-            raise ValueError(f"on_nonfinite must be 'raise' or 'skip', got {on_nonfinite!r}")
-        if clip_grad_norm is not None and not clip_grad_norm > 0:
-            raise ValueError(f"clip_grad_norm must be positive, got {clip_grad_norm}")
-        if update_in_backward and clip_grad_norm is not None:
-            raise ValueError("update_in_backward=True cannot be combined with clip_grad_norm: global-norm "
-                             "clipping must see every gradient before any parameter is updated")
+        check_step_options(clip_grad_norm, on_nonfinite)
+        from ..compile.step import check_update_in_backward
+
+        check_update_in_backward(update_in_backward, clip_grad_norm)  # now, not at the first fused step
         self.update_in_backward = bool(update_in_backward)
         self.model = model
         self.optimizer = optimizer
