@@ -62,8 +62,15 @@ def layer_norm_backward_reference(g: np.ndarray, x: np.ndarray, weight: np.ndarr
         np.copyto(dbias, g.sum(axis=0, dtype=np.float64), casting="same_kind")
 
 
-@numba.njit(cache=True, parallel=True, fastmath=False)
-def _forward(x, w, b, has_w, has_b, eps, out, mean, rstd):
+# "reassoc" lets LLVM split the float64 row sums into packed partial sums (4x faster backward,
+# measured: 1.48 -> 0.39 ms on a (1576, 192) float32 row block, one thread); the sums stay in
+# float64, so only their last bits move. No other licence: nnan/ninf would let NaN inputs vanish.
+_JIT = dict(cache=True, parallel=True, error_model="numpy", fastmath={"reassoc", "contract"})
+
+
+@numba.njit(**_JIT)
+def _forward(x, w, b, eps, out, mean, rstd):
+    # An absent weight or bias arrives as ones / zeros (exact): no branch inside the row loops.
     n, d = x.shape
     for r in numba.prange(n):
         s = 0.0
@@ -78,53 +85,46 @@ def _forward(x, w, b, has_w, has_b, eps, out, mean, rstd):
         mean[r] = mu
         rstd[r] = rs
         for j in range(d):
-            y = (x[r, j] - mu) * rs
-            if has_w:
-                y = y * w[j]
-            if has_b:
-                y = y + b[j]
-            out[r, j] = y
+            out[r, j] = (x[r, j] - mu) * rs * w[j] + b[j]
 
 
-@numba.njit(cache=True, parallel=True, fastmath=False)
-def _backward(g, x, w, has_w, mean, rstd, dx, part_w, part_b, need_dw, need_db, nchunks):
+@numba.njit(**_JIT)
+def _backward(g, x, w, mean, rstd, dx, part_w, part_b, nchunks):
     n, d = x.shape
     for c in numba.prange(nchunks):
         c64 = np.int64(c)  # prange's index is unsigned: keep the row arithmetic in int64
+        pw = part_w[c]
+        pb = part_b[c]
         for r in range(c64 * n // nchunks, (c64 + 1) * n // nchunks):
-            mu = float(mean[r])
-            rs = float(rstd[r])
+            mu = np.float64(mean[r])
+            rs = np.float64(rstd[r])
             s1 = 0.0
             s2 = 0.0
             for j in range(d):
                 xh = (x[r, j] - mu) * rs
-                gj = float(g[r, j])
-                gw = gj * w[j] if has_w else gj
+                gj = np.float64(g[r, j])
+                gw = gj * w[j]
                 s1 += gw
                 s2 += gw * xh
-                if need_dw:
-                    part_w[c, j] += gj * xh
-                if need_db:
-                    part_b[c, j] += gj
+                pw[j] += gj * xh
+                pb[j] += gj
             m1 = s1 / d
             m2 = s2 / d
             for j in range(d):
                 xh = (x[r, j] - mu) * rs
-                gj = float(g[r, j])
-                gw = gj * w[j] if has_w else gj
-                dx[r, j] = rs * (gw - m1 - xh * m2)
+                dx[r, j] = rs * (g[r, j] * np.float64(w[j]) - m1 - xh * m2)
 
 
-def _dummy(dtype) -> np.ndarray:
-    # Stands in for an absent weight/bias so every call has one signature (one compile per dtype).
-    return np.zeros(1, dtype)
+def _filler(a: np.ndarray | None, d: int, value: float, dtype) -> np.ndarray:
+    # Stands in for an absent weight (ones) or bias (zeros): the same arithmetic, exact, one signature.
+    return a if a is not None else np.full(d, value, dtype)
 
 
 def layer_norm_forward_fused(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None, eps: float,
                              out: np.ndarray, mean: np.ndarray, rstd: np.ndarray) -> None:
     """Same contract as `layer_norm_forward_reference`, one parallel pass per row."""
-    _forward(x, weight if weight is not None else _dummy(x.dtype), bias if bias is not None else _dummy(x.dtype),
-             weight is not None, bias is not None, float(eps), out, mean, rstd)
+    d = x.shape[1]
+    _forward(x, _filler(weight, d, 1.0, x.dtype), _filler(bias, d, 0.0, x.dtype), float(eps), out, mean, rstd)
 
 
 @_quiet_underflow
@@ -134,11 +134,11 @@ def layer_norm_backward_fused(g: np.ndarray, x: np.ndarray, weight: np.ndarray |
     """Same contract as `layer_norm_backward_reference`; dweight/dbias via per-chunk partial rows."""
     n, d = x.shape
     nchunks = max(1, min(n, numba.get_num_threads()))
-    # (chunks, D) float64 partial sums: one row per thread, not an (N, D) temporary.
-    part_w = np.zeros((nchunks, d) if dweight is not None else (1, 1))
-    part_b = np.zeros((nchunks, d) if dbias is not None else (1, 1))
-    _backward(g, x, weight if weight is not None else _dummy(x.dtype), weight is not None, mean, rstd, dx,
-              part_w, part_b, dweight is not None, dbias is not None, nchunks)
+    # (chunks, D) float64 partial sums: one row per thread, not an (N, D) temporary. Both are
+    # always summed (two adds per element) so the loop has no branch.
+    part_w = np.zeros((nchunks, d))
+    part_b = np.zeros((nchunks, d))
+    _backward(g, x, _filler(weight, d, 1.0, x.dtype), mean, rstd, dx, part_w, part_b, nchunks)
     if dweight is not None:
         np.copyto(dweight, part_w.sum(axis=0), casting="same_kind")
     if dbias is not None:
