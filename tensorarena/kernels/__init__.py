@@ -92,5 +92,7 @@ def _load() -> None:
     global _loaded
     if not _loaded:
         _loaded = True
+        from . import cpu  # noqa: F401 - first: it sets the vector width before Numba builds its compiler
         from . import (adagrad, adam, attention, cross_entropy, erf, gelu, lamb, layer_norm, lion,  # noqa: F401
                        nadam, rmsprop, sgd, softmax)
+

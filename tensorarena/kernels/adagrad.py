@@ -7,6 +7,7 @@ s += g * g; p -= clr * g / (sqrt(s) + eps). The fused twin does it in one pass o
 
 from __future__ import annotations
 
+from . import cpu as _cpu  # noqa: F401 - before numba: it picks the vector width (cpu.py)
 import numba
 import numpy as np
 

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from . import cpu as _cpu  # noqa: F401 - before numba: it picks the vector width (cpu.py)
 import numba
 import numpy as np
 from llvmlite import ir

@@ -9,6 +9,7 @@ The fused twin does it in one pass over memory instead of ~8 NumPy passes.
 
 from __future__ import annotations
 
+from . import cpu as _cpu  # noqa: F401 - before numba: it picks the vector width (cpu.py)
 import numba
 import numpy as np
 

@@ -9,6 +9,7 @@ one pass over memory instead of up to six NumPy passes and their temporaries.
 
 from __future__ import annotations
 
+from . import cpu as _cpu  # noqa: F401 - before numba: it picks the vector width (cpu.py)
 import numba
 import numpy as np
 
