@@ -1,5 +1,6 @@
-"""Which vectors Numba's compiled kernels use: 512-bit on AVX-512 cores.
+"""How our kernels use the CPU: 512-bit vectors on AVX-512 cores, and OpenBLAS threads that sleep.
 
+Vectors.
 LLVM's tuning for Intel server cores prefers 256-bit vectors (older Xeons clocked down on 512-bit
 code), so Numba's loops ran 8 float32 lanes wide even where 16 fit. Our kernels are short,
 compute-bound loops (the erf and exp polynomials of kernels.fastmath); on this machine's Emerald
@@ -10,12 +11,29 @@ The choice must be made before Numba builds its target machine (when the first k
 decorated), so every kernel module imports this one before `import numba`. A NUMBA_CPU_FEATURES
 the user set wins, and nothing changes on cores without AVX-512. Numba's on-disk cache keys on
 the feature string, so kernels cached under other settings are recompiled, not reused.
+
+OpenBLAS's threads. After each matmul, OpenBLAS's worker threads busy-wait (sched_yield in a
+loop) for 2**28 cycles, ~0.1 s, before they sleep: exactly when our next fused kernel starts its
+own threads, so on 2 cores those ran at half speed (in-step profile of a fused ViT-Tiny step:
+the GELU and softmax kernels took 2x their isolated time, 190 vs 95 ms per 4 steps). A timeout of
+2**4 cycles makes them sleep at once; the price is a wake-up per matmul, which no GEMM timing
+showed. Measured in one process, alternating the two settings every 4 steps (`python
+bench/openblas_spin.py [--model base] [--route eager]`, medians over 15-20 steps): fused ViT-Tiny
+b8 640-672 vs 702-723 ms, eager 656 vs 710 ms, fused ViT-Base b1 1020 vs 1064 ms. The timeout is read when OpenBLAS starts its threads, and numpy
+started them at import, so this sets OPENBLAS_THREAD_TIMEOUT and restarts the pool (it comes
+back at the next matmul). An OPENBLAS_THREAD_TIMEOUT the user set wins. Do not import the
+kernels while another thread is inside a numpy matmul: the restart waits for the pool to stop.
 """
 
 from __future__ import annotations
 
+import ctypes
+import logging
 import os
 import sys
+
+log = logging.getLogger("tensorarena")
+OPENBLAS_TIMEOUT_EXPONENT = "4"  # OpenBLAS's minimum: 2**4 cycles of spinning before a worker sleeps
 
 
 def _prefer_512_bit_vectors() -> None:
@@ -45,4 +63,41 @@ def vector_width_bits() -> int:
     return 256 if "+avx" in features else 128
 
 
+def _loaded_openblas() -> str | None:
+    """Path of the OpenBLAS library this process has loaded (numpy's), from /proc/self/maps."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split(maxsplit=5)[-1].strip()
+                if "openblas" in os.path.basename(path).lower() and ".so" in path:
+                    return path
+    except OSError:
+        return None
+    return None
+
+
+def _quiet_openblas_threads() -> str:
+    """Make OpenBLAS's idle workers sleep at once instead of spinning; says what was done."""
+    if "OPENBLAS_THREAD_TIMEOUT" in os.environ:
+        return f"left alone: OPENBLAS_THREAD_TIMEOUT={os.environ['OPENBLAS_THREAD_TIMEOUT']} was set by the user"
+    import numpy  # noqa: F401 - its BLAS must be loaded to be found
+
+    path = _loaded_openblas()
+    if path is None:
+        return "left alone: numpy's BLAS is not an OpenBLAS this process can find"
+    lib = ctypes.CDLL(path)
+    shutdown = getattr(lib, "blas_thread_shutdown_", None)
+    if shutdown is None:
+        return f"left alone: {os.path.basename(path)} has no blas_thread_shutdown_ to restart its threads with"
+    os.environ["OPENBLAS_THREAD_TIMEOUT"] = OPENBLAS_TIMEOUT_EXPONENT
+    read_env = getattr(lib, "openblas_read_env", None)
+    if read_env is not None:  # releases that read the timeout with the other settings
+        read_env()
+    shutdown()
+    return f"OpenBLAS threads restarted with OPENBLAS_THREAD_TIMEOUT={OPENBLAS_TIMEOUT_EXPONENT} ({path})"
+
+
 _prefer_512_bit_vectors()
+openblas_threads = _quiet_openblas_threads()  # what was done, for reports and tests
+if not openblas_threads.startswith("OpenBLAS threads restarted"):
+    log.info("OpenBLAS worker threads %s; fused kernels may run slower right after a matmul", openblas_threads)
