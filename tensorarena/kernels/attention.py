@@ -28,6 +28,7 @@ import numpy as np
 from . import register
 from ..memory.arena import empty
 from .blas import matmul as bmm
+from .blas_threads import run_split
 from .softmax import _BLOCK, _exp_normalise_in_place, _rowdot, _rowmax, softmax_forward_reference
 
 # Results that underflow to (sub)normal zero are right, not errors: keep np.seterr(under="raise")
@@ -155,9 +156,14 @@ def _slicewise(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     P^T and an output viewed as (B, T, H, hs) all go to BLAS with no copy. NumPy's batched matmul
     would copy (or, for a batched transpose, run its naive loop).
     """
-    for i in range(a.shape[0]):
-        for j in range(a.shape[1]):
+    heads = a.shape[1]
+
+    def work(lo: int, hi: int) -> None:
+        for s in range(lo, hi):
+            i, j = divmod(s, heads)
             np.matmul(a[i, j], b[i, j], out=out[i, j])
+
+    run_split(work, a.shape[0] * heads)  # the slices split over the cores, one BLAS thread each
 
 
 def _swap(x: np.ndarray) -> np.ndarray:
