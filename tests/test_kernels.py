@@ -196,6 +196,34 @@ def test_bias_gelu(dt, approximate, n, d):
     close(ref + gref, [tpre.detach(), ty.detach(), tx.grad, tb.grad], TORCH_TOL[dt], "vs torch")
 
 
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("n,d", [(1, 1), (7, 13), (64, 40)])
+def test_bias_gelu_backward_recompute(dt, approximate, n, d):
+    rng = np.random.default_rng(n * d)
+    pre, g = randn(rng, (n, d), dt, 3.0), randn(rng, (n, d), dt)
+    pre.flat[:3] = [-60.0, 45.0, -7.5][: pre.size]  # beyond the gradient clip and in the far left tail
+    outs = lambda: [np.empty((n, d), dt), np.empty(d, dt), np.empty((n, d), dt)]  # noqa: E731
+    ref, fus, _ = run_both("bias_gelu_backward_recompute", outs, pre, g, approximate=approximate)
+    close(ref, fus, FUSED_TOL[dt], "fused vs reference")
+    # The fused twin equals the two kernels it replaces: gelu_forward for act, bias_gelu_backward for
+    # dx and dbias (bit for bit in the exact form, which shares one erf).
+    act, dx, db = np.empty((n, d), dt), np.empty((n, d), dt), np.empty(d, dt)
+    kernels.kernel("gelu_forward", "fused")(pre, act, approximate)
+    kernels.kernel("bias_gelu_backward", "fused")(pre, g, dx, db, approximate)
+    for got, want in zip([fus[2], fus[0], fus[1]], [act, dx, db]):
+        np.testing.assert_array_equal(got, want)
+    # dx may overwrite g (bias_gelu_linear's backward does that).
+    for impl in ("reference", "fused"):
+        g_in_place, db2, act2 = g.copy(), np.empty(d, dt), np.empty((n, d), dt)
+        kernels.kernel("bias_gelu_backward_recompute", impl)(pre, g_in_place, g_in_place, db2, act2, approximate)
+        close([g_in_place, db2, act2], ref if impl == "reference" else fus, FUSED_TOL[dt], f"in place, {impl}")
+    tpre = t(pre, True)
+    ty = F.gelu(tpre, approximate=approximate)
+    ty.backward(t(g))
+    close([tpre.grad, tpre.grad.sum(0), ty.detach()], ref, TORCH_TOL[dt], "vs torch")
+
+
 def test_gelu_rejects_unknown_approximation():
     for impl in ("reference", "fused"):
         with pytest.raises(ValueError, match="approximate"):
@@ -395,7 +423,8 @@ def test_sgd_non_contiguous_and_missing_buffer():
 # ---------------------------------------------------------------- dispatch and warm-up
 
 KERNELS = ["layer_norm_forward", "layer_norm_backward", "softmax_forward", "softmax_backward", "gelu_forward",
-           "gelu_backward", "bias_gelu_forward", "bias_gelu_backward", "attention_forward", "attention_backward",
+           "gelu_backward", "bias_gelu_forward", "bias_gelu_backward", "bias_gelu_backward_recompute",
+           "attention_forward", "attention_backward",
            "cross_entropy_forward", "cross_entropy_backward", "sgd"]
 
 

@@ -111,6 +111,17 @@ def _flat(a: np.ndarray) -> np.ndarray:
     return rows_in(a, 1).reshape(-1)
 
 
+@_quiet_underflow
+def bias_gelu_backward_recompute_reference(pre: np.ndarray, g: np.ndarray, dx: np.ndarray, dbias: np.ndarray,
+                                           act: np.ndarray, approximate: str = "none") -> None:
+    """bias_gelu_backward (dx = g * gelu'(pre), dbias = column sums of dx) plus act = gelu(pre), the
+    activation a following Linear needs for its weight gradient. dx may be g itself (plain NumPy)."""
+    tanh = _tanh_flag(approximate)
+    p64 = pre.astype(np.float64)
+    np.copyto(act, _gelu_np(p64, tanh), casting="same_kind")
+    bias_gelu_backward_reference(pre, g, dx, dbias, approximate)
+
+
 @numba.njit(inline="always")
 def _chunk(c, n, nchunks):
     c64 = np.int64(c)  # prange's index is unsigned: keep the arithmetic in int64
@@ -204,6 +215,61 @@ def _bias_backward(pre, g, dx, part, nchunks, tanh):
                 acc[j] += dxr[j]
 
 
+@numba.njit(inline="always", error_model="numpy")
+def _gelu_and_grad_erf(x):
+    # One ndtr_pdf for both: gelu(x) = x Phi(x) and gelu'(x) = Phi(x) + x phi(x). Phi of the clipped
+    # x equals Phi(x) (it is exactly 0 or 1 beyond |x| = 13), so act matches _gelu_erf bit for bit.
+    lim = fm.like(x, _GRAD_CLIP)
+    c = -lim if x < -lim else (lim if x > lim else x)
+    cdf, pdf = fm.ndtr_pdf(c)
+    return x * cdf, cdf + c * pdf
+
+
+@numba.njit(inline="always", error_model="numpy")
+def _gelu_and_grad_tanh(x):
+    # One exp for both, from the clipped x as _gelu_grad_tanh takes it. x / (1 + e) then equals
+    # _gelu_tanh(x) bit for bit: beyond |x| = 40, e is ~0 (x / 1 = x) or inf (x / inf = -0) either way.
+    lim, one = fm.like(x, _GRAD_CLIP), fm.like(x, 1.0)
+    c = -lim if x < -lim else (lim if x > lim else x)
+    e = fm.exp(fm.like(c, -2.0 * _SQRT_2_PI) * (c + fm.like(c, _K) * c * c * c))
+    s = one / (one + e)
+    one_minus_s = e * s if e < one else one - s  # as _gelu_grad_tanh
+    return x / (one + e), s + fm.like(c, 2.0 * _SQRT_2_PI) * c * s * one_minus_s * (one + fm.like(c, 3.0 * _K) * c * c)
+
+
+@numba.njit(parallel=True, **_JIT)
+def _bias_backward_recompute_erf(pre, g, dx, act, part, nchunks):
+    n, d = pre.shape
+    for c in numba.prange(nchunks):
+        lo, hi = _chunk(c, n, nchunks)
+        acc = part[c]
+        for r in range(lo, hi):
+            dxr, gr, pr, ar = dx[r], g[r], pre[r], act[r]
+            for j in range(d):
+                a, da = _gelu_and_grad_erf(pr[j])
+                ar[j] = a
+                dxr[j] = gr[j] * da
+            for j in range(d):
+                acc[j] += dxr[j]
+
+
+# The tanh form apart: Numba's inliner trips over fastmath.exp inlined at several sites in one function.
+@numba.njit(parallel=True, **_JIT)
+def _bias_backward_recompute_tanh(pre, g, dx, act, part, nchunks):
+    n, d = pre.shape
+    for c in numba.prange(nchunks):
+        lo, hi = _chunk(c, n, nchunks)
+        acc = part[c]
+        for r in range(lo, hi):
+            dxr, gr, pr, ar = dx[r], g[r], pre[r], act[r]
+            for j in range(d):
+                a, da = _gelu_and_grad_tanh(pr[j])
+                ar[j] = a
+                dxr[j] = gr[j] * da
+            for j in range(d):
+                acc[j] += dxr[j]
+
+
 def gelu_forward_fused(x: np.ndarray, out: np.ndarray, approximate: str = "none") -> None:
     """Same contract as `gelu_forward_reference`, one parallel pass."""
     tanh = _tanh_flag(approximate)
@@ -238,6 +304,19 @@ def bias_gelu_backward_fused(pre: np.ndarray, g: np.ndarray, dx: np.ndarray, dbi
     np.copyto(dbias, part.sum(axis=0), casting="same_kind")
 
 
+@_quiet_underflow
+def bias_gelu_backward_recompute_fused(pre: np.ndarray, g: np.ndarray, dx: np.ndarray, dbias: np.ndarray,
+                                       act: np.ndarray, approximate: str = "none") -> None:
+    """Same contract as `bias_gelu_backward_recompute_reference`: one pass, one erf per element
+    for both outputs (bias_gelu_linear's backward ran gelu_forward and bias_gelu_backward, two)."""
+    tanh = _tanh_flag(approximate)
+    n, d = pre.shape
+    nchunks = max(1, min(n, numba.get_num_threads()))
+    part = np.zeros((nchunks, d))  # float64, one row per thread
+    (_bias_backward_recompute_tanh if tanh else _bias_backward_recompute_erf)(pre, g, dx, act, part, nchunks)
+    np.copyto(dbias, part.sum(axis=0), casting="same_kind")
+
+
 register("gelu_forward", "reference", gelu_forward_reference)
 register("gelu_forward", "fused", gelu_forward_fused)
 register("gelu_backward", "reference", gelu_backward_reference)
@@ -246,3 +325,5 @@ register("bias_gelu_forward", "reference", bias_gelu_forward_reference)
 register("bias_gelu_forward", "fused", bias_gelu_forward_fused)
 register("bias_gelu_backward", "reference", bias_gelu_backward_reference)
 register("bias_gelu_backward", "fused", bias_gelu_backward_fused)
+register("bias_gelu_backward_recompute", "reference", bias_gelu_backward_recompute_reference)
+register("bias_gelu_backward_recompute", "fused", bias_gelu_backward_recompute_fused)

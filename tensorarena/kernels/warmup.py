@@ -43,6 +43,8 @@ def _tiny_calls(dt) -> dict[str, Callable[[], object]]:
         "gelu_backward": lambda: fused["gelu_backward"](x, g, arr(n, d), "none"),
         "bias_gelu_forward": lambda: fused["bias_gelu_forward"](x, b, arr(n, d), arr(n, d), "none"),
         "bias_gelu_backward": lambda: fused["bias_gelu_backward"](x, g, arr(n, d), arr(d), "none"),
+        "bias_gelu_backward_recompute": lambda: fused["bias_gelu_backward_recompute"](x, g, arr(n, d), arr(d),
+                                                                                      arr(n, d), "none"),
         "attention_forward": lambda: fused["attention_forward"](q, k, v, pad, False, None, arr(1, 2, 3, 4), probs),
         "attention_backward": lambda: fused["attention_backward"](q, k, v, probs, arr(1, 2, 3, 4), None,
                                                                   arr(1, 2, 3, 4), arr(1, 2, 3, 4), arr(1, 2, 3, 4)),

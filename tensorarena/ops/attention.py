@@ -159,21 +159,22 @@ def bias_gelu_linear(x: Tensor, bias: Tensor, weight: Tensor, out_bias: Tensor |
     def backward(g):
         g2 = contiguous(g, dtype).reshape(-1, d)  # (N, D)
         gw = gob = None
-        if w_needs:
-            act = new(pre.shape, dtype)
-            kernel("gelu_forward")(pre, act, approximate)  # recomputed, not kept since forward
-            gw = grad_out(w_leaf, wd.shape, dtype)
-            np.matmul(g2.T, act, out=gw)
-            del act
         if ob_needs:
             gob = grad_out(ob_leaf, (d,), dtype)
             np.sum(g2, axis=0, out=gob)
-        dact = new(pre.shape, dtype)
-        np.matmul(g2, wd, out=dact)
         dx = new(pre.shape, dtype)
+        np.matmul(g2, wd, out=dx)  # d act, turned into d x in place below
         db = grad_out(b_leaf, (m,), dtype) if b_needs else new((m,), dtype)
-        kernel("bias_gelu_backward")(pre, dact, dx, db, approximate)
-        del dact
+        if w_needs:
+            # One pass evaluates erf once for both: the activation (recomputed, not kept since
+            # forward) for the weight's gradient, and GELU's derivative for dx.
+            act = new(pre.shape, dtype)
+            kernel("bias_gelu_backward_recompute")(pre, dx, dx, db, act, approximate)
+            gw = grad_out(w_leaf, wd.shape, dtype)
+            np.matmul(g2.T, act, out=gw)
+            del act
+        else:
+            kernel("bias_gelu_backward")(pre, dx, dx, db, approximate)
         gx = as_dtype(dx.reshape(x_shape), x_dtype) if x_needs_grad else None
         grads = (gx, db if b_needs else None, gw)
         return grads if out_bias is None else grads + (gob,)
