@@ -173,8 +173,10 @@ def bias_gelu_linear(x: Tensor, bias: Tensor, weight: Tensor, out_bias: Tensor |
             gw = grad_out(w_leaf, wd.shape, dtype)
             np.matmul(g2.T, act, out=gw)
             del act
-        else:
-            kernel("bias_gelu_backward")(pre, dx, dx, db, approximate)
+        else:  # bias_gelu_backward's dx must not alias its g (an aliased loop runs scalar)
+            dact, dx = dx, new(pre.shape, dtype)
+            kernel("bias_gelu_backward")(pre, dact, dx, db, approximate)
+            del dact
         gx = as_dtype(dx.reshape(x_shape), x_dtype) if x_needs_grad else None
         grads = (gx, db if b_needs else None, gw)
         return grads if out_bias is None else grads + (gob,)
