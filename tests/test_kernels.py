@@ -424,7 +424,7 @@ def test_sgd_non_contiguous_and_missing_buffer():
 
 KERNELS = ["layer_norm_forward", "layer_norm_backward", "softmax_forward", "softmax_backward", "gelu_forward",
            "gelu_backward", "bias_gelu_forward", "bias_gelu_backward", "bias_gelu_backward_recompute",
-           "attention_forward", "attention_backward",
+           "attention_forward", "attention_backward", "dropout_apply",
            "cross_entropy_forward", "cross_entropy_backward", "sgd"]
 
 
@@ -451,3 +451,46 @@ def test_compile_all_times_every_fused_kernel():
     assert not set(KERNELS) & set(not_covered())
     assert not_covered() == []  # every registered fused kernel, the optimizers' included
     assert {"adam", "nadam", "rmsprop", "adagrad", "lion", "lamb"} <= set(seconds)
+
+
+# ---------------------------------------------------------------- dropout
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_dropout_apply_twins_agree_exactly(dt, p):
+    from tensorarena.kernels.dropout import keep_threshold
+
+    x = randn(np.random.default_rng(3), (3, 7, 11), dt)
+    x.flat[:2] = [np.nan, np.inf]
+    seed, threshold, scale = 0xDEADBEEF12345678, keep_threshold(p), dt(1.0) / dt(1.0 - p)
+    ref, fus, _ = run_both("dropout_apply", lambda: [np.empty_like(x)], x, seed=seed, threshold=threshold,
+                           scale=scale)
+    np.testing.assert_array_equal(ref[0], fus[0])  # an integer hash: the masks are identical
+    kept = ref[0] != 0
+    np.testing.assert_array_equal(ref[0][kept][2:], (x * scale)[kept][2:])
+
+
+def test_dropout_hash_is_uniform_and_seeds_differ():
+    from tensorarena.kernels.dropout import GAMMA, keep_mask_reference, keep_threshold
+
+    n = 1 << 20
+    # The kept fraction for several p, within 6 binomial standard deviations (false alarm ~1e-9).
+    for p in (0.05, 0.3, 0.7):
+        kept = keep_mask_reference(12345, n, keep_threshold(p)).mean()
+        assert abs(kept - (1 - p)) < 6 * np.sqrt(p * (1 - p) / n), (p, kept)
+    # The top 32 bits spread evenly over 64 buckets (chi-square, 63 dof: 140 is p ~ 1e-7).
+    buckets = np.zeros(64)
+    for b in range(64):
+        lo = keep_mask_reference(99, n, keep_threshold(b / 64)) if b else np.ones(n, bool)
+        hi = keep_mask_reference(99, n, keep_threshold((b + 1) / 64)) if b < 63 else np.zeros(n, bool)
+        buckets[b] = (lo & ~hi).sum()
+    chi2 = ((buckets - n / 64) ** 2 / (n / 64)).sum()
+    assert chi2 < 140, chi2
+    # Neighbouring elements and neighbouring seeds are not correlated: masks of seeds s and s + GAMMA
+    # (which shifts the counter by one) agree where they should and nowhere else by much.
+    a = keep_mask_reference(7, n, keep_threshold(0.5))
+    b = keep_mask_reference(8, n, keep_threshold(0.5))
+    assert abs((a == b).mean() - 0.5) < 6 * 0.5 / np.sqrt(n)
+    shifted = keep_mask_reference(int((np.uint64(7) + GAMMA)), n - 1, keep_threshold(0.5))
+    np.testing.assert_array_equal(shifted, a[1:])
+    assert abs((a[1:] == a[:-1]).mean() - 0.5) < 6 * 0.5 / np.sqrt(n)

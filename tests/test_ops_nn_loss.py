@@ -13,6 +13,7 @@ from hypothesis.extra.numpy import array_shapes
 
 import tensorarena as ta
 from tensorarena import kernels
+from tensorarena.kernels.dropout import keep_mask_reference, keep_threshold
 from tensorarena.ops import cross_entropy, dropout, layer_norm, mse_loss
 from tensorarena.random import manual_seed
 from tests.reference import DTYPES, FAST, check_finite_differences, check_op, randn, seeds
@@ -28,16 +29,24 @@ def restore_kernel_choice():
 
 # -- dropout ---------------------------------------------------------------------------------------
 
+def _documented_keep(seed_rng: np.random.Generator, shape, p) -> np.ndarray:
+    seed = seed_rng.integers(0, 2**64, dtype=np.uint64)
+    return keep_mask_reference(int(seed), int(np.prod(shape)), keep_threshold(p)).reshape(shape)
+
+
 def test_dropout_mask_is_the_documented_draw():
     x = ta.tensor(np.ones((50, 40)), dtype=np.float32)
     out = dropout(x, 0.3, rng=np.random.default_rng(5)).numpy()
-    keep = np.random.default_rng(5).random((50, 40), dtype=np.float32) >= 0.3
+    keep = _documented_keep(np.random.default_rng(5), (50, 40), 0.3)
     np.testing.assert_array_equal(out != 0, keep)
     np.testing.assert_allclose(out[keep], np.float32(1) / np.float32(0.7))
-    # float64 input draws the same float32 uniforms, so the mask does not depend on precision.
+    # float64 input draws the same seed, so the mask does not depend on precision.
     out64 = dropout(ta.tensor(np.ones((50, 40)), dtype=np.float64), 0.3, rng=np.random.default_rng(5))
     np.testing.assert_array_equal(out64.numpy() != 0, keep)
     assert out64.dtype == np.float64
+    # A strided input is masked in C order of its logical shape, as a contiguous copy would be.
+    xt = ta.tensor(np.ones((40, 50)), dtype=np.float32).transpose(0, 1)
+    np.testing.assert_array_equal(dropout(xt, 0.3, rng=np.random.default_rng(5)).numpy() != 0, keep)
 
 
 def test_dropout_same_seed_same_mask_and_saved_state_replays():
@@ -74,9 +83,22 @@ def test_dropout_gradient_is_mask_times_scale(dtype):
     out = dropout(x, 0.4, rng=np.random.default_rng(3))
     w = randn(2, (6, 7))
     (out * ta.tensor(w, dtype=dtype)).sum().backward()
-    mask = (np.random.default_rng(3).random((6, 7), dtype=np.float32) >= 0.4) / dtype(0.6)
+    mask = _documented_keep(np.random.default_rng(3), (6, 7), 0.4) / dtype(0.6)
     np.testing.assert_allclose(x.grad, (w * mask).astype(dtype), rtol=1e-6)
     assert x.grad.dtype == dtype
+
+
+def test_dropout_keeps_no_mask_for_backward():
+    # The mask is recomputed from its seed in backward: only the output is new memory.
+    x = ta.tensor(randn(4, (64, 32)), dtype=np.float32, requires_grad=True)
+    with ta.Arena() as arena:
+        h = x * 1.0
+        out = dropout(h, 0.5, rng=np.random.default_rng(0))
+        del h
+        assert arena.stats.bytes_in_use == out.data.nbytes
+        kept = out.numpy() != 0
+        out.sum().backward()
+    np.testing.assert_array_equal(x.grad, kept * np.float32(2.0))
 
 
 def test_dropout_identity_cases_and_p_one():

@@ -15,6 +15,7 @@ import tensorarena.nn as nn
 import tensorarena.nn.functional as F
 from tensorarena.models import BertConfig, BertModel, ViT, ViTConfig, load_hf_state_dict, to_hf_state_dict
 from tensorarena.models.bert import CheckpointMismatchError
+from tensorarena.kernels.dropout import keep_mask_reference, keep_threshold
 
 TORCH_DTYPE = {np.float32: torch.float32, np.float64: torch.float64}
 TOL = {np.float64: dict(rtol=1e-9, atol=1e-10), np.float32: dict(rtol=1e-4, atol=2e-5)}
@@ -84,7 +85,7 @@ def test_multihead_attention_matches_torch(dtype, causal, padded):
 
 def test_attention_dropout_path_matches_torch_with_the_same_mask():
     """Training with attention dropout composes matmul/softmax/dropout; the keep mask is the
-    documented rng.random(float32) >= p draw, so torch can replay it exactly."""
+    documented hash of one seed drawn from the generator (ops.dropout), so torch can replay it."""
     B, T, C, nh, p = 2, 5, 8, 2, 0.3
     ours = nn.MultiheadAttention(C, nh, dropout=p, rng=np.random.default_rng(0), dtype=np.float64)
     ours.attn_drop.rng = np.random.default_rng(5)
@@ -92,7 +93,8 @@ def test_attention_dropout_path_matches_torch_with_the_same_mask():
     theirs.load_state_dict({k: torch.from_numpy(v) for k, v in ours.state_dict().items()})
     x = np.random.default_rng(1).standard_normal((B, T, C))
     pad = _padding([5, 3], T)
-    keep = np.random.default_rng(5).random((B, nh, T, T), dtype=np.float32) >= np.float32(p)
+    seed = int(np.random.default_rng(5).integers(0, 2**64, dtype=np.uint64))
+    keep = keep_mask_reference(seed, B * nh * T * T, keep_threshold(p)).reshape(B, nh, T, T)
 
     xt = ta.tensor(x, dtype=np.float64, requires_grad=True)
     out = ours(xt, key_padding_mask=pad, causal=True)

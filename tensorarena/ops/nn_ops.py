@@ -15,31 +15,38 @@ from ._base import as_tensor, contiguous, grad_out, leaf_or_none, new, new_like
 def dropout(a: Tensor, p: float = 0.5, *, training: bool = True, rng: np.random.Generator | None = None) -> Tensor:
     """Zero each element with probability p and scale the rest by 1/(1-p) (inverted dropout).
 
-    The keep mask is `u >= p` with `u = rng.random(a.shape, dtype=float32)`: one float32 draw per
-    element in C order, whatever `a`'s dtype, so restoring a saved `rng.bit_generator.state`
-    reproduces the same mask. Nothing is drawn when the call is an identity (training=False or
-    p == 0) or when p == 1 (everything is dropped).
+    The mask is a hash of (seed, element index in C order) with seed =
+    `rng.integers(0, 2**64, dtype=np.uint64)`, one draw per call whatever `a`'s shape or dtype
+    (kernels/dropout.py: `keep_mask_reference(seed, a.size, keep_threshold(p))` says which elements
+    are kept). Restoring a saved `rng.bit_generator.state` reproduces the same mask, and backward
+    recomputes it from the seed, so no mask array is kept. Nothing is drawn when the call is an
+    identity (training=False or p == 0) or when p == 1 (everything is dropped).
     """
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability has to be between 0 and 1, got p={p}")
     if not training or p == 0.0:
         return a
-    ad = a.data
-    mask = new_like(ad)  # the scaled keep mask: exactly the gradient of out w.r.t. a
+    from ..kernels.dropout import keep_threshold  # here, not at import: it loads Numba
+
+    ad = contiguous(a.data)  # the mask follows C order: a strided view is copied first
+    dtype = ad.dtype
     if p == 1.0:
-        mask.fill(0)
+        out = new_like(ad)
+        out.fill(0)
+        seed, threshold, scale = 0, 0, 0.0  # unused: backward writes zeros too
     else:
-        rng = get_generator(rng)
-        uniform = mask if ad.dtype == np.float32 else new(ad.shape, np.float32)
-        rng.random(dtype=np.float32, out=uniform)
-        np.greater_equal(uniform, np.float32(p), out=mask)
-        mask /= ad.dtype.type(1.0 - p)  # torch divides the mask by (1 - p) too
-    out = new_like(ad)
-    np.multiply(ad, mask, out=out)
+        seed = int(get_generator(rng).integers(0, 2**64, dtype=np.uint64))
+        threshold = keep_threshold(p)
+        scale = dtype.type(1.0) / dtype.type(1.0 - p)  # torch divides by (1 - p) in the input's dtype too
+        out = new_like(ad)
+        kernel("dropout_apply")(ad, out, seed, threshold, scale)
 
     def backward(g):
         ga = new_like(g)
-        np.multiply(g, mask, out=ga)
+        if p == 1.0:
+            ga.fill(0)
+        else:
+            kernel("dropout_apply")(contiguous(g, dtype), ga, seed, threshold, scale)
         return (ga,)
 
     return Tensor._make(out, (a,), backward)
