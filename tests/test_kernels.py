@@ -453,6 +453,46 @@ def test_compile_all_times_every_fused_kernel():
     assert {"adam", "nadam", "rmsprop", "adagrad", "lion", "lamb"} <= set(seconds)
 
 
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("tile", [None, 2 * 3 * 5 * 5], ids=["one_tile", "tile_per_batch_element"])
+def test_attention_with_dropout(dt, tile, monkeypatch):
+    # Dropout inside the attention kernels: the twins agree, the mask is ops.dropout's over (B, H, T, S)
+    # (so a tile per batch element must use the right offsets), and finite differences hold.
+    from tensorarena.kernels import attention as attn_kernels
+    from tensorarena.kernels.dropout import keep_mask_reference, keep_threshold
+
+    if tile is not None:
+        monkeypatch.setattr(attn_kernels, "_TILE_ELEMENTS", tile)
+    rng = np.random.default_rng(11)
+    b, h, tq, hs, p = 3, 2, 5, 4, 0.3
+    q, k, v, g, pad = _attn_inputs(rng, dt, b, h, tq, tq, hs, True)
+    seed, threshold, dscale = 0x1234ABCD, keep_threshold(p), dt(1.0) / dt(1.0 - p)
+    drop = (seed, threshold, dscale)
+    outs = {}
+    for impl in ("reference", "fused"):
+        out, probs = np.empty((b, h, tq, hs), dt), np.empty((b, h, tq, tq), dt)
+        kernels.kernel("attention_forward", impl)(q, k, v, pad, True, None, out, probs, drop)
+        grads = [np.empty_like(q), np.empty_like(k), np.empty_like(v)]
+        kernels.kernel("attention_backward", impl)(q, k, v, probs, g, None, *grads, drop)
+        outs[impl] = [out, probs, *grads]
+    close(outs["reference"], outs["fused"], FUSED_TOL[dt], "fused vs reference")
+    # The same as the undropped kernel's probabilities times the documented mask.
+    keep = keep_mask_reference(seed, b * h * tq * tq, threshold).reshape(b, h, tq, tq)
+    out, probs = outs["fused"][:2]
+    np.testing.assert_allclose(out, (probs * keep * dscale) @ v, **FUSED_TOL[dt])
+    if dt == np.float64:  # d(sum(out * g)) / dq by central differences, mask fixed by the seed
+        def f(qq):
+            o, pr = np.empty_like(out), np.empty_like(probs)
+            kernels.kernel("attention_forward", "reference")(qq, k, v, pad, True, None, o, pr, drop)
+            return (o * g).sum()
+        eps, num = 1e-6, np.zeros_like(q)
+        for idx in np.ndindex(q.shape):
+            d = np.zeros_like(q)
+            d[idx] = eps
+            num[idx] = (f(q + d) - f(q - d)) / (2 * eps)
+        np.testing.assert_allclose(outs["fused"][2], num, rtol=1e-6, atol=1e-8)
+
+
 # ---------------------------------------------------------------- dropout
 
 @pytest.mark.parametrize("dt", DTYPES)

@@ -7,6 +7,10 @@ keys j > i (top-left aligned, as torch's is_causal; meant for T == S). A query w
 is dropped gets P = 0 and out = 0, as torch 2.13's scaled_dot_product_attention does too.
 Backward: dv = P^T g, dP = g v^T, dS = scale * P * (dP - rowsum(P * dP)), dq = dS k, dk = dS^T q.
 
+Dropout on the probabilities (`dropout=(seed, threshold, scale)`, kernels/dropout.py's mask over
+(B, H, T, S) in C order): out = D v with D = dropout(P); backward dv = D^T g and dP = dropout(g v^T)
+with the same mask, recomputed from the seed in tile-sized chunks; only P itself is kept.
+
 The fused twin does the matmuls as one 2-D BLAS call per (batch, head) slice straight between the
 caller's arrays, which may be strided views (no copies), and
 fuses scale, masks and softmax into one in-place parallel pass over P (forward; the exp is
@@ -28,6 +32,7 @@ import numpy as np
 from . import register
 from ..memory.arena import empty
 from .blas import matmul as bmm
+from .dropout import dropout_apply_fused, dropout_apply_reference
 from .blas_threads import run_split
 from .softmax import _BLOCK, _exp_normalise_in_place, _rowdot, _rowmax, softmax_forward_reference
 
@@ -55,10 +60,22 @@ def _scale(q: np.ndarray, scale: float | None) -> float:
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
 
 
+def _dropped(p: np.ndarray, dropout: tuple | None, start: int = 0) -> np.ndarray:
+    """p with the dropout mask applied (a new array; the reference twin's), or p itself without dropout."""
+    if dropout is None:
+        return p
+    seed, threshold, scale = dropout
+    out = np.empty(p.shape, p.dtype)
+    dropout_apply_reference(np.ascontiguousarray(p), out, seed, threshold, scale, start)
+    return out
+
+
 @_quiet_underflow
 def attention_forward_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_padding_mask: np.ndarray | None,
-                                causal: bool, scale: float | None, out: np.ndarray, probs: np.ndarray) -> None:
-    """out = softmax(scale * q k^T, masked) v into `out`, the probabilities into `probs` (plain NumPy)."""
+                                causal: bool, scale: float | None, out: np.ndarray, probs: np.ndarray,
+                                dropout: tuple | None = None) -> None:
+    """out = dropout(softmax(scale * q k^T, masked)) v into `out`, the (undropped) probabilities into
+    `probs` (plain NumPy)."""
     _check(q, k, v, key_padding_mask)
     scale = _scale(q, scale)
     t, s = q.shape[2], k.shape[2]
@@ -69,16 +86,17 @@ def attention_forward_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, key
     if key_padding_mask is not None:
         drop = drop | key_padding_mask[:, None, None, :]  # (B, 1, 1, S)
     softmax_forward_reference(scores, np.where(drop, -np.inf, 0.0), probs)
-    bmm(probs, v, out=out)
+    bmm(_dropped(probs, dropout), v, out=out)
 
 
 @_quiet_underflow
 def attention_backward_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, probs: np.ndarray, g: np.ndarray,
-                                 scale: float | None, dq: np.ndarray, dk: np.ndarray, dv: np.ndarray) -> None:
+                                 scale: float | None, dq: np.ndarray, dk: np.ndarray, dv: np.ndarray,
+                                 dropout: tuple | None = None) -> None:
     """Gradients of attention_forward w.r.t. q, k, v from the saved probabilities (plain NumPy)."""
     scale = _scale(q, scale)
-    bmm(probs.swapaxes(-1, -2), g, out=dv)
-    dp = bmm(g, v.swapaxes(-1, -2))  # (B, H, T, S)
+    bmm(_dropped(probs, dropout).swapaxes(-1, -2), g, out=dv)
+    dp = _dropped(bmm(g, v.swapaxes(-1, -2)), dropout)  # (B, H, T, S)
     p64 = probs.astype(np.float64)
     rowdot = (p64 * dp).sum(axis=-1, keepdims=True)
     ds = (scale * p64 * (dp - rowdot)).astype(probs.dtype)  # the fused twin keeps dS in P's dtype too
@@ -172,7 +190,8 @@ def _swap(x: np.ndarray) -> np.ndarray:
 
 @_quiet_underflow
 def attention_forward_fused(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_padding_mask: np.ndarray | None,
-                            causal: bool, scale: float | None, out: np.ndarray, probs: np.ndarray) -> None:
+                            causal: bool, scale: float | None, out: np.ndarray, probs: np.ndarray,
+                            dropout: tuple | None = None) -> None:
     """Same contract as `attention_forward_reference`: BLAS matmuls around one fused masked-softmax pass.
 
     q, k, v and out may be strided views (e.g. heads of a packed projection): nothing is copied.
@@ -184,30 +203,53 @@ def attention_forward_fused(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_pad
     rows, s = p.size // max(1, p.shape[-1]), p.shape[-1]
     _masked_softmax(p, kpm, key_padding_mask is not None, bool(causal), _scale(q, scale),
                     max(1, min(_BLOCK // max(s, 1), -(-rows // numba.get_num_threads()))))
-    _slicewise(p, v, out)
+    if dropout is None:
+        _slicewise(p, v, out)
+    else:  # D = dropout(P) a tile at a time: P stays undropped for backward
+        for b0, b1, tile in _tiles(p):
+            _drop_into(p[b0:b1], tile, dropout, b0)
+            _slicewise(tile, v[b0:b1], out[b0:b1])
     _back(probs, p)
 
 
 @_quiet_underflow
 def attention_backward_fused(q: np.ndarray, k: np.ndarray, v: np.ndarray, probs: np.ndarray, g: np.ndarray,
-                             scale: float | None, dq: np.ndarray, dk: np.ndarray, dv: np.ndarray) -> None:
+                             scale: float | None, dq: np.ndarray, dk: np.ndarray, dv: np.ndarray,
+                             dropout: tuple | None = None) -> None:
     """Same contract as `attention_backward_reference`, a few batch elements at a time through one dP tile.
 
     q, k, v, g, dq, dk, dv may be strided views, as in the forward.
     """
     scale = _scale(q, scale)
-    nb, nh, t, _ = q.shape
-    s = k.shape[2]
-    chunk = max(1, min(nb, _TILE_ELEMENTS // max(1, nh * t * s)))
-    tile = empty((chunk, nh, t, s), probs.dtype)  # the step's arena (a fused plan's slab), not the heap
-    _slicewise(_swap(probs), g, dv)
-    for b0 in range(0, nb, chunk):
-        b1 = min(nb, b0 + chunk)
-        ds = tile[: b1 - b0]
-        _slicewise(g[b0:b1], _swap(v[b0:b1]), ds)  # dP
+    if dropout is None:
+        _slicewise(_swap(probs), g, dv)
+    for b0, b1, ds in _tiles(probs):
+        if dropout is not None:  # the tile holds D = dropout(P) for dv first, then dP
+            _drop_into(probs[b0:b1], ds, dropout, b0)
+            _slicewise(_swap(ds), g[b0:b1], dv[b0:b1])
+        _slicewise(g[b0:b1], _swap(v[b0:b1]), ds)  # dP (of D, with dropout)
+        if dropout is not None:
+            _drop_into(ds, ds, dropout, b0)  # dP of P: the same mask and scale
         _softmax_grad(_cin(probs[b0:b1]), ds, scale)  # dS, in place
         _slicewise(ds, k[b0:b1], dq[b0:b1])
         _slicewise(_swap(ds), q[b0:b1], dk[b0:b1])
+
+
+def _tiles(probs: np.ndarray):
+    """(b0, b1, tile) over the batch: a scratch tile of about _TILE_ELEMENTS (or one batch element) from
+    the step's arena (a fused plan's slab), not the heap, reused for every chunk."""
+    nb, nh, t, s = probs.shape
+    chunk = max(1, min(nb, _TILE_ELEMENTS // max(1, nh * t * s)))
+    tile = empty((chunk, nh, t, s), probs.dtype)
+    for b0 in range(0, nb, chunk):
+        b1 = min(nb, b0 + chunk)
+        yield b0, b1, tile[: b1 - b0]
+
+
+def _drop_into(p: np.ndarray, out: np.ndarray, dropout: tuple, b0: int) -> None:
+    """out = dropout(p) for batch elements b0.. of the whole (B, H, T, S) mask; out may be p."""
+    seed, threshold, scale = dropout
+    dropout_apply_fused(_cin(p), out, seed, threshold, scale, b0 * p[0].size)
 
 
 register("attention_forward", "reference", attention_forward_reference)

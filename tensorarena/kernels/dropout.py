@@ -35,37 +35,59 @@ def keep_threshold(p: float) -> int:
     return min(max(round(p * 2.0**32), 1), 2**32 - 1)
 
 
-def keep_mask_reference(seed: int, n: int, threshold: int) -> np.ndarray:
-    """Which of n elements (C order) a dropout call with this seed keeps (plain NumPy)."""
-    z = np.uint64(seed) + np.arange(1, n + 1, dtype=np.uint64) * GAMMA  # uint64 arrays wrap silently
+def keep_mask_reference(seed: int, n: int, threshold: int, start: int = 0) -> np.ndarray:
+    """Which elements start .. start + n - 1 (C order) a dropout call with this seed keeps (plain NumPy)."""
+    z = np.uint64(seed) + np.arange(start + 1, start + n + 1, dtype=np.uint64) * GAMMA  # uint64 arrays wrap
     z = (z ^ (z >> np.uint64(30))) * _M1
     z = (z ^ (z >> np.uint64(27))) * _M2
     z ^= z >> np.uint64(31)
     return (z >> np.uint64(32)) >= np.uint64(threshold)
 
 
-def dropout_apply_reference(x: np.ndarray, out: np.ndarray, seed: int, threshold: int, scale: float) -> None:
-    """out = x * (scale where kept, 0 elsewhere); x, out C-contiguous, same shape (plain NumPy)."""
-    keep = keep_mask_reference(seed, x.size, threshold).reshape(x.shape)
+def dropout_apply_reference(x: np.ndarray, out: np.ndarray, seed: int, threshold: int, scale: float,
+                            start: int = 0) -> None:
+    """out = x * (scale where kept, 0 elsewhere); x, out C-contiguous, same shape, out may be x.
+
+    `start` is the C-order index of x's first element within the whole dropped array, so a
+    chunk gets the same mask as the whole would (plain NumPy).
+    """
+    keep = keep_mask_reference(seed, x.size, threshold, start).reshape(x.shape)
     factor = np.where(keep, x.dtype.type(scale), x.dtype.type(0))
     with np.errstate(invalid="ignore", over="ignore"):  # inf * 0 = NaN and a huge x * scale = inf, as torch
         np.multiply(x, factor, out=out)
 
 
+@numba.njit(inline="always")
+def _kept(seed, index, threshold):
+    z = seed + np.uint64(index) * GAMMA
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    z ^= z >> np.uint64(31)
+    return (z >> np.uint64(32)) >= threshold
+
+
 @numba.njit(cache=True, parallel=True, error_model="numpy")
-def _apply(x, out, seed, threshold, scale, zero):
+def _apply(x, out, seed, threshold, scale, zero, start):
     for i in numba.prange(x.shape[0]):
-        z = seed + np.uint64(i + 1) * GAMMA
-        z = (z ^ (z >> np.uint64(30))) * _M1
-        z = (z ^ (z >> np.uint64(27))) * _M2
-        z ^= z >> np.uint64(31)
-        out[i] = x[i] * (scale if (z >> np.uint64(32)) >= threshold else zero)
+        out[i] = x[i] * (scale if _kept(seed, start + np.uint64(i) + np.uint64(1), threshold) else zero)
 
 
-def dropout_apply_fused(x: np.ndarray, out: np.ndarray, seed: int, threshold: int, scale: float) -> None:
+@numba.njit(cache=True, parallel=True, error_model="numpy")
+def _apply_in_place(x, seed, threshold, scale, zero, start):
+    # One array read and written: two aliased arguments would fail LLVM's overlap check and run scalar.
+    for i in numba.prange(x.shape[0]):
+        x[i] = x[i] * (scale if _kept(seed, start + np.uint64(i) + np.uint64(1), threshold) else zero)
+
+
+def dropout_apply_fused(x: np.ndarray, out: np.ndarray, seed: int, threshold: int, scale: float,
+                        start: int = 0) -> None:
     """Same contract as `dropout_apply_reference`: one parallel pass, the mask hashed in registers."""
     t = x.dtype.type
-    _apply(x.reshape(-1), out.reshape(-1), np.uint64(seed), np.uint64(threshold), t(scale), t(0))
+    args = (np.uint64(seed), np.uint64(threshold), t(scale), t(0), np.uint64(start))
+    if out is x:
+        _apply_in_place(x.reshape(-1), *args)
+    else:
+        _apply(x.reshape(-1), out.reshape(-1), *args)
 
 
 register("dropout_apply", "reference", dropout_apply_reference)

@@ -12,7 +12,6 @@ from typing import Literal
 
 import numpy as np
 
-from ..ops import softmax, where
 from ..tensor import Tensor
 from . import functional as F
 from . import init
@@ -21,11 +20,6 @@ from .module import Module
 
 Activation = Literal["gelu", "gelu_tanh"]
 _APPROXIMATE = {"gelu": "none", "gelu_tanh": "tanh"}
-
-# Masked scores in the composed (attention-dropout) path: far below any real score but finite, so
-# softmax never computes inf - inf; exp underflows to exactly 0.
-_MASKED_SCORE = -1e30
-
 
 def _as_input(x, dtype) -> Tensor:
     """A Tensor for a model input given as a Tensor or an array-like."""
@@ -46,8 +40,8 @@ class MultiheadAttention(Module):
     """Multi-head self-attention with one fused qkv projection. Shape: (B, T, dim) -> (B, T, dim).
 
     `dropout` drops attention probabilities while training (torch.nn.MultiheadAttention's
-    dropout; BERT's attention_probs_dropout_prob). The fused attention op has no dropout, so
-    only then is attention composed from matmul/softmax/dropout, which keeps (B, nh, T, T).
+    dropout; BERT's attention_probs_dropout_prob), inside the fused attention kernels: the mask is
+    ops.dropout's, drawn from `attn_drop.rng`, and is recomputed in backward rather than kept.
     """
 
     def __init__(self, dim: int, num_heads: int, *, qkv_bias: bool = True, dropout: float = 0.0,
@@ -72,32 +66,16 @@ class MultiheadAttention(Module):
         B, T, C = x.shape
         if C != self.dim:
             raise ValueError(f"MultiheadAttention expects (B, T, {self.dim}), got {x.shape}")
-        nh, hs = self.num_heads, self.head_dim
+        nh = self.num_heads
         if key_padding_mask is not None:
             key_padding_mask = _bool_mask(key_padding_mask, (B, T), "key_padding_mask")
         qkv = self.qkv(x)  # (B, T, 3C): [query; key; value]
-        if self.training and self.dropout > 0.0:
-            qkv = qkv.reshape(B, T, 3, nh, hs).permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
-            y = self._composed_attention(qkv[0], qkv[1], qkv[2], key_padding_mask, causal)  # (B, nh, T, hs)
-            y = y.transpose(1, 2).reshape(B, T, C)  # (B, nh, T, hs) -> (B, T, nh, hs) -> (B, T, C)
-        else:
-            # The heads are read as strided views of qkv and written straight into (B, T, C).
-            y = F.packed_self_attention(qkv, nh, key_padding_mask=key_padding_mask, causal=causal)
+        # The heads are read as strided views of qkv and written straight into (B, T, C); attention
+        # dropout (training only) is applied inside the kernels, its mask recomputed in backward.
+        p = self.dropout if self.training else 0.0
+        y = F.packed_self_attention(qkv, nh, key_padding_mask=key_padding_mask, causal=causal, dropout_p=p,
+                                    rng=init.get_generator(self.attn_drop.rng) if p else None)
         return self.proj(y)
-
-    def _composed_attention(self, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: np.ndarray | None,
-                            causal: bool) -> Tensor:
-        """softmax(q k^T / sqrt(hs) + masks), dropped out, times v. A fully masked row is uniform here."""
-        T = q.shape[2]
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / np.sqrt(self.head_dim))  # (B, nh, T, T)
-        drop = np.zeros((1, 1, T, T), bool)
-        if causal:
-            drop = drop | np.triu(np.ones((T, T), bool), k=1)
-        if key_padding_mask is not None:
-            drop = drop | key_padding_mask[:, None, None, :]  # (B, 1, 1, T)
-        if drop.any():
-            scores = where(drop, _MASKED_SCORE, scores)
-        return self.attn_drop(softmax(scores, dim=-1)) @ v  # (B, nh, T, hs)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, num_heads={self.num_heads}, dropout={self.dropout}"

@@ -47,7 +47,8 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, *, key_padding
 
 
 def packed_self_attention(qkv: Tensor, num_heads: int, *, key_padding_mask: np.ndarray | None = None,
-                          causal: bool = False, scale: float | None = None) -> Tensor:
+                          causal: bool = False, scale: float | None = None, dropout_p: float = 0.0,
+                          rng: np.random.Generator | None = None) -> Tensor:
     """Self-attention straight from a fused projection. Shape: qkv (B, T, 3*D) -> (B, T, D).
 
     qkv's last axis is [query; key; value], each D = num_heads * hs wide (MultiheadAttention's
@@ -55,6 +56,10 @@ def packed_self_attention(qkv: Tensor, num_heads: int, *, key_padding_mask: np.n
     and merging the heads back to (B, T, D), but the kernels read the heads as strided views of
     qkv and write the output and the gradient (B, T, 3*D) in place: no per-head copies forward or
     backward, and backward keeps only qkv (already the projection's output) and the probabilities.
+
+    dropout_p > 0 drops attention probabilities (torch's MultiheadAttention dropout, BERT's
+    attention_probs_dropout_prob) with ops.dropout's mask over (B, H, T, T): one seed drawn from
+    `rng` (default generator if None), the mask recomputed from it in backward.
     """
     qkv = as_tensor(qkv)
     if qkv.ndim != 3 or num_heads <= 0 or qkv.shape[-1] % (3 * num_heads):
@@ -70,19 +75,36 @@ def packed_self_attention(qkv: Tensor, num_heads: int, *, key_padding_mask: np.n
         parts = a.reshape(B, T, 3, num_heads, hs).transpose(2, 0, 3, 1, 4)  # (3, B, H, T, hs), a view
         return parts[0], parts[1], parts[2]
 
+    drop = _attention_dropout(dropout_p, rng, x.dtype)
     q, k, v = heads(x)
     out = new((B, T, D), x.dtype)
     probs = new((B, num_heads, T, T), x.dtype)  # kept for backward
-    kernel("attention_forward")(q, k, v, key_padding_mask, bool(causal), scale, _split_heads(out, num_heads), probs)
+    kernel("attention_forward")(q, k, v, key_padding_mask, bool(causal), scale, _split_heads(out, num_heads), probs,
+                                drop)
     leaf = leaf_or_none(qkv)
 
     def backward(g):
         dqkv = grad_out(leaf, (B, T, three_d), x.dtype)
         dq, dk, dv = heads(dqkv)
-        kernel("attention_backward")(q, k, v, probs, _split_heads(contiguous(g), num_heads), scale, dq, dk, dv)
+        kernel("attention_backward")(q, k, v, probs, _split_heads(contiguous(g), num_heads), scale, dq, dk, dv,
+                                     drop)
         return (dqkv,)
 
     return Tensor._make(out, (qkv,), backward)
+
+
+def _attention_dropout(p: float, rng: np.random.Generator | None, dtype) -> tuple | None:
+    """(seed, threshold, scale) for the attention kernels, or None when nothing is dropped."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"attention dropout must be in [0, 1), got {p}")
+    if p == 0.0:
+        return None
+    from ..kernels.dropout import keep_threshold  # here, not at import: it loads Numba
+    from ..random import get_generator
+
+    seed = int(get_generator(rng).integers(0, 2**64, dtype=np.uint64))
+    dtype = np.dtype(dtype)
+    return seed, keep_threshold(p), dtype.type(1.0) / dtype.type(1.0 - p)
 
 
 def _split_heads(a: np.ndarray, num_heads: int) -> np.ndarray:
