@@ -424,7 +424,7 @@ def test_sgd_non_contiguous_and_missing_buffer():
 
 KERNELS = ["layer_norm_forward", "layer_norm_backward", "softmax_forward", "softmax_backward", "gelu_forward",
            "gelu_backward", "bias_gelu_forward", "bias_gelu_backward", "bias_gelu_backward_recompute",
-           "attention_forward", "attention_backward", "dropout_apply",
+           "attention_forward", "attention_backward", "dropout_apply", "embedding_backward",
            "cross_entropy_forward", "cross_entropy_backward", "sgd"]
 
 
@@ -534,3 +534,20 @@ def test_dropout_hash_is_uniform_and_seeds_differ():
     shifted = keep_mask_reference(int((np.uint64(7) + GAMMA)), n - 1, keep_threshold(0.5))
     np.testing.assert_array_equal(shifted, a[1:])
     assert abs((a[1:] == a[:-1]).mean() - 0.5) < 6 * 0.5 / np.sqrt(n)
+
+
+# ---------------------------------------------------------------- embedding backward
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_embedding_backward_twins_agree_exactly(dt):
+    rng = np.random.default_rng(4)
+    ids = rng.integers(0, 9, 200)  # many repeats: each row sums ~22 token rows
+    ids[:3] = [8, 8, 8]
+    g = randn(rng, (200, 6), dt)
+    ref, fus, _ = run_both("embedding_backward", lambda: [np.full((11, 6), np.nan, dt)], ids, g)
+    np.testing.assert_array_equal(ref[0], fus[0])  # same additions in the same order
+    want = np.zeros((11, 6))
+    for i, row in enumerate(ids):
+        want[row] += g[i]
+    np.testing.assert_allclose(fus[0], want, **FUSED_TOL[dt])
+    assert (fus[0][9:] == 0).all()  # rows no id picked are zero, whatever the buffer held

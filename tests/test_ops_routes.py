@@ -20,7 +20,8 @@ import pytest
 import tensorarena as ta
 from tensorarena import kernels, optim
 from tensorarena.nn import Parameter
-from tensorarena.ops import (bias_gelu, cross_entropy, gelu, layer_norm, scaled_dot_product_attention, softmax)
+from tensorarena.ops import (bias_gelu, cross_entropy, dropout, embedding, gelu, layer_norm,
+                             packed_self_attention, scaled_dot_product_attention, softmax)
 
 IMPLS = ("fused", "reference")
 
@@ -58,6 +59,18 @@ def _attention():
                                            key_padding_mask=pad, causal=True))
 
 
+def _packed_attention_with_dropout():
+    _backward(packed_self_attention(_leaf(0, (2, 4, 24)), 2, dropout_p=0.2, rng=np.random.default_rng(0)))
+
+
+def _dropout():
+    _backward(dropout(_leaf(0, (3, 7)), 0.4, rng=np.random.default_rng(0)))
+
+
+def _embedding():
+    _backward(embedding(np.array([[1, 0, 1], [2, 2, 2]]), _leaf(0, (4, 5))))
+
+
 def _bias_gelu():
     _backward(bias_gelu(_leaf(0, (2, 3, 8)), _leaf(1, (8,))))
 
@@ -79,6 +92,9 @@ OPS = {
     "cross_entropy": (_cross_entropy, ["cross_entropy_forward", "cross_entropy_backward"]),
     "attention": (_attention, ["attention_forward", "attention_backward"]),
     "bias_gelu": (_bias_gelu, ["bias_gelu_forward", "bias_gelu_backward"]),
+    "attention_dropout": (_packed_attention_with_dropout, ["attention_forward", "attention_backward"]),
+    "dropout": (_dropout, ["dropout_apply"]),
+    "embedding": (_embedding, ["embedding_backward"]),
     "sgd": (lambda: _step(lambda ps: optim.SGD(ps, lr=0.1, momentum=0.9)), ["sgd"]),
     "adam": (lambda: _step(lambda ps: optim.AdamW(ps, lr=0.1)), ["adam"]),
 }

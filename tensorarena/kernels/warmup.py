@@ -20,7 +20,7 @@ import numpy as np
 def _tiny_calls(dt) -> dict[str, Callable[[], object]]:
     """One zero-argument call per fused kernel on tiny arrays of dtype `dt`."""
     # Importing a kernel module registers its twins.
-    from . import _registry, adam, attention, cross_entropy, dropout, erf, gelu, layer_norm, sgd, softmax  # noqa: F401
+    from . import _registry, adam, attention, cross_entropy, dropout, embedding, erf, gelu, layer_norm, sgd, softmax  # noqa: F401
 
     fused = {name: impls["fused"] for name, impls in _registry.items() if "fused" in impls}
     rng = np.random.default_rng(0)
@@ -48,6 +48,7 @@ def _tiny_calls(dt) -> dict[str, Callable[[], object]]:
         "attention_forward": lambda: fused["attention_forward"](q, k, v, pad, False, None, arr(1, 2, 3, 4), probs),
         "attention_backward": lambda: fused["attention_backward"](q, k, v, probs, arr(1, 2, 3, 4), None,
                                                                   arr(1, 2, 3, 4), arr(1, 2, 3, 4), arr(1, 2, 3, 4)),
+        "embedding_backward": lambda: fused["embedding_backward"](np.array([1, 0, 1]), g, arr(2, d)),
         "dropout_apply": lambda: fused["dropout_apply"](x, arr(n, d), 12345, 2**31, 2.0),
         "cross_entropy_forward": lambda: fused["cross_entropy_forward"](x, target, -100, 0.0, arr(n), np.empty(n)),
         "cross_entropy_backward": lambda: fused["cross_entropy_backward"](x, target, np.ones(n), -100, 0.0, 1.0,

@@ -21,6 +21,7 @@ from .module import Module
 Activation = Literal["gelu", "gelu_tanh"]
 _APPROXIMATE = {"gelu": "none", "gelu_tanh": "tanh"}
 
+
 def _as_input(x, dtype) -> Tensor:
     """A Tensor for a model input given as a Tensor or an array-like."""
     return x if isinstance(x, Tensor) else Tensor(np.asarray(x, dtype=dtype))

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd import SliceGrad
+from ..kernels import kernel
 from ..compile.trace import unsupported
 from ..tensor import Tensor
-from ._base import as_dtype, as_tensor, new, reshaped, unbroadcast
+from ._base import as_dtype, as_tensor, contiguous, new, reshaped, unbroadcast
 
 
 def _normalize_index(index) -> tuple:
@@ -163,8 +164,8 @@ def embedding(indices, weight: Tensor) -> Tensor:
 
     def backward(g):
         gw = new(wd.shape, g.dtype)
-        gw.fill(0)
-        np.add.at(gw, ids.reshape(-1), reshaped(g, (-1, dim)))  # a token seen twice gets both gradients
+        # A token seen twice gets both gradients, added in token order.
+        kernel("embedding_backward")(ids.reshape(-1), contiguous(reshaped(g, (-1, dim))), gw)
         return (gw,)
 
     return Tensor._make(out, (weight,), backward)
