@@ -1,7 +1,6 @@
 """How our kernels use the CPU: 512-bit vectors on AVX-512 cores, and OpenBLAS threads that sleep.
 
-Vectors.
-LLVM's tuning for Intel server cores prefers 256-bit vectors (older Xeons clocked down on 512-bit
+Vectors. LLVM's tuning for Intel server cores prefers 256-bit vectors (older Xeons clocked down on 512-bit
 code), so Numba's loops ran 8 float32 lanes wide even where 16 fit. Our kernels are short,
 compute-bound loops (the erf and exp polynomials of kernels.fastmath); on this machine's Emerald
 Rapids cores 512-bit code measured, on ViT-Tiny shapes (1576 x 768 float32, 2 threads): GELU
@@ -19,10 +18,14 @@ the GELU and softmax kernels took 2x their isolated time, 190 vs 95 ms per 4 ste
 2**4 cycles makes them sleep at once; the price is a wake-up per matmul, which no GEMM timing
 showed. Measured in one process, alternating the two settings every 4 steps (`python
 bench/openblas_spin.py [--model base] [--route eager]`, medians over 15-20 steps): fused ViT-Tiny
-b8 640-672 vs 702-723 ms, eager 656 vs 710 ms, fused ViT-Base b1 1020 vs 1064 ms. The timeout is read when OpenBLAS starts its threads, and numpy
-started them at import, so this sets OPENBLAS_THREAD_TIMEOUT and restarts the pool (it comes
-back at the next matmul). An OPENBLAS_THREAD_TIMEOUT the user set wins. Do not import the
-kernels while another thread is inside a numpy matmul: the restart waits for the pool to stop.
+b8 640-672 vs 702-723 ms, eager 656 vs 710 ms, fused ViT-Base b1 1020 vs 1064 ms. The timeout is
+read when OpenBLAS starts its threads, and numpy started them at import, so this sets
+OPENBLAS_THREAD_TIMEOUT and restarts the pool (it comes back at the next matmul). An
+OPENBLAS_THREAD_TIMEOUT the user set wins. Do not import the kernels while another thread is
+inside a numpy matmul: the restart waits for the pool to stop.
+
+Both choices are made by setting NUMBA_CPU_FEATURES and OPENBLAS_THREAD_TIMEOUT in os.environ,
+so child processes the program starts inherit them.
 """
 
 from __future__ import annotations
@@ -64,16 +67,18 @@ def vector_width_bits() -> int:
 
 
 def _loaded_openblas() -> str | None:
-    """Path of the OpenBLAS library this process has loaded (numpy's), from /proc/self/maps."""
+    """Path of numpy's OpenBLAS among the libraries this process has loaded (/proc/self/maps).
+
+    SciPy bundles an OpenBLAS of its own; the one in numpy's wheel directory is preferred.
+    """
     try:
         with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.split(maxsplit=5)[-1].strip()
-                if "openblas" in os.path.basename(path).lower() and ".so" in path:
-                    return path
+            paths = {line.split(maxsplit=5)[-1].strip() for line in maps}
     except OSError:
         return None
-    return None
+    blas = sorted(p for p in paths if "openblas" in os.path.basename(p).lower() and ".so" in p)
+    numpys = [p for p in blas if "numpy" in p]
+    return (numpys or blas or [None])[0]
 
 
 def _quiet_openblas_threads() -> str:
