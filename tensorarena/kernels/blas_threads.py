@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
@@ -61,6 +62,9 @@ _control, _why_not = _find_thread_count_control()
 _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 _pool: ThreadPoolExecutor | None = None
 _warned = False
+# One split at a time in the process: two threads splitting at once would each read the other's
+# temporary count of 1 and restore that (the same race as the thread-local setter above).
+_split_lock = threading.Lock()
 
 
 def parallel_available() -> bool:
@@ -84,19 +88,20 @@ def run_split(work: Callable[[int, int], None], n: int) -> None:
         calls["serial"] += 1
         work(0, n)
         return
-    if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=_cores - 1, thread_name_prefix="tensorarena-blas")
     get, put = _control
-    threads = get()
     bounds = [n * i // parts for i in range(parts + 1)]
-    put(1)
-    try:
-        futures = [_pool.submit(work, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
+    with _split_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=_cores - 1, thread_name_prefix="tensorarena-blas")
+        threads = get()
+        put(1)
         try:
-            work(bounds[0], bounds[1])
+            futures = [_pool.submit(work, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
+            try:
+                work(bounds[0], bounds[1])
+            finally:
+                for f in futures:
+                    f.result()  # waits for every worker; re-raises a worker's error here
         finally:
-            for f in futures:
-                f.result()  # waits for every worker; re-raises a worker's error here
-    finally:
-        put(threads)  # only after all workers are done: nobody else restores anything
-    calls["parallel"] += 1
+            put(threads)  # only after all workers are done: nobody else restores anything
+        calls["parallel"] += 1
