@@ -81,25 +81,31 @@ def test_split_attention_equals_serial_attention(dtype, monkeypatch):
         np.testing.assert_allclose(a, s, rtol=1e-6, atol=1e-7)
 
 
+def _thread_count_getter():
+    if not blas_threads.parallel_available():
+        pytest.skip("no OpenBLAS thread-count control here")
+    return blas_threads._control[0]
+
+
+def _gram_work(x, out):
+    """work(lo, hi) for run_split: out[i] = x[i] @ x[i]^T over the leading axis."""
+    def work(lo, hi):
+        np.matmul(x[lo:hi], x[lo:hi].transpose(0, 2, 1), out=out[lo:hi])
+    return work
+
+
 def test_the_blas_thread_count_is_restored_after_a_split():
     # Regression: per-thread save/restore of openblas_set_num_threads_local (which is global in
     # numpy's OpenBLAS) raced and left the count at 1, so later big matmuls ran on one core. That
     # version (commit 0fed1a7) left it at 1 after these 20 splits: `git show
     # 0fed1a7:tensorarena/kernels/blas_threads.py > /tmp/old_bt.py`, run the same loop with it and
     # read scipy_openblas_get_num_threads64_() -> 1 (was 2).
-    if not blas_threads.parallel_available():
-        pytest.skip("no OpenBLAS thread-count control here")
-    get, _ = blas_threads._control
+    get = _thread_count_getter()
     before = get()
     x = np.random.default_rng(0).standard_normal((24, 64, 32)).astype(np.float32)
     out = np.empty((24, 64, 64), np.float32)
-
-    def work(lo, hi):
-        for i in range(lo, hi):
-            np.matmul(x[i], x[i].T, out=out[i])
-
     for _ in range(20):
-        blas_threads.run_split(work, 24)
+        blas_threads.run_split(_gram_work(x, out), 24)
     assert get() == before
     np.testing.assert_allclose(out, x @ x.transpose(0, 2, 1), rtol=1e-5, atol=1e-5)
 
@@ -108,18 +114,14 @@ def test_splits_from_two_threads_at_once_restore_the_count():
     # Two trainers in two threads: without the module's lock each split could read the other's
     # temporary 1 and restore it. With _split_lock replaced by contextlib.nullcontext() this loop
     # left the count at 1 in 4 of 5 trials (checked once by hand).
-    if not blas_threads.parallel_available():
-        pytest.skip("no OpenBLAS thread-count control here")
-    get, _ = blas_threads._control
+    get = _thread_count_getter()
     before = get()
     x = np.random.default_rng(1).standard_normal((8, 48, 16)).astype(np.float32)
     outs = [np.empty((8, 48, 48), np.float32) for _ in range(2)]
 
     def train(out):
-        def work(lo, hi):
-            np.matmul(x[lo:hi], x[lo:hi].transpose(0, 2, 1), out=out[lo:hi])
         for _ in range(50):
-            blas_threads.run_split(work, 8)
+            blas_threads.run_split(_gram_work(x, out), 8)
 
     threads = [threading.Thread(target=train, args=(o,)) for o in outs]
     for t in threads:

@@ -238,7 +238,7 @@ def _gelu_and_grad_tanh(x):
 
 
 @numba.njit(parallel=True, **_JIT)
-def _bias_backward_recompute_erf(pre, gdx, act, part, nchunks):
+def _bias_backward_recompute(pre, gdx, act, part, nchunks, tanh):
     # gdx holds g on entry and dx on exit: one array read and written at the same index keeps the
     # loop vectorised (a dx that merely aliased g failed LLVM's overlap check: 5x slower, scalar).
     n, d = pre.shape
@@ -247,29 +247,16 @@ def _bias_backward_recompute_erf(pre, gdx, act, part, nchunks):
         acc = part[c]
         for r in range(lo, hi):
             dxr, pr, ar = gdx[r], pre[r], act[r]
-            for j in range(d):
-                a, da = _gelu_and_grad_erf(pr[j])
-                ar[j] = a
-                dxr[j] = dxr[j] * da
-            for j in range(d):
-                acc[j] += dxr[j]
-
-
-# The tanh form apart: Numba's inliner trips over fastmath.exp inlined at several sites in one function.
-@numba.njit(parallel=True, **_JIT)
-def _bias_backward_recompute_tanh(pre, gdx, act, part, nchunks):
-    # gdx holds g on entry and dx on exit: one array read and written at the same index keeps the
-    # loop vectorised (a dx that merely aliased g failed LLVM's overlap check: 5x slower, scalar).
-    n, d = pre.shape
-    for c in numba.prange(nchunks):
-        lo, hi = _chunk(c, n, nchunks)
-        acc = part[c]
-        for r in range(lo, hi):
-            dxr, pr, ar = gdx[r], pre[r], act[r]
-            for j in range(d):
-                a, da = _gelu_and_grad_tanh(pr[j])
-                ar[j] = a
-                dxr[j] = dxr[j] * da
+            if tanh:  # one loop per form, each with one inlined exp (more in one loop trips Numba's inliner)
+                for j in range(d):
+                    a, da = _gelu_and_grad_tanh(pr[j])
+                    ar[j] = a
+                    dxr[j] = dxr[j] * da
+            else:
+                for j in range(d):
+                    a, da = _gelu_and_grad_erf(pr[j])
+                    ar[j] = a
+                    dxr[j] = dxr[j] * da
             for j in range(d):
                 acc[j] += dxr[j]
 
@@ -318,8 +305,8 @@ def bias_gelu_backward_recompute_fused(pre: np.ndarray, g: np.ndarray, dx: np.nd
     nchunks = max(1, min(n, numba.get_num_threads()))
     part = np.zeros((nchunks, d))  # float64, one row per thread
     if dx is not g:
-        np.copyto(dx, g)  # the kernel works in place (see _bias_backward_recompute_erf)
-    (_bias_backward_recompute_tanh if tanh else _bias_backward_recompute_erf)(pre, dx, act, part, nchunks)
+        np.copyto(dx, g)  # the kernel works in place (see _bias_backward_recompute)
+    _bias_backward_recompute(pre, dx, act, part, nchunks, tanh)
     np.copyto(dbias, part.sum(axis=0), casting="same_kind")
 
 
