@@ -20,7 +20,8 @@ import numpy as np
 def _tiny_calls(dt) -> dict[str, Callable[[], object]]:
     """One zero-argument call per fused kernel on tiny arrays of dtype `dt`."""
     # Importing a kernel module registers its twins.
-    from . import _registry, adam, attention, cross_entropy, dropout, embedding, erf, gelu, layer_norm, sgd, softmax  # noqa: F401
+    from . import (_registry, adam, attention, cross_entropy, dropout, embedding, erf, gelu, gemm,  # noqa: F401
+                   layer_norm, sgd, softmax)
 
     fused = {name: impls["fused"] for name, impls in _registry.items() if "fused" in impls}
     rng = np.random.default_rng(0)
@@ -58,6 +59,9 @@ def _tiny_calls(dt) -> dict[str, Callable[[], object]]:
     }
     if "erf" in fused:
         calls["erf"] = lambda: fused["erf"](x, arr(n, d))
+    if "gemm" in fused:  # MKL (kernels.gemm): nothing to compile, but its first call loads its CPU-specific code
+        calls["gemm"] = lambda: fused["gemm"](x, x.T, arr(n, n))
+        calls["batched_gemm"] = lambda: fused["batched_gemm"](q, k.swapaxes(-1, -2), probs)
     calls.update(_optimizer_calls(dt, arr))
     return calls
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import kernel
+from ..kernels.gemm import gemm
 from ..tensor import Tensor
 from ._base import as_dtype, as_tensor, contiguous, grad_out, leaf_or_none, new
 
@@ -167,7 +168,7 @@ def bias_gelu_linear(x: Tensor, bias: Tensor, weight: Tensor, out_bias: Tensor |
     kernel("bias_gelu_forward")(x2, b, pre, act, approximate)
     out = new(x.shape[:-1] + (d,), dtype)
     out2 = out.reshape(-1, d)
-    np.matmul(act, wd.T, out=out2)
+    gemm(act, wd.T, out2)
     if out_bias is not None:
         out2 += out_bias.data
     del act, x2
@@ -185,7 +186,7 @@ def bias_gelu_linear(x: Tensor, bias: Tensor, weight: Tensor, out_bias: Tensor |
             gob = grad_out(ob_leaf, (d,), dtype)
             np.sum(g2, axis=0, out=gob)
         dx = new(pre.shape, dtype)
-        np.matmul(g2, wd, out=dx)  # d act, turned into d x in place below
+        gemm(g2, wd, dx)  # d act, turned into d x in place below
         db = grad_out(b_leaf, (m,), dtype) if b_needs else new((m,), dtype)
         if w_needs:
             # One pass evaluates erf once for both: the activation (recomputed, not kept since
@@ -193,7 +194,7 @@ def bias_gelu_linear(x: Tensor, bias: Tensor, weight: Tensor, out_bias: Tensor |
             act = new(pre.shape, dtype)
             kernel("bias_gelu_backward_recompute")(pre, dx, dx, db, act, approximate)
             gw = grad_out(w_leaf, wd.shape, dtype)
-            np.matmul(g2.T, act, out=gw)
+            gemm(g2.T, act, gw)
             del act
         else:  # bias_gelu_backward's dx must not alias its g (an aliased loop runs scalar)
             dact, dx = dx, new(pre.shape, dtype)

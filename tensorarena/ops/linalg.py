@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.blas import matmul as bmm
+from ..kernels.gemm import gemm
 from ..tensor import Tensor
 from ._base import as_tensor, grad_out, leaf_or_none, new, reshaped, unbroadcast
 
@@ -93,7 +94,7 @@ def linear(x, weight, bias=None) -> Tensor:
     x2 = reshaped(xd, (-1, xd.shape[-1]))  # (N, in); a copy (arena) only if xd is not contiguous
     out = new(lead + (wd.shape[0],), np.result_type(xd.dtype, wd.dtype))
     out2 = out.reshape(-1, wd.shape[0])  # (N, out)
-    np.matmul(x2, wd.T, out=out2)
+    gemm(x2, wd.T, out2)
     if bias is not None:
         out2 += bias.data
     parents = (x, weight) if bias is None else (x, weight, bias)
@@ -111,10 +112,10 @@ def linear(x, weight, bias=None) -> Tensor:
         gx = gw = gbias = None
         if x_needs_grad:
             gx = new(x_shape, g.dtype)
-            np.matmul(g2, wd, out=gx.reshape(-1, wd.shape[1]))
+            gemm(g2, wd, gx.reshape(-1, wd.shape[1]))
         if w_needs_grad:
             gw = grad_out(w_leaf, wd.shape, g.dtype)
-            np.matmul(g2.T, x2, out=gw)
+            gemm(g2.T, x2, gw)
         if b_needs_grad:
             gbias = grad_out(b_leaf, (wd.shape[0],), g.dtype)
             np.sum(g2, axis=0, out=gbias)

@@ -1,0 +1,297 @@
+"""2-D matrix products (the linear layers' GEMMs): Intel MKL when the `mkl` wheel is installed, else NumPy.
+
+Why a second BLAS. Nine of every ten seconds of a transformer step on these CPUs are GEMMs, and
+NumPy's bundled OpenBLAS runs the transformer shapes 15-25% slower than MKL, the library PyTorch
+ships inside its CPU wheel. `python bench/gemm.py` times the twelve GEMMs of one ViT-Tiny block
+(1576 tokens x 192/768 features, forward, dx and dW) on both backends and on torch.mm in one process.
+
+How. `pip install "tensorarena[mkl]"` brings MKL's single dynamic library, libmkl_rt; this module
+loads it with ctypes and calls cblas_sgemm / cblas_dgemm directly on the arrays' memory (row-major,
+a transpose flag for transposed views, so no operand is copied). MKL runs on the GNU OpenMP
+threading layer: the libgomp thread pool Numba's kernels already use (NUMBA_THREADING_LAYER=omp,
+OMP_WAIT_POLICY=PASSIVE, both set in kernels/__init__), so GEMMs and fused kernels take turns on
+one pool of threads that sleep when idle, instead of two pools contending for the cores. A
+threading layer the user chose with MKL_THREADING_LAYER wins. Attention's per-(batch, head)
+products go to one cblas_?gemm_batch call (`batched_gemm_mkl`, used by kernels.attention).
+
+The route is never silent: `kernel("gemm")` hands out "fused" (MKL) or "reference" (np.matmul, the
+twin), `kernels.calls` counts which ran, `backend()` says which one this process uses and why, and a
+process without MKL logs that once. TENSORARENA_GEMM=numpy (or `use_backend("numpy")`) keeps NumPy's
+BLAS even when MKL is installed; TENSORARENA_GEMM=mkl makes a missing MKL an error.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.metadata
+import logging
+import os
+
+import numpy as np
+
+from . import kernel, register
+from ..memory.arena import empty
+
+log = logging.getLogger("tensorarena")
+
+_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112  # CBLAS enum values
+_MKL_THREADING_GNU = 3  # mkl_set_threading_layer's MKL_THREADING_GNU
+_MKL_INTERFACE_LP64 = 0  # 32-bit MKL_INT, as the ctypes signatures below declare
+_BLAS_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def gemm_reference(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = False) -> np.ndarray:
+    """out = a @ b, or out += a @ b with accumulate (NumPy's BLAS): the twin of the MKL kernel."""
+    if accumulate:
+        out += np.matmul(a, b)
+    else:
+        np.matmul(a, b, out=out)
+    return out
+
+
+def _find_mkl_rt() -> tuple[str | None, str]:
+    """Path of libmkl_rt from the installed `mkl` wheel, or None and why not."""
+    try:
+        files = importlib.metadata.files("mkl") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None, "the mkl package is not installed (pip install 'tensorarena[mkl]')"
+    for file in files:
+        if file.name.startswith("libmkl_rt.so"):
+            return str(file.locate()), ""
+    return None, "the installed mkl package has no libmkl_rt.so (only Linux wheels are used)"
+
+
+class _Mkl:
+    """libmkl_rt's CBLAS GEMMs through ctypes (ctypes releases the GIL for the call)."""
+
+    def __init__(self, path: str) -> None:
+        lib = ctypes.CDLL(path)
+        # Both must precede every other MKL call. The interface is not the user's choice: an
+        # MKL_INTERFACE_LAYER=ILP64 in the environment would make MKL read our 32-bit ints as 64-bit.
+        lib.MKL_Set_Interface_Layer.argtypes = [ctypes.c_int]
+        lib.MKL_Set_Interface_Layer(_MKL_INTERFACE_LP64)
+        if "MKL_THREADING_LAYER" not in os.environ:
+            lib.MKL_Set_Threading_Layer.argtypes = [ctypes.c_int]
+            lib.MKL_Set_Threading_Layer(_MKL_THREADING_GNU)
+        self.threading = os.environ.get("MKL_THREADING_LAYER", "GNU OpenMP")
+        lib.MKL_Get_Max_Threads.restype = ctypes.c_int
+        self.threads = lib.MKL_Get_Max_Threads()
+        self.path = path
+        i, vp = ctypes.c_int, ctypes.c_void_p
+        self.fn, self.batch_fn, self.real = {}, {}, {}
+        for dtype, prefix, real in ((np.float32, "cblas_s", ctypes.c_float), (np.float64, "cblas_d", ctypes.c_double)):
+            dtype = np.dtype(dtype)
+            fn = getattr(lib, prefix + "gemm")
+            fn.restype = None
+            fn.argtypes = [i, i, i, i, i, i, real, vp, i, vp, i, real, vp, i]
+            self.fn[dtype] = fn
+            # The grouped batch API: every argument an array with one entry per group (one group here).
+            batch = getattr(lib, prefix + "gemm_batch")
+            batch.restype = None
+            batch.argtypes = [i, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, i, vp]
+            self.batch_fn[dtype] = batch
+            self.real[dtype] = real
+
+
+def _operand(x: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, int, int]:
+    """(array, transpose flag, leading dimension) under which BLAS reads x (rows x cols) in place.
+
+    Row-major with unit column stride is NoTrans; a transposed view (unit row stride) is Trans of
+    its base. Anything else (a sliced or negative stride) is copied, into the current arena.
+    """
+    item = x.itemsize
+    s0, s1 = x.strides
+    if (s1 == item or cols == 1) and s0 % item == 0 and s0 // item >= max(1, cols):
+        return x, _NO_TRANS, s0 // item
+    if (s0 == item or rows == 1) and s1 % item == 0 and s1 // item >= max(1, rows):
+        return x, _TRANS, s1 // item
+    if x.flags.c_contiguous:  # a dimension of length 1 with an odd stride
+        return x, _NO_TRANS, max(1, cols)
+    copy = empty(x.shape, x.dtype)
+    np.copyto(copy, x)
+    return copy, _NO_TRANS, max(1, cols)
+
+
+def gemm_mkl(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = False) -> np.ndarray:
+    """out = a @ b, or out += a @ b with accumulate, by MKL. a (m, k), b (k, n), out (m, n) one float dtype."""
+    dtype = out.dtype
+    if a.ndim != 2 or b.ndim != 2 or out.ndim != 2 or a.shape[1] != b.shape[0] or out.shape != (a.shape[0], b.shape[1]):
+        raise ValueError(f"gemm: shapes {a.shape} @ {b.shape} -> {out.shape} do not chain as (m, k) @ (k, n) -> (m, n)")
+    if a.dtype != dtype or b.dtype != dtype or dtype not in _mkl.fn:
+        raise TypeError(f"gemm: MKL takes one float32 or float64 dtype for all three arrays, got "
+                        f"{a.dtype} @ {b.dtype} -> {dtype}; use gemm_reference")
+    m, k = a.shape
+    n = b.shape[1]
+    if m == 0 or n == 0:
+        return out
+    item = out.itemsize
+    if (out.strides[1] != item and n > 1) or (m > 1 and (out.strides[0] % item or out.strides[0] < n * item)):
+        raise ValueError(f"gemm: out {out.shape} must be row-major rows (unit column stride), got strides {out.strides}")
+    if np.may_share_memory(out, a) or np.may_share_memory(out, b):
+        raise ValueError("gemm: out overlaps an operand; BLAS would read what it already overwrote")
+    ldc = out.strides[0] // item if m > 1 else n
+    if k == 0:
+        if not accumulate:
+            out.fill(0)
+        return out
+    a, ta, lda = _operand(a, m, k)
+    b, tb, ldb = _operand(b, k, n)
+    _mkl.fn[dtype](_ROW_MAJOR, ta, tb, m, n, k, 1.0, a.ctypes.data, lda, b.ctypes.data, ldb,
+                   1.0 if accumulate else 0.0, out.ctypes.data, ldc)
+    return out
+
+
+def batched_gemm_reference(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out[...] = a[...] @ b[...] over equal leading (batch) axes: np.matmul, the twin of the MKL kernel."""
+    return np.matmul(a, b, out=out)
+
+
+def _slice_layout(x: np.ndarray, rows: int, cols: int) -> tuple[int, int] | None:
+    """(transpose flag, leading dimension) that read every 2-D slice of x in place, or None."""
+    item = x.itemsize
+    s0, s1 = x.strides[-2:]
+    if (s1 == item or cols == 1) and s0 > 0 and s0 % item == 0 and s0 // item >= max(1, cols):
+        return _NO_TRANS, s0 // item
+    if (s0 == item or rows == 1) and s1 > 0 and s1 % item == 0 and s1 // item >= max(1, rows):
+        return _TRANS, s1 // item
+    return None
+
+
+_pointer_cache: dict[tuple, np.ndarray] = {}
+_POINTER_CACHE_SIZE = 1024
+
+
+def _slice_pointers(x: np.ndarray) -> np.ndarray:
+    """Address of every 2-D slice of x, in C order of its leading axes.
+
+    Kept by (address, shape, strides): a step's buffers sit at the same addresses every step (the
+    fused plan's slab, the eager route's reset arena), and building the arrays anew cost ~7 ms per
+    ViT-Tiny step (216 attention products x 3 operands).
+    """
+    key = (x.ctypes.data, x.shape, x.strides)
+    pointers = _pointer_cache.get(key)
+    if pointers is None:
+        offsets = np.zeros(1, np.int64)
+        for length, stride in zip(x.shape[:-2], x.strides[:-2]):
+            offsets = (offsets[:, None] + np.arange(length, dtype=np.int64) * stride).ravel()
+        pointers = (offsets + key[0]).astype(np.uint64)
+        if len(_pointer_cache) >= _POINTER_CACHE_SIZE:
+            _pointer_cache.clear()
+        _pointer_cache[key] = pointers
+    return pointers
+
+
+def batched_gemm_mkl(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out[...] = a[...] @ b[...] in one MKL call (cblas_?gemm_batch), MKL's threads spread over the slices.
+
+    a (..., m, k), b (..., k, n), out (..., m, n) with the same leading axes and one float dtype.
+    Each operand may be a strided view (heads of a packed projection, a swapaxes transpose): a slice
+    is read in place when one of its last two axes has unit stride, else the operand is copied.
+    """
+    lead = out.shape[:-2]
+    if a.ndim < 3 or a.shape[:-2] != lead or b.shape[:-2] != lead or a.shape[-1] != b.shape[-2] \
+            or out.shape[-2:] != (a.shape[-2], b.shape[-1]):
+        raise ValueError(f"batched_gemm: shapes {a.shape} @ {b.shape} -> {out.shape} need equal leading axes "
+                         f"and (..., m, k) @ (..., k, n) -> (..., m, n)")
+    dtype = out.dtype
+    if a.dtype != dtype or b.dtype != dtype or dtype not in _mkl.batch_fn:
+        raise TypeError(f"batched_gemm: MKL takes one float32 or float64 dtype for all three arrays, got "
+                        f"{a.dtype} @ {b.dtype} -> {dtype}; use batched_gemm_reference")
+    m, k = a.shape[-2:]
+    n = b.shape[-1]
+    if out.size == 0:
+        return out
+    if k == 0:
+        out.fill(0)
+        return out
+    if np.may_share_memory(out, a) or np.may_share_memory(out, b):
+        raise ValueError("batched_gemm: out overlaps an operand; BLAS would read what it already overwrote")
+    c_layout = _slice_layout(out, m, n)
+    if c_layout is None or c_layout[0] != _NO_TRANS:
+        raise ValueError(f"batched_gemm: out's slices must be row-major (unit column stride), got strides {out.strides}")
+    operands = []
+    for x, rows, cols in ((a, m, k), (b, k, n)):
+        layout = _slice_layout(x, rows, cols)
+        if layout is None:
+            copy = empty(x.shape, dtype)
+            np.copyto(copy, x)
+            x, layout = copy, (_NO_TRANS, max(1, cols))
+        operands.append((x, layout))
+    (a, (ta, lda)), (b, (tb, ldb)) = operands
+    ints = (ctypes.c_int * 8)(ta, tb, m, n, k, lda, ldb, c_layout[1])
+    size = ctypes.c_int(int(np.prod(lead)))
+    real = _mkl.real[dtype]
+    one, zero = real(1.0), real(0.0)
+    pa, pb, pc = _slice_pointers(a), _slice_pointers(b), _slice_pointers(out)
+    at = ctypes.addressof
+    step = ctypes.sizeof(ctypes.c_int)
+    base = at(ints)
+    _mkl.batch_fn[dtype](_ROW_MAJOR, base, base + step, base + 2 * step, base + 3 * step, base + 4 * step, at(one),
+                         pa.ctypes.data, base + 5 * step, pb.ctypes.data, base + 6 * step, at(zero), pc.ctypes.data,
+                         base + 7 * step, 1, at(size))
+    return out
+
+
+def _choose() -> tuple[_Mkl | None, str]:
+    wanted = os.environ.get("TENSORARENA_GEMM", "auto").lower()
+    if wanted not in ("auto", "mkl", "numpy"):
+        raise ValueError(f"TENSORARENA_GEMM must be 'auto', 'mkl' or 'numpy', got {wanted!r}")
+    if wanted == "numpy":
+        return None, "TENSORARENA_GEMM=numpy"
+    path, why = _find_mkl_rt()
+    if path is not None:
+        try:
+            return _Mkl(path), ""
+        except (OSError, AttributeError) as exc:
+            why = f"libmkl_rt at {path} did not load: {exc}"
+    if wanted == "mkl":
+        raise RuntimeError(f"TENSORARENA_GEMM=mkl, but {why}")
+    return None, why
+
+
+_mkl, _why_not = _choose()
+register("gemm", "reference", gemm_reference)
+register("batched_gemm", "reference", batched_gemm_reference)
+if _mkl is not None:
+    register("gemm", "fused", gemm_mkl)
+    register("batched_gemm", "fused", batched_gemm_mkl)
+else:
+    log.info("GEMMs run on NumPy's BLAS, not MKL: %s", _why_not)
+
+
+def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = False) -> np.ndarray:
+    """out = a @ b (out += a @ b with accumulate) on this process's GEMM backend.
+
+    float32/float64 go to MKL when it is the backend; other dtypes (float16) to NumPy, which
+    `kernels.calls[("gemm", "reference")]` records like any other reference call.
+    """
+    impl = None if out.dtype in _BLAS_DTYPES else "reference"
+    return kernel("gemm", impl)(a, b, out, accumulate)
+
+
+def backend() -> str:
+    """Which library runs this process's GEMMs, and why, for reports and logs."""
+    from . import choose
+
+    if choose("gemm") == "fused":
+        return f"MKL ({_mkl.threads} threads, {_mkl.threading} threading layer)"
+    return f"NumPy's BLAS ({_why_not or 'reference kernels forced'})"
+
+
+def use_backend(name: str) -> None:
+    """Switch this process's GEMMs to "mkl" or "numpy" (benchmarks alternate the two in one process)."""
+    global _why_not
+    if name == "numpy":
+        from . import _registry
+
+        _registry["gemm"].pop("fused", None)
+        _registry["batched_gemm"].pop("fused", None)
+        _why_not = "use_backend('numpy')"
+    elif name == "mkl":
+        if _mkl is None:
+            raise RuntimeError(f"gemm: MKL is not available: {_why_not}")
+        register("gemm", "fused", gemm_mkl)
+        register("batched_gemm", "fused", batched_gemm_mkl)
+        _why_not = ""
+    else:
+        raise ValueError(f"gemm backend must be 'mkl' or 'numpy', got {name!r}")

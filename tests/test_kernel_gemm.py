@@ -1,0 +1,229 @@
+"""kernels.gemm: MKL's GEMMs against their np.matmul twins, the route they take, and how the backend is chosen.
+
+The test extra installs the `mkl` wheel, so in CI the MKL kernels are the ones under test; the
+first test fails (rather than skips) when the wheel is installed but not used.
+"""
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tensorarena import kernels
+from tensorarena.kernels import gemm as G
+
+
+def _mkl_installed() -> bool:
+    try:
+        importlib.metadata.distribution("mkl")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+needs_mkl = pytest.mark.skipif(G._mkl is None, reason=f"MKL is not this process's GEMM backend: {G._why_not}")
+TOL = {np.float32: dict(rtol=2e-5, atol=2e-5), np.float64: dict(rtol=1e-12, atol=1e-12)}
+
+
+def test_mkl_is_the_backend_when_its_wheel_is_installed():
+    if not _mkl_installed():
+        pytest.skip("the mkl wheel is not installed")
+    assert G._mkl is not None, G._why_not
+    assert G.backend().startswith("MKL (") and "GNU OpenMP" in G.backend()
+    assert kernels.choose("gemm") == "fused" and kernels.choose("batched_gemm") == "fused"
+
+
+def _operand(rng, rows, cols, dtype, layout):
+    """A (rows, cols) array laid out as the GEMM callers hand them over."""
+    if layout == "c":
+        return rng.standard_normal((rows, cols)).astype(dtype)
+    if layout == "t":  # a transposed view: BLAS's Trans flag on the base
+        return rng.standard_normal((cols, rows)).astype(dtype).T
+    if layout == "ld":  # rows of a wider array (leading dimension > cols)
+        return rng.standard_normal((rows, cols + 5)).astype(dtype)[:, 2:2 + cols]
+    if layout == "copy":  # every other column: no BLAS layout, gemm copies it
+        return rng.standard_normal((rows, 2 * cols)).astype(dtype)[:, ::2]
+    raise ValueError(layout)
+
+
+@needs_mkl
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("a_layout", ["c", "t", "ld", "copy"])
+@pytest.mark.parametrize("b_layout", ["c", "t", "ld"])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_gemm_mkl_matches_its_numpy_twin(dtype, a_layout, b_layout, accumulate):
+    rng = np.random.default_rng(0)
+    a, b = _operand(rng, 37, 53, dtype, a_layout), _operand(rng, 53, 29, dtype, b_layout)
+    start = rng.standard_normal((37, 29)).astype(dtype)
+    got, want = start.copy(), start.copy()
+    G.gemm_mkl(a, b, got, accumulate)
+    G.gemm_reference(a, b, want, accumulate)
+    np.testing.assert_allclose(got, want, **TOL[dtype])
+    exact = a.astype(np.float64) @ b.astype(np.float64) + (start if accumulate else 0)
+    np.testing.assert_allclose(got, exact, **TOL[dtype])
+
+
+@needs_mkl
+def test_gemm_mkl_writes_into_rows_of_a_wider_output_and_handles_empty_sizes():
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((6, 4)), rng.standard_normal((4, 3))
+    wide = np.full((6, 7), 9.0)
+    G.gemm_mkl(a, b, wide[:, 2:5])
+    np.testing.assert_allclose(wide[:, 2:5], a @ b, rtol=1e-12)
+    assert (wide[:, :2] == 9).all() and (wide[:, 5:] == 9).all()  # nothing outside the view touched
+    out = np.full((6, 3), 9.0)
+    G.gemm_mkl(np.empty((6, 0)), np.empty((0, 3)), out)  # k = 0: a sum of nothing
+    assert (out == 0).all()
+    G.gemm_mkl(np.empty((0, 4)), b, np.empty((0, 3)))  # m = 0: nothing to do, no error
+
+
+@needs_mkl
+def test_gemm_mkl_refuses_what_blas_would_get_wrong():
+    a = np.ones((4, 3), np.float32)
+    with pytest.raises(ValueError, match=r"\(4, 3\) @ \(4, 2\) -> \(4, 2\)"):
+        G.gemm_mkl(a, np.ones((4, 2), np.float32), np.empty((4, 2), np.float32))
+    with pytest.raises(TypeError, match="float32 @ float64"):
+        G.gemm_mkl(a, np.ones((3, 2)), np.empty((4, 2), np.float32))
+    square = np.ones((4, 4), np.float32)
+    with pytest.raises(ValueError, match="overlaps"):
+        G.gemm_mkl(square, np.ones((4, 4), np.float32), square)
+    with pytest.raises(ValueError, match="row-major"):
+        G.gemm_mkl(a, np.ones((3, 2), np.float32), np.empty((2, 4), np.float32).T)
+
+
+def _packed_heads(rng, b, t, h, hs, dtype):
+    """q, k, v as (B, H, T, hs) views of one packed (B, T, 3, H, hs) projection, as attention takes them."""
+    qkv = rng.standard_normal((b, t, 3, h, hs)).astype(dtype)
+    return [qkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3)]
+
+
+@needs_mkl
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_batched_gemm_mkl_matches_its_numpy_twin_on_attention_views(dtype):
+    rng = np.random.default_rng(2)
+    q, k, v = _packed_heads(rng, 3, 11, 4, 8, dtype)
+    g = rng.standard_normal((3, 4, 11, 8)).astype(dtype)
+    p = np.empty((3, 4, 11, 11), dtype)
+    out = np.empty((3, 11, 4, 8), dtype).transpose(0, 2, 1, 3)  # heads written into (B, T, H, hs)
+    cases = [(q, k.swapaxes(-1, -2), p), (p, v, out), (p.swapaxes(-1, -2), g, np.empty_like(g)),
+             (g, v.swapaxes(-1, -2), np.empty_like(p))]
+    for a, b, dst in cases:
+        G.batched_gemm_mkl(a, b, dst)
+        want = G.batched_gemm_reference(a, b, np.empty(dst.shape, dtype))
+        np.testing.assert_allclose(dst, want, **TOL[dtype])
+        np.testing.assert_allclose(dst, a.astype(np.float64) @ b.astype(np.float64), **TOL[dtype])
+
+
+@needs_mkl
+def test_batched_gemm_mkl_copies_an_operand_without_a_blas_layout_and_checks_shapes():
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((2, 5, 12))[:, :, ::2]  # unit stride on neither of the last two axes
+    b = rng.standard_normal((2, 6, 4))
+    out = np.empty((2, 5, 4))
+    G.batched_gemm_mkl(a, b, out)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-12)
+    with pytest.raises(ValueError, match=r"\(2, 5, 6\) @ \(3, 6, 4\)"):
+        G.batched_gemm_mkl(a, np.empty((3, 6, 4)), np.empty((3, 5, 4)))
+
+
+@needs_mkl
+def test_linear_and_attention_run_their_products_on_mkl():
+    from tensorarena import Tensor, nn
+
+    rng = np.random.default_rng(4)
+    layer = nn.MultiheadAttention(16, 2, rng=rng)
+    x = Tensor(rng.standard_normal((2, 5, 16)).astype(np.float32), requires_grad=True)
+    before = dict(kernels.calls)
+    layer(x).sum().backward()
+    ran = {key: kernels.calls[key] - before.get(key, 0) for key in kernels.calls}
+    assert ran.get(("gemm", "fused"), 0) >= 6  # qkv and out projections, forward and both grads
+    assert ran.get(("batched_gemm", "fused"), 0) >= 5  # q k^T, P v; dv, dP, dq, dk
+    assert ran.get(("gemm", "reference"), 0) == 0 and ran.get(("batched_gemm", "reference"), 0) == 0
+
+
+def test_float16_products_go_to_numpy_and_are_counted_there():
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((4, 3)).astype(np.float16), rng.standard_normal((3, 2)).astype(np.float16)
+    before = kernels.calls[("gemm", "reference")]
+    out = G.gemm(a, b, np.empty((4, 2), np.float16))
+    assert kernels.calls[("gemm", "reference")] == before + 1
+    np.testing.assert_allclose(out, a @ b, rtol=1e-3)
+
+
+def _run(code: str, **env_extra) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("TENSORARENA_GEMM", "MKL_THREADING_LAYER")}
+    env.update(env_extra)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+
+
+def test_tensorarena_gemm_numpy_keeps_numpys_blas_and_says_so():
+    out = _run("from tensorarena.kernels import gemm, choose; print(choose('gemm'), '|', gemm.backend())",
+               TENSORARENA_GEMM="numpy")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "reference | NumPy's BLAS (TENSORARENA_GEMM=numpy)"
+
+
+def test_a_bad_tensorarena_gemm_value_is_an_error_naming_the_choices():
+    out = _run("import tensorarena.kernels.gemm", TENSORARENA_GEMM="openblas")
+    assert out.returncode != 0 and "TENSORARENA_GEMM must be 'auto', 'mkl' or 'numpy', got 'openblas'" in out.stderr
+
+
+def test_asking_for_mkl_without_it_is_an_error_that_says_what_to_install(monkeypatch):
+    monkeypatch.setenv("TENSORARENA_GEMM", "mkl")
+    monkeypatch.setattr(G, "_find_mkl_rt", lambda: (None, "the mkl package is not installed (pip install 'tensorarena[mkl]')"))
+    with pytest.raises(RuntimeError, match=r"TENSORARENA_GEMM=mkl, but the mkl package is not installed \(pip install"):
+        G._choose()
+    monkeypatch.setenv("TENSORARENA_GEMM", "auto")
+    assert G._choose() == (None, "the mkl package is not installed (pip install 'tensorarena[mkl]')")
+
+
+@needs_mkl
+def test_use_backend_switches_the_route_both_ways():
+    try:
+        G.use_backend("numpy")
+        assert kernels.choose("gemm") == "reference" and G.backend().startswith("NumPy's BLAS (use_backend")
+    finally:
+        G.use_backend("mkl")
+    assert kernels.choose("gemm") == "fused" and kernels.choose("batched_gemm") == "fused"
+
+
+# After a GEMM the main thread sleeps 80 ms; the CPU the process burns meanwhile is what MKL's idle
+# OpenMP threads spin. They share libgomp with Numba's kernels under OMP_WAIT_POLICY=PASSIVE
+# (kernels/__init__): with ACTIVE, they spin through the whole sleep (~80 ms, the second test).
+SPIN_PROBE = """
+import time, numpy as np
+from tensorarena.kernels import gemm as G
+a = np.random.default_rng(0).random((1200, 1200), dtype=np.float32)
+out = np.empty_like(a)
+burnt = []
+for _ in range(3):
+    G.gemm(a, a, out)
+    t = time.process_time(); time.sleep(0.08); burnt.append(time.process_time() - t)
+print(min(burnt), G.backend().split()[0])
+"""
+
+
+@needs_mkl
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: no idle OpenMP thread to spin")
+@pytest.mark.parametrize("policy, spins", [(None, False), ("ACTIVE", True)])
+def test_mkl_threads_sleep_after_a_gemm(policy, spins):
+    out = _run(SPIN_PROBE, **({"OMP_WAIT_POLICY": policy} if policy else {}))
+    assert out.returncode == 0, out.stderr
+    burnt, backend = out.stdout.split()
+    assert backend == "MKL"
+    if spins:
+        assert float(burnt) > 0.03, f"OMP_WAIT_POLICY=ACTIVE burnt only {float(burnt) * 1e3:.0f} ms"
+    else:
+        assert float(burnt) < 0.01, f"MKL's threads spun for {float(burnt) * 1e3:.0f} ms of an 80 ms sleep"
+
+
+@needs_mkl
+def test_an_ilp64_interface_in_the_environment_does_not_garble_the_arguments():
+    code = ("import numpy as np; from tensorarena.kernels import gemm as G\n"
+            "a = np.arange(12.0).reshape(3, 4); b = np.arange(8.0).reshape(4, 2); o = np.empty((3, 2))\n"
+            "G.gemm_mkl(a, b, o); print(np.array_equal(o, a @ b))")
+    out = _run(code, MKL_INTERFACE_LAYER="ILP64")
+    assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr
