@@ -8,11 +8,15 @@ from ..memory.meter import format_bytes
 
 
 def finish(summary: dict, *, json_path: str | None, saved_line: str | None = None, rate_digits: int = 1) -> dict:
-    """Print steps/s, peak RSS and arena high-water (plus `saved_line`), write JSON if asked; return summary."""
+    """Print steps/s, peak RSS, arena high-water and the GEMM library (plus `saved_line`), write JSON if asked."""
+    from ..kernels.gemm import backend
+
+    summary.setdefault("gemm_backend", backend())
     if summary.get("steps_per_second"):
         print(f"  steps/s           {summary['steps_per_second']:.{rate_digits}f}")
     print(f"  peak RSS          {format_bytes(summary['peak_rss_bytes'])}")
     print(f"  arena high-water  {format_bytes(summary['arena_high_water_bytes'])} per step")
+    print(f"  GEMMs             {summary['gemm_backend']}")
     if saved_line:
         print(saved_line)
     if json_path:
