@@ -1,0 +1,123 @@
+"""ViT step-time ratios under the same machine load: our steps and PyTorch's interleaved in one process.
+
+    python bench/vit_interleaved.py [--model tiny|base] [--rounds 8] [--per-round 3] [--no-compile] [--json out.json]
+
+bench/vit.py runs each contender in a process of its own, one after another, so that each peak RSS
+is its own; on a shared 2-core machine the load changes between them, and the same code measured
+1.11x and 1.56x PyTorch eager in two runs of it. Here every contender lives in one process and
+they take turns: each round runs `--per-round` timed steps of each, after one untimed step that
+lets the caches and thread pools settle after the switch. Medians over all rounds, and the ratio of
+each to PyTorch eager and to torch.compile, come out as a table and JSON. No RSS here (one
+process): bench/vit.py reports memory.
+
+Same models, data and optimizer as bench/vit.py (224x224, patch 16, 10 classes, AdamW 1e-3, weight
+decay 0.01). torch is imported before tensorarena, so its own OpenMP runtime starts with its
+default settings, not the OMP_WAIT_POLICY=PASSIVE tensorarena sets for its kernels' pool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def build(case_name: str, with_compile: bool) -> dict:
+    """name -> zero-argument step function, for every contender."""
+    os.environ["BENCH_CASE"] = case_name
+    import torch  # first: see the module docstring
+
+    import vit  # bench/vit.py: the shared models and data
+
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    xs, ys = vit._data()
+    steps = {}
+    for name, compiled in (("pytorch eager", False), ("torch.compile", True)):
+        if compiled and not with_compile:
+            continue
+        model = vit._torch_vit(vit._case())
+        opt = torch.optim.AdamW(model.parameters(), lr=vit.LR, weight_decay=vit.WEIGHT_DECAY)
+        forward = torch.compile(model) if compiled else model
+        xt, yt = torch.from_numpy(xs), torch.from_numpy(ys)
+
+        def torch_step(forward=forward, opt=opt, xt=xt, yt=yt):
+            loss = torch.nn.functional.cross_entropy(forward(xt), yt)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.item()
+
+        steps[name] = torch_step
+
+    import numpy as np
+
+    from tensorarena import optim
+    from tensorarena.kernels.gemm import backend
+    from tensorarena.models.vit import ViT, ViTConfig
+    from tensorarena.nn.functional import cross_entropy
+    from tensorarena.train.trainer import Trainer
+
+    for name, route, in_backward in (("tensorarena eager", "eager", False), ("tensorarena fused", "fused", False),
+                                     (vit.FUSED_IB, "fused", True)):
+        config = getattr(ViTConfig, case_name)(image_size=vit.IMAGE, patch_size=vit.PATCH, num_classes=vit.CLASSES)
+        model = ViT(config, rng=np.random.default_rng(0))
+        trainer = Trainer(model, optim.AdamW(model.parameters(), lr=vit.LR, weight_decay=vit.WEIGHT_DECAY),
+                          cross_entropy, route=route, update_in_backward=in_backward)
+        steps[name] = lambda trainer=trainer: trainer.step(xs, ys).loss
+    steps["_gemm_backend"] = backend()
+    return steps
+
+
+def interleave(steps: dict, rounds: int, per_round: int) -> dict[str, list[float]]:
+    times = {name: [] for name in steps}
+    for fn in steps.values():  # warm-up (torch.compile compiles here)
+        for _ in range(3):
+            fn()
+    for _ in range(rounds):
+        for name, fn in steps.items():
+            fn()  # settle after the switch: not timed
+            for _ in range(per_round):
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=["tiny", "base"], default="tiny")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--per-round", type=int, default=3)
+    parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out (it compiles ~1 min)")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+
+    steps = build(args.model, not args.no_compile)
+    gemm = steps.pop("_gemm_backend")
+    times = interleave(steps, args.rounds, args.per_round)
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    ref, comp = medians["pytorch eager"], medians.get("torch.compile")
+    print(f"ViT-{args.model} ({'batch 8' if args.model == 'tiny' else 'batch 1'}), {args.rounds} rounds x "
+          f"{args.per_round} steps per contender, interleaved in one process; our GEMMs: {gemm}")
+    print(f"{'contender':<30}{'median ms':>11}{'min ms':>10}{'x pytorch eager':>17}{'x torch.compile':>17}")
+    for name, t in times.items():
+        print(f"{name:<30}{medians[name] * 1e3:>11.1f}{min(t) * 1e3:>10.1f}{medians[name] / ref:>17.3f}"
+              + (f"{medians[name] / comp:>17.3f}" if comp else ""))
+    out = {"model": args.model, "gemm_backend": gemm, "rounds": args.rounds, "per_round": args.per_round,
+           "median_step_s": medians, "step_times_s": times,
+           "x_pytorch_eager": {n: m / ref for n, m in medians.items()},
+           "x_torch_compile": {n: m / comp for n, m in medians.items()} if comp else None}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+        print(f"JSON written to {args.json}")
+
+
+if __name__ == "__main__":
+    main()
