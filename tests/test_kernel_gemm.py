@@ -144,6 +144,26 @@ def test_linear_and_attention_run_their_products_on_mkl():
     assert ran.get(("gemm", "reference"), 0) == 0 and ran.get(("batched_gemm", "reference"), 0) == 0
 
 
+@needs_mkl
+def test_a_2d_matmul_op_runs_on_mkl_and_its_gradients_match_torch():
+    import torch
+
+    from tensorarena import Tensor, ops
+
+    rng = np.random.default_rng(6)
+    a_np, b_np = rng.standard_normal((7, 5)), rng.standard_normal((5, 3))
+    a, b = Tensor(a_np, requires_grad=True), Tensor(b_np, requires_grad=True)
+    before = kernels.calls[("gemm", "fused")]
+    out = ops.matmul(a, b)
+    out.backward(np.ones((7, 3)))
+    assert kernels.calls[("gemm", "fused")] == before + 3  # forward, d a, d b
+    ta, tb = torch.tensor(a_np, requires_grad=True), torch.tensor(b_np, requires_grad=True)
+    (ta @ tb).sum().backward()
+    np.testing.assert_allclose(out.data, (ta @ tb).detach().numpy(), rtol=1e-12)
+    np.testing.assert_allclose(a.grad, ta.grad.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(b.grad, tb.grad.numpy(), rtol=1e-12)
+
+
 def test_float16_products_go_to_numpy_and_are_counted_there():
     rng = np.random.default_rng(5)
     a, b = rng.standard_normal((4, 3)).astype(np.float16), rng.standard_normal((3, 2)).astype(np.float16)

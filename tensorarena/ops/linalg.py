@@ -42,6 +42,14 @@ def _check_float_pair(a, b, what: str, a_name: str, b_name: str) -> None:
         )
 
 
+def _product(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """out = a @ b: 2-D products on the GEMM backend (kernels.gemm), batched or 1-D ones on NumPy's matmul."""
+    if a.ndim == 2 and b.ndim == 2 and out.ndim == 2:
+        gemm(a, b, out)
+    else:
+        bmm(a, b, out=out)
+
+
 def matmul(a, b) -> Tensor:
     """a @ b with torch.matmul semantics. Shape: (..., n, k) @ (..., k, m) -> (..., n, m)."""
     a = as_tensor(a)
@@ -51,7 +59,7 @@ def matmul(a, b) -> Tensor:
     ad, bd = a.data, b.data
     dtype = np.result_type(ad.dtype, bd.dtype)
     out = new(out_shape, dtype)
-    bmm(ad, bd, out=out)
+    _product(ad, bd, out)
 
     def backward(g):
         # Work with the 1-D operands promoted to matrices, as forward did implicitly.
@@ -65,11 +73,11 @@ def matmul(a, b) -> Tensor:
         ga = gb = None
         if a.requires_grad:
             full = new(g2.shape[:-1] + (a2.shape[-1],), dtype)
-            bmm(g2, np.swapaxes(b2, -1, -2), out=full)
+            _product(g2, np.swapaxes(b2, -1, -2), full)
             ga = unbroadcast(full, a2.shape).reshape(a.shape)
         if b.requires_grad:
             full = new(g2.shape[:-2] + (b2.shape[-2], g2.shape[-1]), dtype)
-            bmm(np.swapaxes(a2, -1, -2), g2, out=full)
+            _product(np.swapaxes(a2, -1, -2), g2, full)
             gb = unbroadcast(full, b2.shape).reshape(b.shape)
         return ga, gb
 
