@@ -247,3 +247,15 @@ def test_an_ilp64_interface_in_the_environment_does_not_garble_the_arguments():
             "G.gemm_mkl(a, b, o); print(np.array_equal(o, a @ b))")
     out = _run(code, MKL_INTERFACE_LAYER="ILP64")
     assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr
+
+
+@needs_mkl
+def test_mkl_already_set_up_by_someone_else_is_reported_not_hidden():
+    # Another library in the process picked MKL's sequential layer first: ours cannot change it, and says so.
+    code = ("import ctypes, logging; logging.basicConfig()\n"
+            f"ctypes.CDLL({G._mkl.path!r}).MKL_Set_Threading_Layer(1)\n"
+            "from tensorarena.kernels import gemm; print(gemm.backend())")
+    out = _run(code)
+    assert out.returncode == 0, out.stderr
+    assert "sequential threading layer" in out.stdout
+    assert "MKL's threading layer is sequential, not GNU OpenMP" in out.stderr

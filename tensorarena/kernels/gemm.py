@@ -36,6 +36,7 @@ log = logging.getLogger("tensorarena")
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112  # CBLAS enum values
 _MKL_THREADING_GNU = 3  # mkl_set_threading_layer's MKL_THREADING_GNU
+_LAYER_NAMES = {0: "Intel OpenMP", 1: "sequential", 2: "PGI OpenMP", 3: "GNU OpenMP", 4: "TBB"}
 _MKL_INTERFACE_LP64 = 0  # 32-bit MKL_INT, as the ctypes signatures below declare
 _BLAS_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -70,10 +71,15 @@ class _Mkl:
         # MKL_INTERFACE_LAYER=ILP64 in the environment would make MKL read our 32-bit ints as 64-bit.
         lib.MKL_Set_Interface_Layer.argtypes = [ctypes.c_int]
         lib.MKL_Set_Interface_Layer(_MKL_INTERFACE_LP64)
-        if "MKL_THREADING_LAYER" not in os.environ:
+        if "MKL_THREADING_LAYER" in os.environ:
+            self.threading = os.environ["MKL_THREADING_LAYER"]
+        else:
             lib.MKL_Set_Threading_Layer.argtypes = [ctypes.c_int]
-            lib.MKL_Set_Threading_Layer(_MKL_THREADING_GNU)
-        self.threading = os.environ.get("MKL_THREADING_LAYER", "GNU OpenMP")
+            layer = lib.MKL_Set_Threading_Layer(_MKL_THREADING_GNU)  # returns the layer in force
+            self.threading = _LAYER_NAMES.get(layer, f"threading layer {layer}")
+            if layer != _MKL_THREADING_GNU:  # something in this process ran MKL before us and chose
+                log.warning("MKL's threading layer is %s, not GNU OpenMP (MKL was already in use in this "
+                            "process): its GEMMs run on a thread pool beside the Numba kernels' one", self.threading)
         lib.MKL_Get_Max_Threads.restype = ctypes.c_int
         self.threads = lib.MKL_Get_Max_Threads()
         self.path = path
