@@ -11,6 +11,9 @@ batch 1: 197 x 768, MLP 3072; MiniLM SimCSE batch 64 x 64 tokens x 384, MLP 1536
 Rounds alternate the contenders so they see the same machine load; the figure is the median per
 product summed over the block, and its ratio to torch. --steps trains a ViT on the fused route and
 switches kernels.gemm between MKL and NumPy every few steps (medians per backend, one process).
+The process keeps the OpenMP wait policy chosen for MKL (idle threads spin ~2-3 ms, kernels/__init__),
+which slows OpenBLAS's own threads a little in the NumPy rounds; for NumPy's BLAS on its own
+settings, time a process started with TENSORARENA_GEMM=numpy.
 """
 
 from __future__ import annotations

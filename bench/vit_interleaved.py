@@ -12,7 +12,7 @@ process): bench/vit.py reports memory.
 
 Same models, data and optimizer as bench/vit.py (224x224, patch 16, 10 classes, AdamW 1e-3, weight
 decay 0.01). torch is imported before tensorarena, so its own OpenMP runtime starts with its
-default settings, not the OMP_WAIT_POLICY=PASSIVE tensorarena sets for its kernels' pool.
+default settings, not the wait policy tensorarena sets for its kernels' pool (kernels/__init__).
 """
 
 from __future__ import annotations

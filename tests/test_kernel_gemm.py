@@ -174,7 +174,8 @@ def test_float16_products_go_to_numpy_and_are_counted_there():
 
 
 def _run(code: str, **env_extra) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("TENSORARENA_GEMM", "MKL_THREADING_LAYER")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TENSORARENA_GEMM", "MKL_THREADING_LAYER", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     env.update(env_extra)
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
 
@@ -193,7 +194,7 @@ def test_a_bad_tensorarena_gemm_value_is_an_error_naming_the_choices():
 
 def test_asking_for_mkl_without_it_is_an_error_that_says_what_to_install(monkeypatch):
     monkeypatch.setenv("TENSORARENA_GEMM", "mkl")
-    monkeypatch.setattr(G, "_find_mkl_rt", lambda: (None, "the mkl package is not installed (pip install 'tensorarena[mkl]')"))
+    monkeypatch.setattr(G, "find_mkl_rt", lambda: (None, "the mkl package is not installed (pip install 'tensorarena[mkl]')"))
     with pytest.raises(RuntimeError, match=r"TENSORARENA_GEMM=mkl, but the mkl package is not installed \(pip install"):
         G._choose()
     monkeypatch.setenv("TENSORARENA_GEMM", "auto")
@@ -210,34 +211,41 @@ def test_use_backend_switches_the_route_both_ways():
     assert kernels.choose("gemm") == "fused" and kernels.choose("batched_gemm") == "fused"
 
 
-# After a GEMM the main thread sleeps 80 ms; the CPU the process burns meanwhile is what MKL's idle
-# OpenMP threads spin. They share libgomp with Numba's kernels under OMP_WAIT_POLICY=PASSIVE
-# (kernels/__init__): with ACTIVE, they spin through the whole sleep (~80 ms, the second test).
+# After a GEMM the main thread sleeps 80 ms; the CPU the process burns meanwhile is what the idle
+# OpenMP threads (MKL's and the Numba kernels' one libgomp pool) spin. With MKL, kernels/__init__
+# lets them spin GOMP_SPINCOUNT=100000 rounds (~2-3 ms) before they sleep; a user's OMP_WAIT_POLICY
+# wins: PASSIVE sleeps at once, ACTIVE (libgomp's default 30e9 rounds) spins through the whole sleep.
 SPIN_PROBE = """
-import time, numpy as np
+import os, time, numpy as np
 from tensorarena.kernels import gemm as G
 a = np.random.default_rng(0).random((1200, 1200), dtype=np.float32)
 out = np.empty_like(a)
 burnt = []
-for _ in range(3):
+for _ in range(5):
     G.gemm(a, a, out)
     t = time.process_time(); time.sleep(0.08); burnt.append(time.process_time() - t)
-print(min(burnt), G.backend().split()[0])
+print(min(burnt), G.backend().split()[0], os.environ["OMP_WAIT_POLICY"], os.environ.get("GOMP_SPINCOUNT", "-"))
 """
 
 
 @needs_mkl
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: no idle OpenMP thread to spin")
-@pytest.mark.parametrize("policy, spins", [(None, False), ("ACTIVE", True)])
-def test_mkl_threads_sleep_after_a_gemm(policy, spins):
+@pytest.mark.parametrize("policy, burn_ms", [(None, (0.3, 15)), ("PASSIVE", (0, 1)), ("ACTIVE", (30, 100))])
+def test_mkl_threads_spin_briefly_then_sleep_after_a_gemm(policy, burn_ms):
     out = _run(SPIN_PROBE, **({"OMP_WAIT_POLICY": policy} if policy else {}))
     assert out.returncode == 0, out.stderr
-    burnt, backend = out.stdout.split()
+    burnt, backend, wait_policy, spin_count = out.stdout.split()
     assert backend == "MKL"
-    if spins:
-        assert float(burnt) > 0.03, f"OMP_WAIT_POLICY=ACTIVE burnt only {float(burnt) * 1e3:.0f} ms"
-    else:
-        assert float(burnt) < 0.01, f"MKL's threads spun for {float(burnt) * 1e3:.0f} ms of an 80 ms sleep"
+    assert (wait_policy, spin_count) == ((policy, "-") if policy else ("ACTIVE", "100000"))
+    low, high = burn_ms
+    assert low <= float(burnt) * 1e3 <= high, f"idle threads burnt {float(burnt) * 1e3:.1f} ms of an 80 ms sleep"
+
+
+def test_without_mkl_the_kernels_threads_sleep_at_once():
+    # OpenBLAS's own threads run the GEMMs then: a spinning libgomp worker would take their core.
+    out = _run("import os, tensorarena; print(os.environ['OMP_WAIT_POLICY'], os.environ.get('GOMP_SPINCOUNT', '-'))",
+               TENSORARENA_GEMM="numpy")
+    assert out.returncode == 0 and out.stdout.split() == ["PASSIVE", "-"], out.stderr
 
 
 @needs_mkl

@@ -14,11 +14,24 @@ import os
 from collections import Counter
 from typing import Callable, Iterator
 
-# Numba's OpenMP worker threads spin after each parallel kernel and steal the two cores from
-# the OpenBLAS threads of the next matmul (and vice versa): on the MLP benchmark that cost
-# ~40% of the step. Passive waiting must be chosen before the OpenMP runtime loads, i.e. before
-# the first fused kernel runs; a value the user set wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from .mkl_lib import mkl_expected
+
+# How idle OpenMP threads wait. It must be chosen before the OpenMP runtime (libgomp) loads: when
+# kernels.gemm loads MKL, or when the first fused kernel runs. Values the user set win.
+# - GEMMs on numpy's OpenBLAS: its threads are a second pool beside libgomp's, and Numba's workers
+#   spinning after each kernel stole the cores from the next matmul's (~40% of the MLP benchmark's
+#   step), so libgomp's threads sleep at once (PASSIVE).
+# - GEMMs on MKL: MKL runs on the same libgomp pool as the kernels, so nothing competes with a
+#   spinning worker, and waking a sleeping one for each of a step's ~600 parallel regions (GEMMs,
+#   kernels, MKL's own barriers) cost ~10%: fused ViT-Tiny steps, median of 5 alternated runs each,
+#   507 ms passive vs 454-464 ms spinning 30k-300k rounds. 100k rounds is ~2-3.5 ms of spinning
+#   after a region before the thread sleeps (libgomp's own default is 300k).
+if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+    if mkl_expected():
+        os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
+        os.environ["GOMP_SPINCOUNT"] = "100000"
+    else:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 os.environ.setdefault("NUMBA_THREADING_LAYER", "omp")
 
 _registry: dict[str, dict[str, Callable]] = {}

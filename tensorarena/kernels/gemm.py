@@ -8,9 +8,9 @@ ships inside its CPU wheel. `python bench/gemm.py` times the twelve GEMMs of one
 How. `pip install "tensorarena[mkl]"` brings MKL's single dynamic library, libmkl_rt; this module
 loads it with ctypes and calls cblas_sgemm / cblas_dgemm directly on the arrays' memory (row-major,
 a transpose flag for transposed views, so no operand is copied). MKL runs on the GNU OpenMP
-threading layer: the libgomp thread pool Numba's kernels already use (NUMBA_THREADING_LAYER=omp,
-OMP_WAIT_POLICY=PASSIVE, both set in kernels/__init__), so GEMMs and fused kernels take turns on
-one pool of threads that sleep when idle, instead of two pools contending for the cores. A
+threading layer: the libgomp thread pool Numba's kernels already use (NUMBA_THREADING_LAYER=omp),
+so GEMMs and fused kernels take turns on one pool of threads instead of two pools contending for
+the cores; its idle threads spin ~2-3 ms before they sleep (kernels/__init__ says why). A
 threading layer the user chose with MKL_THREADING_LAYER wins. Attention's per-(batch, head)
 products go to one cblas_?gemm_batch call (`batched_gemm_mkl`, used by kernels.attention).
 
@@ -23,13 +23,13 @@ BLAS even when MKL is installed; TENSORARENA_GEMM=mkl makes a missing MKL an err
 from __future__ import annotations
 
 import ctypes
-import importlib.metadata
 import logging
 import os
 
 import numpy as np
 
 from . import kernel, register
+from .mkl_lib import find_mkl_rt, wanted_backend
 from ..memory.arena import empty
 
 log = logging.getLogger("tensorarena")
@@ -48,18 +48,6 @@ def gemm_reference(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bo
     else:
         np.matmul(a, b, out=out)
     return out
-
-
-def _find_mkl_rt() -> tuple[str | None, str]:
-    """Path of libmkl_rt from the installed `mkl` wheel, or None and why not."""
-    try:
-        files = importlib.metadata.files("mkl") or []
-    except importlib.metadata.PackageNotFoundError:
-        return None, "the mkl package is not installed (pip install 'tensorarena[mkl]')"
-    for file in files:
-        if file.name.startswith("libmkl_rt.so"):
-            return str(file.locate()), ""
-    return None, "the installed mkl package has no libmkl_rt.so (only Linux wheels are used)"
 
 
 class _Mkl:
@@ -239,12 +227,10 @@ def batched_gemm_mkl(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarra
 
 
 def _choose() -> tuple[_Mkl | None, str]:
-    wanted = os.environ.get("TENSORARENA_GEMM", "auto").lower()
-    if wanted not in ("auto", "mkl", "numpy"):
-        raise ValueError(f"TENSORARENA_GEMM must be 'auto', 'mkl' or 'numpy', got {wanted!r}")
+    wanted = wanted_backend()
     if wanted == "numpy":
         return None, "TENSORARENA_GEMM=numpy"
-    path, why = _find_mkl_rt()
+    path, why = find_mkl_rt()
     if path is not None:
         try:
             return _Mkl(path), ""
