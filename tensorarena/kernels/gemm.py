@@ -1,8 +1,8 @@
 """2-D matrix products (the linear layers' GEMMs): Intel MKL when the `mkl` wheel is installed, else NumPy.
 
-Why a second BLAS. Nine of every ten seconds of a transformer step on these CPUs are GEMMs, and
-NumPy's bundled OpenBLAS runs the transformer shapes 15-25% slower than MKL, the library PyTorch
-ships inside its CPU wheel. `python bench/gemm.py` times the twelve GEMMs of one ViT-Tiny block
+Why a second BLAS. GEMMs are 55-75% of a transformer training step here (cProfile of fused ViT-Tiny
+and ViT-Base steps), and NumPy's bundled OpenBLAS runs the transformer shapes 15-25% slower than
+MKL, the library PyTorch ships inside its CPU wheel. `python bench/gemm.py` times the twelve GEMMs of one ViT-Tiny block
 (1576 tokens x 192/768 features, forward, dx and dW) on both backends and on torch.mm in one process.
 
 How. `pip install "tensorarena[mkl]"` brings MKL's single dynamic library, libmkl_rt; this module
