@@ -93,6 +93,14 @@ def ours_extras(result: dict, high_water: list[int], warmup: int, parameters: in
     return result
 
 
+def write_json(path: str | None, data: dict) -> None:
+    """Write a benchmark's JSON to `path` (when one was asked for) and say where it went."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=2)
+        print(f"JSON written to {path}")
+
+
 def child_main(contenders: dict[str, Callable[[], dict]]) -> None:
     """In a child: run the contender named on the command line and print its JSON result."""
     name = sys.argv[sys.argv.index("--child") + 1]

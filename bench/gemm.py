@@ -19,11 +19,16 @@ settings, time a process started with TENSORARENA_GEMM=numpy.
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import statistics
+import sys
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import write_json  # noqa: E402
 
 SHAPES = {  # tokens, width, heads, batch x heads layout for attention (B, H, T, hs)
     "tiny": dict(tokens=8 * 197, width=192, heads=(8, 3, 197, 64)),
@@ -158,10 +163,7 @@ def main() -> None:
         print(f"{'x torch':14s}" + "".join(f"{totals[c] / totals['torch']:10.3f}" for c in totals))
         result = {"products_ms": per, "block_total_ms": totals}
     result["backend"] = G.backend()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-        print(f"JSON written to {args.json}")
+    write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,10 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import write_json  # noqa: E402
+
 SETTINGS = {  # name -> environment
     "PASSIVE": {"OMP_WAIT_POLICY": "PASSIVE"},
     "spin 30k": {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "30000"},
@@ -86,10 +90,7 @@ def main() -> None:
     for name, value in summary.items():
         rounds = " ".join(f"{v * 1e3:.0f}" for v in medians[name])
         print(f"{name:<30}{value * 1e3:>11.1f}{value / passive:>11.3f}   {rounds}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"model": args.model, "gemm": gemm, "median_s": summary, "per_round_s": medians}, f, indent=2)
-        print(f"JSON written to {args.json}")
+    write_json(args.json, {"model": args.model, "gemm": gemm, "median_s": summary, "per_round_s": medians})
 
 
 if __name__ == "__main__":

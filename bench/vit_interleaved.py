@@ -18,13 +18,14 @@ default settings, not the wait policy tensorarena sets for its kernels' pool (ke
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import write_json  # noqa: E402
 
 
 def build(case_name: str, with_compile: bool) -> dict:
@@ -113,10 +114,7 @@ def main() -> None:
            "median_step_s": medians, "step_times_s": times,
            "x_pytorch_eager": {n: m / ref for n, m in medians.items()},
            "x_torch_compile": {n: m / comp for n, m in medians.items()} if comp else None}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
-        print(f"JSON written to {args.json}")
+    write_json(args.json, out)
 
 
 if __name__ == "__main__":

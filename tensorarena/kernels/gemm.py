@@ -87,23 +87,37 @@ class _Mkl:
             self.real[dtype] = real
 
 
-def _operand(x: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, int, int]:
-    """(array, transpose flag, leading dimension) under which BLAS reads x (rows x cols) in place.
+def _slice_layout(x: np.ndarray, rows: int, cols: int) -> tuple[int, int] | None:
+    """(transpose flag, leading dimension) under which BLAS reads every 2-D slice of x in place, or None.
 
-    Row-major with unit column stride is NoTrans; a transposed view (unit row stride) is Trans of
-    its base. Anything else (a sliced or negative stride) is copied, into the current arena.
+    Row-major with unit column stride is NoTrans; a transposed view (unit row stride) is Trans of its
+    base. Sliced-out columns, negative or zero (broadcast) strides have no such layout.
     """
     item = x.itemsize
-    s0, s1 = x.strides
-    if (s1 == item or cols == 1) and s0 % item == 0 and s0 // item >= max(1, cols):
-        return x, _NO_TRANS, s0 // item
-    if (s0 == item or rows == 1) and s1 % item == 0 and s1 // item >= max(1, rows):
-        return x, _TRANS, s1 // item
-    if x.flags.c_contiguous:  # a dimension of length 1 with an odd stride
-        return x, _NO_TRANS, max(1, cols)
+    s0, s1 = x.strides[-2:]
+    if (s1 == item or cols == 1) and s0 > 0 and s0 % item == 0 and s0 // item >= max(1, cols):
+        return _NO_TRANS, s0 // item
+    if (s0 == item or rows == 1) and s1 > 0 and s1 % item == 0 and s1 // item >= max(1, rows):
+        return _TRANS, s1 // item
+    return None
+
+
+def _blas_view(x: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, tuple[int, int]]:
+    """x (or a copy of it in the current arena, when its slices have no BLAS layout) and that layout."""
+    layout = _slice_layout(x, rows, cols)
+    if layout is not None:
+        return x, layout
     copy = empty(x.shape, x.dtype)
     np.copyto(copy, x)
-    return copy, _NO_TRANS, max(1, cols)
+    return copy, (_NO_TRANS, max(1, cols))
+
+
+def _row_major_ld(out: np.ndarray, rows: int, cols: int, what: str) -> int:
+    """Leading dimension of out's row-major slices; ValueError if BLAS cannot write them in place."""
+    layout = _slice_layout(out, rows, cols)
+    if layout is None or layout[0] != _NO_TRANS:
+        raise ValueError(f"{what}: out {out.shape} must be row-major rows (unit column stride), got strides {out.strides}")
+    return layout[1]
 
 
 def gemm_mkl(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = False) -> np.ndarray:
@@ -118,18 +132,15 @@ def gemm_mkl(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = F
     n = b.shape[1]
     if m == 0 or n == 0:
         return out
-    item = out.itemsize
-    if (out.strides[1] != item and n > 1) or (m > 1 and (out.strides[0] % item or out.strides[0] < n * item)):
-        raise ValueError(f"gemm: out {out.shape} must be row-major rows (unit column stride), got strides {out.strides}")
+    ldc = _row_major_ld(out, m, n, "gemm")
     if np.may_share_memory(out, a) or np.may_share_memory(out, b):
         raise ValueError("gemm: out overlaps an operand; BLAS would read what it already overwrote")
-    ldc = out.strides[0] // item if m > 1 else n
     if k == 0:
         if not accumulate:
             out.fill(0)
         return out
-    a, ta, lda = _operand(a, m, k)
-    b, tb, ldb = _operand(b, k, n)
+    a, (ta, lda) = _blas_view(a, m, k)
+    b, (tb, ldb) = _blas_view(b, k, n)
     _mkl.fn[dtype](_ROW_MAJOR, ta, tb, m, n, k, 1.0, a.ctypes.data, lda, b.ctypes.data, ldb,
                    1.0 if accumulate else 0.0, out.ctypes.data, ldc)
     return out
@@ -138,17 +149,6 @@ def gemm_mkl(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = F
 def batched_gemm_reference(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     """out[...] = a[...] @ b[...] over equal leading (batch) axes: np.matmul, the twin of the MKL kernel."""
     return np.matmul(a, b, out=out)
-
-
-def _slice_layout(x: np.ndarray, rows: int, cols: int) -> tuple[int, int] | None:
-    """(transpose flag, leading dimension) that read every 2-D slice of x in place, or None."""
-    item = x.itemsize
-    s0, s1 = x.strides[-2:]
-    if (s1 == item or cols == 1) and s0 > 0 and s0 % item == 0 and s0 // item >= max(1, cols):
-        return _NO_TRANS, s0 // item
-    if (s0 == item or rows == 1) and s1 > 0 and s1 % item == 0 and s1 // item >= max(1, rows):
-        return _TRANS, s1 // item
-    return None
 
 
 _pointer_cache: dict[tuple, np.ndarray] = {}
@@ -200,19 +200,10 @@ def batched_gemm_mkl(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarra
         return out
     if np.may_share_memory(out, a) or np.may_share_memory(out, b):
         raise ValueError("batched_gemm: out overlaps an operand; BLAS would read what it already overwrote")
-    c_layout = _slice_layout(out, m, n)
-    if c_layout is None or c_layout[0] != _NO_TRANS:
-        raise ValueError(f"batched_gemm: out's slices must be row-major (unit column stride), got strides {out.strides}")
-    operands = []
-    for x, rows, cols in ((a, m, k), (b, k, n)):
-        layout = _slice_layout(x, rows, cols)
-        if layout is None:
-            copy = empty(x.shape, dtype)
-            np.copyto(copy, x)
-            x, layout = copy, (_NO_TRANS, max(1, cols))
-        operands.append((x, layout))
-    (a, (ta, lda)), (b, (tb, ldb)) = operands
-    ints = (ctypes.c_int * 8)(ta, tb, m, n, k, lda, ldb, c_layout[1])
+    ldc = _row_major_ld(out, m, n, "batched_gemm")
+    a, (ta, lda) = _blas_view(a, m, k)
+    b, (tb, ldb) = _blas_view(b, k, n)
+    ints = (ctypes.c_int * 8)(ta, tb, m, n, k, lda, ldb, ldc)
     size = ctypes.c_int(int(np.prod(lead)))
     real = _mkl.real[dtype]
     one, zero = real(1.0), real(0.0)
