@@ -64,8 +64,8 @@ def build(case_name: str, with_compile: bool) -> dict:
     from tensorarena.nn.functional import cross_entropy
     from tensorarena.train.trainer import Trainer
 
-    for name, route, in_backward in (("tensorarena eager", "eager", False), ("tensorarena fused", "fused", False),
-                                     (vit.FUSED_IB, "fused", True)):
+    for name, route, in_backward in (("tensorarena eager", "eager", None), ("tensorarena fused", "fused", None),
+                                     (vit.FUSED_FLAT, "fused", False)):
         config = getattr(ViTConfig, case_name)(image_size=vit.IMAGE, patch_size=vit.PATCH, num_classes=vit.CLASSES)
         model = ViT(config, rng=np.random.default_rng(0))
         trainer = Trainer(model, optim.AdamW(model.parameters(), lr=vit.LR, weight_decay=vit.WEIGHT_DECAY),

@@ -4,13 +4,20 @@ import json
 import subprocess
 import sys
 
+import pytest
 
-def test_vit_tiny_batch_8_rss_growth_is_within_5_percent_of_the_prediction():
+
+@pytest.mark.parametrize("flag", [None, "--flat-grads"], ids=["default_update_in_backward", "flat_grads"])
+def test_vit_tiny_batch_8_rss_growth_is_within_5_percent_of_the_prediction(flag):
     out = subprocess.run([sys.executable, "-m", "tensorarena.train.fused_memory_check", "--model", "vit-tiny",
-                          "--batch", "8", "--steps", "3"], capture_output=True, text=True, timeout=600)
+                          "--batch", "8", "--steps", "3"] + ([flag] if flag else []),
+                         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     report = result["report"]
+    # The default (no clipping) has no gradient buffer; --flat-grads has one the size of the parameters.
+    assert result["update_in_backward"] == (flag is None)
+    assert report["grads"] == (0 if flag is None else report["params"])
     # The activations' slab is most of it, so matching is not just matching the persistent part.
     assert report["slab"] > 0.7 * report["predicted_peak"]
     assert 0.95 <= result["ratio"] <= 1.05, result

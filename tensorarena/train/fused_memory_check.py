@@ -24,7 +24,7 @@ VIT_SIZES = {"vit-tiny": "tiny", "vit-small": "small", "vit-base": "base"}
 
 
 def measure(model_name: str, batch: int, image_size: int, steps: int, seed: int = 0,
-            update_in_backward: bool = False) -> dict:
+            update_in_backward: bool | None = None) -> dict:
     from ..compile.step import compile_step
     from ..kernels.warmup import compile_all
     from ..memory.meter import peak_rss_bytes, rss_bytes
@@ -51,7 +51,8 @@ def measure(model_name: str, batch: int, image_size: int, steps: int, seed: int 
         fused.step(x, y)
         step_s.append(time.perf_counter() - start)
     growth = rss_bytes() - baseline
-    return {"model": model_name, "batch": batch, "image_size": image_size, "update_in_backward": update_in_backward,
+    return {"model": model_name, "batch": batch, "image_size": image_size,
+            "update_in_backward": fused.update_in_backward,
             "report": report,
             "predicted_peak": report["predicted_peak"], "predicted_growth": report["predicted_growth"],
             "measured_growth": growth, "peak_growth": peak_rss_bytes() - baseline,
@@ -65,8 +66,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--update-in-backward", action="store_true",
-                        help="update each parameter inside backward (no gradient buffer)")
+    update = parser.add_mutually_exclusive_group()
+    update.add_argument("--update-in-backward", dest="update_in_backward", action="store_true", default=None,
+                        help="update each parameter inside backward, no gradient buffer (the default)")
+    update.add_argument("--flat-grads", dest="update_in_backward", action="store_false",
+                        help="flat gradient buffer, one update kernel after backward")
     args = parser.parse_args(argv)
     print(json.dumps(measure(args.model, args.batch, args.image_size, args.steps,
                              update_in_backward=args.update_in_backward)))

@@ -205,8 +205,12 @@ def trace_whole(model: Module, loss_fn: Callable, inputs: np.ndarray, targets: A
 
 def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: Any, targets: Any,
                 budget: MemoryBudget, *, routes: tuple[str, ...] = ("fused", "streaming"),
-                process_other_bytes: int | None = None, fused_keeps_grads: bool = True) -> RoutePlan:
-    """Estimate each route in `routes` for this batch and pick the first that fits (see module docstring)."""
+                process_other_bytes: int | None = None, fused_keeps_grads: bool = False) -> RoutePlan:
+    """Estimate each route in `routes` for this batch and pick the first that fits (see module docstring).
+
+    `fused_keeps_grads`: whether the fused step keeps flat gradients (the Trainer's resolved
+    `not update_in_backward`: True only with clip_grad_norm or when asked); False is its default.
+    """
     x = np.asarray(inputs.data if isinstance(inputs, Tensor) else inputs)
     y = None if targets is None else np.asarray(targets.data if isinstance(targets, Tensor) else targets)
     persistent = persistent_bytes(optimizer)

@@ -62,10 +62,12 @@ class Trainer:
             `fallback_reason`. Off by default: a silent change of route would hide a memory change.
         max_plans: how many fused plans (one per input shape/dtype signature) to keep, least
             recently used evicted first.
-        update_in_backward: fused route only: update each parameter inside backward as soon as its
-            gradient is complete, so no parameter-sized gradient buffer exists (compile/step.py);
-            `p.grad` stays None after a step. Not with clip_grad_norm. Off by default: the update
-            is then one kernel per group over flat gradients.
+        update_in_backward: fused route only. None (default): update each parameter inside backward
+            as soon as its gradient is complete, so no parameter-sized gradient buffer exists and
+            `p.grad` stays None after a step, unless clip_grad_norm is set (clipping needs every
+            gradient first): then flat gradients and one update kernel per group after backward.
+            False asks for the flat gradients always; True with clip_grad_norm is an error.
+            See compile/step.py.
         on_nonfinite: "raise" (default) raises NonFiniteLossError naming the step before
             any update; "skip" leaves parameters untouched and reports the step as skipped.
         pool: block pool for step arenas (default: the process-wide pool).
@@ -84,14 +86,14 @@ class Trainer:
                  clip_grad_norm: float | None = None, route: str = "eager", on_nonfinite: str = "raise",
                  pool: BlockPool | None = None, fallback_to_eager: bool = False, max_plans: int = 4,
                  memory_limit: str | int | None = None, store_dir=None, oom_fallback: bool = True,
-                 update_in_backward: bool = False) -> None:
+                 update_in_backward: bool | None = None) -> None:
         if route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
         check_step_options(clip_grad_norm, on_nonfinite)
-        from ..compile.step import check_update_in_backward
+        from ..compile.step import resolve_update_in_backward
 
-        check_update_in_backward(update_in_backward, clip_grad_norm)  # now, not at the first fused step
-        self.update_in_backward = bool(update_in_backward)
+        # Resolved (and checked) now, not at the first fused step.
+        self.update_in_backward = resolve_update_in_backward(update_in_backward, clip_grad_norm)
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
