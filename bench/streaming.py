@@ -12,7 +12,10 @@ Every contender runs in its own child process (bench/common.py), so each peak RS
                                  store was just written by from_memory and every step writes it
                                  back, so its reads come from memory. This is the route's own cost
                                  (recompute, copies, I/O syscalls), not the disk's.
-  "tensorarena streaming cold"   The same, but before each step (untimed) the store's files are
+  "tensorarena streaming copy"   The same (warm) with StreamingRoute(io="copy"): stages read into
+                                 and written from two slot buffers instead of memory-mapped (the
+                                 default, io="map"; stream/store.py), to show what mapping saves.
+  "tensorarena streaming cold"   The same as "tensorarena streaming", but before each step (untimed) the store's files are
                                  pushed out of the page cache: route.store.drain(), fsync and
                                  posix_fadvise(DONTNEED) on every file in the store directory
                                  (DONTNEED only drops clean pages, hence the fsync), then
@@ -52,10 +55,10 @@ IMAGE, PATCH, CLASSES, LR, WEIGHT_DECAY = 224, 16, 10, 1e-3, 0.01
 WARMUP = 1
 BAR = 2.0  # warm streaming step <= BAR x fused step
 CASES = {"base": {"batch": 1, "steps": 5}, "tiny": {"batch": 8, "steps": 5}}
-FUSED, WARM, COLD, EAGER = ("tensorarena fused", "tensorarena streaming", "tensorarena streaming cold",
-                            "tensorarena eager")
-SHORT = {"fused": FUSED, "streaming": WARM, "cold": COLD, "eager": EAGER}
-DEFAULT = [FUSED, WARM, COLD]
+FUSED, WARM, COPY, COLD, EAGER = ("tensorarena fused", "tensorarena streaming", "tensorarena streaming copy",
+                                  "tensorarena streaming cold", "tensorarena eager")
+SHORT = {"fused": FUSED, "streaming": WARM, "copy": COPY, "cold": COLD, "eager": EAGER}
+DEFAULT = [FUSED, WARM, COPY, COLD]
 MiB = 2**20
 
 
@@ -214,7 +217,7 @@ def _time_trainer(trainer, x, y, extra: dict) -> dict:
     return result
 
 
-def _run_streaming(cold: bool) -> dict:
+def _run_streaming(cold: bool, io: str = "map") -> dict:
     from tensorarena.nn.functional import cross_entropy
     from tensorarena.stream import StreamingRoute
 
@@ -224,7 +227,7 @@ def _run_streaming(cold: bool) -> dict:
     estimate = StreamingRoute.estimate(model, optimizer)
     with tempfile.TemporaryDirectory(prefix="bench-stream-", dir=os.environ.get("BENCH_STORE_DIR")) as store:
         start = time.perf_counter()
-        route = StreamingRoute.from_memory(model, optimizer, cross_entropy, store)
+        route = StreamingRoute.from_memory(model, optimizer, cross_entropy, store, io=io)
         move_in = time.perf_counter() - start
         extra = {"move_in_s": move_in}
         with route:
@@ -253,7 +256,8 @@ def _run_streaming(cold: bool) -> dict:
             stats = route.last_stats
             if not cold:
                 extra["cached_fraction_after_steps"] = cached_fraction(_stage_files(route))
-    result.update(extra, parameters=parameters, estimate=estimate, cold=cold,
+    result.update(extra, parameters=parameters, estimate=estimate, cold=cold, io=route.store.io,
+                  late_unmaps=route.store.late_unmaps,
                   arena_high_water_bytes=stats.arena_high_water, resident_bytes=stats.resident_bytes,
                   bytes_read_per_step=stats.bytes_read, bytes_written_per_step=stats.bytes_written,
                   bytes_read_steps=reads[WARMUP:], bytes_written_steps=writes[WARMUP:])
@@ -291,6 +295,10 @@ def run_streaming() -> dict:
 
 def run_streaming_cold() -> dict:
     return _run_streaming(cold=True)
+
+
+def run_streaming_copy() -> dict:
+    return _run_streaming(cold=False, io="copy")
 
 
 # -- the disk ---------------------------------------------------------------------------
@@ -377,7 +385,8 @@ def ratios(results: dict) -> dict:
     out = {"bar": BAR}
     if FUSED in results:
         fused = results[FUSED]["median_step_s"]
-        for name, key in ((WARM, "streaming_over_fused"), (COLD, "streaming_cold_over_fused"),
+        for name, key in ((WARM, "streaming_over_fused"), (COPY, "streaming_copy_over_fused"),
+                          (COLD, "streaming_cold_over_fused"),
                           (EAGER, "eager_over_fused")):
             if name in results:
                 out[key] = results[name]["median_step_s"] / fused
@@ -408,6 +417,9 @@ def report(meta: dict, results: dict, disk: dict | None, verdict: dict) -> None:
     if s:
         print(f"streaming: {s['parameters']:,} parameters, resident buffers {s['resident_bytes'] / MiB:.1f} MiB, "
               f"store {s['estimate']['disk_bytes'] / MiB:.1f} MiB, move-in {s['move_in_s']:.2f} s")
+    for name in (WARM, COPY, COLD):
+        if name in results:
+            print(f"{name}: io={results[name]['io']!r}, mappings unmapped late {results[name]['late_unmaps']}")
     if WARM in results:
         w = results[WARM]
         print(f"warm: store pages cached before the steps {_pct(w['cached_fraction_before_steps'])}, "
@@ -435,6 +447,8 @@ def report(meta: dict, results: dict, disk: dict | None, verdict: dict) -> None:
     if "streaming_over_fused" in verdict:
         print(f"\nbar: warm streaming step <= {BAR:.1f} x fused: x{verdict['streaming_over_fused']:.2f} -> "
               f"{'MET' if verdict['bar_met'] else 'NOT MET'}")
+    if "streaming_copy_over_fused" in verdict:
+        print(f"warm streaming with io='copy' (no memory mapping): x{verdict['streaming_copy_over_fused']:.2f} fused")
     if "streaming_cold_over_fused" in verdict:
         print(f"cold streaming step: x{verdict['streaming_cold_over_fused']:.2f} fused")
     if "eager_over_fused" in verdict:
@@ -447,6 +461,7 @@ def _pct(value) -> str:
 
 if __name__ == "__main__":
     if "--child" in sys.argv:
-        child_main({FUSED: run_fused, WARM: run_streaming, COLD: run_streaming_cold, EAGER: run_eager})
+        child_main({FUSED: run_fused, WARM: run_streaming, COPY: run_streaming_copy, COLD: run_streaming_cold,
+                    EAGER: run_eager})
     else:
         main()

@@ -12,7 +12,8 @@ the ParamStore keeps every stage's parameters and optimizer state in files. One 
             gradient of the stage's input; apply THAT stage's optimizer update at once and
             write it back
   prefetch  while a stage computes, the store's I/O thread writes the previous stage back
-            and reads the next one into the second slot buffer
+            and brings the next one into the second slot (memory-maps its file by default,
+            io="map"; io="copy" reads it into a slot buffer: store.py)
 
 Memory: two stage-sized slots + one stage of gradients + the largest stage's activations
 (in a nested arena closed per stage) + the boundary activations. Nothing grows with depth
@@ -110,13 +111,15 @@ class StreamingRoute:
             store (the point of streaming); False keeps them allocated, unused, and to_memory()
             refills the same arrays.
         durable: fsync at every commit point, so even a power loss leaves a detectable state.
+        io: how stages get into memory: "map" (default: the stage files are memory-mapped, nothing is
+            copied) or "copy" (read into and written from two slot buffers); see stream/store.py.
         pool: block pool for the step arenas (default: the process-wide pool).
     """
 
     def __init__(self, model: Module, optimizer: Optimizer, loss_fn: LossFn, store_dir: str | Path, *,
                  scheduler=None, clip_grad_norm: float | None = None, on_nonfinite: str = "raise",
                  start: str = "auto", step: int = 0, overwrite: bool = False, release: bool = True,
-                 durable: bool = False, pool: BlockPool | None = None) -> None:
+                 durable: bool = False, io: str = "map", pool: BlockPool | None = None) -> None:
         if start not in STARTS:
             raise ValueError(f"start must be one of {STARTS}, got {start!r}")
         check_step_options(clip_grad_norm, on_nonfinite)
@@ -135,7 +138,7 @@ class StreamingRoute:
         self._broken: str | None = None
         self._kept: dict[int, np.ndarray] = {}
         self._kept_state: dict[int, dict] = {}
-        self.store = ParamStore(store_dir, self._spec(), durable=durable)
+        self.store = ParamStore(store_dir, self._spec(), durable=durable, io=io)
         try:
             if start == "auto":
                 start = "resume" if self.store.has_manifest() else "memory"
@@ -227,12 +230,14 @@ class StreamingRoute:
                              f"interrupted. Pass overwrite=True (or delete the directory) to start it again")
         store.create()
         for k, stage in enumerate(self.stages):
+            store.read(k, 0).result()  # io="map" writes through a mapping of the (new, zero) file
             views = store.views(0, k)
             for i, p in enumerate(stage.params):
                 np.copyto(views.params[i], p.data)
                 gi = self._group_of.get(id(p))
                 group = self.optimizer.param_groups[gi] if gi is not None else None
                 optim_state.read_state(self.kinds, self.optimizer, p, group, views.state[i], views.scalars[i])
+            del views  # no array over the slot may outlive its write (io="map" unmaps it there)
             store.write(k, 0, None).result()
         self.step_count = step
         store.commit(signature=self._spec().signature(),
@@ -583,17 +588,23 @@ class _Sweep:
                         if not math.isfinite(loss):
                             return loss, False
                         loss_t.backward()
+                        del loss_t
                     elif upstream is not None and out.requires_grad:
                         out.backward(upstream)
                 upstream = xin.grad if k > 0 else None
             self.high_water = max(self.high_water, inner.stats.high_water)
+            del out, xin  # their graph saw the slot's parameters
             if update:
-                self._update(k, views, coef)
-                route.store.write(k, slot, route.step_count + 1)
+                route.store.begin_write(k, route.step_count + 1)  # io="map": the update changes the file
                 route._writes += 1
+                self._update(k, views, coef)
+                del views
+                route._detach(k)  # before the write: io="map" unmaps the slot there
+                route.store.write(k, slot, route.step_count + 1)
             else:
                 self.norms.extend(_norm(p.grad, 2.0) for p in stage.params if p.grad is not None)
-            route._detach(k)
+                del views
+                route._detach(k)
         return loss, True
 
     def _update(self, k: int, views, coef: float | None) -> None:
