@@ -105,3 +105,19 @@ def test_a_kill_while_a_mapped_stage_is_updated_is_refused(tmp_path):
     model, optimizer, sched = _setup(depth=3)
     with pytest.raises(StoreError, match="interrupted while writing stage 'head' of step 2"):
         StreamingRoute.resume(model, optimizer, cross_entropy, tmp_path, scheduler=sched)
+
+
+def test_a_stage_to_update_is_prefaulted_writable_and_a_kernel_without_it_is_reported(tmp_path, monkeypatch, caplog):
+    from tensorarena.stream import store as store_module
+
+    _, _, losses, _, _, _ = _train(tmp_path / "write", "map", 2)
+    model, optimizer, sched = _setup()
+    with StreamingRoute.from_memory(model, optimizer, cross_entropy, tmp_path / "w") as route:
+        route.step(*_batches(1)[0])
+        assert route.store.populate == "write"  # this machine's kernel (>= 5.14) has MADV_POPULATE_WRITE
+    # A kernel that refuses the advice (an unknown one stands in for it) trains the same, slower, and says so.
+    monkeypatch.setattr(store_module, "MADV_POPULATE_WRITE", 9999)
+    with caplog.at_level("WARNING", logger="tensorarena"):
+        _, _, refused, _, _, _ = _train(tmp_path / "faults", "map", 2)
+    assert refused == losses
+    assert "MADV_POPULATE_WRITE) failed" in caplog.text and "page fault at the first write" in caplog.text
