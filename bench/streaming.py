@@ -441,7 +441,8 @@ def report(meta: dict, results: dict, disk: dict | None, verdict: dict) -> None:
         print(line)
         if s:
             read, written = s["bytes_read_per_step"], s["bytes_written_per_step"]
-            print(f"per step: read {read / MiB:.0f} MiB, wrote {written / MiB:.0f} MiB; at the measured rates that is "
+            print(f"per step: read {read / MiB:.0f} MiB, wrote {written / MiB:.0f} MiB; copied at the measured rates "
+                  f"(io='copy'; io='map' copies none of it from page cache) that is "
                   f"{read / disk['read_warm_Bps'] + written / disk['write_buffered_Bps']:.2f} s from page cache, "
                   f"{read / disk['read_after_dontneed_Bps'] + written / disk['write_fsync_Bps']:.2f} s from the device")
     if "streaming_over_fused" in verdict:

@@ -12,9 +12,10 @@ depth, and the page cache (which the kernel can drop) holds the rest. How a slot
   io="copy"           two slot buffers, filled with os.preadv and written back with os.pwritev.
 
 Copying moved ~2.3 GB per ViT-Base step through the CPU (read 1.3, written 1.0), on the same two
-cores as the compute: `python bench/streaming.py` measured a warm ViT-Base step at 1.38 s mapped
-against 1.51 s copied (fused 0.71 s). Mapping a 110 MiB stage, touching every page and unmapping
-took 3 ms where reading and writing it back took 47 ms.
+cores as the compute: `python bench/streaming_interleaved.py` (the three taking turns in one
+process) measured a warm ViT-Base step at 1.08 s mapped, 1.52 s copied, 0.65 s fused. Mapping a
+110 MiB stage, touching every page and unmapping took 3 ms where reading and writing it back
+took 47 ms.
 
 Per stage file, at 64-byte aligned offsets: the parameters (first, so the forward pass can
 read just them), then each state kind's arrays, then a (params, scalar kinds) float64 table.
@@ -208,8 +209,8 @@ class ParamStore:
         # last such array goes. Stays 0 in a healthy step (the route drops its views first; tested).
         self.late_unmaps = 0
         # How a stage about to be updated gets its pages (io="map", see _map): "write" (prefaulted
-        # writable on the I/O thread) or "faults" (this kernel refused; logged once).
-        self.populate = "write"
+        # writable on the I/O thread) or "faults" (this kernel refused; logged once). None: io="copy".
+        self.populate = "write" if io == "map" else None
 
     # -- construction checks ----------------------------------------------------
     def _check_writable(self) -> None:
