@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import logging
 
 import numpy as np
@@ -173,6 +175,18 @@ def test_plan_command_prints_the_table_the_choice_and_why(capsys):
     assert "chosen by route=auto: fused" in out or "chosen: fused" in out
     main(["plan", "--model", "vit-tiny", "--batch", "2", "--image-size", "32", "--memory-limit", "100M"])
     assert "NO" in capsys.readouterr().out
+
+
+def test_plan_command_estimates_the_fused_gradients_as_train_would_hold_them(capsys):
+    # `tensorarena train` clips by default (--clip 1.0): flat gradients; --clip 0 updates inside backward.
+    args = ["plan", "--model", "vit-tiny", "--batch", "2", "--image-size", "32", "--memory-limit", "4G", "--json"]
+    fused = {}
+    for clip in ("1.0", "0"):
+        main(args + ["--clip", clip])
+        fused[clip] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["estimates"]["fused"]
+    assert "grads" in fused["1.0"]["parts"] and "gradient in flight" not in fused["1.0"]["parts"]
+    assert "grads" not in fused["0"]["parts"] and "parameters updated inside backward" in fused["0"]["note"]
+    assert fused["0"]["total"] < fused["1.0"]["total"] - fused["1.0"]["parts"]["grads"] / 2
 
 
 # -- stores ---------------------------------------------------------------------------------------------

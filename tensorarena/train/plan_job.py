@@ -29,6 +29,9 @@ def add_plan_parser(sub) -> None:
     plan.add_argument("--image-size", type=int, default=NATIVE_IMAGE, help="vit: image side")
     plan.add_argument("--patch-size", type=int, default=16, help="vit: patch side")
     plan.add_argument("--optimizer", choices=["adamw", "adam", "sgd"], default="adamw")
+    plan.add_argument("--clip", type=float, default=1.0,
+                      help="global gradient-norm clip, as `tensorarena train --clip` (0: none, so the fused step "
+                           "updates each parameter inside backward and holds no gradient buffer)")
     plan.add_argument("--json", action="store_true", help="print the estimates as JSON after the table")
 
 
@@ -61,7 +64,9 @@ def cmd_plan(args) -> dict:
     params = model.parameters()
     opt = {"adamw": optim.AdamW, "adam": optim.Adam}.get(args.optimizer, lambda p: optim.SGD(p, momentum=0.9))(params)
     budget = resolve_budget(args.memory_limit)
-    plan = plan_routes(model, opt, cross_entropy, x, y, budget, routes=("fused", "eager", "streaming"))
+    # As the Trainer resolves update_in_backward: clipping needs every gradient, so flat gradients.
+    plan = plan_routes(model, opt, cross_entropy, x, y, budget, routes=("fused", "eager", "streaming"),
+                       fused_keeps_grads=bool(args.clip))
     # route="auto" chooses between fused and streaming; eager is shown for comparison.
     auto = next((r for r in ("fused", "streaming") if plan.estimates[r].fits), None)
     print(f"{args.model}, batch {args.batch}" + (f", {args.image_size}x{args.image_size}" if args.model != "mlp" else "")
