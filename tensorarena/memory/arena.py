@@ -75,6 +75,9 @@ class Arena:
         self._block_index = 0  # the block we are bumping in
         self._offset = 0  # bump pointer inside that block
         self._free: dict[int, list[tuple[int, int]]] = {}  # block index -> sorted (start, size) dead chunks
+        # The same dead chunks as (size, block, start), sorted: best fit is one bisect, where a scan of
+        # every chunk cost ~12 us per allocation in an eager ViT-Tiny step (4 ms of ~450).
+        self._by_size: list[tuple[int, int, int]] = []
         self._watch: dict[int, tuple] = {}  # id(weakref) -> (weakref, generation, block, start, size)
 
     # -- scope -------------------------------------------------------------
@@ -120,21 +123,26 @@ class Arena:
         return base[:nbytes].view(dtype).reshape(shape)
 
     def _take_free(self, nbytes: int) -> tuple[int, int] | None:
-        """Best-fit dead chunk of at least `nbytes` (the rest stays free), or None."""
-        best = None
-        for block, chunks in self._free.items():
-            for i, (start, size) in enumerate(chunks):
-                if size >= nbytes and (best is None or size < best[3]):
-                    best = (block, i, start, size)
-        if best is None:
+        """Best-fit dead chunk of at least `nbytes` (smallest, then lowest block and address; the rest
+        stays free), or None."""
+        by_size = self._by_size
+        i = bisect.bisect_left(by_size, (nbytes, -1, -1))
+        if i == len(by_size):
             return None
-        block, i, start, size = best
+        size, block, start = by_size.pop(i)
         chunks = self._free[block]
+        j = bisect.bisect_left(chunks, (start, size))
         if size == nbytes:
-            del chunks[i]
+            del chunks[j]
         else:
-            chunks[i] = (start + nbytes, size - nbytes)
+            chunks[j] = (start + nbytes, size - nbytes)
+            bisect.insort(by_size, (size - nbytes, block, start + nbytes))
         return block, start
+
+    def _forget(self, block: int, start: int, size: int) -> None:
+        """Drop dead chunk (block, start, size) from the by-size index (it was merged or reused)."""
+        by_size = self._by_size
+        del by_size[bisect.bisect_left(by_size, (size, block, start))]
 
     def _dead(self, ref: weakref.ref) -> None:
         entry = self._watch.pop(id(ref), None)
@@ -146,17 +154,24 @@ class Arena:
             self._offset = start  # the top of the bump region: just move the pointer back
             chunks = self._free.get(block)
             while chunks and chunks[-1][0] + chunks[-1][1] == self._offset:
-                self._offset = chunks.pop()[0]
+                below, below_size = chunks.pop()
+                self._forget(block, below, below_size)
+                self._offset = below
             return
         chunks = self._free.setdefault(block, [])
         i = bisect.bisect(chunks, (start, size))
         if i < len(chunks) and start + size == chunks[i][0]:  # merge with the next dead chunk
-            size += chunks.pop(i)[1]
+            following = chunks.pop(i)
+            self._forget(block, *following)
+            size += following[1]
         if i > 0 and chunks[i - 1][0] + chunks[i - 1][1] == start:  # and with the previous one
-            start, prev = chunks[i - 1][0], chunks[i - 1][1]
-            chunks[i - 1] = (start, prev + size)
+            start, prev = chunks[i - 1]
+            self._forget(block, start, prev)
+            size += prev
+            chunks[i - 1] = (start, size)
         else:
             chunks.insert(i, (start, size))
+        bisect.insort(self._by_size, (size, block, start))
 
     def _reserve(self, nbytes: int) -> np.ndarray:
         blocks = self._blocks
@@ -190,6 +205,7 @@ class Arena:
         self._block_index = 0
         self._offset = 0
         self._free.clear()
+        self._by_size.clear()
         self._watch.clear()  # their callbacks would only find an old generation
         self.stats.bytes_in_use = 0
 
@@ -200,6 +216,7 @@ class Arena:
         self.generation += 1
         self.closed = True
         self._free.clear()
+        self._by_size.clear()
         self._watch.clear()
         for block in self._blocks:
             self.pool.release(block)
