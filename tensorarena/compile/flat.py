@@ -7,7 +7,8 @@ there once and rebinds every parameter, gradient buffer and state entry to a vie
 its piece, so the module, `state_dict`, eval and checkpoints keep seeing the live,
 trained values through the same objects they always used.
 
-With `keep_grads=False` (FusedStep's update_in_backward) there is no flat gradient buffer:
+With `keep_grads=False` (FusedStep's update_in_backward, its default without clipping) there is
+no flat gradient buffer:
 the step updates each parameter (`update_param`, the same kernel on its own pieces, as the
 eager optimizer does) the moment backward completes its gradient, which then dies in the
 step's slab. That saves one parameter-sized buffer (327 MiB on ViT-Base).

@@ -6,15 +6,16 @@ input signature (shapes and dtypes of inputs and targets) it traces the step onc
 (compile/planner.py), and from then on replays: the batch is copied into the plan's
 persistent input buffers, and the same Python ops run inside a `PlannedArena` whose
 i-th allocation is the precomputed slab view of traced buffer i — so a replayed step
-allocates no array memory. Parameters, gradients and optimizer state are flat
-(compile/flat.py): the update is one kernel call per parameter group; clipping and the LR
-schedule run as host calls after backward, reading the live step count and lr.
+allocates no array memory. Parameters and optimizer state are flat (compile/flat.py), and so
+are gradients when the update runs after backward (below); clipping and the LR schedule run
+as host calls after backward, reading the live step count and lr.
 
 Where the update is applied: by default (`update_in_backward=None`) each parameter is updated
 inside backward the moment its gradient is complete (the optimizer's kernel on that parameter's
 flat pieces, as the eager optimizer runs it), so gradients are transient slab buffers and no
-parameter-sized gradient array exists (327 MiB less on ViT-Base; the step measured no slower:
-0.89-0.98x the flat update's time, ViT-Tiny and ViT-Base interleaved). Every optimizer here
+parameter-sized gradient array exists (327 MiB less on ViT-Base; the step time was the flat
+update's within noise: 0.89-1.02x in five A/B runs on ViT-Tiny and ViT-Base, each pair taking
+turns in one process). Every optimizer here
 updates each parameter from its own gradient alone, so this is the same arithmetic as the flat
 update. Global-norm clipping must read every gradient before any update, so with
 `clip_grad_norm` the default is the flat route instead: flat persistent gradients and one kernel
