@@ -58,6 +58,9 @@ def test_train_vit_tiny_learns_with_flat_arena(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "held-out accuracy" in printed and "arena high-water" in printed
     assert summary["model"] == "vit-tiny" and summary["steps"] == 40 and summary["route"] == "fused"
+    # train clips by default (--clip 1.0), so the fused step keeps flat gradients, and says why
+    assert summary["fused_update"].startswith("after backward") and "clip_grad_norm" in summary["fused_update"]
+    assert "fused update      after backward" in printed
     losses = summary["step_losses"]
     assert len(losses) == 40 and all(np.isfinite(losses))
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.1, f"loss did not fall: {losses}"
@@ -66,3 +69,13 @@ def test_train_vit_tiny_learns_with_flat_arena(tmp_path, capsys):
     assert high_waters[0] > 0
     assert len(set(high_waters[2:])) == 1, f"arena high-water changed after warm-up: {sorted(set(high_waters[2:]))}"
     assert summary["peak_rss_bytes"] > 0 and summary["steps_per_second"] > 0
+
+
+def test_train_without_clipping_updates_inside_backward(tmp_path, capsys):
+    out = tmp_path / "summary.json"
+    assert main(["train", "--model", "vit-tiny", "--steps", "3", "--image-size", "32", "--patch-size", "16",
+                 "--batch-size", "8", "--train-size", "64", "--test-size", "16", "--clip", "0", "--route", "fused",
+                 "--no-progress", "--json", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["route"] == "fused" and summary["fused_update"].startswith("inside backward")
+    assert "fused update      inside backward" in capsys.readouterr().out

@@ -58,6 +58,7 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
         "memory_budget_bytes": trainer.budget.nbytes, "memory_budget_source": trainer.budget.source,
         "route_plan": trainer.route_plan.format() if trainer.route_plan else None,
         "route_switches": trainer.route_switches,
+        "fused_update": fused_update(trainer),
         "first_loss": first.loss if first else None, "final_loss": last.loss if last else None,
         "test_loss": held_out["loss"], "test_accuracy": held_out["accuracy"],
         "steps_per_second": remaining / elapsed if elapsed > 0 and remaining else None,
@@ -68,6 +69,16 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
     }
 
 
+def fused_update(trainer: Trainer) -> str | None:
+    """Where the fused step applied the optimizer update (None if no fused step ran), in words."""
+    if trainer.fused is None or not trainer.fused.replays:
+        return None
+    if trainer.fused.update_in_backward:
+        return "inside backward, each parameter as its gradient completes (no gradient buffer)"
+    why = "clip_grad_norm reads every gradient first" if trainer.clip_grad_norm is not None else "asked for"
+    return f"after backward, one kernel per group over flat gradients ({why})"
+
+
 def print_classifier_result(summary: dict, header: str, *, test_note: str = "", accuracy_note: str = "") -> None:
     """The job-specific head of a classifier run's report: what trained, losses, held-out metrics."""
     print(f"trained {summary['model']} ({summary['parameters']:,} parameters{header}) for {summary['steps']} "
@@ -76,3 +87,5 @@ def print_classifier_result(summary: dict, header: str, *, test_note: str = "", 
         print(f"  train loss        {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}")
     print(f"  held-out loss     {summary['test_loss']:.4f}{test_note}")
     print(f"  held-out accuracy {summary['test_accuracy']:.2%}{accuracy_note}")
+    if summary.get("fused_update"):
+        print(f"  fused update      {summary['fused_update']}")
