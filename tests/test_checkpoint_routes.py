@@ -40,6 +40,9 @@ def test_resume_across_routes_continues_the_same_run(saved_on, resumed_on, tmp_p
     reports = [second.step(*batches[i % 4]) for i in range(6, 12)]
     assert {r.route for r in reports} == {resumed_on} and reports[-1].step == 12
     np.testing.assert_allclose(losses + [r.loss for r in reports], expected, rtol=1e-5, atol=1e-6)
+    for trainer in (first, second):  # saving from / loading into a mapped store left no mapping behind
+        if trainer.stream is not None:
+            assert trainer.stream.store.late_unmaps == 0
     if second.stream is not None:
         second.stream.to_memory()
     assert _max_param_diff(model, straight_model) <= 1e-5

@@ -89,9 +89,10 @@ def save_streaming_checkpoint(route, path: str | os.PathLike, *, step: int, extr
     def write(f) -> None:
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
-        loaded = None
+        loaded = views = array = None
         for k, name, what, key in rows:
             if loaded != k:
+                views = array = None  # io="map": no view of the slot may outlive this read (store._release)
                 store.read(k, 0).result()
                 views, loaded = store.views(0, k), k
             if what == "param":
@@ -130,6 +131,7 @@ def load_into_streaming(route, path: str | os.PathLike) -> dict:
         for k, stage_rows in by_stage.items():
             store.read(k, 0).result()  # start from what the store holds (fill values for absent state)
             views = store.views(0, k)
+            target = None
             for _, name, what, key in stage_rows:
                 if name not in names:
                     continue  # e.g. optimizer state of a parameter never updated: keep the fill value
@@ -144,6 +146,7 @@ def load_into_streaming(route, path: str | os.PathLike) -> dict:
                 if value.shape != target.shape:
                     raise ValueError(f"{path}: {name} has shape {value.shape} but the model needs {target.shape}")
                 np.copyto(target, value)
+            views = target = None  # io="map": the write unmaps the slot (store._release)
             store.write(k, 0, None).result()
     # Hyperparameters, schedule and RNG, then one commit: the store now holds `step`.
     for group, entries in zip(route.optimizer.param_groups, saved["param_groups"]):
