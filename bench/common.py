@@ -18,6 +18,14 @@ from typing import Callable
 # tensorarena/kernels/__init__.py) that must not leak into the PyTorch child.
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
+# Benchmarks measure the checkout they live in: its root goes first on sys.path, so `import
+# tensorarena` here and in every child never finds another install instead (a non-editable one,
+# left in site-packages by `.ci/run` in a fresh clone, made a whole bench/vit.py run measure the
+# previous commit). Each bench imports this module before tensorarena.
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if sys.path[:1] != [REPO_ROOT]:
+    sys.path.insert(0, REPO_ROOT)
+
 
 def rss_bytes() -> int:
     with open("/proc/self/statm", "rb") as f:

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
+
+# Measure this checkout's tensorarena, not another install (see bench/common.py's REPO_ROOT).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 GELU_SHAPE = (1576, 768)
 SOFTMAX_SHAPE = (8, 3, 197, 197)

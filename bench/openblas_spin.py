@@ -16,7 +16,11 @@ import ctypes
 import json
 import os
 import statistics
+import sys
 import time
+
+# Measure this checkout's tensorarena, not another install (see bench/common.py's REPO_ROOT).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def restart_pool(lib: ctypes.CDLL, exponent: int) -> None:
