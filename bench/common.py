@@ -101,6 +101,30 @@ def ours_extras(result: dict, high_water: list[int], warmup: int, parameters: in
     return result
 
 
+def interleave(steps: dict[str, Callable[[], object]], rounds: int, per_round: int, *,
+               warmup: int = 3) -> dict[str, list[float]]:
+    """Time contenders taking turns in one process, so their ratios see the same machine load.
+
+    Each first runs `warmup` untimed steps; then every round gives each contender one untimed
+    step (caches and thread pools settle after the switch) and `per_round` timed ones. Returns
+    the step times in seconds per contender.
+    """
+    import time
+
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for fn in steps.values():
+        for _ in range(warmup):
+            fn()
+    for _ in range(rounds):
+        for name, fn in steps.items():
+            fn()
+            for _ in range(per_round):
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+    return times
+
+
 def write_json(path: str | None, data: dict) -> None:
     """Write a benchmark's JSON to `path` (when one was asked for) and say where it went."""
     if path:

@@ -20,11 +20,10 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import write_json  # noqa: E402
+from common import interleave, write_json  # noqa: E402
 
 BAR = 2.0
 CASES = {"base": 1, "tiny": 8}
@@ -71,17 +70,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-stream-il-", dir=args.store_dir) as root:
         steps, routes = build(args.case, root)
-        times = {name: [] for name in steps}
-        for fn in steps.values():  # warm-up: the fused trace, the first streamed steps
-            fn()
-            fn()
-        for _ in range(args.rounds):
-            for name, fn in steps.items():
-                fn()  # settle after the switch: not timed
-                for _ in range(args.per_round):
-                    start = time.perf_counter()
-                    fn()
-                    times[name].append(time.perf_counter() - start)
+        # 2 warm-up steps each: the fused trace, the first streamed steps
+        times = interleave(steps, args.rounds, args.per_round, warmup=2)
         io = {name: {"io": r.store.io, "populate": r.store.populate, "late_unmaps": r.store.late_unmaps}
               for name, r in zip(("streaming", "streaming copy"), routes)}
         for route in routes:

@@ -21,11 +21,10 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import write_json  # noqa: E402
+from common import interleave, write_json  # noqa: E402
 
 
 def build(case_name: str, with_compile: bool) -> dict:
@@ -75,21 +74,6 @@ def build(case_name: str, with_compile: bool) -> dict:
     return steps
 
 
-def interleave(steps: dict, rounds: int, per_round: int) -> dict[str, list[float]]:
-    times = {name: [] for name in steps}
-    for fn in steps.values():  # warm-up (torch.compile compiles here)
-        for _ in range(3):
-            fn()
-    for _ in range(rounds):
-        for name, fn in steps.items():
-            fn()  # settle after the switch: not timed
-            for _ in range(per_round):
-                start = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - start)
-    return times
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=["tiny", "base"], default="tiny")
@@ -101,7 +85,7 @@ def main() -> None:
 
     steps = build(args.model, not args.no_compile)
     gemm = steps.pop("_gemm_backend")
-    times = interleave(steps, args.rounds, args.per_round)
+    times = interleave(steps, args.rounds, args.per_round)  # 3 warm-up steps: torch.compile compiles there
     medians = {name: statistics.median(t) for name, t in times.items()}
     ref, comp = medians["pytorch eager"], medians.get("torch.compile")
     print(f"ViT-{args.model} ({'batch 8' if args.model == 'tiny' else 'batch 1'}), {args.rounds} rounds x "

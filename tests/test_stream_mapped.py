@@ -4,10 +4,6 @@ kill while a mapped stage is being updated is caught by the journal."""
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +12,7 @@ import pytest
 import tensorarena as ta
 from tensorarena.nn.functional import cross_entropy
 from tensorarena.stream import StoreError, StreamingRoute
-from tests.test_streaming import _batches, _setup
+from tests.test_streaming import _batches, _setup, killed_mid_step_then_resumed
 
 
 def _train(tmp_path: Path, io: str, steps: int, **route_kw):
@@ -83,28 +79,14 @@ def test_a_kill_while_a_mapped_stage_is_updated_is_refused(tmp_path):
     # Without store.begin_write (checked by deleting its call in stream/route.py) the journal of
     # this kill says nothing is being written, and resume silently continued from step 1 with
     # the head's weights already at step 2.
-    script = textwrap.dedent(f"""
-        import os, signal, sys
-        sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
-        from tests.test_streaming import _setup, _batches
-        from tensorarena.nn.functional import cross_entropy
-        from tensorarena.stream import StreamingRoute, optim_state
-        model, optimizer, sched = _setup(depth=3)
-        route = StreamingRoute.from_memory(model, optimizer, cross_entropy, {str(tmp_path)!r}, scheduler=sched)
+    killed_mid_step_then_resumed(tmp_path, """
         assert route.store.io == "map"
-        route.step(*_batches(1)[0])
         real = optim_state.update
         def update_then_die(*args):
             real(*args)  # the head's file now holds step 2's update
             os.kill(os.getpid(), signal.SIGKILL)
         optim_state.update = update_then_die
-        route.step(*_batches(2)[1])
-    """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
-    model, optimizer, sched = _setup(depth=3)
-    with pytest.raises(StoreError, match="interrupted while writing stage 'head' of step 2"):
-        StreamingRoute.resume(model, optimizer, cross_entropy, tmp_path, scheduler=sched)
+    """, "interrupted while writing stage 'head' of step 2")
 
 
 def test_a_stage_to_update_is_prefaulted_writable_and_a_kernel_without_it_is_reported(tmp_path, monkeypatch, caplog):

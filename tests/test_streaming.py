@@ -315,16 +315,29 @@ def test_a_failure_before_any_write_leaves_the_route_usable(tmp_path):
         assert route.step_count == 1
 
 
-def test_a_real_kill_mid_step_is_detected(tmp_path):
+def killed_mid_step_then_resumed(tmp_path: Path, sabotage: str, refusal: str) -> None:
+    """In a child: a depth-3 ViT streams one step into `tmp_path`, runs `sabotage` (code that makes the
+    process SIGKILL itself during the next step; `route` is in scope), takes that step. Then resuming
+    here must raise StoreError matching `refusal`."""
     script = textwrap.dedent(f"""
         import os, signal, sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from test_streaming import _setup, _batches, _fail_in_backward
+        sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
+        from tests.test_streaming import _setup, _batches
         from tensorarena.nn.functional import cross_entropy
-        from tensorarena.stream import StreamingRoute
+        from tensorarena.stream import StreamingRoute, optim_state
         model, optimizer, sched = _setup(depth=3)
         route = StreamingRoute.from_memory(model, optimizer, cross_entropy, {str(tmp_path)!r}, scheduler=sched)
         route.step(*_batches(1)[0])
+    """) + textwrap.dedent(sabotage) + "route.step(*_batches(2)[1])\n"
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    model, optimizer, sched = _setup(depth=3)
+    with pytest.raises(StoreError, match=refusal):
+        StreamingRoute.resume(model, optimizer, cross_entropy, tmp_path, scheduler=sched)
+
+
+def test_a_real_kill_mid_step_is_detected(tmp_path):
+    killed_mid_step_then_resumed(tmp_path, """
         name, params, forward = route.stages[1]
         calls = []
         def die(x):
@@ -334,13 +347,7 @@ def test_a_real_kill_mid_step_is_detected(tmp_path):
                 os.kill(os.getpid(), signal.SIGKILL)
             return forward(x)
         route.stages[1] = type(route.stages[1])(name, params, die)
-        route.step(*_batches(2)[1])
-    """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr
-    model, optimizer, sched = _setup(depth=3)
-    with pytest.raises(StoreError, match="killed in the middle of step 2"):
-        StreamingRoute.resume(model, optimizer, cross_entropy, tmp_path, scheduler=sched)
+    """, "killed in the middle of step 2")
 
 
 def test_a_stage_being_written_or_all_stages_ahead_of_the_manifest_are_refused(tmp_path):

@@ -429,8 +429,8 @@ class StreamingRoute:
 
     def _check_usable(self) -> None:
         if self.store.closed:
-            raise StoreError(f"this StreamingRoute is closed (to_memory() or close() ended it); continue training "
-                             f"with StreamingRoute.resume(...) or, from the in-memory state, StreamingRoute.from_memory(...)")
+            raise StoreError("this StreamingRoute is closed (to_memory() or close() ended it); continue training "
+                             "with StreamingRoute.resume(...) or, from the in-memory state, StreamingRoute.from_memory(...)")
         if self._broken:
             raise StoreError(f"{self._broken}. Do not train on: delete {self.store.directory} and resume from a "
                              f"checkpoint")
