@@ -17,9 +17,11 @@ one BLAS thread (`_slicewise`, kernels.blas_threads). It fuses scale, masks and 
 in-place parallel pass over P (forward; the exp is kernels.fastmath's packed one, in P's
 precision, as in softmax.py), and the softmax gradient into one pass over a dP tile (backward).
 The tile is its only scratch: about 2**20 elements, or one batch element's (H, T, S) if larger,
-never the whole (B, H, T, S). Why not BLAS inside a Numba prange over (b, h): OpenBLAS's own
-threads nested in Numba's oversubscribe the cores; that measured 6x to 50x slower on a shared
-2-core machine.
+never the whole (B, H, T, S). That is the path without MKL. With MKL as the GEMM backend both
+fused kernels hand the whole job to kernels.attention_heads instead, which does each (b, h) slice's
+products and softmax back to back inside one Numba prange, calling MKL single-threaded from it
+(OpenBLAS's own threads nested in Numba's oversubscribed the cores, 6x to 50x slower: that is why
+the path without MKL stays batched).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from . import cpu as _cpu  # noqa: F401 - before numba: it picks the vector widt
 import numba
 import numpy as np
 
+from . import attention_heads as slices
 from . import choose, kernel, register
 from ..memory.arena import empty
 from .blas import matmul as bmm
@@ -206,6 +209,10 @@ def attention_forward_fused(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_pad
     """
     _check(q, k, v, key_padding_mask)
     kpm = np.zeros((1, 1), bool) if key_padding_mask is None else _cin(key_padding_mask)
+    if slices.usable(q, k, v, out, probs):
+        slices.attention_forward_slices(q, k, v, kpm, key_padding_mask is not None, bool(causal), _scale(q, scale),
+                                        out, probs, dropout)
+        return
     p = _cout(probs)
     _slicewise(q, _swap(k), p)  # raw scores straight into probs: no (B, H, T, S) temporary
     rows, s = p.size // max(1, p.shape[-1]), p.shape[-1]
@@ -229,6 +236,9 @@ def attention_backward_fused(q: np.ndarray, k: np.ndarray, v: np.ndarray, probs:
     q, k, v, g, dq, dk, dv may be strided views, as in the forward.
     """
     scale = _scale(q, scale)
+    if slices.usable(q, k, v, probs, g, dq, dk, dv):
+        slices.attention_backward_slices(q, k, v, probs, g, scale, dq, dk, dv, dropout)
+        return
     if dropout is None:
         _slicewise(_swap(probs), g, dv)
     for b0, b1, ds in _tiles(probs):

@@ -71,6 +71,17 @@ class _Mkl:
         lib.MKL_Get_Max_Threads.restype = ctypes.c_int
         self.threads = lib.MKL_Get_Max_Threads()
         self.path = path
+        # Numba kernels call cblas_?gemm by name (kernels.attention_heads): put this library's symbols
+        # where LLVM's JIT linker looks, so compiled and disk-cached code finds them. ctypes opened it
+        # RTLD_LOCAL, invisible to that lookup.
+        try:
+            import llvmlite.binding
+
+            llvmlite.binding.load_library_permanently(path)
+            self.in_llvm = True
+        except (ImportError, RuntimeError) as exc:
+            self.in_llvm = False
+            log.warning("MKL's GEMMs are not callable from Numba kernels (%s): attention runs its batched path", exc)
         i, vp = ctypes.c_int, ctypes.c_void_p
         self.fn, self.batch_fn, self.real = {}, {}, {}
         for dtype, prefix, real in ((np.float32, "cblas_s", ctypes.c_float), (np.float64, "cblas_d", ctypes.c_double)):
@@ -250,6 +261,11 @@ def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = False
     """
     impl = None if out.dtype in _BLAS_DTYPES else "reference"
     return kernel("gemm", impl)(a, b, out, accumulate)
+
+
+def mkl_symbols_loaded() -> bool:
+    """Whether MKL loaded and Numba kernels can call its GEMMs by name (kernels.attention_heads)."""
+    return _mkl is not None and _mkl.in_llvm
 
 
 def backend() -> str:
