@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .kernels import elementwise
 from .memory.arena import empty
 
 if TYPE_CHECKING:
@@ -227,9 +228,9 @@ def _add_grad(grads: dict[int, np.ndarray], owned: set[int], key: int, pg) -> No
     elif prev is None:
         grads[key] = pg
     elif key in owned:
-        np.add(prev, pg, out=prev)
+        elementwise.add(prev, pg, prev)
     else:
         acc = empty(prev.shape, prev.dtype)
-        np.add(prev, pg, out=acc)
+        elementwise.add(prev, pg, acc)
         grads[key] = acc
         owned.add(key)

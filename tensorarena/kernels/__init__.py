@@ -106,6 +106,6 @@ def _load() -> None:
     if not _loaded:
         _loaded = True
         from . import cpu  # noqa: F401 - first: it sets the vector width before Numba builds its compiler
-        from . import (adagrad, adam, attention, cross_entropy, dropout, embedding, erf, gelu, gemm, lamb, layer_norm,  # noqa: F401
-                       lion, nadam, rmsprop, sgd, softmax)
+        from . import (adagrad, adam, attention, cross_entropy, dropout, elementwise_fused, embedding, erf, gelu,  # noqa: F401
+                       gemm, lamb, layer_norm, lion, nadam, rmsprop, sgd, softmax)
 

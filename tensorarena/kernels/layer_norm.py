@@ -5,7 +5,7 @@ mean = x.mean(-1), rstd = 1 / sqrt(var(x) + eps), y = (x - mean) * rstd * weight
 Backward, with xhat = (x - mean) * rstd and gw = g * weight:
 dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), dweight = sum_rows(g * xhat), dbias = sum_rows(g).
 The reference twin does everything in float64 and rounds once into the caller's arrays; so does
-the fused forward. The fused backward computes in x's precision, guarded where float32 would lose
+the fused forward. The fused backward computes in dx's precision, guarded where float32 would lose
 digits (see `_backward`): it stays within a few float32 ulps of the reference. The fused twin makes
 three passes over each (cache-resident) row instead of ~10 NumPy passes over the whole array, and
 reduces dweight/dbias into one partial row per chunk of rows, so no two threads write one slot.
@@ -90,11 +90,11 @@ def _forward(x, w, b, eps, out, mean, rstd):
             out[r, j] = (x[r, j] - mu) * rs * w[j] + b[j]
 
 
-# The backward runs in x's precision (float32 for float32): its float64 version spent ~4 cycles per
-# element converting (0.35 ms on a (1576, 192) float32 block, 2 threads; this one 0.12 ms, PyTorch's
+# The backward runs in dx's precision (float32 for float32 x and weight): its float64 version spent
+# ~4 cycles per element converting (0.35 ms on a (1576, 192) float32 block, 2 threads; this one 0.12 ms, PyTorch's
 # 0.24 ms). What keeps it accurate: x - mean is taken against mean split into x-precision high and low
 # parts (exact where it matters, when |mean| >> std), the row sums are fastmath.radd partial sums,
-# and dweight/dbias add _FLUSH_ROWS rows in x's precision before each goes into a float64 partial row.
+# and dweight/dbias add _FLUSH_ROWS rows in that precision before each goes into a float64 partial row.
 # No fastmath licence beyond radd's: "reassoc" on every add would let LLVM fold (x - hi) - lo back
 # into x - (hi + lo), and "contract" would fuse g * w - mean(g * w) into one FMA whose unrounded
 # product leaves a rounding residual where the exact answer is 0 (D = 1: dx = rstd * residual).
@@ -103,33 +103,35 @@ _FLUSH_ROWS = 32
 
 @numba.njit(cache=True, parallel=True, error_model="numpy")
 def _backward(g, x, w, mean, rstd, dx, part_w, part_b, nchunks, flush_rows):
+    # Arithmetic in dx's precision: x's, unless a float64 weight made the result float64.
     n, d = x.shape
     for c in numba.prange(nchunks):
         c64 = np.int64(c)  # prange's index is unsigned: keep the row arithmetic in int64
         pw = part_w[c]
         pb = part_b[c]
-        acc_w = np.zeros(d, x.dtype)
-        acc_b = np.zeros(d, x.dtype)
+        acc_w = np.zeros(d, dx.dtype)
+        acc_b = np.zeros(d, dx.dtype)
         r0, r1 = c64 * n // nchunks, (c64 + 1) * n // nchunks
         for r in range(r0, r1):
             xr, gr, dxr = x[r], g[r], dx[r]
-            mu_hi = fm.like(xr[0], mean[r])
-            mu_lo = fm.like(xr[0], mean[r] - mu_hi)
-            rs = fm.like(xr[0], rstd[r])
-            s1 = fm.like(xr[0], 0.0)
-            s2 = fm.like(xr[0], 0.0)
+            t = dxr[0]  # only its type matters below
+            mu_hi = fm.like(t, mean[r])
+            mu_lo = fm.like(t, mean[r] - mu_hi)
+            rs = fm.like(t, rstd[r])
+            s1 = fm.like(t, 0.0)
+            s2 = fm.like(t, 0.0)
             for j in range(d):
-                gw = gr[j] * w[j]
+                gw = fm.like(t, gr[j]) * fm.like(t, w[j])
                 s1 = fm.radd(s1, gw)
-                s2 = fm.radd(s2, gw * (((xr[j] - mu_hi) - mu_lo) * rs))
-            m1 = s1 / fm.like(xr[0], d)
-            m2 = s2 / fm.like(xr[0], d)
+                s2 = fm.radd(s2, gw * (((fm.like(t, xr[j]) - mu_hi) - mu_lo) * rs))
+            m1 = s1 / fm.like(t, d)
+            m2 = s2 / fm.like(t, d)
             for j in range(d):
-                xh = ((xr[j] - mu_hi) - mu_lo) * rs
-                gj = gr[j]
+                xh = ((fm.like(t, xr[j]) - mu_hi) - mu_lo) * rs
+                gj = fm.like(t, gr[j])
                 acc_w[j] += gj * xh
                 acc_b[j] += gj
-                dxr[j] = rs * (gj * w[j] - m1 - xh * m2)
+                dxr[j] = rs * (gj * fm.like(t, w[j]) - m1 - xh * m2)
             if (r - r0 + 1) % flush_rows == 0 or r == r1 - 1:
                 for j in range(d):
                     pw[j] += acc_w[j]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels import elementwise
 from ..tensor import Tensor
 from ._base import as_tensor, new, new_like, result_dtype, unbroadcast
 
@@ -21,7 +22,7 @@ def add(a, b) -> Tensor:
     """a + b, broadcasting."""
     a, b = _pair(a, b)
     out = _binary_out(a, b)
-    np.add(a.data, b.data, out=out)
+    elementwise.add(a.data, b.data, out)
     a_shape, b_shape = a.shape, b.shape  # not a, b: the closure would keep their memory alive
 
     def backward(g):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import kernel
+from ..kernels import elementwise, kernel
 from ..kernels.gemm import gemm
 from ..tensor import Tensor
 from ._base import as_dtype, as_tensor, contiguous, grad_out, leaf_or_none, new
@@ -184,7 +184,7 @@ def bias_gelu_linear(x: Tensor, bias: Tensor, weight: Tensor, out_bias: Tensor |
         gw = gob = None
         if ob_needs:
             gob = grad_out(ob_leaf, (d,), dtype)
-            np.sum(g2, axis=0, out=gob)
+            elementwise.column_sum(g2, gob)
         dx = new(pre.shape, dtype)
         gemm(g2, wd, dx)  # d act, turned into d x in place below
         db = grad_out(b_leaf, (m,), dtype) if b_needs else new((m,), dtype)

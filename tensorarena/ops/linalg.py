@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.blas import matmul as bmm
+from ..kernels import elementwise
 from ..kernels.gemm import gemm
 from ..tensor import Tensor
 from ._base import as_tensor, grad_out, leaf_or_none, new, reshaped, unbroadcast
@@ -104,7 +105,7 @@ def linear(x, weight, bias=None) -> Tensor:
     out2 = out.reshape(-1, wd.shape[0])  # (N, out)
     gemm(x2, wd.T, out2)
     if bias is not None:
-        out2 += bias.data
+        elementwise.bias_add(out2, bias.data)
     parents = (x, weight) if bias is None else (x, weight, bias)
     # Backward reads x2 (x's rows, for the weight's gradient) and wd; of the tensors it keeps
     # metadata and leaves (see leaf_or_none), so no intermediate is held alive beyond x2.
@@ -126,7 +127,7 @@ def linear(x, weight, bias=None) -> Tensor:
             gemm(g2.T, x2, gw)
         if b_needs_grad:
             gbias = grad_out(b_leaf, (wd.shape[0],), g.dtype)
-            np.sum(g2, axis=0, out=gbias)
+            elementwise.column_sum(g2, gbias)
         return (gx, gw) if not has_bias else (gx, gw, gbias)
 
     return Tensor._make(out, parents, backward)
