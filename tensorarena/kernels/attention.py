@@ -38,7 +38,8 @@ from ..memory.arena import empty
 from .blas import matmul as bmm
 from .blas_threads import run_split
 from .dropout import dropout_apply_fused, dropout_apply_reference
-from .softmax import _BLOCK, _exp_normalise_in_place, _rowdot, _rowmax, softmax_forward_reference
+from .attention_heads import softmax_grad_rows, softmax_row
+from .softmax import _BLOCK, softmax_forward_reference
 
 # Results that underflow to (sub)normal zero are right, not errors: keep np.seterr(under="raise")
 # callers (the tests) from tripping over them in the NumPy parts.
@@ -110,9 +111,8 @@ def attention_backward_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, pr
 
 @numba.njit(cache=True, parallel=True, error_model="numpy", fastmath={"contract"})
 def _masked_softmax(p, kpm, has_kpm, causal, scale, rows_per_block):
-    # In place over probs viewed as (B*H*T, S) rows that hold raw q.k scores. As softmax.py's
-    # fused forward: z = scale * score (float64, -inf where dropped), z - max(z) rounded once into
-    # the row, then fastmath's packed exp and the row sum in p's precision.
+    # In place over probs viewed as (B*H*T, S) rows that hold raw q.k scores, each row by
+    # attention_heads.softmax_row (the slice path's own), one float64 scratch row per block.
     nb, nh, t, s = p.shape
     rows = p.reshape(nb * nh * t, s)
     n = rows.shape[0]
@@ -122,36 +122,17 @@ def _masked_softmax(p, kpm, has_kpm, causal, scale, rows_per_block):
         z = np.empty(s)
         for r in range(r0, r1):
             b = r // (nh * t)
-            i = r % t
-            row = rows[r]
-            for j in range(s):
-                z[j] = row[j] * scale
-            if has_kpm:
-                kb = kpm[b]
-                for j in range(s):
-                    z[j] = -np.inf if kb[j] else z[j]  # a select and a plain store: no scatter
-            if causal:
-                later = z[i + 1:]  # a view indexed from 0: range(i + 1, s) made LLVM scatter
-                for j in range(later.shape[0]):
-                    later[j] = -np.inf
-            mx = _rowmax(z)
-            if mx == -np.inf:  # every key dropped: exp(-inf - 0) = 0, and the row stays zeros, not NaN
-                mx = 0.0
-            for j in range(s):
-                row[j] = z[j] - mx
-            _exp_normalise_in_place(row)
+            softmax_row(rows[r], z, kpm[b if has_kpm else 0], has_kpm, causal, r % t, scale)
 
 
-@numba.njit(cache=True, parallel=True, fastmath=False)
+@numba.njit(cache=True, parallel=True)
 def _softmax_grad(p, ds, scale):
     # In place: ds holds dP = g v^T on entry and scale * P * (dP - rowsum(P * dP)) on exit.
     s = p.shape[-1]
     prow = p.reshape(-1, s)
     drow = ds.reshape(-1, s)
     for r in numba.prange(prow.shape[0]):
-        rowdot = _rowdot(prow[r], drow[r])  # float64, vectorised
-        for j in range(s):
-            drow[r, j] = scale * prow[r, j] * (drow[r, j] - rowdot)
+        softmax_grad_rows(prow[r:r + 1], drow[r:r + 1], scale)
 
 
 _TILE_ELEMENTS = 1 << 20  # backward's dP scratch: about this many elements (or one batch element's worth)

@@ -19,12 +19,12 @@ How Numba reaches MKL: kernels.gemm loads libmkl_rt into LLVM's symbol table
 (llvmlite's load_library_permanently) and these kernels declare cblas_sgemm / cblas_dgemm as
 external functions by name, so the compiled code calls them by symbol, not by an address baked
 into it, and Numba's on-disk cache stays valid across processes. The path runs only when MKL is
-kernels.gemm's backend; `kernels.calls[("attention_slices", "mkl")]` counts its calls, and
-kernels.attention says which path it took.
+kernels.gemm's backend; `kernels.calls[("attention_slices", "mkl")]` counts its calls (tests
+assert on it), and a process without MKL logs that once (kernels.gemm).
 
-The arithmetic is kernels.attention's: the same row-wise masked softmax (`softmax_row`, shared),
-the same softmax gradient in float64 row dots, the same dropout mask hashed from (seed, C-order
-index); only the GEMMs' blocking (hence the last bits of their sums) differs.
+The arithmetic is kernels.attention's batched path's: the same row functions (`softmax_row`,
+`softmax_grad_rows`, defined here and used by both), the same dropout mask hashed from (seed,
+C-order index); only the GEMMs' blocking (hence the last bits of their sums) may differ.
 """
 
 from __future__ import annotations
@@ -273,7 +273,10 @@ def attention_backward_slices(q: np.ndarray, k: np.ndarray, v: np.ndarray, probs
             _descriptor(v.swapaxes(-1, -2), table, BWD_VT), _descriptor(g, table, BWD_G)]
     outs = [(dq, _descriptor(dq, table, BWD_DQ, output=True)), (dk, _descriptor(dk, table, BWD_DK, output=True)),
             (dv, _descriptor(dv, table, BWD_DV, output=True))]
-    p = probs if probs.flags.c_contiguous else np.ascontiguousarray(probs)
+    p = probs
+    if not probs.flags.c_contiguous:
+        p = empty(probs.shape, probs.dtype)
+        np.copyto(p, probs)
     nchunks = _chunks(nb, nh)
     has_drop, seed, threshold, dscale = _drop_args(dropout, p.dtype)
     tiles = empty((nchunks, t, s), p.dtype)
