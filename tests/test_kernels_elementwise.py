@@ -85,3 +85,16 @@ def test_linear_and_add_ops_run_the_kernels():
     ran = {k: kernels.calls[k] - before[k] for k in names}
     assert ran == {("bias_add", "fused"): 1, ("column_sum", "fused"): 1, ("add", "fused"): 2}
     np.testing.assert_allclose(layer.bias.grad, np.full(8, 2 * 64, np.float32))
+
+
+def test_bias_gelu_linear_runs_the_bias_kernels():
+    from tensorarena.ops import bias_gelu_linear
+
+    rng = np.random.default_rng(5)
+    x = ta.tensor(_arr(rng, (64, 12), np.float32), requires_grad=True)
+    bias, weight, out_bias = (ta.tensor(_arr(rng, s, np.float32), requires_grad=True) for s in ((12,), (6, 12), (6,)))
+    names = [("bias_add", "fused"), ("column_sum", "fused")]
+    before = {k: kernels.calls[k] for k in names}
+    bias_gelu_linear(x, bias, weight, out_bias).sum().backward()
+    assert {k: kernels.calls[k] - before[k] for k in names} == {("bias_add", "fused"): 1, ("column_sum", "fused"): 1}
+    np.testing.assert_allclose(out_bias.grad, np.full(6, 64, np.float32))

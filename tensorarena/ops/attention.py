@@ -170,7 +170,7 @@ def bias_gelu_linear(x: Tensor, bias: Tensor, weight: Tensor, out_bias: Tensor |
     out2 = out.reshape(-1, d)
     gemm(act, wd.T, out2)
     if out_bias is not None:
-        out2 += out_bias.data
+        elementwise.bias_add(out2, out_bias.data)
     del act, x2
     # Metadata and leaves only (see leaf_or_none); the arrays backward reads are pre and wd.
     x_shape, x_dtype, x_needs_grad = x.shape, x.dtype, x.requires_grad
