@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.blas import matmul as bmm
 from ..kernels import elementwise
+from ..kernels.blas import matmul as bmm
 from ..kernels.gemm import gemm
 from ..tensor import Tensor
 from ._base import as_tensor, grad_out, leaf_or_none, new, reshaped, unbroadcast
