@@ -71,9 +71,10 @@ class _Mkl:
         lib.MKL_Get_Max_Threads.restype = ctypes.c_int
         self.threads = lib.MKL_Get_Max_Threads()
         self.path = path
-        # Numba kernels call cblas_?gemm by name (kernels.attention_heads): put this library's symbols
-        # where LLVM's JIT linker looks, so compiled and disk-cached code finds them. ctypes opened it
-        # RTLD_LOCAL, invisible to that lookup.
+        # Numba kernels call cblas_?gemm by name (kernels.attention_heads): register this library with
+        # LLVM's JIT linker, so compiled and disk-cached code finds them. (Here the symbols were already
+        # visible to it after ctypes' RTLD_LOCAL load, by grace of how libmkl_rt loads itself; this does
+        # not rely on that.)
         try:
             import llvmlite.binding
 
