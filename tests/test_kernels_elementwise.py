@@ -8,7 +8,7 @@ from tensorarena import kernels
 from tensorarena.kernels import elementwise, elementwise_fused
 
 DTYPES = [np.float32, np.float64]
-SHAPES = [(3, 5), (300, 130)]  # under and over elementwise_fused's parallel threshold (2**15 elements)
+SHAPES = [(3, 5), (300, 130)]  # the twins take any size; the dispatchers only 2**15 elements and up
 
 
 def _arr(rng, shape, dt):
@@ -57,44 +57,46 @@ def test_column_sum_matches_the_float64_sum(dt, shape):
 
 def test_dispatchers_take_the_kernel_only_for_arrays_that_fit_it():
     rng = np.random.default_rng(3)
-    a = _arr(rng, (40, 30), np.float32)
+    a = _arr(rng, (400, 100), np.float32)
+    assert a.size >= elementwise.PARALLEL_MIN
     before = kernels.calls[("add", "fused")]
     out = np.empty_like(a)
     elementwise.add(a, a, out)
     assert kernels.calls[("add", "fused")] == before + 1
-    # broadcasting, a transposed view, mixed dtypes: NumPy's own add, the kernel not called
-    row, bt, a64 = a[:1], np.ascontiguousarray(a.T).T, a.astype(np.float64)
-    for x, y, o in ((a, row, np.empty_like(a)), (a, bt, np.empty_like(a)), (a, a64, np.empty_like(a64))):
+    # broadcasting, a transposed view, mixed dtypes, a small array: NumPy's own add, the kernel not called
+    row, bt, a64, small = a[:1], np.ascontiguousarray(a.T).T, a.astype(np.float64), a[:10]
+    for x, y, o in ((a, row, np.empty_like(a)), (a, bt, np.empty_like(a)), (a, a64, np.empty_like(a64)),
+                    (small, small, np.empty_like(small))):
         elementwise.add(x, y, o)
         np.testing.assert_array_equal(o, x + y)
     assert kernels.calls[("add", "fused")] == before + 1
     strided = a[:, ::2]
-    s_out = np.empty(15, np.float32)
+    s_out = np.empty(50, np.float32)
     elementwise.column_sum(strided, s_out)
     np.testing.assert_allclose(s_out, strided.sum(axis=0), rtol=1e-6)
 
 
 def test_linear_and_add_ops_run_the_kernels():
     rng = np.random.default_rng(4)
-    x = ta.tensor(_arr(rng, (64, 16), np.float32), requires_grad=True)
-    layer = ta.nn.Linear(16, 8, rng=rng)
+    x = ta.tensor(_arr(rng, (512, 16), np.float32), requires_grad=True)
+    layer = ta.nn.Linear(16, 64, rng=rng)  # a (512, 64) output: 2**15 elements, the kernels' smallest
     names = [("bias_add", "fused"), ("column_sum", "fused"), ("add", "fused")]
     before = {k: kernels.calls[k] for k in names}
     y = layer(x)
     (y + y).sum().backward()  # y's two uses: its gradients meet in the accumulation add
     ran = {k: kernels.calls[k] - before[k] for k in names}
     assert ran == {("bias_add", "fused"): 1, ("column_sum", "fused"): 1, ("add", "fused"): 2}
-    np.testing.assert_allclose(layer.bias.grad, np.full(8, 2 * 64, np.float32))
+    np.testing.assert_allclose(layer.bias.grad, np.full(64, 2 * 512, np.float32))
 
 
 def test_bias_gelu_linear_runs_the_bias_kernels():
     from tensorarena.ops import bias_gelu_linear
 
     rng = np.random.default_rng(5)
-    x = ta.tensor(_arr(rng, (64, 12), np.float32), requires_grad=True)
-    bias, weight, out_bias = (ta.tensor(_arr(rng, s, np.float32), requires_grad=True) for s in ((12,), (6, 12), (6,)))
+    x = ta.tensor(_arr(rng, (1024, 12), np.float32), requires_grad=True)
+    bias, weight, out_bias = (ta.tensor(_arr(rng, s, np.float32), requires_grad=True) for s in ((12,), (32, 12), (32,)))
     names = [("bias_add", "fused"), ("column_sum", "fused")]
     before = {k: kernels.calls[k] for k in names}
     bias_gelu_linear(x, bias, weight, out_bias).sum().backward()
     assert {k: kernels.calls[k] - before[k] for k in names} == {("bias_add", "fused"): 1, ("column_sum", "fused"): 1}
-    np.testing.assert_allclose(out_bias.grad, np.full(6, 64, np.float32))
+    np.testing.assert_allclose(out_bias.grad, np.full(32, 1024, np.float32))

@@ -35,7 +35,9 @@ import numpy as np
 from numba import types
 
 from ..memory.arena import empty
-from .dropout import _kept
+from . import calls, choose
+from .gemm import _slice_layout, mkl_symbols_loaded
+from .dropout import dropped
 from .softmax import _exp_normalise_in_place, _rowdot, _rowmax
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112  # CBLAS enum values
@@ -108,7 +110,7 @@ def _drop(src, dst, seed, threshold, scale, zero, start):
     a = src.reshape(-1)
     o = dst.reshape(-1)
     for i in range(a.shape[0]):
-        o[i] = a[i] * (scale if _kept(seed, start + np.uint64(i) + np.uint64(1), threshold) else zero)
+        o[i] = dropped(a[i], seed, threshold, scale, zero, start + np.uint64(i))
 
 
 @numba.njit(inline="always")
@@ -116,7 +118,7 @@ def _drop_in_place(x, seed, threshold, scale, zero, start):
     # one array read and written (two aliased ones would fail LLVM's overlap check and run scalar)
     a = x.reshape(-1)
     for i in range(a.shape[0]):
-        a[i] = a[i] * (scale if _kept(seed, start + np.uint64(i) + np.uint64(1), threshold) else zero)
+        a[i] = dropped(a[i], seed, threshold, scale, zero, start + np.uint64(i))
 
 
 @numba.njit(inline="always")
@@ -189,9 +191,6 @@ def _backward(ops, probs, tiles, scale, has_drop, seed, threshold, dscale, zero,
 def usable(*arrays: np.ndarray) -> bool:
     """Whether this path can run: MKL is kernels.gemm's backend and every array is float32 or float64
     of one dtype, with no empty axis."""
-    from . import choose
-    from .gemm import mkl_symbols_loaded
-
     dtype = arrays[0].dtype
     return (choose("batched_gemm") == "fused" and mkl_symbols_loaded() and dtype in (np.float32, np.float64)
             and all(a.dtype == dtype and a.size > 0 for a in arrays))
@@ -203,8 +202,6 @@ def _descriptor(x: np.ndarray, table: np.ndarray, row: int, *, output: bool = Fa
     Returns the array the table points at: x itself, or a C-contiguous copy from the step's arena when
     x's slices have no BLAS layout (or, for an output, no row-major one; the caller copies it back).
     """
-    from .gemm import _slice_layout
-
     rows, cols = x.shape[-2:]
     layout = _slice_layout(x, rows, cols)
     if layout is None or (output and layout[0] != _NO_TRANS):
@@ -238,8 +235,6 @@ def attention_forward_slices(q: np.ndarray, k: np.ndarray, v: np.ndarray, kpm: n
                              causal: bool, scale: float, out: np.ndarray, probs: np.ndarray,
                              dropout: tuple | None) -> None:
     """kernels.attention's forward, slice by slice (the module docstring); the caller checked `usable`."""
-    from . import calls
-
     nb, nh, t, hs = q.shape
     s, hv = k.shape[2], v.shape[3]
     table = np.zeros((4, 5), np.int64)
@@ -264,8 +259,6 @@ def attention_backward_slices(q: np.ndarray, k: np.ndarray, v: np.ndarray, probs
                               scale: float, dq: np.ndarray, dk: np.ndarray, dv: np.ndarray,
                               dropout: tuple | None) -> None:
     """kernels.attention's backward, slice by slice; the caller checked `usable`."""
-    from . import calls
-
     nb, nh, t, hs = q.shape
     s, hv = k.shape[2], v.shape[3]
     table = np.zeros((7, 5), np.int64)

@@ -66,17 +66,24 @@ def _kept(seed, index, threshold):
     return (z >> np.uint64(32)) >= threshold
 
 
+@numba.njit(inline="always")
+def dropped(value, seed, threshold, scale, zero, position):
+    """value * scale if the mask keeps the element at C-order `position` (0-based) of the whole
+    dropped array, else value * 0 (the one expression every dropout loop applies)."""
+    return value * (scale if _kept(seed, position + np.uint64(1), threshold) else zero)
+
+
 @numba.njit(cache=True, parallel=True, error_model="numpy")
 def _apply(x, out, seed, threshold, scale, zero, start):
     for i in numba.prange(x.shape[0]):
-        out[i] = x[i] * (scale if _kept(seed, start + np.uint64(i) + np.uint64(1), threshold) else zero)
+        out[i] = dropped(x[i], seed, threshold, scale, zero, start + np.uint64(i))
 
 
 @numba.njit(cache=True, parallel=True, error_model="numpy")
 def _apply_in_place(x, seed, threshold, scale, zero, start):
     # One array read and written: two aliased arguments would fail LLVM's overlap check and run scalar.
     for i in numba.prange(x.shape[0]):
-        x[i] = x[i] * (scale if _kept(seed, start + np.uint64(i) + np.uint64(1), threshold) else zero)
+        x[i] = dropped(x[i], seed, threshold, scale, zero, start + np.uint64(i))
 
 
 def dropout_apply_fused(x: np.ndarray, out: np.ndarray, seed: int, threshold: int, scale: float,

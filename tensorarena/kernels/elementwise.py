@@ -7,13 +7,14 @@ out = x.sum(axis=0) of a 2-D x (a bias's gradient), summed in float64 and rounde
 Why: NumPy runs each of these on one thread. On ViT-Tiny's (1576, 192..768) float32 arrays the
 fused twins are 2-5x faster on 2 cores (measured, median of 200: add 0.19 -> 0.04 ms at (1576, 192),
 bias_add 0.25 -> 0.05 ms at (1576, 576), column_sum 0.20 -> 0.14 ms at (1576, 576)), ~40 such calls
-per step. Arrays under 2**15 elements run a serial loop instead (elementwise_fused): starting the
-threads costs more than the work there. The results are NumPy's bit for bit for add and bias_add (one
-IEEE add per element either way); column_sum's float64 partial sums differ from a float32
-np.sum in the last bits (they are closer to the exact sum).
+per step. Arrays under PARALLEL_MIN (2**15) elements stay on NumPy: waking the second thread costs
+~3 us, more than such an add takes on one (measured: NumPy 1.5 us for 4096 float32s). The
+results are NumPy's bit for bit for add and bias_add (one IEEE add per element either way);
+column_sum's float64 partial sums differ from a float32 np.sum in the last bits (they are closer
+to the exact sum).
 
-Callers pass C-contiguous arrays of one float dtype (`fits` says whether a call does); anything
-else (broadcasting, strides, integers) is the op's own NumPy code, not this kernel.
+The dispatchers (`add`, `bias_add`, `column_sum`) take the kernel when `fits` says so; anything
+else (small, broadcasting, strided, integer) is the op's own NumPy code, as before these kernels.
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ import numpy as np
 from . import kernel, register
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+PARALLEL_MIN = 1 << 15  # elements: smaller arrays stay on NumPy (the module docstring says why)
 
 
 def fits(*arrays: np.ndarray) -> bool:
-    """Whether the fused twins take these arrays: one float dtype, one shape, all C-contiguous."""
+    """Whether the dispatchers hand these arrays to the kernels: one float dtype, one shape, all
+    C-contiguous, at least PARALLEL_MIN elements."""
     first = arrays[0]
-    return first.dtype in _FLOATS and all(
+    return first.dtype in _FLOATS and first.size >= PARALLEL_MIN and all(
         a.dtype == first.dtype and a.shape == first.shape and a.flags.c_contiguous for a in arrays)
 
 

@@ -12,7 +12,6 @@ import numpy as np
 
 from . import register
 
-_PARALLEL_MIN = 1 << 15  # elements: below this one thread is faster than waking the other
 _JIT = dict(cache=True, error_model="numpy")
 
 
@@ -51,63 +50,27 @@ def _column_sum(x, part, nchunks):
                 acc[j] += row[j]
 
 
-# The serial twins of the loops above, for arrays under _PARALLEL_MIN elements.
-@numba.njit(**_JIT)
-def _add_serial(a, b, out):
-    for i in range(out.shape[0]):
-        out[i] = a[i] + b[i]
-
-
-@numba.njit(**_JIT)
-def _accumulate_serial(acc, b):
-    for i in range(acc.shape[0]):
-        acc[i] = acc[i] + b[i]
-
-
-@numba.njit(**_JIT)
-def _bias_serial(x, bias):
-    n, d = x.shape
-    for r in range(n):
-        row = x[r]
-        for j in range(d):
-            row[j] = row[j] + bias[j]
-
-
-@numba.njit(**_JIT)
-def _column_sum_serial(x, part, nchunks):
-    n, d = x.shape
-    acc = part[0]
-    for r in range(n):
-        row = x[r]
-        for j in range(d):
-            acc[j] += row[j]
-
-
-def _pick(parallel, serial, size: int):
-    return parallel if size >= _PARALLEL_MIN else serial
-
-
 def add_fused(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-    """Same contract as `add_reference`; a, b, out as `fits` wants them."""
+    """Same contract as `add_reference`; a, b, out one float dtype and shape, C-contiguous."""
     if out is b:
         a, b = b, a
     if out is a:
-        _pick(_accumulate, _accumulate_serial, out.size)(out.reshape(-1), b.reshape(-1))
+        _accumulate(out.reshape(-1), b.reshape(-1))
     else:
-        _pick(_add, _add_serial, out.size)(a.reshape(-1), b.reshape(-1), out.reshape(-1))
+        _add(a.reshape(-1), b.reshape(-1), out.reshape(-1))
 
 
 def bias_add_fused(x: np.ndarray, bias: np.ndarray) -> None:
     """Same contract as `bias_add_reference`; x C-contiguous (N, D), bias (D,) of x's dtype."""
-    _pick(_bias, _bias_serial, x.size)(x, bias)
+    _bias(x, bias)
 
 
 def column_sum_fused(x: np.ndarray, out: np.ndarray) -> None:
     """Same contract as `column_sum_reference`; x C-contiguous (N, D)."""
     n, d = x.shape
-    nchunks = max(1, min(n, numba.get_num_threads())) if x.size >= _PARALLEL_MIN else 1
+    nchunks = max(1, min(n, numba.get_num_threads()))
     part = np.zeros((nchunks, d))
-    _pick(_column_sum, _column_sum_serial, x.size)(x, part, nchunks)
+    _column_sum(x, part, nchunks)
     np.copyto(out, part.sum(axis=0), casting="same_kind")
 
 
