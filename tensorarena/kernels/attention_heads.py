@@ -15,10 +15,8 @@ Why this did not work before: with OpenBLAS, BLAS's own thread pool nested insid
 oversubscribed the cores (6x to 50x slower, kernels/attention.py). MKL here runs on the same GNU
 OpenMP pool as Numba's kernels (kernels.gemm) and is told to use one thread inside the loop.
 
-How Numba reaches MKL: kernels.gemm loads libmkl_rt into LLVM's symbol table
-(llvmlite's load_library_permanently) and these kernels declare cblas_sgemm / cblas_dgemm as
-external functions by name, so the compiled code calls them by symbol, not by an address baked
-into it, and Numba's on-disk cache stays valid across processes. The path runs only when MKL is
+How Numba reaches MKL: by symbol name (kernels.mkl_numba), so Numba's on-disk cache stays valid
+across processes. The path runs only when MKL is
 kernels.gemm's backend; `kernels.calls[("attention_slices", "mkl")]` counts its calls (tests
 assert on it), and a process without MKL logs that once (kernels.gemm).
 
@@ -32,21 +30,14 @@ from __future__ import annotations
 from . import cpu as _cpu  # noqa: F401 - before numba: it picks the vector width (cpu.py)
 import numba
 import numpy as np
-from numba import types
 
 from ..memory.arena import empty
 from . import calls, choose
 from .gemm import _slice_layout, mkl_symbols_loaded
 from .dropout import dropped
+from .mkl_numba import NO_TRANS as _NO_TRANS, TRANS as _TRANS
+from .mkl_numba import gemm_call, set_local_threads as _set_local_threads
 from .softmax import _exp_normalise_in_place, _rowdot, _rowmax
-
-_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112  # CBLAS enum values
-_i, _p = types.intc, types.int64  # MKL's LP64 ints; pointers passed as 64-bit integers (same registers)
-_sgemm = types.ExternalFunction("cblas_sgemm", types.void(_i, _i, _i, _i, _i, _i, types.float32, _p, _i, _p, _i,
-                                                          types.float32, _p, _i))
-_dgemm = types.ExternalFunction("cblas_dgemm", types.void(_i, _i, _i, _i, _i, _i, types.float64, _p, _i, _p, _i,
-                                                          types.float64, _p, _i))
-_set_local_threads = types.ExternalFunction("MKL_Set_Num_Threads_Local", types.intc(types.intc))
 
 # Operand descriptors: one int64 row per operand, (address, batch stride, head stride, transpose, ld),
 # strides in bytes: slice (b, h) of the operand starts at address + b * batch stride + h * head stride.
@@ -64,10 +55,7 @@ def _at(d, b, h):
 @numba.njit(inline="always")
 def _gemm(f32, ta, tb, m, n, k, a, lda, b, ldb, c, ldc):
     # c (m, n) = op(a) @ op(b), row-major, one thread (the caller set MKL's local thread count)
-    if f32:
-        _sgemm(_ROW_MAJOR, ta, tb, m, n, k, np.float32(1.0), a, lda, b, ldb, np.float32(0.0), c, ldc)
-    else:
-        _dgemm(_ROW_MAJOR, ta, tb, m, n, k, 1.0, a, lda, b, ldb, 0.0, c, ldc)
+    gemm_call(f32, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, False)
 
 
 @numba.njit(inline="always")

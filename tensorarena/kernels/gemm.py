@@ -10,7 +10,9 @@ loads it with ctypes and calls cblas_sgemm / cblas_dgemm directly on the arrays'
 a transpose flag for transposed views, so no operand is copied). MKL runs on the GNU OpenMP
 threading layer: the libgomp thread pool Numba's kernels already use (NUMBA_THREADING_LAYER=omp),
 so GEMMs and fused kernels take turns on one pool of threads instead of two pools contending for
-the cores; its idle threads spin ~2-3 ms before they sleep (kernels/__init__ says why). A
+the cores; its idle threads spin ~2-3 ms before they sleep (kernels/__init__ says why). Wide
+products (more output columns than rows) and small ones run instead as one-thread MKL calls side by
+side, from a Numba loop (kernels.gemm_jobs says where that measured faster). A
 threading layer the user chose with MKL_THREADING_LAYER wins. Attention's per-(batch, head)
 products go to one cblas_?gemm_batch call (`batched_gemm_mkl`, used by kernels.attention).
 
@@ -26,9 +28,11 @@ import ctypes
 import logging
 import os
 
+from . import cpu as _cpu  # noqa: F401 - before numba: it picks the vector width (cpu.py)
+import numba
 import numpy as np
 
-from . import kernel, register
+from . import calls, gemm_jobs, kernel, register
 from .mkl_lib import find_mkl_rt, wanted_backend
 from ..memory.arena import empty
 
@@ -132,8 +136,11 @@ def _row_major_ld(out: np.ndarray, rows: int, cols: int, what: str) -> int:
     return layout[1]
 
 
-def gemm_mkl(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = False) -> np.ndarray:
-    """out = a @ b, or out += a @ b with accumulate, by MKL. a (m, k), b (k, n), out (m, n) one float dtype."""
+def _product_job(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool
+                 ) -> tuple[tuple[int, ...], tuple[np.ndarray, np.ndarray]] | None:
+    """Check out = a @ b for MKL and describe it as one job (kernels.gemm_jobs' row) and the arrays it
+    reads (a copy when an operand has no BLAS layout: keep them alive until the job has run).
+    None when there is nothing to multiply (an empty output, or k = 0: out is zeroed unless accumulating)."""
     dtype = out.dtype
     if a.ndim != 2 or b.ndim != 2 or out.ndim != 2 or a.shape[1] != b.shape[0] or out.shape != (a.shape[0], b.shape[1]):
         raise ValueError(f"gemm: shapes {a.shape} @ {b.shape} -> {out.shape} do not chain as (m, k) @ (k, n) -> (m, n)")
@@ -143,18 +150,37 @@ def gemm_mkl(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = F
     m, k = a.shape
     n = b.shape[1]
     if m == 0 or n == 0:
-        return out
+        return None
     ldc = _row_major_ld(out, m, n, "gemm")
     if np.may_share_memory(out, a) or np.may_share_memory(out, b):
         raise ValueError("gemm: out overlaps an operand; BLAS would read what it already overwrote")
     if k == 0:
         if not accumulate:
             out.fill(0)
-        return out
+        return None
     a, (ta, lda) = _blas_view(a, m, k)
     b, (tb, ldb) = _blas_view(b, k, n)
-    _mkl.fn[dtype](_ROW_MAJOR, ta, tb, m, n, k, 1.0, a.ctypes.data, lda, b.ctypes.data, ldb,
-                   1.0 if accumulate else 0.0, out.ctypes.data, ldc)
+    return (ta, tb, m, n, k, a.ctypes.data, lda, b.ctypes.data, ldb, out.ctypes.data, ldc, int(accumulate)), (a, b)
+
+
+def gemm_mkl(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = False) -> np.ndarray:
+    """out = a @ b, or out += a @ b with accumulate, by MKL. a (m, k), b (k, n), out (m, n) one float dtype.
+
+    One call on MKL's threads, except where kernels.gemm_jobs measured better: a small product on one
+    core, a wide one (more columns than rows) cut by columns, a one-thread MKL call per core.
+    `calls[("gemm_route", "mkl_threads" | "one_core" | "column_cut")]` counts which ran.
+    """
+    prepared = _product_job(a, b, out, accumulate)
+    if prepared is None:
+        return out
+    job, _keep = prepared  # _keep: operand copies (if any) stay alive until MKL has read them
+    jobs, route = gemm_jobs.plan(job, out.itemsize, numba.get_num_threads()) if _mkl.in_llvm else (None, "mkl_threads")
+    calls[("gemm_route", route)] += 1
+    if jobs is None:
+        ta, tb, m, n, k, pa, lda, pb, ldb, pc, ldc, acc = job
+        _mkl.fn[out.dtype](_ROW_MAJOR, ta, tb, m, n, k, 1.0, pa, lda, pb, ldb, 1.0 if acc else 0.0, pc, ldc)
+    else:
+        gemm_jobs.run(jobs, out.dtype)
     return out
 
 

@@ -1,0 +1,96 @@
+"""kernels.gemm_jobs: the products kernels.gemm runs as one-thread MKL calls side by side.
+
+Each route (one call on MKL's threads, one job on one core, column bands one per core) is checked
+against the float64 product on every operand layout the callers hand over, and the tests assert
+which route ran. Checked once that they catch a wrong band offset: with `col` computed as if op(b)
+were never transposed, the "t" layouts of b failed (49% of the elements wrong: the second band).
+"""
+
+import numba
+import numpy as np
+import pytest
+
+from tensorarena import kernels
+from tensorarena.kernels import gemm as G
+from tensorarena.kernels import gemm_jobs as J
+from tensorarena.kernels.mkl_numba import NO_TRANS, TRANS
+
+pytestmark = pytest.mark.skipif(not G.mkl_symbols_loaded(), reason="MKL (the mkl wheel) is not installed")
+TOL = {np.float32: dict(rtol=3e-5, atol=3e-5), np.float64: dict(rtol=1e-12, atol=1e-12)}
+# (m, k, n) per route on 2 threads: a small product, a wide one, a tall one.
+SHAPES = {"one_core": (9, 40, 30), "column_cut": (40, 130, 601), "mkl_threads": (601, 130, 40)}
+
+
+def _operand(rng, rows, cols, dtype, layout):
+    if layout == "c":
+        return rng.standard_normal((rows, cols)).astype(dtype)
+    if layout == "t":  # a transposed view: BLAS's Trans flag on the base
+        return rng.standard_normal((cols, rows)).astype(dtype).T
+    if layout == "ld":  # rows of a wider array (leading dimension > cols)
+        return rng.standard_normal((rows, cols + 5)).astype(dtype)[:, 2:2 + cols]
+    if layout == "copy":  # every other column: no BLAS layout, gemm copies it
+        return rng.standard_normal((rows, 2 * cols)).astype(dtype)[:, ::2]
+    raise ValueError(layout)
+
+
+@pytest.fixture
+def two_threads():
+    saved = numba.get_num_threads()
+    numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+    yield numba.get_num_threads()
+    numba.set_num_threads(saved)
+
+
+@pytest.mark.parametrize("route", list(SHAPES))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("a_layout", ["c", "t", "copy"])
+@pytest.mark.parametrize("b_layout", ["c", "t", "ld"])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_every_route_matches_the_float64_product(two_threads, route, dtype, a_layout, b_layout, accumulate):
+    if two_threads < 2 and route == "column_cut":
+        pytest.skip("needs two Numba threads")
+    m, k, n = SHAPES[route]
+    rng = np.random.default_rng(0)
+    a, b = _operand(rng, m, k, dtype, a_layout), _operand(rng, k, n, dtype, b_layout)
+    wide = rng.standard_normal((m, n + 24)).astype(dtype)  # out: columns 8..n+8 of a wider array
+    out = wide[:, 8:8 + n]
+    start = wide.copy()
+    before = kernels.calls[("gemm_route", route)]
+    G.gemm_mkl(a, b, out, accumulate)
+    assert kernels.calls[("gemm_route", route)] == before + 1
+    exact = a.astype(np.float64) @ b.astype(np.float64) + (start[:, 8:8 + n] if accumulate else 0)
+    np.testing.assert_allclose(out, exact, **TOL[dtype])
+    np.testing.assert_array_equal(wide[:, :8], start[:, :8])  # nothing outside out touched
+    np.testing.assert_array_equal(wide[:, 8 + n:], start[:, 8 + n:])
+
+
+def _job(m, n, k, tb=NO_TRANS, ldb=None):
+    return (NO_TRANS, tb, m, n, k, 1000, k, 2000, ldb or n, 3000, n, 0)
+
+
+def test_the_plan_picks_the_route_by_size_shape_and_threads():
+    assert J.plan(_job(8, 10, 192), 4, 2) == ([_job(8, 10, 192)], "one_core")
+    assert J.plan(_job(1576, 576, 192), 4, 2) == (None, "mkl_threads")  # tall: MKL's own row split
+    jobs, route = J.plan(_job(197, 2304, 768), 4, 2)
+    assert route == "column_cut" and len(jobs) == 2
+    assert J.plan(_job(197, 2304, 768), 4, 1) == (None, "mkl_threads")  # one thread: nothing to split
+
+
+@pytest.mark.parametrize("n,parts", [(601, 2), (2304, 2), (2304, 3), (100, 4), (20, 2), (33, 2)])
+@pytest.mark.parametrize("tb", [NO_TRANS, TRANS])
+def test_column_bands_tile_the_output_exactly_on_aligned_cuts(n, parts, tb):
+    itemsize, ldb, k = 4, 700, 50
+    job = _job(40, n, k, tb, ldb)
+    bands = J.column_bands(job, parts, itemsize)
+    assert 1 <= len(bands) <= parts
+    lo = 0
+    for band in bands:
+        width = band[3]
+        assert width >= J.BAND or len(bands) == 1
+        assert band[9] == 3000 + lo * itemsize  # output columns lo.. of the same rows
+        step = (1 if tb == NO_TRANS else ldb) * itemsize  # b's column j: element j, or row j when transposed
+        assert band[7] == 2000 + lo * step
+        assert band[:3] == job[:3] and band[4:7] == job[4:7] and band[8] == job[8] and band[10:] == job[10:]
+        assert lo % J.BAND == 0
+        lo += width
+    assert lo == n
