@@ -63,7 +63,7 @@ def _tiny_calls(dt) -> dict[str, Callable[[], object]]:
     }
     if "erf" in fused:
         calls["erf"] = lambda: fused["erf"](x, arr(n, d))
-    if "gemm" in fused:  # MKL (kernels.gemm): nothing to compile, but its first call loads its CPU-specific code
+    if "gemm" in fused:  # MKL: a small product compiles kernels.gemm_jobs' loop; MKL loads its CPU-specific code
         calls["gemm"] = lambda: fused["gemm"](x, x.T, arr(n, n))
         calls["batched_gemm"] = lambda: fused["batched_gemm"](q, k.swapaxes(-1, -2), probs)
     calls.update(_optimizer_calls(dt, arr))
