@@ -222,3 +222,19 @@ def test_a_store_of_another_model_is_refused_not_mixed(tmp_path):
     with pytest.raises(StoreError, match="different model"):
         other.step(*_batches(1)[0])
     assert all(np.array_equal(p.data, b) for p, b in zip(model.parameters(), before))
+
+
+def test_stream_io_reaches_the_store_and_both_modes_train_alike(tmp_path):
+    batches = _batches(3)
+    losses = {}
+    for io in ("map", "copy"):
+        _, trainer = _trainer("streaming", store_dir=tmp_path / io, stream_io=io)
+        losses[io] = [trainer.step(*batches[i % 3]).loss for i in range(4)]
+        assert trainer.stream.store.io == io
+        trainer.stream.close()
+    np.testing.assert_allclose(losses["copy"], losses["map"], rtol=1e-6, atol=1e-7)
+
+
+def test_a_bad_stream_io_is_refused_before_step_1():
+    with pytest.raises(ValueError, match=r"stream_io must be one of \('map', 'copy'\), got 'mmap'"):
+        _trainer("streaming", stream_io="mmap")

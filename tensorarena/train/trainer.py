@@ -80,13 +80,16 @@ class Trainer:
         oom_fallback: when an eager or fused step runs out of memory (MemoryError, ArenaOutOfMemory),
             move the whole training state into the streaming store, redo that step there and go
             on (logged once, recorded in `route_switches`). A model without stream_stages() re-raises.
+        stream_io: how the streaming route brings a stage's files into memory: "map" (default,
+            memory-mapped) or "copy" (read into and written from two slot buffers); stream/store.py
+            compares them.
     """
 
     def __init__(self, model: Module, optimizer: Optimizer, loss_fn: LossFn, *, scheduler=None,
                  clip_grad_norm: float | None = None, route: str = "eager", on_nonfinite: str = "raise",
                  pool: BlockPool | None = None, fallback_to_eager: bool = False, max_plans: int = 4,
                  memory_limit: str | int | None = None, store_dir=None, oom_fallback: bool = True,
-                 update_in_backward: bool | None = None) -> None:
+                 update_in_backward: bool | None = None, stream_io: str = "map") -> None:
         if route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
         check_step_options(clip_grad_norm, on_nonfinite)
@@ -101,6 +104,11 @@ class Trainer:
         self.clip_grad_norm = clip_grad_norm
         self.route = route
         self.on_nonfinite = on_nonfinite
+        from ..stream.store import IO_MODES
+
+        if stream_io not in IO_MODES:
+            raise ValueError(f"stream_io must be one of {IO_MODES}, got {stream_io!r}")
+        self.stream_io = stream_io
         self.pool = pool
         self.step_count = 0  # applied or skipped steps so far
         self._params = [p for p in model.parameters() if p.requires_grad]
@@ -146,7 +154,7 @@ class Trainer:
         self.stream = StreamingRoute(self.model, self.optimizer, self.loss_fn, self.store_dir,
                                      scheduler=self.scheduler, clip_grad_norm=self.clip_grad_norm,
                                      on_nonfinite=self.on_nonfinite, start=start, step=self.step_count,
-                                     overwrite=redo_after_oom, pool=self.pool)
+                                     overwrite=redo_after_oom, io=self.stream_io, pool=self.pool)
         self.step_count = self.stream.step_count
         self.fused = None  # its flat buffers and slab held the state the store now has; let them go
         self.route = "streaming"
