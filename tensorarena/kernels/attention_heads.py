@@ -16,9 +16,9 @@ oversubscribed the cores (6x to 50x slower, kernels/attention.py). MKL here runs
 OpenMP pool as Numba's kernels (kernels.gemm) and is told to use one thread inside the loop.
 
 How Numba reaches MKL: by symbol name (kernels.mkl_numba), so Numba's on-disk cache stays valid
-across processes. The path runs only when MKL is
-kernels.gemm's backend; `kernels.calls[("attention_slices", "mkl")]` counts its calls (tests
-assert on it), and a process without MKL logs that once (kernels.gemm).
+across processes. The path runs only when MKL is kernels.gemm's backend;
+`kernels.calls[("attention_slices", "mkl")]` counts its calls (tests assert on it), and a process
+without MKL logs that once (kernels.gemm).
 
 The arithmetic is kernels.attention's batched path's: the same row functions (`softmax_row`,
 `softmax_grad_rows`, defined here and used by both), the same dropout mask hashed from (seed,
