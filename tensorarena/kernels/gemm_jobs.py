@@ -5,9 +5,10 @@ for a Numba parallel loop that calls MKL by symbol (kernels.mkl_numba), one thre
 - A wide product (more output columns than rows, e.g. ViT-Base's batch-1 forward: 197 tokens by 768
   to 3072 features) is cut into one band of columns per core. MKL's two threads here split such a
   product by rows, so each packs the whole right operand (7 MB for ViT-Base's qkv weight); a column
-  band packs only its own part. In a ViT-Base batch-1 training step (2 cores, both cut and uncut in
-  one process, taking turns, medians): forward GEMMs 297 -> 278 ms (eager, 8 rounds of 3 steps) and
-  248 -> 230 ms (fused, 6 rounds); whole step 701 -> 671 ms and 547 -> 529 ms.
+  band packs only its own part. ViT-Base batch-1 fused training step on 2 cores, this route against
+  every product on MKL's threads, both in one process taking turns (8 rounds of 3 steps, medians):
+  650 -> 584 ms, of which all GEMMs 496 -> 447 ms; eager step 701 -> 671 ms. ViT-Tiny (batch 8:
+  tall products, route unchanged but for the small head): 0.97x-1.03x, noise.
 - A small product (under SPLIT_MIN_MACS multiply-adds: a classifier head, a small MLP) runs as one
   job on one core: ~6-8 us for 8 x 192 x 10, where the ctypes call to MKL's threads took ~20 us.
 Tried and not kept: the same cut by rows for tall products (what MKL's threads do already: no change
