@@ -94,3 +94,18 @@ def test_column_bands_tile_the_output_exactly_on_aligned_cuts(n, parts, tb):
         assert lo % J.BAND == 0
         lo += width
     assert lo == n
+
+
+def test_without_mkl_in_numba_every_product_is_one_call_on_mkls_threads(monkeypatch, two_threads):
+    # llvmlite could not register libmkl_rt: no job may run (Numba would not find cblas_sgemm), and the
+    # route counter says so.
+    monkeypatch.setattr(G._mkl, "in_llvm", False)
+    monkeypatch.setattr(J, "run", lambda *a: pytest.fail("gemm_jobs.run called without MKL in Numba"))
+    rng = np.random.default_rng(2)
+    for m, k, n in SHAPES.values():
+        a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+        out = np.empty((m, n))
+        before = kernels.calls[("gemm_route", "mkl_threads")]
+        G.gemm_mkl(a, b, out)
+        assert kernels.calls[("gemm_route", "mkl_threads")] == before + 1
+        np.testing.assert_allclose(out, a @ b, **TOL[np.float64])
