@@ -2,6 +2,7 @@
 
     python bench/gemm.py [--model tiny|base|minilm] [--rounds 7] [--json out.json]
     python bench/gemm.py --steps tiny|base [--rounds 5]     # whole fused ViT steps, backends alternated
+    python bench/gemm.py --steps tiny|base --routes         # ... MKL with and without kernels.gemm_jobs
 
 Products timed, for one block of the model (ViT-Tiny batch 8: 1576 tokens x 192, MLP 768; ViT-Base
 batch 1: 197 x 768, MLP 3072; MiniLM SimCSE batch 64 x 64 tokens x 384, MLP 1536):
@@ -10,7 +11,9 @@ batch 1: 197 x 768, MLP 3072; MiniLM SimCSE batch 64 x 64 tokens x 384, MLP 1536
            (kernels.attention's _slicewise: OpenBLAS split over the cores, or one MKL gemm_batch)
 Rounds alternate the contenders so they see the same machine load; the figure is the median per
 product summed over the block, and its ratio to torch. --steps trains a ViT on the fused route and
-switches kernels.gemm between MKL and NumPy every few steps (medians per backend, one process).
+switches kernels.gemm between MKL and NumPy every few steps (medians per backend, one process);
+with --routes it switches kernels.gemm_jobs' routes (column cuts, small products on one core) on and
+off instead, MKL both ways.
 The process keeps the OpenMP wait policy chosen for MKL (idle threads spin ~2-3 ms, kernels/__init__),
 which slows OpenBLAS's own threads a little in the NumPy rounds; for NumPy's BLAS on its own
 settings, time a process started with TENSORARENA_GEMM=numpy.
@@ -101,13 +104,20 @@ def _numpy_slicewise(slicewise, gemm_module, a, b, out) -> None:
         gemm_module.use_backend("mkl")
 
 
-def fused_steps(model: str, rounds: int, per_round: int = 3) -> dict:
+def fused_steps(model: str, rounds: int, per_round: int = 3, routes: bool = False) -> dict:
+    """Median fused ViT step per contender, contenders taking turns in one process: GEMM backends
+    ("mkl", "numpy"), or with `routes` MKL with kernels.gemm_jobs' routes on and off."""
     from tensorarena import optim
     from tensorarena.kernels import gemm as G
+    from tensorarena.kernels import gemm_jobs
     from tensorarena.models.vit import ViT, ViTConfig
     from tensorarena.nn.functional import cross_entropy
     from tensorarena.train.trainer import Trainer
 
+    if routes:
+        contenders = {"jobs": lambda: gemm_jobs.use_jobs(True), "mkl threads": lambda: gemm_jobs.use_jobs(False)}
+    else:
+        contenders = {"mkl": lambda: G.use_backend("mkl"), "numpy": lambda: G.use_backend("numpy")}
     batch = 8 if model == "tiny" else 1
     config = getattr(ViTConfig, model)(image_size=224, patch_size=16, num_classes=10)
     net = ViT(config, rng=np.random.default_rng(0))
@@ -115,14 +125,14 @@ def fused_steps(model: str, rounds: int, per_round: int = 3) -> dict:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((batch, 3, 224, 224), dtype=np.float32)
     y = rng.integers(0, 10, batch).astype(np.int64)
-    times = {"mkl": [], "numpy": []}
+    times = {name: [] for name in contenders}
     try:
-        for backend in times:
-            G.use_backend(backend)
-            trainer.step(x, y)  # warm-up on each backend
+        for name in times:
+            contenders[name]()
+            trainer.step(x, y)  # warm-up on each
         for _ in range(rounds):
-            for backend, seen in times.items():
-                G.use_backend(backend)
+            for name, seen in times.items():
+                contenders[name]()
                 trainer.step(x, y)  # first step after a switch: caches warm up, not timed
                 for _ in range(per_round):
                     start = time.perf_counter()
@@ -130,13 +140,16 @@ def fused_steps(model: str, rounds: int, per_round: int = 3) -> dict:
                     seen.append(time.perf_counter() - start)
     finally:
         G.use_backend("mkl")
-    return {b: {"median_ms": statistics.median(t) * 1e3, "min_ms": min(t) * 1e3, "steps": len(t)} for b, t in times.items()}
+        gemm_jobs.use_jobs(True)
+    return {n: {"median_ms": statistics.median(t) * 1e3, "min_ms": min(t) * 1e3, "steps": len(t)} for n, t in times.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=sorted(SHAPES), default="tiny")
     parser.add_argument("--steps", choices=["tiny", "base"], help="time whole fused ViT steps instead")
+    parser.add_argument("--routes", action="store_true",
+                        help="with --steps: alternate kernels.gemm_jobs' routes on and off (MKL both ways)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -147,11 +160,12 @@ def main() -> None:
         raise SystemExit(f"MKL is not available ({G._why_not}): nothing to compare")
     print(f"GEMM backend: {G.backend()}")
     if args.steps:
-        result = fused_steps(args.steps, args.rounds)
-        print(f"fused ViT-{args.steps} steps, backends alternated in one process")
-        for backend, r in result.items():
-            print(f"  {backend:6s} median {r['median_ms']:7.1f} ms  min {r['min_ms']:7.1f} ms  ({r['steps']} steps)")
-        print(f"  MKL / NumPy median: {result['mkl']['median_ms'] / result['numpy']['median_ms']:.3f}")
+        result = fused_steps(args.steps, args.rounds, routes=args.routes)
+        print(f"fused ViT-{args.steps} steps, {'GEMM routes' if args.routes else 'backends'} alternated in one process")
+        for name, r in result.items():
+            print(f"  {name:12s} median {r['median_ms']:7.1f} ms  min {r['min_ms']:7.1f} ms  ({r['steps']} steps)")
+        first, second = result
+        print(f"  {first} / {second} median: {result[first]['median_ms'] / result[second]['median_ms']:.3f}")
     else:
         per = block_products(args.model, args.rounds)
         print(f"one {args.model} block, median ms per product ({args.rounds} rounds)")

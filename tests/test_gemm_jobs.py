@@ -109,3 +109,22 @@ def test_without_mkl_in_numba_every_product_is_one_call_on_mkls_threads(monkeypa
         G.gemm_mkl(a, b, out)
         assert kernels.calls[("gemm_route", "mkl_threads")] == before + 1
         np.testing.assert_allclose(out, a @ b, **TOL[np.float64])
+
+
+def test_use_jobs_false_sends_every_product_to_mkls_threads_and_true_restores(two_threads):
+    rng = np.random.default_rng(3)
+    m, k, n = SHAPES["column_cut"]
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    out = np.empty((m, n), np.float32)
+    try:
+        J.use_jobs(False)
+        before = dict(kernels.calls)
+        G.gemm_mkl(a, b, out)
+        assert kernels.calls[("gemm_route", "mkl_threads")] == before.get(("gemm_route", "mkl_threads"), 0) + 1
+        assert kernels.calls[("gemm_route", "column_cut")] == before.get(("gemm_route", "column_cut"), 0)
+    finally:
+        J.use_jobs(True)
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b, **TOL[np.float32])
+    if two_threads >= 2:
+        G.gemm_mkl(a, b, out)
+        assert J.plan((0, 0, m, n, k, 0, 0, 0, 0, 0, 0, 0), 4, 2)[1] == "column_cut"

@@ -5,10 +5,11 @@ for a Numba parallel loop that calls MKL by symbol (kernels.mkl_numba), one thre
 - A wide product (more output columns than rows, e.g. ViT-Base's batch-1 forward: 197 tokens by 768
   to 3072 features) is cut into one band of columns per core. MKL's two threads here split such a
   product by rows, so each packs the whole right operand (7 MB for ViT-Base's qkv weight); a column
-  band packs only its own part. ViT-Base batch-1 fused training step on 2 cores, this route against
-  every product on MKL's threads, both in one process taking turns (8 rounds of 3 steps, medians):
-  650 -> 584 ms, of which all GEMMs 496 -> 447 ms; eager step 701 -> 671 ms. ViT-Tiny (batch 8:
-  tall products, route unchanged but for the small head): 0.97x-1.03x, noise.
+  band packs only its own part. ViT-Base batch-1 fused training step on 2 cores, these routes on
+  against off, taking turns in one process (`python bench/gemm.py --steps base --routes`, medians):
+  0.920x and 0.923x (e.g. 545 -> 501 ms); in an earlier A/B all its GEMMs went 496 -> 447 ms. ViT-Tiny
+  (batch 8: tall products, only its head and its MLP's dw products change route): 1.047x, 0.996x,
+  0.987x, noise.
 - A small product (under SPLIT_MIN_MACS multiply-adds: a classifier head, a small MLP) runs as one
   job on one core: ~6-8 us for 8 x 192 x 10, where the ctypes call to MKL's threads took ~20 us.
 Tried and not kept: the same cut by rows for tall products (what MKL's threads do already: no change
@@ -66,8 +67,20 @@ def column_bands(job: tuple[int, ...], parts: int, itemsize: int) -> list[tuple[
             for lo, hi in zip(cuts, cuts[1:]) if hi > lo]
 
 
+_enabled = True
+
+
+def use_jobs(flag: bool) -> None:
+    """Turn these routes on (default) or off, process-wide: off, every product is one call on MKL's
+    threads, as before they existed (`python bench/gemm.py --steps base --routes` alternates the two)."""
+    global _enabled
+    _enabled = bool(flag)
+
+
 def plan(job: tuple[int, ...], itemsize: int, threads: int) -> tuple[list[tuple[int, ...]] | None, str]:
     """(jobs, route) for one product on `threads` cores; jobs None means one call on MKL's own threads."""
+    if not _enabled:
+        return None, "mkl_threads"
     if macs(job) < SPLIT_MIN_MACS:
         return [job], "one_core"
     if threads >= 2 and job[_N] > job[_M] and job[_N] >= 2 * BAND:
