@@ -141,7 +141,8 @@ def fused_steps(model: str, rounds: int, per_round: int = 3, routes: bool = Fals
     finally:
         G.use_backend("mkl")
         gemm_jobs.use_jobs(True)
-    return {n: {"median_ms": statistics.median(t) * 1e3, "min_ms": min(t) * 1e3, "steps": len(t)} for n, t in times.items()}
+    return {n: {"median_ms": statistics.median(t) * 1e3, "min_ms": min(t) * 1e3, "steps": len(t)}
+            for n, t in times.items()}
 
 
 def main() -> None:

@@ -174,7 +174,10 @@ def gemm_mkl(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = F
     if prepared is None:
         return out
     job, _keep = prepared  # _keep: operand copies (if any) stay alive until MKL has read them
-    jobs, route = gemm_jobs.plan(job, out.itemsize, numba.get_num_threads()) if _mkl.in_llvm else (None, "mkl_threads")
+    if _mkl.in_llvm:
+        jobs, route = gemm_jobs.plan(job, out.itemsize, numba.get_num_threads())
+    else:  # Numba cannot call MKL by name (kernels.gemm logged why): MKL's threads, through ctypes
+        jobs, route = None, "mkl_threads"
     calls[("gemm_route", route)] += 1
     if jobs is None:
         ta, tb, m, n, k, pa, lda, pb, ldb, pc, ldc, acc = job

@@ -36,6 +36,7 @@ _TA, _TB, _M, _N, _K, _A, _LDA, _B, _LDB, _C, _LDC, _ACC = range(len(JOB_FIELDS)
 SPLIT_MIN_MACS = 1 << 17
 # Column bands are at least this wide and start on multiples of it (a 64-byte line of float32).
 BAND = 16
+_enabled = True  # use_jobs(False) sends every product to MKL's own threads
 
 
 @numba.njit(cache=True, parallel=True)
@@ -65,9 +66,6 @@ def column_bands(job: tuple[int, ...], parts: int, itemsize: int) -> list[tuple[
     col = (1 if tb == NO_TRANS else ldb) * itemsize  # bytes from one column of op(b) to the next
     return [(ta, tb, m, hi - lo, k, a, lda, b + lo * col, ldb, c + lo * itemsize, ldc, acc)
             for lo, hi in zip(cuts, cuts[1:]) if hi > lo]
-
-
-_enabled = True
 
 
 def use_jobs(flag: bool) -> None:
