@@ -14,23 +14,12 @@ from tensorarena import kernels
 from tensorarena.kernels import gemm as G
 from tensorarena.kernels import gemm_jobs as J
 from tensorarena.kernels.mkl_numba import NO_TRANS, TRANS
+from tests.test_kernel_gemm import _operand
 
 pytestmark = pytest.mark.skipif(not G.mkl_symbols_loaded(), reason="MKL (the mkl wheel) is not installed")
 TOL = {np.float32: dict(rtol=3e-5, atol=3e-5), np.float64: dict(rtol=1e-12, atol=1e-12)}
 # (m, k, n) per route on 2 threads: a small product, a wide one, a tall one.
 SHAPES = {"one_core": (9, 40, 30), "column_cut": (40, 130, 601), "mkl_threads": (601, 130, 40)}
-
-
-def _operand(rng, rows, cols, dtype, layout):
-    if layout == "c":
-        return rng.standard_normal((rows, cols)).astype(dtype)
-    if layout == "t":  # a transposed view: BLAS's Trans flag on the base
-        return rng.standard_normal((cols, rows)).astype(dtype).T
-    if layout == "ld":  # rows of a wider array (leading dimension > cols)
-        return rng.standard_normal((rows, cols + 5)).astype(dtype)[:, 2:2 + cols]
-    if layout == "copy":  # every other column: no BLAS layout, gemm copies it
-        return rng.standard_normal((rows, 2 * cols)).astype(dtype)[:, ::2]
-    raise ValueError(layout)
 
 
 @pytest.fixture
