@@ -70,6 +70,31 @@ def test_slices_match_the_reference_twin_and_the_slice_path_ran(dt, case):
 
 
 @pytest.mark.parametrize("dt", [np.float32, np.float64])
+@pytest.mark.parametrize("scale", [0.3, 40.0, -0.5, 0.0])
+def test_any_scale_with_masks_matches_the_reference_twin(dt, scale):
+    # softmax_row folds a positive scale into its exp pass (max of the raw scores times the scale);
+    # zero and negative scales take the multiply-first branch, where a -inf mask must stay -inf.
+    # 40 makes raw exp(scale * score) overflow float32: the max must be taken after the scale.
+    q, k, v, g, pad = _inputs(dt, 2, 2, 9, 9, 4, 4, True, seed=3)
+    ref = _run_scaled("reference", q, k, v, g, pad, scale)
+    ours = _run_scaled("fused", q, k, v, g, pad, scale)
+    for name, a, r in zip(("out", "probs", "dq", "dk", "dv"), ours, ref):
+        assert np.isfinite(a).all(), name
+        with np.errstate(under="ignore"):  # scale 40 leaves probabilities near float32's smallest normal
+            np.testing.assert_allclose(a, r, **TOL[dt], err_msg=name)
+
+
+def _run_scaled(impl, q, k, v, g, pad, scale):
+    b, h, t, _ = q.shape
+    out = np.empty((b, h, t, v.shape[-1]), q.dtype)
+    probs = np.empty((b, h, t, k.shape[2]), q.dtype)
+    kernels.kernel("attention_forward", impl)(q, k, v, pad, True, scale, out, probs, None)
+    grads = [np.empty(a.shape, a.dtype) for a in (q, k, v)]
+    kernels.kernel("attention_backward", impl)(q, k, v, probs, g, scale, *grads, None)
+    return [out, probs, *grads]
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
 def test_slices_and_batched_paths_agree(dt, monkeypatch):
     q, k, v, g, pad = _inputs(dt, 2, 3, 21, 21, 8, 8, True, seed=1)
     drop = (42, 2**32 // 10, 1 / 0.9)

@@ -112,17 +112,16 @@ def attention_backward_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, pr
 @numba.njit(cache=True, parallel=True, error_model="numpy", fastmath={"contract"})
 def _masked_softmax(p, kpm, has_kpm, causal, scale, rows_per_block):
     # In place over probs viewed as (B*H*T, S) rows that hold raw q.k scores, each row by
-    # attention_heads.softmax_row (the slice path's own), one float64 scratch row per block.
+    # attention_heads.softmax_row (the slice path's own).
     nb, nh, t, s = p.shape
     rows = p.reshape(nb * nh * t, s)
     n = rows.shape[0]
     for blk in numba.prange((n + rows_per_block - 1) // rows_per_block):
         r0 = np.int64(blk) * rows_per_block  # prange's index is unsigned: keep the arithmetic in int64
         r1 = min(n, r0 + rows_per_block)
-        z = np.empty(s)
         for r in range(r0, r1):
             b = r // (nh * t)
-            softmax_row(rows[r], z, kpm[b if has_kpm else 0], has_kpm, causal, r % t, scale)
+            softmax_row(rows[r], kpm[b if has_kpm else 0], has_kpm, causal, r % t, scale)
 
 
 @numba.njit(cache=True, parallel=True)

@@ -42,7 +42,7 @@ Callers: compile with error_model="numpy" (Python's ZeroDivisionError check on t
 stops vectorisation) and fastmath=False or {"contract"} (FMA contraction is harmless here).
 Never "reassoc" (it could undo the Cody-Waite split) nor "nnan"/"ninf" (the clamps rely on inf).
 Numba's cache does not track this file: after editing it, touch the kernel modules that inline
-it (gelu.py, softmax.py) or delete their __pycache__/*.nbi, or they keep running the old code.
+it (gelu.py, softmax.py, attention_heads.py) or delete their __pycache__/*.nbi, or they keep running the old code.
 """
 
 from __future__ import annotations
