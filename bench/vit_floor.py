@@ -1,0 +1,228 @@
+"""The float32 floor of a ViT training step on this machine: its matrix products alone, against PyTorch eager.
+
+    python bench/vit_floor.py [--model tiny|base] [--rounds 8] [--per-round 3] [--json out.json]
+
+Issue 4's bar is a fused step <= 0.7x PyTorch eager's. No step is faster than its matrix products,
+so this times three things taking turns in one process (bench/common.interleave), plus the
+linear-layer GEMMs on their own:
+  - pytorch eager and tensorarena fused: whole training steps, as bench/vit_interleaved.py runs them;
+  - products only: every matrix product of one of our fused steps, back to back, on the kernels
+    and routes the step uses. The linear layers' GEMMs are recorded from a real step (shape,
+    transposes, strides, accumulate) and replayed through kernels.gemm. Attention's products run
+    as kernels.attention_heads runs them: per (batch, head) slice, q k^T and P v forward, then
+    D^T g, g v^T, dS k and dS^T q backward, one MKL thread per slice, the cores sharing the slices,
+    with the softmax left out. One set of operands serves every product of a shape (the 12 layers
+    share them), so the products run from warmer caches than inside a step: a lower bound.
+The table also gives the step's matmul FLOPs (bench/vit.py's count, checked against the recorded
+products) at this machine's best large square sgemm rate, measured here (bench/sgemm_peak.py).
+
+Reading it: products only / pytorch eager is the smallest ratio any float32 step built on these
+GEMMs can reach. Where it is within a few points of the bar, the bar leaves almost nothing for the
+rest of the step (GELU, LayerNorm, softmax, AdamW's pass over every parameter, Python).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import interleave, write_json  # noqa: E402
+
+BAR = 0.7  # issue 4: fused step time <= 0.7x PyTorch eager
+
+
+def _operand_like(array, rng):
+    """A fresh array with `array`'s shape and strides (a transposed or strided view stays one)."""
+    import numpy as np
+
+    extent = sum((n - 1) * s for n, s in zip(array.shape, array.strides)) + array.itemsize
+    base = rng.standard_normal(extent // array.itemsize + 1).astype(array.dtype)
+    return np.lib.stride_tricks.as_strided(base, array.shape, array.strides)
+
+
+def record_products(trainer, xs, ys) -> dict:
+    """Run one step of `trainer` with the gemm and attention kernels watched; returns what they were asked."""
+    from tensorarena import kernels
+
+    seen = {"gemm": [], "attention_forward": [], "attention_backward": []}
+    originals = {name: (kernels.choose(name), kernels.kernel(name)) for name in seen}
+
+    def watch(name, fn):
+        def watched(*args, **kwargs):
+            seen[name].append((args, kwargs))
+            return fn(*args, **kwargs)
+        return watched
+
+    for name, (impl, fn) in originals.items():
+        kernels.register(name, impl, watch(name, fn))
+    try:
+        trainer.step(xs, ys)
+    finally:
+        for name, (impl, fn) in originals.items():
+            kernels.register(name, impl, fn)
+    return seen
+
+
+def linear_replay(calls, rng):
+    """(replay function, FLOPs): the recorded GEMMs again, on fresh operands of the same layouts."""
+    from tensorarena.kernels import kernel
+
+    gemm = kernel("gemm")
+    operands, plan, flops = {}, [], 0
+    for args, kwargs in calls:
+        a, b, out = args[:3]
+        accumulate = bool(args[3]) if len(args) > 3 else bool(kwargs.get("accumulate", False))
+        key = tuple((x.shape, x.strides, x.dtype.str) for x in (a, b, out))
+        if key not in operands:
+            operands[key] = tuple(_operand_like(x, rng) for x in (a, b, out))
+        plan.append((*operands[key], accumulate))
+        flops += 2 * a.shape[0] * a.shape[1] * b.shape[1]
+
+    def replay():
+        for a, b, out, accumulate in plan:
+            gemm(a, b, out, accumulate)
+    return replay, flops
+
+
+def attention_replay(forward_calls, backward_calls, rng):
+    """(replay function, FLOPs): attention's per-slice products, as kernels.attention_heads runs them."""
+    import numpy as np
+
+    from tensorarena.kernels import gemm_jobs
+    from tensorarena.kernels.gemm import _product_job
+
+    def slice_jobs(q, k, v, backward):
+        nb, nh, t, hs = q.shape
+        s, hv = k.shape[2], v.shape[3]
+        jobs, keep, flops = [], [], 0
+        for _ in range(nb * nh):  # one set of operands per slice, as in a step (each slice its own data)
+            qs, ks, vs = (rng.standard_normal(shape).astype(q.dtype) for shape in ((t, hs), (s, hs), (s, hv)))
+            p, g = rng.random((t, s)).astype(q.dtype), rng.standard_normal((t, hv)).astype(q.dtype)
+            if not backward:  # scores = q k^T, out = P v
+                products = [(qs, ks.T, p), (p, vs, np.empty((t, hv), q.dtype))]
+            else:  # dv = P^T g, dP = g v^T, dq = dS k, dk = dS^T q
+                ds = np.empty((t, s), q.dtype)
+                products = [(p.T, g, np.empty((s, hv), q.dtype)), (g, vs.T, ds), (ds, ks, np.empty((t, hs), q.dtype)),
+                            (ds.T, qs, np.empty((s, hs), q.dtype))]
+            for a, b, out in products:
+                job, held = _product_job(a, b, out, False)
+                jobs.append(job)
+                keep += [a, b, out, *held]
+                flops += 2 * a.shape[0] * a.shape[1] * b.shape[1]
+        return np.array(jobs, np.int64), keep, flops
+
+    runs, keep, flops = [], [], 0
+    for calls, backward in ((forward_calls, False), (backward_calls, True)):
+        cache = {}
+        for args, _ in calls:
+            q, k, v = args[:3]
+            key = (q.shape, k.shape, v.shape, q.dtype.str)
+            if key not in cache:
+                cache[key] = slice_jobs(q, k, v, backward)
+            jobs, held, f = cache[key]
+            keep += held
+            runs.append((jobs, q.dtype == np.float32))
+            flops += f
+
+    def replay(_keep=keep):  # _keep: the operands the job rows point at stay alive
+        for jobs, f32 in runs:
+            gemm_jobs._run(jobs, f32)
+    return replay, flops
+
+
+def build(case_name: str, seed: int = 0) -> tuple[dict, dict]:
+    """(name -> zero-argument step function, facts about the recorded products)."""
+    os.environ["BENCH_CASE"] = case_name
+    import torch  # first, as in bench/vit_interleaved.py
+
+    import vit  # bench/vit.py: the shared models and data
+    import numpy as np
+
+    from tensorarena import optim
+    from tensorarena.models.vit import ViT, ViTConfig
+    from tensorarena.nn.functional import cross_entropy
+    from tensorarena.train.trainer import Trainer
+
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    xs, ys = vit._data()
+    model = vit._torch_vit(vit._case())
+    opt = torch.optim.AdamW(model.parameters(), lr=vit.LR, weight_decay=vit.WEIGHT_DECAY)
+    xt, yt = torch.from_numpy(xs), torch.from_numpy(ys)
+
+    def torch_step():
+        loss = torch.nn.functional.cross_entropy(model(xt), yt)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    config = getattr(ViTConfig, case_name)(image_size=vit.IMAGE, patch_size=vit.PATCH, num_classes=vit.CLASSES)
+    ours = ViT(config, rng=np.random.default_rng(seed))
+    trainer = Trainer(ours, optim.AdamW(ours.parameters(), lr=vit.LR, weight_decay=vit.WEIGHT_DECAY),
+                      cross_entropy, route="fused")
+    trainer.step(xs, ys)  # traced here; the recorded step below is a replay
+    seen = record_products(trainer, xs, ys)
+    rng = np.random.default_rng(seed)
+    linear, linear_flops = linear_replay(seen["gemm"], rng)
+    attention, attention_flops = attention_replay(seen["attention_forward"], seen["attention_backward"], rng)
+
+    def products():
+        linear()
+        attention()
+
+    case = vit._case()
+    facts = {"linear_gemms": len(seen["gemm"]), "attention_calls": len(seen["attention_forward"]) + len(
+        seen["attention_backward"]), "product_flops": linear_flops + attention_flops,
+        "bench_vit_flops": vit.vit_train_flops(batch=case["batch"], dim=case["dim"], depth=case["depth"],
+                                               heads=case["heads"], mlp=case["mlp"])}
+    steps = {"pytorch eager": torch_step, "tensorarena fused": lambda: trainer.step(xs, ys).loss,
+             "products only": products, "linear GEMMs only": linear}
+    return steps, facts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=["tiny", "base"], default="tiny")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--per-round", type=int, default=3)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+
+    from sgemm_peak import measure_sgemm_peak
+
+    steps, facts = build(args.model)
+    times = interleave(steps, args.rounds, args.per_round)
+    peak = measure_sgemm_peak()  # GFLOP/s, after the steps: same process, same threads
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    ref = medians["pytorch eager"]
+    at_peak_s = facts["product_flops"] / (peak * 1e9)
+    print(f"ViT-{args.model} ({'batch 8' if args.model == 'tiny' else 'batch 1'}), float32, {args.rounds} rounds x "
+          f"{args.per_round} per contender, interleaved in one process")
+    print(f"products per step: {facts['linear_gemms']} linear GEMMs + {facts['attention_calls']} attention calls' "
+          f"slices, {facts['product_flops'] / 1e9:.1f} GFLOP (bench/vit.py's count: "
+          f"{facts['bench_vit_flops'] / 1e9:.1f})")
+    print(f"{'contender':<28}{'median ms':>11}{'min ms':>10}{'x pytorch eager':>17}{'GFLOP/s':>10}")
+    for name, t in times.items():
+        flops = facts["product_flops"] if name in ("products only", "tensorarena fused", "pytorch eager") else None
+        rate = f"{flops / medians[name] / 1e9:>10.0f}" if flops else f"{'':>10}"
+        print(f"{name:<28}{medians[name] * 1e3:>11.1f}{min(t) * 1e3:>10.1f}{medians[name] / ref:>17.3f}{rate}")
+    print(f"{'all FLOPs at sgemm peak':<28}{at_peak_s * 1e3:>11.1f}{'':>10}{at_peak_s / ref:>17.3f}{peak:>10.0f}")
+    floor = medians["products only"] / ref
+    left = BAR - floor
+    print(f"bar {BAR}x PyTorch eager = {BAR * ref * 1e3:.1f} ms. Products alone: {floor:.3f}x, leaving "
+          f"{left * ref * 1e3:.1f} ms ({left:+.3f}x) for everything else in the step; ours takes "
+          f"{(medians['tensorarena fused'] - medians['products only']) * 1e3:.1f} ms of it now.")
+    write_json(args.json, {"model": args.model, "rounds": args.rounds, "per_round": args.per_round,
+                           "median_step_s": medians, "step_times_s": times, "sgemm_peak_gflops": peak,
+                           "x_pytorch_eager": {n: m / ref for n, m in medians.items()},
+                           "at_peak_x_pytorch_eager": at_peak_s / ref, "bar": BAR, "floor_x_pytorch_eager": floor,
+                           **facts})
+
+
+if __name__ == "__main__":
+    main()
