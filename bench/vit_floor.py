@@ -1,6 +1,6 @@
 """The float32 floor of a ViT training step on this machine: its matrix products alone, against PyTorch eager.
 
-    python bench/vit_floor.py [--model tiny|base] [--rounds 8] [--per-round 3] [--json out.json]
+    python bench/vit_floor.py [--model tiny|base] [--rounds 8] [--per-round 3] [--bf16] [--json out.json]
 
 Issue 4's bar is a fused step <= 0.7x PyTorch eager's. No step is faster than its matrix products,
 so this times three things taking turns in one process (bench/common.interleave), plus the
@@ -19,6 +19,13 @@ products) at this machine's best large square sgemm rate, measured here (bench/s
 Reading it: products only / pytorch eager is the smallest ratio any float32 step built on these
 GEMMs can reach. Where it is within a few points of the bar, the bar leaves almost nothing for the
 rest of the step (GELU, LayerNorm, softmax, AdamW's pass over every parameter, Python).
+
+--bf16 adds a what-if for bfloat16 matmuls, which tensorarena does not have (its steps are float32
+throughout): the same linear GEMMs through MKL's cblas_gemm_bf16bf16f32 (AMX on cores that have
+it; float32 output and accumulation), each call first rounding both operands to bfloat16 (a
+parallel pass, counted), attention's products left in float32; and, as the fair rival for such a
+mode, PyTorch eager with torch.backends.mkldnn.matmul.fp32_precision = "bf16" (its own knob for
+the same trade). Nothing here changes what our steps compute.
 """
 
 from __future__ import annotations
@@ -134,7 +141,65 @@ def attention_replay(forward_calls, backward_calls, rng):
     return replay, flops
 
 
-def build(case_name: str, seed: int = 0) -> tuple[dict, dict]:
+def _to_bf16_kernel():
+    import numba
+    import numpy as np
+
+    @numba.njit(parallel=True, cache=False)
+    def to_bf16(src, dst):
+        # float32 -> bfloat16 bits, round to nearest even (finite inputs: these are random operands)
+        for i in numba.prange(src.shape[0]):
+            u = src[i]
+            dst[i] = np.uint16((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+    return to_bf16
+
+
+def bf16_linear_replay(calls, rng):
+    """The recorded linear GEMMs as bfloat16 products (MKL, its own threads), operands rounded per call."""
+    import ctypes
+
+    import numpy as np
+
+    from tensorarena.kernels.mkl_lib import find_mkl_rt
+
+    lib = ctypes.CDLL(find_mkl_rt()[0])  # the library kernels.gemm already loaded
+    fn = lib.cblas_gemm_bf16bf16f32
+    i, vp = ctypes.c_int, ctypes.c_void_p
+    fn.argtypes = [i, i, i, i, i, i, ctypes.c_float, vp, i, vp, i, ctypes.c_float, vp, i]
+    fn.restype = None
+    row_major, no_trans, trans = 101, 111, 112
+    to_bf16 = _to_bf16_kernel()
+
+    def stored(x):
+        """(C-contiguous float32 array holding x's values, CBLAS transpose flag)."""
+        if x.flags.c_contiguous:
+            return x, no_trans
+        if x.T.flags.c_contiguous:
+            return x.T, trans
+        return np.ascontiguousarray(x), no_trans
+
+    operands, plan = {}, []
+    for args, kwargs in calls:
+        a, b, out = args[:3]
+        accumulate = bool(args[3]) if len(args) > 3 else bool(kwargs.get("accumulate", False))
+        key = tuple((x.shape, x.strides) for x in (a, b, out))
+        if key not in operands:
+            (sa, ta), (sb, tb) = stored(_operand_like(a, rng)), stored(_operand_like(b, rng))
+            ha, hb = np.empty(sa.shape, np.uint16), np.empty(sb.shape, np.uint16)
+            c = np.empty(out.shape, np.float32)
+            operands[key] = (sa, ta, ha, sb, tb, hb, c)
+        plan.append((a.shape[0], b.shape[1], a.shape[1], accumulate, *operands[key]))
+
+    def replay():
+        for m, n, k, accumulate, sa, ta, ha, sb, tb, hb, c in plan:
+            to_bf16(sa.reshape(-1).view(np.uint32), ha.reshape(-1))
+            to_bf16(sb.reshape(-1).view(np.uint32), hb.reshape(-1))
+            fn(row_major, ta, tb, m, n, k, 1.0, ha.ctypes.data, ha.shape[1], hb.ctypes.data, hb.shape[1],
+               1.0 if accumulate else 0.0, c.ctypes.data, n)
+    return replay
+
+
+def build(case_name: str, seed: int = 0, bf16: bool = False) -> tuple[dict, dict]:
     """(name -> zero-argument step function, facts about the recorded products)."""
     os.environ["BENCH_CASE"] = case_name
     import torch  # first, as in bench/vit_interleaved.py
@@ -182,6 +247,22 @@ def build(case_name: str, seed: int = 0) -> tuple[dict, dict]:
                                                heads=case["heads"], mlp=case["mlp"])}
     steps = {"pytorch eager": torch_step, "tensorarena fused": lambda: trainer.step(xs, ys).loss,
              "products only": products, "linear GEMMs only": linear}
+    if bf16:
+        linear_bf16 = bf16_linear_replay(seen["gemm"], rng)
+        matmul = torch.backends.mkldnn.matmul
+
+        def torch_step_bf16():
+            matmul.fp32_precision = "bf16"
+            try:
+                return torch_step()
+            finally:
+                matmul.fp32_precision = "ieee"
+
+        def products_bf16():
+            linear_bf16()
+            attention()
+
+        steps.update({"pytorch eager, bf16 matmul": torch_step_bf16, "products, bf16 linear": products_bf16})
     return steps, facts
 
 
@@ -190,12 +271,13 @@ def main() -> None:
     parser.add_argument("--model", choices=["tiny", "base"], default="tiny")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--per-round", type=int, default=3)
+    parser.add_argument("--bf16", action="store_true", help="add the bfloat16-matmul what-if (module docstring)")
     parser.add_argument("--json")
     args = parser.parse_args()
 
     from sgemm_peak import measure_sgemm_peak
 
-    steps, facts = build(args.model)
+    steps, facts = build(args.model, bf16=args.bf16)
     times = interleave(steps, args.rounds, args.per_round)
     peak = measure_sgemm_peak()  # GFLOP/s, after the steps: same process, same threads
     medians = {name: statistics.median(t) for name, t in times.items()}
@@ -208,7 +290,7 @@ def main() -> None:
           f"{facts['bench_vit_flops'] / 1e9:.1f})")
     print(f"{'contender':<28}{'median ms':>11}{'min ms':>10}{'x pytorch eager':>17}{'GFLOP/s':>10}")
     for name, t in times.items():
-        flops = facts["product_flops"] if name in ("products only", "tensorarena fused", "pytorch eager") else None
+        flops = facts["product_flops"] if not name.startswith("linear") else None
         rate = f"{flops / medians[name] / 1e9:>10.0f}" if flops else f"{'':>10}"
         print(f"{name:<28}{medians[name] * 1e3:>11.1f}{min(t) * 1e3:>10.1f}{medians[name] / ref:>17.3f}{rate}")
     print(f"{'all FLOPs at sgemm peak':<28}{at_peak_s * 1e3:>11.1f}{'':>10}{at_peak_s / ref:>17.3f}{peak:>10.0f}")
@@ -217,6 +299,11 @@ def main() -> None:
     print(f"bar {BAR}x PyTorch eager = {BAR * ref * 1e3:.1f} ms. Products alone: {floor:.3f}x, leaving "
           f"{left * ref * 1e3:.1f} ms ({left:+.3f}x) for everything else in the step; ours takes "
           f"{(medians['tensorarena fused'] - medians['products only']) * 1e3:.1f} ms of it now.")
+    if args.bf16:
+        ref16 = medians["pytorch eager, bf16 matmul"]
+        print(f"bf16 what-if (not a tensorarena mode): products with bf16 linear GEMMs "
+              f"{medians['products, bf16 linear'] / ref:.3f}x PyTorch eager, "
+              f"{medians['products, bf16 linear'] / ref16:.3f}x PyTorch eager with its bf16 matmul knob")
     write_json(args.json, {"model": args.model, "rounds": args.rounds, "per_round": args.per_round,
                            "median_step_s": medians, "step_times_s": times, "sgemm_peak_gflops": peak,
                            "x_pytorch_eager": {n: m / ref for n, m in medians.items()},
