@@ -69,15 +69,22 @@ def test_slices_match_the_reference_twin_and_the_slice_path_ran(dt, case):
         np.testing.assert_allclose(a, r, **TOL[dt], err_msg=name)
 
 
+@pytest.mark.parametrize("path", ["slices", "batched"])
 @pytest.mark.parametrize("dt", [np.float32, np.float64])
 @pytest.mark.parametrize("scale", [0.3, 40.0, -0.5, 0.0])
-def test_any_scale_with_masks_matches_the_reference_twin(dt, scale):
-    # softmax_row folds a positive scale into its exp pass (max of the raw scores times the scale);
-    # zero and negative scales take the multiply-first branch, where a -inf mask must stay -inf.
-    # 40 makes raw exp(scale * score) overflow float32: the max must be taken after the scale.
+def test_any_scale_with_masks_matches_the_reference_twin(dt, scale, path, monkeypatch):
+    # softmax_row (both paths use it) folds a positive scale into its exp pass (max of the raw scores
+    # times the scale); zero and negative scales take the multiply-first branch, where a -inf mask must
+    # stay -inf. 40 makes raw exp(scale * score) overflow float32: the max must be taken after the scale.
+    # Checked once (with kernels/__pycache__/attention._masked_softmax* deleted, see softmax_row): folding
+    # every scale fails the 0 and -0.5 cases on both paths; no max subtraction fails at 40.
     q, k, v, g, pad = _inputs(dt, 2, 2, 9, 9, 4, 4, True, seed=3)
     ref = _run_scaled("reference", q, k, v, g, pad, scale)
+    if path == "batched":
+        monkeypatch.setattr(attention_heads, "usable", lambda *arrays: False)
+    before = kernels.calls[SLICES]
     ours = _run_scaled("fused", q, k, v, g, pad, scale)
+    assert kernels.calls[SLICES] == before + (2 if path == "slices" else 0)
     for name, a, r in zip(("out", "probs", "dq", "dk", "dv"), ours, ref):
         assert np.isfinite(a).all(), name
         with np.errstate(under="ignore"):  # scale 40 leaves probabilities near float32's smallest normal
