@@ -206,30 +206,13 @@ def build(case_name: str, seed: int = 0, bf16: bool = False) -> tuple[dict, dict
 
     import vit  # bench/vit.py: the shared models and data
     import numpy as np
-
-    from tensorarena import optim
-    from tensorarena.models.vit import ViT, ViTConfig
-    from tensorarena.nn.functional import cross_entropy
-    from tensorarena.train.trainer import Trainer
+    from vit_interleaved import our_trainer, torch_step as torch_step_for
 
     torch.set_num_threads(2)
     torch.manual_seed(0)
     xs, ys = vit._data()
-    model = vit._torch_vit(vit._case())
-    opt = torch.optim.AdamW(model.parameters(), lr=vit.LR, weight_decay=vit.WEIGHT_DECAY)
-    xt, yt = torch.from_numpy(xs), torch.from_numpy(ys)
-
-    def torch_step():
-        loss = torch.nn.functional.cross_entropy(model(xt), yt)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss.item()
-
-    config = getattr(ViTConfig, case_name)(image_size=vit.IMAGE, patch_size=vit.PATCH, num_classes=vit.CLASSES)
-    ours = ViT(config, rng=np.random.default_rng(seed))
-    trainer = Trainer(ours, optim.AdamW(ours.parameters(), lr=vit.LR, weight_decay=vit.WEIGHT_DECAY),
-                      cross_entropy, route="fused")
+    torch_step = torch_step_for(vit, xs, ys, compiled=False)
+    trainer = our_trainer(vit, case_name, "fused", seed=seed)
     trainer.step(xs, ys)  # traced here; the recorded step below is a replay
     seen = record_products(trainer, xs, ys)
     rng = np.random.default_rng(seed)

@@ -27,6 +27,40 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import interleave, write_json  # noqa: E402
 
 
+def torch_step(vit, xs, ys, *, compiled: bool):
+    """A zero-argument PyTorch training step (bench/vit.py's mirror ViT, AdamW) on the batch xs, ys."""
+    import torch
+
+    model = vit._torch_vit(vit._case())
+    opt = torch.optim.AdamW(model.parameters(), lr=vit.LR, weight_decay=vit.WEIGHT_DECAY)
+    forward = torch.compile(model) if compiled else model
+    xt, yt = torch.from_numpy(xs), torch.from_numpy(ys)
+
+    def step():
+        loss = torch.nn.functional.cross_entropy(forward(xt), yt)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return step
+
+
+def our_trainer(vit, case_name: str, route: str, update_in_backward: bool | None = None, seed: int = 0):
+    """A tensorarena Trainer on the same ViT, data and optimizer settings as bench/vit.py."""
+    import numpy as np
+
+    from tensorarena import optim
+    from tensorarena.models.vit import ViT, ViTConfig
+    from tensorarena.nn.functional import cross_entropy
+    from tensorarena.train.trainer import Trainer
+
+    config = getattr(ViTConfig, case_name)(image_size=vit.IMAGE, patch_size=vit.PATCH, num_classes=vit.CLASSES)
+    model = ViT(config, rng=np.random.default_rng(seed))
+    return Trainer(model, optim.AdamW(model.parameters(), lr=vit.LR, weight_decay=vit.WEIGHT_DECAY),
+                   cross_entropy, route=route, update_in_backward=update_in_backward)
+
+
 def build(case_name: str, with_compile: bool) -> dict:
     """name -> zero-argument step function, for every contender."""
     os.environ["BENCH_CASE"] = case_name
@@ -37,38 +71,15 @@ def build(case_name: str, with_compile: bool) -> dict:
     torch.set_num_threads(2)
     torch.manual_seed(0)
     xs, ys = vit._data()
-    steps = {}
-    for name, compiled in (("pytorch eager", False), ("torch.compile", True)):
-        if compiled and not with_compile:
-            continue
-        model = vit._torch_vit(vit._case())
-        opt = torch.optim.AdamW(model.parameters(), lr=vit.LR, weight_decay=vit.WEIGHT_DECAY)
-        forward = torch.compile(model) if compiled else model
-        xt, yt = torch.from_numpy(xs), torch.from_numpy(ys)
+    steps = {"pytorch eager": torch_step(vit, xs, ys, compiled=False)}
+    if with_compile:
+        steps["torch.compile"] = torch_step(vit, xs, ys, compiled=True)
 
-        def torch_step(forward=forward, opt=opt, xt=xt, yt=yt):
-            loss = torch.nn.functional.cross_entropy(forward(xt), yt)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            return loss.item()
-
-        steps[name] = torch_step
-
-    import numpy as np
-
-    from tensorarena import optim
     from tensorarena.kernels.gemm import backend
-    from tensorarena.models.vit import ViT, ViTConfig
-    from tensorarena.nn.functional import cross_entropy
-    from tensorarena.train.trainer import Trainer
 
     for name, route, in_backward in (("tensorarena eager", "eager", None), ("tensorarena fused", "fused", None),
                                      (vit.FUSED_FLAT, "fused", False)):
-        config = getattr(ViTConfig, case_name)(image_size=vit.IMAGE, patch_size=vit.PATCH, num_classes=vit.CLASSES)
-        model = ViT(config, rng=np.random.default_rng(0))
-        trainer = Trainer(model, optim.AdamW(model.parameters(), lr=vit.LR, weight_decay=vit.WEIGHT_DECAY),
-                          cross_entropy, route=route, update_in_backward=in_backward)
+        trainer = our_trainer(vit, case_name, route, in_backward)
         steps[name] = lambda trainer=trainer: trainer.step(xs, ys).loss
     steps["_gemm_backend"] = backend()
     return steps

@@ -347,7 +347,7 @@ def _kernel_cases():
         "gelu._bias_backward": (gelu._bias_backward, (x, x, x.copy(), np.zeros((2, 48)), 2, False)),
         "softmax._forward": (softmax._forward, (x, m, True, lead_shape, lead_stride, last, x.copy(), 8)),
         "softmax._exp_normalise": (softmax._exp_normalise, (x[0], x[1].copy(), x[0, 0])),
-        "softmax._exp_normalise_in_place": (softmax._exp_normalise_in_place, (x[0].copy(),)),
+        "softmax._exp_fma_normalise": (softmax._exp_fma_normalise, (x[0].copy(), np.float32(0.125), np.float32(-1))),
         "attention._masked_softmax": (attention._masked_softmax,
                                       (x.reshape(2, 2, 16, 48).copy(), np.zeros((2, 48), bool), True, True, 0.125, 8)),
     }

@@ -38,7 +38,7 @@ from .dropout import dropped
 from .mkl_numba import NO_TRANS as _NO_TRANS, TRANS as _TRANS
 from .mkl_numba import gemm_call, set_local_threads as _set_local_threads
 from . import fastmath as fm
-from .softmax import _rowdot, _rowmax, _scale_by_inverse
+from .softmax import _exp_fma_normalise, _rowdot, _rowmax
 
 # Operand descriptors: one int64 row per operand, (address, batch stride, head stride, transpose, ld),
 # strides in bytes: slice (b, h) of the operand starts at address + b * batch stride + h * head stride.
@@ -57,18 +57,6 @@ def _at(d, b, h):
 def _gemm(f32, ta, tb, m, n, k, a, lda, b, ldb, c, ldc):
     # c (m, n) = op(a) @ op(b), row-major, one thread (the caller set MKL's local thread count)
     gemm_call(f32, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, False)
-
-
-@numba.njit(cache=True, error_model="numpy", fastmath={"contract"})
-def _exp_fma_normalise(row, mul, shift):
-    # row = exp(row * mul + shift) / its sum, one rounding per argument (fma). A function of its own,
-    # not inlined: Numba's inliner trips over fastmath.exp inlined at two call sites (softmax.py).
-    s = fm.like(row[0], 0.0)
-    for j in range(row.shape[0]):
-        e = fm.exp(row[j] * mul + shift)
-        row[j] = e
-        s = fm.radd(s, e)
-    _scale_by_inverse(row, s)
 
 
 @numba.njit(inline="always")

@@ -103,11 +103,13 @@ def _exp_normalise(src, row, mx):
 
 
 @numba.njit(cache=True, error_model="numpy", fastmath={"contract"})
-def _exp_normalise_in_place(row):
-    # row = exp(row) / sum(exp(row)); one array, so no aliasing check sends LLVM to the scalar loop
+def _exp_fma_normalise(row, mul, shift):
+    # row = exp(row * mul + shift) / its sum, the argument rounded once (fma); mul and shift in row's
+    # dtype. One array, so no aliasing check sends LLVM to the scalar loop. mul = 1 and shift = -max
+    # is x - max(x) rounded once, as a separate subtraction pass would round it.
     s = fm.like(row[0], 0.0)
     for j in range(row.shape[0]):
-        e = fm.exp(row[j])
+        e = fm.exp(row[j] * mul + shift)
         row[j] = e
         s = fm.radd(s, e)
     _scale_by_inverse(row, s)
@@ -139,9 +141,7 @@ def _forward(x, m, has_mask, lead_shape, lead_stride, last_stride, out, rows_per
                 if mx == -np.inf:  # fully masked row: exp(-inf - 0) = 0 everywhere (as the reference)
                     mx = fm.like(mx, 0.0)
                 if row is xr:  # identity, not equality: in place
-                    for j in range(d):
-                        row[j] = xr[j] - mx
-                    _exp_normalise_in_place(row)
+                    _exp_fma_normalise(row, fm.like(mx, 1.0), -mx)
                 else:
                     _exp_normalise(xr, row, mx)  # float32 x - mx is the float64 difference rounded once
                 continue
@@ -165,8 +165,8 @@ def _forward(x, m, has_mask, lead_shape, lead_stride, last_stride, out, rows_per
             if mz == -np.inf:
                 mz = 0.0
             for j in range(d):
-                row[j] = z[j] - mz
-            _exp_normalise_in_place(row)
+                row[j] = z[j] - mz  # the float64 difference, rounded once into row's precision
+            _exp_fma_normalise(row, fm.like(row[0], 1.0), fm.like(row[0], 0.0))
 
 
 @numba.njit(parallel=True, **_JIT)
