@@ -23,6 +23,10 @@ and the optimizer are not counted):
     attention   L * 3 * (2 * 2 * B*H*T*T*hs)                 q k^T and p v; bwd = 2 x fwd
     patches     4 * B*N * (3*P*P*D)                          no gradient w.r.t. the pixels
     head        6 * B * D*C
+This counts the model as PyTorch's mirror runs it. tensorarena's ViT computes its last block's
+attention rows, projection, norm and MLP for [CLS] alone (ViTConfig.cls_only_last_block: the head
+reads nothing else; same values), so its GFLOP/s are the model's FLOPs per second, not the ones
+it executed. bench/vit_interleaved.py times it with that off too.
 Bars (issue 3): our eager median step <= 0.9x PyTorch eager, our peak RSS <= PyTorch eager's,
 and ViT-Base batch 1 over 40 steps: our RSS slope < 1 MB/step.
 "tensorarena fused" is Trainer(route="fused") as a user gets it: no clipping here, so each

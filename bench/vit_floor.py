@@ -13,8 +13,9 @@ linear-layer GEMMs on their own:
     D^T g, g v^T, dS k and dS^T q backward, one MKL thread per slice, the cores sharing the slices,
     with the softmax left out. One set of operands serves every product of a shape (the 12 layers
     share them), so the products run from warmer caches than inside a step: a lower bound.
-The table also gives the step's matmul FLOPs (bench/vit.py's count, checked against the recorded
-products) at this machine's best large square sgemm rate, measured here (bench/sgemm_peak.py).
+The table also gives the step's matmul FLOPs (the recorded products; bench/vit.py's count of the
+full model beside them, larger since our last block computes [CLS] alone) at this machine's best
+large square sgemm rate, measured here (bench/sgemm_peak.py).
 
 Reading it: products only / pytorch eager is the smallest ratio any float32 step built on these
 GEMMs can reach. Where it is within a few points of the bar, the bar leaves almost nothing for the

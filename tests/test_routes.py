@@ -61,12 +61,12 @@ def test_auto_takes_fused_when_it_fits_and_says_why():
 
 def test_auto_streams_when_fused_does_not_fit(tmp_path):
     x, y = _batches(1, batch=64)[0]
-    _, probe = _trainer("auto", dim=64, depth=4, memory_limit="8G")
+    _, probe = _trainer("auto", dim=64, depth=6, memory_limit="8G")
     plan = probe.plan(x, y)
     fused, stream = plan.estimates["fused"].required, plan.estimates["streaming"].required
     assert fused - stream > 8 * MiB  # a budget between them must tell them apart
     limit = (fused + stream) // 2
-    model, trainer = _trainer("auto", dim=64, depth=4, memory_limit=limit, store_dir=tmp_path / "store")
+    model, trainer = _trainer("auto", dim=64, depth=6, memory_limit=limit, store_dir=tmp_path / "store")
     reports = [trainer.step(x, y) for _ in range(3)]
     assert {r.route for r in reports} == {"streaming"}
     assert "fused would need" in trainer.route_plan.reason

@@ -192,6 +192,82 @@ def test_transformer_block_matches_torch_encoder_layer(norm_first, activation):
         np.testing.assert_allclose(grads[name], q.grad.numpy(), **TOL[np.float64], err_msg=name)
 
 
+# -- the first tokens only (ViT's last block computes [CLS] alone) -------------------------
+
+@pytest.mark.parametrize("norm_first", [True, False])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n", [1, 3])
+def test_block_with_query_tokens_matches_torch_encoder_layer_sliced(norm_first, causal, n, monkeypatch):
+    """block(x, query_tokens=n) against torch's full layer cut to its first n rows: forward, the
+    gradient of x (every row: keys and values come from all of them) and of every parameter."""
+    B, T, C, nh = 2, 6, 16, 4
+    ours = nn.TransformerBlock(C, nh, mlp_ratio=3.0, norm_first=norm_first, eps=1e-6,
+                               rng=np.random.default_rng(0), dtype=np.float64)
+    theirs = torch.nn.TransformerEncoderLayer(C, nh, dim_feedforward=3 * C, dropout=0.0, batch_first=True,
+                                              norm_first=norm_first, layer_norm_eps=1e-6, activation="gelu").double()
+    theirs.load_state_dict({_to_torch_layer_name(k): torch.from_numpy(v) for k, v in ours.state_dict().items()})
+    x = np.random.default_rng(1).standard_normal((B, T, C))
+    pad = _padding([6, 4], T)
+    calls = {"first queries": 0, "packed": 0}
+    for name, key in (("scaled_dot_product_attention", "first queries"), ("packed_self_attention", "packed")):
+        def counted(*args, _fn=getattr(F, name), _key=key, **kwargs):
+            calls[_key] += 1
+            return _fn(*args, **kwargs)
+        monkeypatch.setattr(F, name, counted)
+
+    xt, xr = ta.tensor(x, dtype=np.float64, requires_grad=True), _t(x, grad=True)
+    out = ours(xt, key_padding_mask=pad, causal=causal, query_tokens=n)
+    assert calls == {"first queries": 1, "packed": 0}  # the n-row attention ran, not the full one
+    mask = torch.ones(T, T, dtype=torch.bool).triu(1) if causal else None  # True = not allowed
+    ref = theirs(xr, src_mask=mask, src_key_padding_mask=torch.from_numpy(pad))[:, :n]
+    assert out.shape == (B, n, C)
+    np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), **TOL[np.float64])
+    w = np.random.default_rng(2).standard_normal(out.shape)
+    (out * ta.tensor(w, dtype=np.float64)).sum().backward()
+    (ref * _t(w)).sum().backward()
+    np.testing.assert_allclose(xt.grad, xr.grad.numpy(), **TOL[np.float64])
+    grads = {_to_torch_layer_name(k): p.grad for k, p in ours.named_parameters()}
+    for name, q in theirs.named_parameters():
+        np.testing.assert_allclose(grads[name], q.grad.numpy(), **TOL[np.float64], err_msg=name)
+
+
+def test_query_tokens_errors_name_the_value_and_the_way_out():
+    block = nn.TransformerBlock(8, 2, attention_dropout=0.1, rng=np.random.default_rng(0))
+    x = ta.tensor(np.zeros((2, 3, 8), np.float32))
+    for bad in (0, 4, True, 1.5):
+        with pytest.raises(ValueError, match=rf"query_tokens must be an integer in \[1, 3\].*got {bad!r}"):
+            block(x, query_tokens=bad)
+    with pytest.raises(ValueError, match="attention dropout .*slice the output"):
+        block(x, query_tokens=1)  # training: its dropout mask covers every query row
+    assert block.eval()(x, query_tokens=1).shape == (2, 1, 8)
+
+
+def test_vit_last_block_computes_cls_alone_unless_told_or_dropping_attention(caplog):
+    """Same loss and gradients either way (float64); the route taken is recorded and said."""
+    x = np.random.default_rng(1).standard_normal((3, 3, 32, 32))
+    y = np.array([1, 2, 3])
+
+    def run(**config):
+        model = ViT(ViTConfig.tiny(image_size=32, patch_size=8, num_classes=10, depth=2, dtype=np.float64, **config),
+                    rng=np.random.default_rng(0))
+        loss = F.cross_entropy(model(ta.tensor(x, dtype=np.float64)), y)
+        loss.backward()
+        return model, loss.item(), {k: p.grad for k, p in model.named_parameters()}
+
+    cls_model, cls_loss, cls_grads = run()
+    full_model, full_loss, full_grads = run(cls_only_last_block=False)
+    assert (cls_model.last_block_route, full_model.last_block_route) == ("cls only", "every token")
+    assert abs(cls_loss - full_loss) <= 1e-12 * abs(full_loss)
+    for name, g in full_grads.items():
+        np.testing.assert_allclose(cls_grads[name], g, **TOL[np.float64], err_msg=name)
+    with caplog.at_level("INFO", logger="tensorarena"):
+        dropping, _, _ = run(attention_dropout=0.1)
+    assert dropping.last_block_route == "every token" and "computes every token" in caplog.text
+    with ta.no_grad():
+        dropping.eval()(ta.tensor(x, dtype=np.float64))
+    assert dropping.last_block_route == "cls only"
+
+
 # -- patch and position embeddings, pooling ------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

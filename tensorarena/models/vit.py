@@ -11,6 +11,7 @@ torchvision vit_b_16's 86,567,656 parameters. Parameter names follow timm
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -21,6 +22,7 @@ from ..nn.transformer import Activation, cls_pool
 from ..ops import cat
 from ..tensor import Tensor
 
+log = logging.getLogger("tensorarena")
 
 @dataclass(frozen=True)
 class ViTConfig:
@@ -39,6 +41,9 @@ class ViTConfig:
     eps: float = 1e-6
     activation: Activation = "gelu"
     dtype: type = field(default=np.float32)
+    # The head reads only [CLS]: the last block computes attention rows, projection, norm and MLP
+    # for that one token (keys and values from all). Same values; False computes every token.
+    cls_only_last_block: bool = True
 
     def __post_init__(self) -> None:
         sizes = dict(image_size=self.image_size, patch_size=self.patch_size, in_channels=self.in_channels,
@@ -96,6 +101,7 @@ class ViT(Module):
                        for _ in range(c.depth)]
         self.norm = LayerNorm(c.dim, eps=c.eps, dtype=dt)
         self.head = Linear(c.dim, c.num_classes, rng=rng, dtype=dt)
+        self.last_block_route: str | None = None  # set by each forward: "cls only" or "every token"
         self.reset_parameters(rng=rng)
 
     def reset_parameters(self, *, rng: np.random.Generator | None = None) -> None:
@@ -120,6 +126,25 @@ class ViT(Module):
         """Final LayerNorm, [CLS] token, head. Shape: (B, 1 + N, dim) -> (B, num_classes)."""
         return self.head(cls_pool(self.norm(tokens)))
 
+    def _last_block(self, tokens: Tensor) -> Tensor:
+        """The last block, for [CLS] alone when it can be. Shape: (B, 1 + N, dim) -> (B, 1 or 1 + N, dim).
+
+        Sets `last_block_route` ("cls only" or "every token") so callers and tests see which ran.
+        """
+        block = self.blocks[-1]
+        if not self.config.cls_only_last_block:
+            self.last_block_route = "every token"
+            return block(tokens)
+        if self.training and block.attn.dropout:
+            if self.last_block_route != "every token":
+                log.info("ViT: the last block computes every token while training with attention dropout "
+                         "(%s), whose mask covers every query row; [CLS] alone is computed in eval",
+                         block.attn.dropout)
+            self.last_block_route = "every token"
+            return block(tokens)
+        self.last_block_route = "cls only"
+        return block(tokens, query_tokens=1)
+
     def features(self, images) -> Tensor:
         """All tokens after the final LayerNorm. Shape: (B, C, H, W) -> (B, 1 + N, dim)."""
         x = self._embed(images)
@@ -128,7 +153,10 @@ class ViT(Module):
         return self.norm(x)
 
     def forward(self, images) -> Tensor:
-        return self.head(cls_pool(self.features(images)))  # (B, num_classes)
+        x = self._embed(images)
+        for block in self.blocks[:-1]:
+            x = block(x)
+        return self._classify(self._last_block(x))  # (B, num_classes)
 
     def stream_stages(self) -> list:
         """The cut for the streaming route (tensorarena.stream): embedding, each block, norm + head.
@@ -140,7 +168,9 @@ class ViT(Module):
 
         embed = (self.patch_embed.weight, self.patch_embed.bias, self.cls_token, self.pos_embed.weight)
         stages = [Stage("embed", embed, self._embed)]
-        stages += [Stage(f"blocks.{i}", tuple(block.parameters()), block) for i, block in enumerate(self.blocks)]
+        *inner, last = self.blocks
+        stages += [Stage(f"blocks.{i}", tuple(block.parameters()), block) for i, block in enumerate(inner)]
+        stages.append(Stage(f"blocks.{len(inner)}", tuple(last.parameters()), self._last_block))
         stages.append(Stage("head", tuple(self.norm.parameters()) + tuple(self.head.parameters()), self._classify))
         return stages
 

@@ -62,14 +62,28 @@ class MultiheadAttention(Module):
         self.proj = Linear(dim, dim, rng=rng, dtype=dtype)
         self.attn_drop = Dropout(dropout, rng=rng)
 
-    def forward(self, x: Tensor, key_padding_mask: np.ndarray | None = None, causal: bool = False) -> Tensor:
-        """Self-attention; key_padding_mask bool (B, T), True = padding key; causal: i sees j <= i."""
+    def forward(self, x: Tensor, key_padding_mask: np.ndarray | None = None, causal: bool = False,
+                query_tokens: int | None = None) -> Tensor:
+        """Self-attention; key_padding_mask bool (B, T), True = padding key; causal: i sees j <= i.
+
+        query_tokens=n returns only the first n tokens' outputs, (B, n, dim), attending over all T
+        keys: the same values as forward(x)[:, :n], with attention and the output projection done
+        for n rows instead of T. Not with attention dropout (ValueError): its mask is drawn over
+        every query row.
+        """
         B, T, C = x.shape
         if C != self.dim:
             raise ValueError(f"MultiheadAttention expects (B, T, {self.dim}), got {x.shape}")
         nh = self.num_heads
         if key_padding_mask is not None:
             key_padding_mask = _bool_mask(key_padding_mask, (B, T), "key_padding_mask")
+        if query_tokens is not None:
+            n = _query_count(query_tokens, T)
+            if self.training and self.dropout:
+                raise ValueError(f"query_tokens={n} cannot be combined with attention dropout ({self.dropout}) "
+                                 f"while training: its mask is drawn over every query row. Call it without "
+                                 f"query_tokens and slice the output")
+            return self._first_queries(self.qkv(x), n, key_padding_mask, causal)
         qkv = self.qkv(x)  # (B, T, 3C): [query; key; value]
         # The heads are read as strided views of qkv and written straight into (B, T, C); attention
         # dropout (training only) is applied inside the kernels, its mask recomputed in backward.
@@ -78,8 +92,26 @@ class MultiheadAttention(Module):
                                     rng=init.get_generator(self.attn_drop.rng) if p else None)
         return self.proj(y)
 
+    def _first_queries(self, qkv: Tensor, n: int, key_padding_mask: np.ndarray | None, causal: bool) -> Tensor:
+        """Attention output of the first n queries over every key. Shape: qkv (B, T, 3C) -> (B, n, C)."""
+        B, T, three_c = qkv.shape
+        C, nh, hs = self.dim, self.num_heads, self.head_dim
+        # Strided views of qkv (no copies); their gradients scatter back into one (B, T, 3C) buffer.
+        q = qkv[:, :n, :C].reshape(B, n, nh, hs).permute(0, 2, 1, 3)  # (B, H, n, hs)
+        k = qkv[:, :, C:2 * C].reshape(B, T, nh, hs).permute(0, 2, 1, 3)  # (B, H, T, hs)
+        v = qkv[:, :, 2 * C:].reshape(B, T, nh, hs).permute(0, 2, 1, 3)
+        # Causal masks stay top-left aligned: query i of the first n is token i.
+        y = F.scaled_dot_product_attention(q, k, v, key_padding_mask=key_padding_mask, causal=causal)
+        return self.proj(y.permute(0, 2, 1, 3).reshape(B, n, C))
+
     def extra_repr(self) -> str:
         return f"dim={self.dim}, num_heads={self.num_heads}, dropout={self.dropout}"
+
+
+def _query_count(query_tokens, T: int) -> int:
+    if isinstance(query_tokens, bool) or not isinstance(query_tokens, (int, np.integer)) or not 1 <= query_tokens <= T:
+        raise ValueError(f"query_tokens must be an integer in [1, {T}] (the sequence length), got {query_tokens!r}")
+    return int(query_tokens)
 
 
 class FeedForward(Module):
@@ -132,12 +164,28 @@ class TransformerBlock(Module):
         self.mlp = FeedForward(dim, hidden, activation=activation, rng=rng, dtype=dtype)
         self.drop = Dropout(dropout, rng=rng)
 
-    def forward(self, x: Tensor, key_padding_mask: np.ndarray | None = None, causal: bool = False) -> Tensor:
-        """One block; masks as in MultiheadAttention.forward."""
+    def forward(self, x: Tensor, key_padding_mask: np.ndarray | None = None, causal: bool = False,
+                query_tokens: int | None = None) -> Tensor:
+        """One block; masks as in MultiheadAttention.forward.
+
+        query_tokens=n computes only the first n tokens' outputs, (B, n, dim), equal to
+        forward(x)[:, :n]: keys and values still come from every token, but the attention rows,
+        the output projection, the second norm and the MLP run on n rows instead of T. A model
+        that reads only [CLS] after its last block (ViT) passes 1 there. Not with attention
+        dropout while training (see MultiheadAttention.forward); residual dropout draws its mask
+        for the n rows only.
+        """
+        if query_tokens is None:
+            if self.norm_first:
+                x = x + self.drop(self.attn(self.norm1(x), key_padding_mask, causal))
+                return x + self.drop(self.mlp(self.norm2(x)))
+            x = self.norm1(x + self.drop(self.attn(x, key_padding_mask, causal)))
+            return self.norm2(x + self.drop(self.mlp(x)))
+        n = _query_count(query_tokens, x.shape[1])
         if self.norm_first:
-            x = x + self.drop(self.attn(self.norm1(x), key_padding_mask, causal))
+            x = x[:, :n] + self.drop(self.attn(self.norm1(x), key_padding_mask, causal, query_tokens=n))
             return x + self.drop(self.mlp(self.norm2(x)))
-        x = self.norm1(x + self.drop(self.attn(x, key_padding_mask, causal)))
+        x = self.norm1(x[:, :n] + self.drop(self.attn(x, key_padding_mask, causal, query_tokens=n)))
         return self.norm2(x + self.drop(self.mlp(x)))
 
     def extra_repr(self) -> str:
