@@ -338,6 +338,8 @@ def test_vit_presets_and_overrides():
         ViTConfig.tiny(image_size=30)
     with pytest.raises(ValueError, match="multiple of num_heads"):
         ViTConfig(dim=100, num_heads=3)
+    with pytest.raises(TypeError, match="cls_only_last_block must be True or False, got 'no'"):
+        ViTConfig.tiny(cls_only_last_block="no")
 
 
 def test_bert_config_from_json():

@@ -24,6 +24,7 @@ from ..tensor import Tensor
 
 log = logging.getLogger("tensorarena")
 
+
 @dataclass(frozen=True)
 class ViTConfig:
     """ViT sizes and options; the defaults are ViT-B/16 on 224 x 224 ImageNet (1000 classes)."""
@@ -60,6 +61,8 @@ class ViTConfig:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.activation not in ("gelu", "gelu_tanh"):
             raise ValueError(f"activation must be 'gelu' or 'gelu_tanh', got {self.activation!r}")
+        if not isinstance(self.cls_only_last_block, bool):
+            raise TypeError(f"cls_only_last_block must be True or False, got {self.cls_only_last_block!r}")
         if np.dtype(self.dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
             raise ValueError(f"dtype must be float32 or float64, got {np.dtype(self.dtype)}")
 
