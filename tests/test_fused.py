@@ -190,6 +190,25 @@ def test_parameters_stay_visible_to_the_module_and_state_dict():
     assert np.shares_memory(p0.data, group.param) and np.shares_memory(opt.state[p0]["exp_avg"], group.state["exp_avg"])
 
 
+@pytest.mark.parametrize("update_in_backward", [True, False], ids=["update_in_backward", "flat_grads"])
+def test_the_slab_every_planned_buffer_and_the_flat_state_start_on_a_cache_line(update_in_backward):
+    """64-byte aligned, as the eager arena's blocks: NumPy's own large arrays start 16 bytes into a
+    page, and a step on such a slab (every 512-bit vector straddling two cache lines) ran 1-3% slower.
+    Fails with the slab and flat buffers back on np.empty: slab base 16 mod 64."""
+    model = _vit(dim=64)
+    fused = compile_step(model, cross_entropy, optim.AdamW(model.parameters(), lr=1e-3), _batches(1)[0],
+                         update_in_backward=update_in_backward)
+    plan = fused.plan
+    assert plan.slab.ctypes.data % 64 == 0
+    assert all(view.ctypes.data % 64 == 0 for view in plan.views if view.size)
+    group = fused.flat.groups[0]
+    flat = [group.param, *group.state.values()] + ([group.grad] if group.grad is not None else [])
+    assert len(flat) == (4 if not update_in_backward else 3)
+    assert all(a.ctypes.data % 64 == 0 for a in flat)
+    fused.step(*_batches(1)[0])  # and they train: the step runs on exactly these buffers
+    assert fused.plan.slab is plan.slab and np.shares_memory(model.head.weight.data, group.param)
+
+
 def _traced_peak(fused, x, y):
     fused.step(x, y)  # warm
     tracemalloc.start()

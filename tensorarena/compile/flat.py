@@ -22,6 +22,7 @@ import logging
 
 import numpy as np
 
+from ..memory.pool import aligned_empty
 from ..nn.module import Module
 from ..optim.optimizer import Optimizer
 from ..tensor import Tensor
@@ -46,6 +47,12 @@ def _return_freed_memory() -> None:
 _RELEASE_EVERY = 64 << 20  # bytes of replaced arrays between malloc_trim calls while binding
 
 
+def _aligned_zeros(count: int, dtype) -> np.ndarray:
+    out = aligned_empty(count, dtype)
+    out.fill(0)
+    return out
+
+
 class FlatGroup:
     """One optimizer param group laid out flat: params, grads, state kinds and step counts."""
 
@@ -62,12 +69,13 @@ class FlatGroup:
         sizes = [p.data.size for p in params]
         self.segments = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         total = int(self.segments[-1])
-        self.param = np.empty(total, self.dtype)
-        self.grad = np.zeros(total, self.dtype) if keep_grads else None
+        # Aligned like the slab (memory/pool.aligned_bytes): the update kernels stream these.
+        self.param = aligned_empty(total, self.dtype)
+        self.grad = _aligned_zeros(total, self.dtype) if keep_grads else None
         # Filled piece by piece in bind(), while the old per-parameter arrays are handed back: a
         # full-size np.full here made flattening ViT-Base hold old and new copies at once, and that
         # moment (not the training step) was the process's peak RSS.
-        self.state = {kind: np.empty(total, self.dtype) for kind in state_init}
+        self.state = {kind: aligned_empty(total, self.dtype) for kind in state_init}
         self.state_fill = dict(state_init)
         # Per-parameter scalars ("step", NAdam's "mu_product"...): one float64 per parameter, each
         # parameter's state entry a 0-d view, all equal within a group (the group updates as one).

@@ -42,6 +42,7 @@ import numpy as np
 from .. import autograd
 from ..memory.arena import Arena
 from ..memory.meter import format_bytes
+from ..memory.pool import aligned_bytes
 from ..nn.module import Module
 from ..optim.clip import clip_grad_norm_
 from ..optim.optimizer import Optimizer
@@ -222,7 +223,7 @@ class FusedStep:
         buffers = tracer.finish()
         self.traces += 1
         memory = plan_memory(tracer.lifetimes())
-        slab = np.empty(max(memory.slab_bytes, 1), np.uint8)  # persistent: owned by the plan
+        slab = aligned_bytes(max(memory.slab_bytes, 1))  # persistent: owned by the plan; offsets are ALIGN multiples
         views = [slab[memory.offsets[str(b.index)]:memory.offsets[str(b.index)] + b.nbytes].view(b.dtype).reshape(b.shape)
                  for b in buffers]
         name = type(self.optimizer).__name__

@@ -60,16 +60,32 @@ class PoolStats:
     peak_bytes: int = 0  # high-water of in_use + cached
 
 
+def aligned_bytes(nbytes: int) -> np.ndarray:
+    """An uninitialised uint8 array of `nbytes` whose first byte sits on an ALIGN boundary.
+
+    NumPy only promises 16 bytes: its large arrays start 16 bytes into a page, so every
+    512-bit vector of a buffer carved from one straddles two cache lines. A fused ViT-Tiny
+    step on such a slab ran 1-3% slower than on an aligned one (two A/B runs).
+    """
+    raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
+    start = (-raw.ctypes.data) % ALIGN
+    return raw[start : start + nbytes]
+
+
+def aligned_empty(count: int, dtype) -> np.ndarray:
+    """An uninitialised 1-D array of `count` elements of `dtype`, ALIGN-aligned (see aligned_bytes)."""
+    dtype = np.dtype(dtype)
+    return aligned_bytes(count * dtype.itemsize).view(dtype)
+
+
 class Block:
     """One contiguous, aligned byte buffer owned by the pool."""
 
     __slots__ = ("nbytes", "buffer")
 
     def __init__(self, nbytes: int) -> None:
-        raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
-        start = (-raw.ctypes.data) % ALIGN
         self.nbytes = nbytes
-        self.buffer = raw[start : start + nbytes]
+        self.buffer = aligned_bytes(nbytes)
 
 
 class BlockPool:

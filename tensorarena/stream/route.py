@@ -52,7 +52,8 @@ from ..train.checkpoint import _generators, _jsonable
 from ..train.report import NonFiniteLossError, check_step_options
 from . import optim_state
 from .stages import Stage, model_stages
-from .store import ArraySpec, ParamStore, StageLayout, StageSpec, StoreError, StoreSpec, _aligned_bytes
+from ..memory.pool import aligned_bytes
+from .store import ArraySpec, ParamStore, StageLayout, StageSpec, StoreError, StoreSpec
 
 LossFn = Callable[[Tensor, Any], Tensor]
 STARTS = ("auto", "memory", "resume")
@@ -150,7 +151,7 @@ class StreamingRoute:
             self.store.close()
             raise
         grad_bytes = max(layout.params_bytes for layout in self.store.layouts)
-        self._grads = _aligned_bytes(max(grad_bytes, 1))  # one stage's parameter gradients, reused
+        self._grads = aligned_bytes(max(grad_bytes, 1))  # one stage's parameter gradients, reused
 
     @classmethod
     def from_memory(cls, model: Module, optimizer: Optimizer, loss_fn: LossFn, store_dir: str | Path, *,

@@ -65,6 +65,8 @@ from typing import Any
 
 import numpy as np
 
+from ..memory.pool import aligned_bytes
+
 FORMAT = "tensorarena-stream-store"
 VERSION = 1
 IO_MODES = ("map", "copy")
@@ -162,12 +164,6 @@ class StageViews:
     scalars: np.ndarray | None  # (params, scalar kinds) float64; row i belongs to parameter i
 
 
-def _aligned_bytes(nbytes: int) -> np.ndarray:
-    raw = np.empty(nbytes + ALIGN, np.uint8)
-    start = (-raw.ctypes.data) % ALIGN
-    return raw[start:start + nbytes]
-
-
 class ParamStore:
     """A directory of stage files plus manifest.json; see the module docstring.
 
@@ -205,7 +201,7 @@ class ParamStore:
         self.slot_bytes = max(layout.total_bytes for layout in self.layouts)
         # Two slots: one stage computes in one while the next stage is read into the other.
         # io="copy": two buffers. io="map": per slot (stage index, mmap, mapped bytes) or None.
-        self.slots = [_aligned_bytes(self.slot_bytes), _aligned_bytes(self.slot_bytes)] if io == "copy" else None
+        self.slots = [aligned_bytes(self.slot_bytes), aligned_bytes(self.slot_bytes)] if io == "copy" else None
         self._maps: list[tuple[int, mmap.mmap, int] | None] = [None, None]
         # Mappings that still had arrays over them when their slot was released: they unmap when the
         # last such array goes. Stays 0 in a healthy step (the route drops its views first; tested).
