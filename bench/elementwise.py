@@ -122,7 +122,7 @@ def main() -> None:
             cmd += ["--threads", str(threads)]
         results[who] = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     names = [n for n in next(iter(results.values())) if n != "threads"]
-    print(f"threads: " + ", ".join(f"{w}={r['threads']}" for w, r in results.items()))
+    print("threads: " + ", ".join(f"{w}={r['threads']}" for w, r in results.items()))
     print(f"{'kernel':24s}" + "".join(f"{w + ' ms':>12s}" for w in results) +
           ("   ours/torch" if len(results) == 2 else ""))
     for n in names:

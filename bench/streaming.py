@@ -233,7 +233,7 @@ def _run_streaming(cold: bool, io: str = "map") -> dict:
         with route:
             extra["cached_fraction_before_steps"] = cached_fraction(_stage_files(route))
             extra.update(_reset_peak())
-            evictions, reads, writes, io_wait = [], [], [], []
+            evictions, reads, writes = [], [], []
 
             def before():
                 if not cold:
