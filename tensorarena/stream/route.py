@@ -42,7 +42,7 @@ import numpy as np
 
 from ..autograd import enable_grad, no_grad
 from ..memory.arena import Arena
-from ..memory.pool import BlockPool
+from ..memory.pool import BlockPool, aligned_bytes
 from ..nn.module import Module
 from ..optim.clip import _norm
 from ..optim.optimizer import Optimizer
@@ -52,7 +52,6 @@ from ..train.checkpoint import _generators, _jsonable
 from ..train.report import NonFiniteLossError, check_step_options
 from . import optim_state
 from .stages import Stage, model_stages
-from ..memory.pool import aligned_bytes
 from .store import ArraySpec, ParamStore, StageLayout, StageSpec, StoreError, StoreSpec
 
 LossFn = Callable[[Tensor, Any], Tensor]
