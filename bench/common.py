@@ -132,6 +132,20 @@ def interleave(steps: dict[str, Callable[[], object]], rounds: int, per_round: i
     return times
 
 
+def paired_ratios(times: dict[str, list[float]], reference: str, per_round: int) -> dict[str, float]:
+    """Each contender against `reference` round by round, then the median over the rounds.
+
+    `times` as `interleave` returns them (per_round steps per round, in round order). A round's
+    ratio compares medians taken seconds apart, so a load change between rounds moves both sides
+    of it; whole-run medians compare whichever steps happened to land in the middle.
+    """
+    def round_medians(t: list[float]) -> list[float]:
+        return [statistics.median(t[r * per_round:(r + 1) * per_round]) for r in range(len(t) // per_round)]
+
+    ref = round_medians(times[reference])
+    return {name: statistics.median(a / b for a, b in zip(round_medians(t), ref)) for name, t in times.items()}
+
+
 def write_json(path: str | None, data: dict) -> None:
     """Write a benchmark's JSON to `path` (when one was asked for) and say where it went."""
     if path:

@@ -17,6 +17,9 @@ The table also gives the step's matmul FLOPs (the recorded products; bench/vit.p
 full model beside them, larger since our last block computes [CLS] alone) at this machine's best
 large square sgemm rate, measured here (bench/sgemm_peak.py).
 
+"paired x" is the median over rounds of each round's ratio (bench/common.paired_ratios), which a
+load change between rounds does not skew.
+
 Reading it: products only / pytorch eager is the smallest ratio any float32 step built on these
 GEMMs can reach. Where it is within a few points of the bar, the bar leaves almost nothing for the
 rest of the step (GELU, LayerNorm, softmax, AdamW's pass over every parameter, Python).
@@ -38,7 +41,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import interleave, write_json  # noqa: E402
+from common import interleave, paired_ratios, write_json  # noqa: E402
 
 BAR = 0.7  # issue 4: fused step time <= 0.7x PyTorch eager
 
@@ -272,11 +275,13 @@ def main() -> None:
     print(f"products per step: {facts['linear_gemms']} linear GEMMs + {facts['attention_calls']} attention calls' "
           f"slices, {facts['product_flops'] / 1e9:.1f} GFLOP (bench/vit.py's count: "
           f"{facts['bench_vit_flops'] / 1e9:.1f})")
-    print(f"{'contender':<28}{'median ms':>11}{'min ms':>10}{'x pytorch eager':>17}{'GFLOP/s':>10}")
+    paired = paired_ratios(times, "pytorch eager", args.per_round)
+    print(f"{'contender':<28}{'median ms':>11}{'min ms':>10}{'x pytorch eager':>17}{'paired x':>10}{'GFLOP/s':>10}")
     for name, t in times.items():
         flops = facts["product_flops"] if not name.startswith("linear") else None
         rate = f"{flops / medians[name] / 1e9:>10.0f}" if flops else f"{'':>10}"
-        print(f"{name:<28}{medians[name] * 1e3:>11.1f}{min(t) * 1e3:>10.1f}{medians[name] / ref:>17.3f}{rate}")
+        print(f"{name:<28}{medians[name] * 1e3:>11.1f}{min(t) * 1e3:>10.1f}{medians[name] / ref:>17.3f}"
+              f"{paired[name]:>10.3f}{rate}")
     print(f"{'all FLOPs at sgemm peak':<28}{at_peak_s * 1e3:>11.1f}{'':>10}{at_peak_s / ref:>17.3f}{peak:>10.0f}")
     floor = medians["products only"] / ref
     left = BAR - floor
@@ -291,7 +296,7 @@ def main() -> None:
     write_json(args.json, {"model": args.model, "rounds": args.rounds, "per_round": args.per_round,
                            "median_step_s": medians, "step_times_s": times, "sgemm_peak_gflops": peak,
                            "x_pytorch_eager": {n: m / ref for n, m in medians.items()},
-                           "at_peak_x_pytorch_eager": at_peak_s / ref, "bar": BAR, "floor_x_pytorch_eager": floor,
+                           "paired_x_pytorch_eager": paired, "at_peak_x_pytorch_eager": at_peak_s / ref, "bar": BAR, "floor_x_pytorch_eager": floor,
                            **facts})
 
 

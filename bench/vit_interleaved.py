@@ -14,6 +14,9 @@ process): bench/vit.py reports memory.
 PyTorch's mirror ViT does, so the gap between it and "tensorarena fused" is what computing the
 last block for [CLS] alone saves.
 
+Each ratio comes two ways: the ratio of the whole-run medians, and the median over rounds of each
+round's ratio (bench/common.paired_ratios), which a load change between rounds does not skew.
+
 Same models, data and optimizer as bench/vit.py (224x224, patch 16, 10 classes, AdamW 1e-3, weight
 decay 0.01). torch is imported before tensorarena, so its own OpenMP runtime starts with its
 default settings, not the wait policy tensorarena sets for its kernels' pool (kernels/__init__).
@@ -28,7 +31,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import interleave, write_json  # noqa: E402
+from common import interleave, paired_ratios, write_json  # noqa: E402
 
 # Our fused step with the last block computing every token, as PyTorch's mirror ViT does (by
 # default ours computes it for [CLS] alone, the only token the head reads): what that saves.
@@ -111,16 +114,21 @@ def main() -> None:
     times = interleave(steps, args.rounds, args.per_round)  # 3 warm-up steps: torch.compile compiles there
     medians = {name: statistics.median(t) for name, t in times.items()}
     ref, comp = medians["pytorch eager"], medians.get("torch.compile")
+    paired = paired_ratios(times, "pytorch eager", args.per_round)
+    paired_comp = paired_ratios(times, "torch.compile", args.per_round) if comp else None
     print(f"ViT-{args.model} ({'batch 8' if args.model == 'tiny' else 'batch 1'}), {args.rounds} rounds x "
           f"{args.per_round} steps per contender, interleaved in one process; our GEMMs: {gemm}")
-    print(f"{'contender':<30}{'median ms':>11}{'min ms':>10}{'x pytorch eager':>17}{'x torch.compile':>17}")
+    print("x columns: ratio of whole-run medians / median over rounds of each round's ratio (common.paired_ratios)")
+    print(f"{'contender':<30}{'median ms':>11}{'min ms':>10}{'x pytorch eager':>19}{'x torch.compile':>19}")
     for name, t in times.items():
-        print(f"{name:<30}{medians[name] * 1e3:>11.1f}{min(t) * 1e3:>10.1f}{medians[name] / ref:>17.3f}"
-              + (f"{medians[name] / comp:>17.3f}" if comp else ""))
+        print(f"{name:<30}{medians[name] * 1e3:>11.1f}{min(t) * 1e3:>10.1f}"
+              f"{f'{medians[name] / ref:.3f} / {paired[name]:.3f}':>19}"
+              + (f"{f'{medians[name] / comp:.3f} / {paired_comp[name]:.3f}':>19}" if comp else ""))
     out = {"model": args.model, "gemm_backend": gemm, "rounds": args.rounds, "per_round": args.per_round,
            "median_step_s": medians, "step_times_s": times,
            "x_pytorch_eager": {n: m / ref for n, m in medians.items()},
-           "x_torch_compile": {n: m / comp for n, m in medians.items()} if comp else None}
+           "x_torch_compile": {n: m / comp for n, m in medians.items()} if comp else None,
+           "paired_x_pytorch_eager": paired, "paired_x_torch_compile": paired_comp}
     write_json(args.json, out)
 
 
