@@ -132,6 +132,18 @@ def interleave(steps: dict[str, Callable[[], object]], rounds: int, per_round: i
     return times
 
 
+def interleaved_vit_parser(description: str):
+    """The options every interleaved ViT benchmark takes: --model, --rounds, --per-round, --json."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=["tiny", "base"], default="tiny")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--per-round", type=int, default=3)
+    parser.add_argument("--json")
+    return parser
+
+
 def paired_ratios(times: dict[str, list[float]], reference: str, per_round: int) -> dict[str, float]:
     """Each contender against `reference` round by round, then the median over the rounds.
 

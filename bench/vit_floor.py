@@ -34,14 +34,13 @@ the same trade). Nothing here changes what our steps compute.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import interleave, paired_ratios, write_json  # noqa: E402
+from common import interleave, interleaved_vit_parser, paired_ratios, write_json  # noqa: E402
 
 BAR = 0.7  # issue 4: fused step time <= 0.7x PyTorch eager
 
@@ -254,12 +253,8 @@ def build(case_name: str, seed: int = 0, bf16: bool = False) -> tuple[dict, dict
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=["tiny", "base"], default="tiny")
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--per-round", type=int, default=3)
+    parser = interleaved_vit_parser(__doc__)
     parser.add_argument("--bf16", action="store_true", help="add the bfloat16-matmul what-if (module docstring)")
-    parser.add_argument("--json")
     args = parser.parse_args()
 
     from sgemm_peak import measure_sgemm_peak

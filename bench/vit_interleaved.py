@@ -24,14 +24,13 @@ default settings, not the wait policy tensorarena sets for its kernels' pool (ke
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import interleave, paired_ratios, write_json  # noqa: E402
+from common import interleave, interleaved_vit_parser, paired_ratios, write_json  # noqa: E402
 
 # Our fused step with the last block computing every token, as PyTorch's mirror ViT does (by
 # default ours computes it for [CLS] alone, the only token the head reads): what that saves.
@@ -101,12 +100,8 @@ def build(case_name: str, with_compile: bool) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=["tiny", "base"], default="tiny")
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--per-round", type=int, default=3)
+    parser = interleaved_vit_parser(__doc__)
     parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out (it compiles ~1 min)")
-    parser.add_argument("--json")
     args = parser.parse_args()
 
     steps = build(args.model, not args.no_compile)

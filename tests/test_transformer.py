@@ -165,23 +165,28 @@ def _to_torch_layer_name(name: str) -> str:
     return f"{target}_{kind}" if target == "self_attn.in_proj" else f"{target}.{kind}"
 
 
-@pytest.mark.parametrize("norm_first", [True, False])
-@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])
-def test_transformer_block_matches_torch_encoder_layer(norm_first, activation):
-    B, T, C, nh = 2, 6, 16, 4
+_BLOCK = dict(B=2, T=6, C=16, nh=4)
+
+
+def _block_and_torch_layer(norm_first: bool, activation: str = "gelu"):
+    """Our float64 TransformerBlock and torch's TransformerEncoderLayer holding the same weights."""
+    C, nh = _BLOCK["C"], _BLOCK["nh"]
     ours = nn.TransformerBlock(C, nh, mlp_ratio=3.0, norm_first=norm_first, activation=activation, eps=1e-6,
                                rng=np.random.default_rng(0), dtype=np.float64)
     theirs = torch.nn.TransformerEncoderLayer(
         C, nh, dim_feedforward=3 * C, dropout=0.0, batch_first=True, norm_first=norm_first, layer_norm_eps=1e-6,
         activation=(lambda t: torch.nn.functional.gelu(t, approximate="tanh")) if activation == "gelu_tanh"
         else "gelu").double()
-    state = {_to_torch_layer_name(k): torch.from_numpy(v) for k, v in ours.state_dict().items()}
-    theirs.load_state_dict(state)
-    x = np.random.default_rng(1).standard_normal((B, T, C))
-    pad = _padding([6, 4], T)
+    theirs.load_state_dict({_to_torch_layer_name(k): torch.from_numpy(v) for k, v in ours.state_dict().items()})
+    return ours, theirs
+
+
+def _assert_block_matches(ours, theirs, run_ours, run_theirs):
+    """Forward, the input's gradient and every parameter's gradient under one random output weighting."""
+    x = np.random.default_rng(1).standard_normal((_BLOCK["B"], _BLOCK["T"], _BLOCK["C"]))
     xt, xr = ta.tensor(x, dtype=np.float64, requires_grad=True), _t(x, grad=True)
-    out = ours(xt, key_padding_mask=pad)
-    ref = theirs(xr, src_key_padding_mask=torch.from_numpy(pad))
+    out, ref = run_ours(xt), run_theirs(xr)
+    assert out.shape == tuple(ref.shape)
     np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), **TOL[np.float64])
     w = np.random.default_rng(2).standard_normal(out.shape)
     (out * ta.tensor(w, dtype=np.float64)).sum().backward()
@@ -192,6 +197,15 @@ def test_transformer_block_matches_torch_encoder_layer(norm_first, activation):
         np.testing.assert_allclose(grads[name], q.grad.numpy(), **TOL[np.float64], err_msg=name)
 
 
+@pytest.mark.parametrize("norm_first", [True, False])
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])
+def test_transformer_block_matches_torch_encoder_layer(norm_first, activation):
+    ours, theirs = _block_and_torch_layer(norm_first, activation)
+    pad = _padding([6, 4], _BLOCK["T"])
+    _assert_block_matches(ours, theirs, lambda x: ours(x, key_padding_mask=pad),
+                          lambda x: theirs(x, src_key_padding_mask=torch.from_numpy(pad)))
+
+
 # -- the first tokens only (ViT's last block computes [CLS] alone) -------------------------
 
 @pytest.mark.parametrize("norm_first", [True, False])
@@ -200,13 +214,8 @@ def test_transformer_block_matches_torch_encoder_layer(norm_first, activation):
 def test_block_with_query_tokens_matches_torch_encoder_layer_sliced(norm_first, causal, n, monkeypatch):
     """block(x, query_tokens=n) against torch's full layer cut to its first n rows: forward, the
     gradient of x (every row: keys and values come from all of them) and of every parameter."""
-    B, T, C, nh = 2, 6, 16, 4
-    ours = nn.TransformerBlock(C, nh, mlp_ratio=3.0, norm_first=norm_first, eps=1e-6,
-                               rng=np.random.default_rng(0), dtype=np.float64)
-    theirs = torch.nn.TransformerEncoderLayer(C, nh, dim_feedforward=3 * C, dropout=0.0, batch_first=True,
-                                              norm_first=norm_first, layer_norm_eps=1e-6, activation="gelu").double()
-    theirs.load_state_dict({_to_torch_layer_name(k): torch.from_numpy(v) for k, v in ours.state_dict().items()})
-    x = np.random.default_rng(1).standard_normal((B, T, C))
+    ours, theirs = _block_and_torch_layer(norm_first)
+    T = _BLOCK["T"]
     pad = _padding([6, 4], T)
     calls = {"first queries": 0, "packed": 0}
     for name, key in (("scaled_dot_product_attention", "first queries"), ("packed_self_attention", "packed")):
@@ -214,21 +223,10 @@ def test_block_with_query_tokens_matches_torch_encoder_layer_sliced(norm_first, 
             calls[_key] += 1
             return _fn(*args, **kwargs)
         monkeypatch.setattr(F, name, counted)
-
-    xt, xr = ta.tensor(x, dtype=np.float64, requires_grad=True), _t(x, grad=True)
-    out = ours(xt, key_padding_mask=pad, causal=causal, query_tokens=n)
-    assert calls == {"first queries": 1, "packed": 0}  # the n-row attention ran, not the full one
     mask = torch.ones(T, T, dtype=torch.bool).triu(1) if causal else None  # True = not allowed
-    ref = theirs(xr, src_mask=mask, src_key_padding_mask=torch.from_numpy(pad))[:, :n]
-    assert out.shape == (B, n, C)
-    np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), **TOL[np.float64])
-    w = np.random.default_rng(2).standard_normal(out.shape)
-    (out * ta.tensor(w, dtype=np.float64)).sum().backward()
-    (ref * _t(w)).sum().backward()
-    np.testing.assert_allclose(xt.grad, xr.grad.numpy(), **TOL[np.float64])
-    grads = {_to_torch_layer_name(k): p.grad for k, p in ours.named_parameters()}
-    for name, q in theirs.named_parameters():
-        np.testing.assert_allclose(grads[name], q.grad.numpy(), **TOL[np.float64], err_msg=name)
+    _assert_block_matches(ours, theirs, lambda x: ours(x, key_padding_mask=pad, causal=causal, query_tokens=n),
+                          lambda x: theirs(x, src_mask=mask, src_key_padding_mask=torch.from_numpy(pad))[:, :n])
+    assert calls == {"first queries": 1, "packed": 0}  # the n-row attention ran, not the full one
 
 
 def test_query_tokens_errors_name_the_value_and_the_way_out():
