@@ -6,6 +6,7 @@ from .memory.pool import ArenaOutOfMemory, BlockPool, default_pool
 from .tensor import Tensor, tensor
 from . import ops
 from .random import manual_seed
+from .precision import float32_matmul_precision, get_float32_matmul_precision, set_float32_matmul_precision
 from . import kernels, models, nn, optim
 from .ops import (add, cat, concat, div, exp, flatten, log, matmul, max, mean, mul, neg, permute, pow,
                   reshape, sqrt, squeeze, stack, sub, sum, tanh, transpose, unsqueeze, var, where)

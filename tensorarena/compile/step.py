@@ -46,6 +46,8 @@ from ..memory.pool import aligned_bytes
 from ..nn.module import Module
 from ..optim.clip import clip_grad_norm_
 from ..optim.optimizer import Optimizer
+from ..precision import float32_matmul_precision, get_float32_matmul_precision
+from ..precision import normalize as normalize_precision
 from ..tensor import Tensor
 from .flat import FlatState
 from .planner import MemoryPlan, plan_memory
@@ -79,6 +81,7 @@ class StepPlan:
     targets: np.ndarray | None
     host_calls: list[str]
     persistent: dict[str, int] = field(default_factory=dict)  # filled by FusedStep: params, grads, state...
+    matmul_precision: str = "float32"  # of float32 products, traced and replayed (tensorarena.precision)
 
     @property
     def program(self) -> list[tuple[str, str, str]]:
@@ -105,7 +108,8 @@ class StepPlan:
 
     def format_report(self) -> str:
         lines = [f"fused plan for inputs {self.signature[0]}, targets {self.signature[1]}: "
-                 f"{len(self.buffers)} buffers, {len(self.host_calls)} host calls"]
+                 f"{len(self.buffers)} buffers, {len(self.host_calls)} host calls, float32 products in "
+                 f"{self.matmul_precision}"]
         for key, value in self.memory_report().items():
             lines.append(f"  {key:<20} {format_bytes(value):>12}")
         return "\n".join(lines)
@@ -147,9 +151,12 @@ class FusedStep:
 
     def __init__(self, model: Module, loss_fn: Callable, optimizer: Optimizer, *, scheduler=None,
                  clip_grad_norm: float | None = None, max_plans: int = 4,
-                 update_in_backward: bool | None = None) -> None:
+                 update_in_backward: bool | None = None, matmul_precision: str | None = None) -> None:
         if not isinstance(max_plans, int) or max_plans < 1:
             raise ValueError(f"max_plans must be a positive integer, got {max_plans!r}")
+        # Fixed for the life of the plans: every trace and replay runs under it (tensorarena.precision).
+        self.matmul_precision = (normalize_precision(matmul_precision) if matmul_precision is not None
+                                 else get_float32_matmul_precision())
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
         self.scheduler, self.clip_grad_norm, self.max_plans = scheduler, clip_grad_norm, max_plans
         self.update_in_backward = resolve_update_in_backward(update_in_backward, clip_grad_norm)
@@ -189,6 +196,10 @@ class FusedStep:
         return plan
 
     def _trace(self, inputs: Any, targets: Any, sig: Signature) -> StepPlan:
+        with float32_matmul_precision(self.matmul_precision):
+            return self._trace_step(inputs, targets, sig)
+
+    def _trace_step(self, inputs: Any, targets: Any, sig: Signature) -> StepPlan:
         x = np.array(inputs.data if isinstance(inputs, Tensor) else inputs, copy=True)
         y = None if targets is None else np.array(targets.data if isinstance(targets, Tensor) else targets, copy=True)
         params = self.flat.params()
@@ -237,8 +248,8 @@ class FusedStep:
         if self.scheduler is not None:
             host.append(f"{type(self.scheduler).__name__}.step()")
         persistent = {k: v for k, v in self.flat.nbytes().items()}
-        plan = StepPlan(sig, buffers, memory, slab, views, x, y, host, persistent)
-        log.info("fused route: traced %s", memory.summary())
+        plan = StepPlan(sig, buffers, memory, slab, views, x, y, host, persistent, self.matmul_precision)
+        log.info("fused route: traced %s (float32 products in %s)", memory.summary(), self.matmul_precision)
         return plan
 
     def _leaf_hook(self, received: set[int], *, update: bool) -> Callable:
@@ -260,6 +271,11 @@ class FusedStep:
     def step(self, inputs: Any, targets: Any, *, index: int = 0, on_nonfinite: str = "raise"
              ) -> tuple[float, float | None, bool, PlannedArena]:
         """One replayed step: (loss, grad norm before clipping or None, skipped, the step's arena)."""
+        with float32_matmul_precision(self.matmul_precision):  # the one the plan was traced under
+            return self._replay(inputs, targets, index, on_nonfinite)
+
+    def _replay(self, inputs: Any, targets: Any, index: int, on_nonfinite: str
+                ) -> tuple[float, float | None, bool, PlannedArena]:
         plan = self.plan_for(inputs, targets)
         np.copyto(plan.inputs, inputs.data if isinstance(inputs, Tensor) else inputs)
         if plan.targets is not None:
@@ -331,13 +347,15 @@ def resolve_update_in_backward(update_in_backward: bool | None, clip_grad_norm: 
 
 def compile_step(model: Module, loss_fn: Callable, optimizer: Optimizer, example_batch: tuple[Any, Any], *,
                  scheduler=None, clip_grad_norm: float | None = None, max_plans: int = 4,
-                 update_in_backward: bool | None = None) -> FusedStep:
+                 update_in_backward: bool | None = None, matmul_precision: str | None = None) -> FusedStep:
     """Trace `model`'s training step on `example_batch` = (inputs, targets); nothing is updated yet.
 
     The result's `memory_report()` gives the step's memory before step 1; `step(x, y)` trains.
+    `matmul_precision` ("float32" or "bfloat16", see tensorarena.precision; default: this thread's
+    setting now) is the precision of the plan's float32 products, for this step object's life.
     """
     fused = FusedStep(model, loss_fn, optimizer, scheduler=scheduler, clip_grad_norm=clip_grad_norm,
-                      max_plans=max_plans, update_in_backward=update_in_backward)
+                      max_plans=max_plans, update_in_backward=update_in_backward, matmul_precision=matmul_precision)
     fused.plan_for(*example_batch)
     return fused
 

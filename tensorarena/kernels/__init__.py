@@ -107,5 +107,5 @@ def _load() -> None:
         _loaded = True
         from . import cpu  # noqa: F401 - first: it sets the vector width before Numba builds its compiler
         from . import (adagrad, adam, attention, cross_entropy, dropout, elementwise_fused, embedding, erf, gelu,  # noqa: F401
-                       gemm, lamb, layer_norm, lion, nadam, rmsprop, sgd, softmax)
+                       gemm, gemm_bf16, lamb, layer_norm, lion, nadam, rmsprop, sgd, softmax)
 

@@ -21,7 +21,7 @@ def _tiny_calls(dt) -> dict[str, Callable[[], object]]:
     """One zero-argument call per fused kernel on tiny arrays of dtype `dt`."""
     # Importing a kernel module registers its twins.
     from . import (_registry, adam, attention, cross_entropy, dropout, elementwise_fused, embedding, erf,  # noqa: F401
-                   gelu, gemm, layer_norm, sgd, softmax)
+                   gelu, gemm, gemm_bf16, layer_norm, sgd, softmax)
 
     fused = {name: impls["fused"] for name, impls in _registry.items() if "fused" in impls}
     rng = np.random.default_rng(0)
@@ -66,6 +66,12 @@ def _tiny_calls(dt) -> dict[str, Callable[[], object]]:
     if "gemm" in fused:  # MKL: a small product compiles kernels.gemm_jobs' loop; MKL loads its CPU-specific code
         calls["gemm"] = lambda: fused["gemm"](x, x.T, arr(n, n))
         calls["batched_gemm"] = lambda: fused["batched_gemm"](q, k.swapaxes(-1, -2), probs)
+    # float32 only (bfloat16 rounds float32), in the two layouts ops pass: rows, and a transposed view.
+    x32 = x.astype(np.float32)
+    calls["to_bfloat16"] = lambda: [fused["to_bfloat16"](src, np.empty(src.shape, np.uint16)) for src in (x32, x32.T)]
+    if "gemm_bf16" in fused:  # MKL loads its bfloat16 code
+        x16 = np.zeros((n, d), np.uint16)
+        calls["gemm_bf16"] = lambda: fused["gemm_bf16"](x16, x16.T, np.empty((n, n), np.float32))
     calls.update(_optimizer_calls(dt, arr))
     return calls
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import elementwise, kernel
-from ..kernels.gemm import gemm
 from ..tensor import Tensor
 from ._base import as_dtype, as_tensor, contiguous, grad_out, leaf_or_none, new
+from ._products import product
 
 
 def _as_float(a: np.ndarray, dtype) -> np.ndarray:
@@ -168,7 +168,7 @@ def bias_gelu_linear(x: Tensor, bias: Tensor, weight: Tensor, out_bias: Tensor |
     kernel("bias_gelu_forward")(x2, b, pre, act, approximate)
     out = new(x.shape[:-1] + (d,), dtype)
     out2 = out.reshape(-1, d)
-    gemm(act, wd.T, out2)
+    product(act, wd.T, out2)
     if out_bias is not None:
         elementwise.bias_add(out2, out_bias.data)
     del act, x2
@@ -186,7 +186,7 @@ def bias_gelu_linear(x: Tensor, bias: Tensor, weight: Tensor, out_bias: Tensor |
             gob = grad_out(ob_leaf, (d,), dtype)
             elementwise.column_sum(g2, gob)
         dx = new(pre.shape, dtype)
-        gemm(g2, wd, dx)  # d act, turned into d x in place below
+        product(g2, wd, dx)  # d act, turned into d x in place below
         db = grad_out(b_leaf, (m,), dtype) if b_needs else new((m,), dtype)
         if w_needs:
             # One pass evaluates erf once for both: the activation (recomputed, not kept since
@@ -194,7 +194,7 @@ def bias_gelu_linear(x: Tensor, bias: Tensor, weight: Tensor, out_bias: Tensor |
             act = new(pre.shape, dtype)
             kernel("bias_gelu_backward_recompute")(pre, dx, dx, db, act, approximate)
             gw = grad_out(w_leaf, wd.shape, dtype)
-            gemm(g2.T, act, gw)
+            product(g2.T, act, gw)
             del act
         else:  # bias_gelu_backward's dx must not alias its g (an aliased loop runs scalar)
             dact, dx = dx, new(pre.shape, dtype)

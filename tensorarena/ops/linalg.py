@@ -6,9 +6,9 @@ import numpy as np
 
 from ..kernels import elementwise
 from ..kernels.blas import matmul as bmm
-from ..kernels.gemm import gemm
 from ..tensor import Tensor
 from ._base import as_tensor, grad_out, leaf_or_none, new, reshaped, unbroadcast
+from ._products import product
 
 
 def _matmul_shape(a_shape: tuple[int, ...], b_shape: tuple[int, ...], what: str = "matmul") -> tuple[int, ...]:
@@ -44,9 +44,9 @@ def _check_float_pair(a, b, what: str, a_name: str, b_name: str) -> None:
 
 
 def _product(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-    """out = a @ b: 2-D products on the GEMM backend (kernels.gemm), batched or 1-D ones on NumPy's matmul."""
+    """out = a @ b: 2-D products at the float32 matmul precision (ops._products), batched or 1-D ones on NumPy's matmul."""
     if a.ndim == 2 and b.ndim == 2 and out.ndim == 2:
-        gemm(a, b, out)
+        product(a, b, out)
     else:
         bmm(a, b, out=out)
 
@@ -103,7 +103,7 @@ def linear(x, weight, bias=None) -> Tensor:
     x2 = reshaped(xd, (-1, xd.shape[-1]))  # (N, in); a copy (arena) only if xd is not contiguous
     out = new(lead + (wd.shape[0],), np.result_type(xd.dtype, wd.dtype))
     out2 = out.reshape(-1, wd.shape[0])  # (N, out)
-    gemm(x2, wd.T, out2)
+    product(x2, wd.T, out2)
     if bias is not None:
         elementwise.bias_add(out2, bias.data)
     parents = (x, weight) if bias is None else (x, weight, bias)
@@ -121,10 +121,10 @@ def linear(x, weight, bias=None) -> Tensor:
         gx = gw = gbias = None
         if x_needs_grad:
             gx = new(x_shape, g.dtype)
-            gemm(g2, wd, gx.reshape(-1, wd.shape[1]))
+            product(g2, wd, gx.reshape(-1, wd.shape[1]))
         if w_needs_grad:
             gw = grad_out(w_leaf, wd.shape, g.dtype)
-            gemm(g2.T, x2, gw)
+            product(g2.T, x2, gw)
         if b_needs_grad:
             gbias = grad_out(b_leaf, (wd.shape[0],), g.dtype)
             elementwise.column_sum(g2, gbias)

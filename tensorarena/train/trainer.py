@@ -24,6 +24,8 @@ from ..memory.pool import BlockPool
 from ..nn.module import Module
 from ..optim import clip_grad_norm_
 from ..optim.optimizer import Optimizer
+from ..precision import float32_matmul_precision, get_float32_matmul_precision
+from ..precision import normalize as normalize_precision
 from ..tensor import Tensor
 from .report import NonFiniteLossError, StepReport, check_step_options
 
@@ -83,13 +85,18 @@ class Trainer:
         stream_io: how the streaming route brings a stage's files into memory: "map" (default,
             memory-mapped) or "copy" (read into and written from two slot buffers); stream/store.py
             compares them.
+        matmul_precision: "float32" or "bfloat16" (torch's "highest" / "medium"): whether float32 matrix
+            products round their inputs to bfloat16 (float32 accumulation) in this trainer's steps,
+            plans and evaluation, on every route. Default: the thread's setting when the trainer is
+            built (tensorarena.set_float32_matmul_precision; "float32" unless changed). See precision.py.
     """
 
     def __init__(self, model: Module, optimizer: Optimizer, loss_fn: LossFn, *, scheduler=None,
                  clip_grad_norm: float | None = None, route: str = "eager", on_nonfinite: str = "raise",
                  pool: BlockPool | None = None, fallback_to_eager: bool = False, max_plans: int = 4,
                  memory_limit: str | int | None = None, store_dir=None, oom_fallback: bool = True,
-                 update_in_backward: bool | None = None, stream_io: str = "map") -> None:
+                 update_in_backward: bool | None = None, stream_io: str = "map",
+                 matmul_precision: str | None = None) -> None:
         if route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
         check_step_options(clip_grad_norm, on_nonfinite)
@@ -97,6 +104,8 @@ class Trainer:
 
         # Resolved (and checked) now, not at the first fused step.
         self.update_in_backward = resolve_update_in_backward(update_in_backward, clip_grad_norm)
+        self.matmul_precision = (normalize_precision(matmul_precision) if matmul_precision is not None
+                                 else get_float32_matmul_precision())
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
@@ -131,8 +140,9 @@ class Trainer:
         """Estimate the routes for this batch against the budget (before step 1); returns the RoutePlan."""
         from .route_plan import plan_routes
 
-        self.route_plan = plan_routes(self.model, self.optimizer, self.loss_fn, inputs, targets, self.budget,
-                                      routes=routes, fused_keeps_grads=not self.update_in_backward)
+        with float32_matmul_precision(self.matmul_precision):  # its traces hold the bfloat16 buffers too
+            self.route_plan = plan_routes(self.model, self.optimizer, self.loss_fn, inputs, targets, self.budget,
+                                          routes=routes, fused_keeps_grads=not self.update_in_backward)
         return self.route_plan
 
     def _choose_route(self, inputs: Any, targets: Any) -> None:
@@ -218,12 +228,16 @@ class Trainer:
         if self.fused is None:
             self.fused = FusedStep(self.model, self.loss_fn, self.optimizer, scheduler=self.scheduler,
                                    clip_grad_norm=self.clip_grad_norm, max_plans=self.max_plans,
-                                   update_in_backward=self.update_in_backward)
+                                   update_in_backward=self.update_in_backward, matmul_precision=self.matmul_precision)
         self.fused.plan_for(inputs, targets)
         return self.fused
 
     def step(self, inputs: Any, targets: Any) -> StepReport:
         """One training step on a batch; returns its report."""
+        with float32_matmul_precision(self.matmul_precision):
+            return self._step(inputs, targets)
+
+    def _step(self, inputs: Any, targets: Any) -> StepReport:
         from ..compile.step import _rng_states, rng_generators
 
         if self.route == "auto":
@@ -310,7 +324,7 @@ class Trainer:
         self.model.eval()
         total_loss = 0.0
         correct = 0
-        with no_grad():
+        with no_grad(), float32_matmul_precision(self.matmul_precision):
             for begin in range(0, len(inputs), batch_size):
                 with Arena(pool=self.pool, name="eval arena"):
                     xb, yb = inputs[begin:begin + batch_size], targets[begin:begin + batch_size]

@@ -1,0 +1,143 @@
+"""bfloat16 products with float32 accumulation: rounding float32 to bfloat16, and MKL's bf16 GEMM.
+
+What `float32_matmul_precision("bfloat16")` runs (tensorarena.precision). bfloat16 is float32's top
+16 bits: the same 8-bit exponent, 7 stored mantissa bits. NumPy has no bfloat16 dtype, so the
+rounded values are held as uint16 bit patterns.
+
+Rounding is to nearest, ties to even, on the 16 dropped bits: (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+on the float32 bits u. A value that rounds past the largest bfloat16 becomes infinity, as IEEE
+rounding does. A NaN is kept a NaN explicitly (the add would carry a NaN whose payload sits only in
+the low bits into infinity) and made quiet.
+
+The product: MKL's cblas_gemm_bf16bf16f32 multiplies bfloat16 operands, accumulates and writes
+float32, on the CPU's AVX512-BF16 / AMX units where it has them. Its twin widens the operands back
+to float32 (exact) and multiplies them with np.matmul in float32, so the two differ only in the
+order of float32 sums.
+
+Routes are counted like every kernel's: `calls[("to_bfloat16", ...)]` and `calls[("gemm_bf16", ...)]`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+from . import cpu as _cpu  # noqa: F401 - before numba: it picks the vector width (cpu.py)
+import numba
+import numpy as np
+
+from . import gemm as _gemm
+from . import register
+
+BF16 = np.dtype(np.uint16)  # storage of a bfloat16 value: its bit pattern
+_F32 = np.dtype(np.float32)
+_NAN_BITS = 0x7F800000  # float32 bits above this (sign cleared) are NaNs
+_QUIET = 0x0040  # bfloat16's quiet-NaN bit
+
+
+def to_bfloat16_reference(src: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out (uint16, src's shape) = src (float32) rounded to bfloat16, ties to even; NumPy."""
+    bits = src.astype(_F32, copy=False).view(np.uint32).astype(np.uint64)  # uint64: the add cannot wrap
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    nan = (bits & 0x7FFFFFFF) > _NAN_BITS
+    out[...] = np.where(nan, (bits >> 16) | _QUIET, rounded).astype(BF16)
+    return out
+
+
+@numba.njit(parallel=True, cache=True)
+def _round_rows(bits, out):
+    rows, cols = bits.shape
+    for i in numba.prange(rows):
+        for j in range(cols):
+            u = bits[i, j]
+            # uint32 lanes throughout: finite values cannot wrap (-inf + 0x8000 < 2^32), and a
+            # select rather than a branch keeps the loop vectorised.
+            rounded = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+            quiet = (u >> np.uint32(16)) | np.uint32(_QUIET)
+            out[i, j] = np.uint16(quiet if (u & np.uint32(0x7FFFFFFF)) > np.uint32(_NAN_BITS) else rounded)
+
+
+def to_bfloat16_fused(src: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """The Numba twin: rows split over the cores; src may be any strided 2-D float32 view."""
+    if src.dtype != _F32 or out.dtype != BF16 or src.shape != out.shape or src.ndim != 2:
+        raise TypeError(f"to_bfloat16: needs 2-D float32 src and uint16 out of one shape, got "
+                        f"{src.dtype} {src.shape} -> {out.dtype} {out.shape}")
+    # A float32 -> uint32 view keeps the strides (same item size), so transposed views work too.
+    _round_rows(src.view(np.uint32), out)
+    return out
+
+
+def widen(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) -> the float32 values they stand for (exact)."""
+    return (bits.astype(np.uint32) << 16).view(_F32)
+
+
+def gemm_bf16_reference(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = False) -> np.ndarray:
+    """out (float32) = a @ b (or out += a @ b) for bfloat16 a (m, k) and b (k, n): widened, np.matmul."""
+    product = np.matmul(widen(a), widen(b))
+    if accumulate:
+        out += product
+    else:
+        out[...] = product
+    return out
+
+
+def _bf16_fn():
+    mkl = _gemm._mkl
+    fn = getattr(mkl, "bf16_fn", None) if mkl is not None else None
+    if fn is None and mkl is not None:
+        try:
+            fn = getattr(ctypes.CDLL(mkl.path), "cblas_gemm_bf16bf16f32")
+        except AttributeError:
+            fn = False  # this MKL predates bfloat16 GEMMs
+        else:
+            i, vp, f = ctypes.c_int, ctypes.c_void_p, ctypes.c_float
+            fn.restype = None
+            fn.argtypes = [i, i, i, i, i, i, f, vp, i, vp, i, f, vp, i]
+        mkl.bf16_fn = fn
+    return fn or None
+
+
+def gemm_bf16_mkl(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = False) -> np.ndarray:
+    """out (float32) = a @ b (or out += a @ b) for bfloat16 a (m, k) and b (k, n), one MKL call.
+
+    Operands are read in place when row-major or a transposed view of a row-major array.
+    """
+    if a.dtype != BF16 or b.dtype != BF16 or out.dtype != _F32:
+        raise TypeError(f"gemm_bf16: needs uint16 (bfloat16) operands and a float32 out, got "
+                        f"{a.dtype} @ {b.dtype} -> {out.dtype}")
+    if a.ndim != 2 or b.ndim != 2 or out.ndim != 2 or a.shape[1] != b.shape[0] or out.shape != (a.shape[0], b.shape[1]):
+        raise ValueError(f"gemm_bf16: shapes {a.shape} @ {b.shape} -> {out.shape} do not chain as "
+                         f"(m, k) @ (k, n) -> (m, n)")
+    m, k = a.shape
+    n = b.shape[1]
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        if not accumulate:
+            out.fill(0)
+        return out
+    ldc = _gemm._row_major_ld(out, m, n, "gemm_bf16")
+    a, (ta, lda) = _gemm._blas_view(a, m, k)
+    b, (tb, ldb) = _gemm._blas_view(b, k, n)
+    _bf16_fn()(_gemm._ROW_MAJOR, ta, tb, m, n, k, 1.0, a.ctypes.data, lda, b.ctypes.data, ldb,
+               1.0 if accumulate else 0.0, out.ctypes.data, ldc)
+    return out
+
+
+def available() -> bool:
+    """Whether bfloat16 products run on MKL here (the fast path); else they would run on the twin."""
+    return _bf16_fn() is not None
+
+
+def why_not() -> str:
+    """Why `available()` is False, for the log line that says products stay float32."""
+    if _gemm._mkl is None:
+        return f"MKL is not the GEMM backend ({_gemm._why_not})"
+    return "" if available() else f"libmkl_rt at {_gemm._mkl.path} has no cblas_gemm_bf16bf16f32"
+
+
+register("to_bfloat16", "reference", to_bfloat16_reference)
+register("to_bfloat16", "fused", to_bfloat16_fused)
+register("gemm_bf16", "reference", gemm_bf16_reference)
+if available():
+    register("gemm_bf16", "fused", gemm_bf16_mkl)

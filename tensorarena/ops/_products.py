@@ -1,0 +1,50 @@
+"""The 2-D matrix products of ops (linear, matmul, the fused GELU+linear) at the thread's precision.
+
+float32 products run in float32 unless tensorarena.precision says "bfloat16": then both operands
+are rounded to bfloat16 into two transient buffers of the current arena (so the fused route plans
+them into its slab like any other buffer, and its memory report counts them) and one bf16 GEMM
+accumulates in float32 into `out`. Where bfloat16 GEMMs cannot run fast (no MKL, or an MKL without
+them) products stay float32, and a warning says so once, as torch treats the precision as a hint.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from ..kernels import calls, gemm_bf16, kernel
+from ..kernels.gemm import gemm
+from ..precision import get_float32_matmul_precision
+from ._base import new
+
+log = logging.getLogger("tensorarena")
+
+_F32 = np.dtype(np.float32)
+_warned = False
+
+
+def _rounded(x: np.ndarray) -> np.ndarray:
+    """x rounded to bfloat16 in a new arena buffer, in x's own memory order (a transposed view of a
+    row-major array stays a transposed view, which the GEMM reads with its transpose flag)."""
+    if x.ndim == 2 and x.shape[0] > 1 and x.strides[0] == x.itemsize:
+        out = new(x.shape[::-1], gemm_bf16.BF16)
+        kernel("to_bfloat16")(x.T, out)
+        return out.T
+    out = new(x.shape, gemm_bf16.BF16)
+    kernel("to_bfloat16")(x, out)
+    return out
+
+
+def product(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = False) -> np.ndarray:
+    """out = a @ b (out += a @ b with accumulate) for 2-D arrays, at the float32 matmul precision."""
+    global _warned
+    if out.dtype == _F32 and get_float32_matmul_precision() == "bfloat16":
+        if gemm_bf16.available():
+            return kernel("gemm_bf16")(_rounded(a), _rounded(b), out, accumulate)
+        calls[("gemm_bf16", "skipped: float32 instead")] += 1
+        if not _warned:
+            _warned = True
+            log.warning("float32 matmul precision is 'bfloat16', but products stay float32: %s",
+                        gemm_bf16.why_not())
+    return gemm(a, b, out, accumulate)
