@@ -163,10 +163,12 @@ def _assert_close_to(got, want, what, k):
 
 def test_linear_rounds_every_product_input_to_bfloat16():
     x, w, b, g = _linear_case()
-    before = kernels.calls[ROUTE]
+    before, rounds = kernels.calls[ROUTE], sum(n for (name, _), n in kernels.calls.items() if name == "to_bfloat16")
     with ta.float32_matmul_precision("bfloat16"):
         y, gx, gw, gb = _run_linear(x, w, b, g)
     assert kernels.calls[ROUTE] - before == 3  # forward, d input, d weight
+    # x and g rounded once each (backward keeps forward's rounded x), the weight once per direction.
+    assert sum(n for (name, _), n in kernels.calls.items() if name == "to_bfloat16") - rounds == 4
     _assert_close_to(y, _bf16(x) @ _bf16(w).T + b, "forward", x.shape[1])
     _assert_close_to(gx, _bf16(g) @ _bf16(w), "d input", g.shape[1])
     _assert_close_to(gw, _bf16(g).T @ _bf16(x), "d weight", x.shape[0])
@@ -265,7 +267,7 @@ def test_a_fused_plan_keeps_its_precision_and_plans_the_rounded_operands():
     with ta.float32_matmul_precision("bfloat16"):  # the precision at construction is the plan's
         fused = compile_step(model, cross_entropy, optim.SGD(model.parameters(), lr=1e-2), (x, y))
     rounded = [b for b in fused.plan.buffers if b.dtype == np.uint16]
-    assert rounded and all(b.op == "ops._products._rounded" for b in rounded)
+    assert rounded and all(b.op == "ops._products.rounded" for b in rounded)
     assert "float32 products in bfloat16" in fused.plan.format_report()
     before = kernels.calls[ROUTE]
     arena = fused.step(x, y)[3]  # this thread's setting is float32 now; the plan's wins

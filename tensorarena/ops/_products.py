@@ -1,10 +1,16 @@
 """The 2-D matrix products of ops (linear, matmul, the fused GELU+linear) at the thread's precision.
 
 float32 products run in float32 unless tensorarena.precision says "bfloat16": then both operands
-are rounded to bfloat16 into two transient buffers of the current arena (so the fused route plans
-them into its slab like any other buffer, and its memory report counts them) and one bf16 GEMM
+are rounded to bfloat16 into transient buffers of the current arena (so the fused route plans them
+into its slab like any other buffer, and its memory report counts them) and one bf16 GEMM
 accumulates in float32 into `out`. Where bfloat16 GEMMs cannot run fast (no MKL, or an MKL without
 them) products stay float32, and a warning says so once, as torch treats the precision as a hint.
+
+An op that uses one operand in several products rounds it once with `operand` and passes the
+rounded array (uint16 bit patterns) to `product`: linear rounds its input in forward and keeps only
+the rounded copy for the weight's gradient, half the bytes of the float32 one, and rounds the
+incoming gradient once for both of its backward products. A product that receives a rounded
+operand runs in bfloat16 whatever the thread's setting is by then: forward decided.
 """
 
 from __future__ import annotations
@@ -24,9 +30,28 @@ _F32 = np.dtype(np.float32)
 _warned = False
 
 
-def _rounded(x: np.ndarray) -> np.ndarray:
+def _asked(dtype) -> bool:
+    return np.dtype(dtype) == _F32 and get_float32_matmul_precision() == "bfloat16"
+
+
+def bf16_products(dtype) -> bool:
+    """Whether float32 products of this dtype run in bfloat16 now (says once when asked for but impossible)."""
+    global _warned
+    if not _asked(dtype):
+        return False
+    if gemm_bf16.available():
+        return True
+    if not _warned:
+        _warned = True
+        log.warning("float32 matmul precision is 'bfloat16', but products stay float32: %s", gemm_bf16.why_not())
+    return False
+
+
+def rounded(x: np.ndarray) -> np.ndarray:
     """x rounded to bfloat16 in a new arena buffer, in x's own memory order (a transposed view of a
     row-major array stays a transposed view, which the GEMM reads with its transpose flag)."""
+    if x.dtype == gemm_bf16.BF16:
+        return x
     if x.ndim == 2 and x.shape[0] > 1 and x.strides[0] == x.itemsize:
         out = new(x.shape[::-1], gemm_bf16.BF16)
         kernel("to_bfloat16")(x.T, out)
@@ -36,15 +61,18 @@ def _rounded(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def operand(x: np.ndarray) -> np.ndarray:
+    """x as products of its dtype take it now: rounded to bfloat16 once (bf16_products), else x itself."""
+    return rounded(x) if bf16_products(x.dtype) else x
+
+
 def product(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = False) -> np.ndarray:
-    """out = a @ b (out += a @ b with accumulate) for 2-D arrays, at the float32 matmul precision."""
-    global _warned
-    if out.dtype == _F32 and get_float32_matmul_precision() == "bfloat16":
-        if gemm_bf16.available():
-            return kernel("gemm_bf16")(_rounded(a), _rounded(b), out, accumulate)
+    """out = a @ b (out += a @ b with accumulate) for 2-D arrays, at the float32 matmul precision.
+
+    a and b are float arrays, or operands `operand` already rounded (then the product is bfloat16).
+    """
+    if a.dtype == gemm_bf16.BF16 or b.dtype == gemm_bf16.BF16 or bf16_products(out.dtype):
+        return kernel("gemm_bf16")(rounded(a), rounded(b), out, accumulate)
+    if _asked(out.dtype):  # and impossible here: the route that ran instead is counted
         calls[("gemm_bf16", "skipped: float32 instead")] += 1
-        if not _warned:
-            _warned = True
-            log.warning("float32 matmul precision is 'bfloat16', but products stay float32: %s",
-                        gemm_bf16.why_not())
     return gemm(a, b, out, accumulate)

@@ -7,7 +7,7 @@ import numpy as np
 from ..kernels import elementwise, kernel
 from ..tensor import Tensor
 from ._base import as_dtype, as_tensor, contiguous, grad_out, leaf_or_none, new
-from ._products import product
+from ._products import bf16_products, product, rounded
 
 
 def _as_float(a: np.ndarray, dtype) -> np.ndarray:
@@ -168,6 +168,7 @@ def bias_gelu_linear(x: Tensor, bias: Tensor, weight: Tensor, out_bias: Tensor |
     kernel("bias_gelu_forward")(x2, b, pre, act, approximate)
     out = new(x.shape[:-1] + (d,), dtype)
     out2 = out.reshape(-1, d)
+    in_bf16 = bf16_products(dtype)  # backward rounds its gradient once for both products then
     product(act, wd.T, out2)
     if out_bias is not None:
         elementwise.bias_add(out2, out_bias.data)
@@ -185,8 +186,9 @@ def bias_gelu_linear(x: Tensor, bias: Tensor, weight: Tensor, out_bias: Tensor |
         if ob_needs:
             gob = grad_out(ob_leaf, (d,), dtype)
             elementwise.column_sum(g2, gob)
+        gs = rounded(g2) if in_bf16 else g2
         dx = new(pre.shape, dtype)
-        product(g2, wd, dx)  # d act, turned into d x in place below
+        product(gs, wd, dx)  # d act, turned into d x in place below
         db = grad_out(b_leaf, (m,), dtype) if b_needs else new((m,), dtype)
         if w_needs:
             # One pass evaluates erf once for both: the activation (recomputed, not kept since
@@ -194,7 +196,7 @@ def bias_gelu_linear(x: Tensor, bias: Tensor, weight: Tensor, out_bias: Tensor |
             act = new(pre.shape, dtype)
             kernel("bias_gelu_backward_recompute")(pre, dx, dx, db, act, approximate)
             gw = grad_out(w_leaf, wd.shape, dtype)
-            product(g2.T, act, gw)
+            product(gs.T, act, gw)
             del act
         else:  # bias_gelu_backward's dx must not alias its g (an aliased loop runs scalar)
             dact, dx = dx, new(pre.shape, dtype)

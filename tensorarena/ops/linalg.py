@@ -8,7 +8,7 @@ from ..kernels import elementwise
 from ..kernels.blas import matmul as bmm
 from ..tensor import Tensor
 from ._base import as_tensor, grad_out, leaf_or_none, new, reshaped, unbroadcast
-from ._products import product
+from ._products import operand, product, rounded
 
 
 def _matmul_shape(a_shape: tuple[int, ...], b_shape: tuple[int, ...], what: str = "matmul") -> tuple[int, ...]:
@@ -103,6 +103,9 @@ def linear(x, weight, bias=None) -> Tensor:
     x2 = reshaped(xd, (-1, xd.shape[-1]))  # (N, in); a copy (arena) only if xd is not contiguous
     out = new(lead + (wd.shape[0],), np.result_type(xd.dtype, wd.dtype))
     out2 = out.reshape(-1, wd.shape[0])  # (N, out)
+    # At bfloat16 precision the input is rounded once, and that copy (half the bytes) is all backward
+    # keeps of it; the weight is rounded again in backward rather than held rounded from here.
+    x2 = operand(x2)
     product(x2, wd.T, out2)
     if bias is not None:
         elementwise.bias_add(out2, bias.data)
@@ -113,18 +116,21 @@ def linear(x, weight, bias=None) -> Tensor:
     w_leaf, w_needs_grad = leaf_or_none(weight), weight.requires_grad
     b_leaf, b_needs_grad = (leaf_or_none(bias), bias.requires_grad) if bias is not None else (None, False)
     has_bias = bias is not None
+    in_bf16 = x2.dtype != out.dtype
     x2 = x2 if w_needs_grad else None
     del xd
 
     def backward(g):
         g2 = reshaped(g, (-1, g.shape[-1]))  # (N, out)
         gx = gw = gbias = None
+        # Rounded once (when forward rounded) for both products; the bias reads the float32 one.
+        gs = rounded(g2) if in_bf16 else g2
         if x_needs_grad:
             gx = new(x_shape, g.dtype)
-            product(g2, wd, gx.reshape(-1, wd.shape[1]))
+            product(gs, wd, gx.reshape(-1, wd.shape[1]))
         if w_needs_grad:
             gw = grad_out(w_leaf, wd.shape, g.dtype)
-            product(g2.T, x2, gw)
+            product(gs.T, x2, gw)
         if b_needs_grad:
             gbias = grad_out(b_leaf, (wd.shape[0],), g.dtype)
             elementwise.column_sum(g2, gbias)
