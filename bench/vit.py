@@ -36,6 +36,10 @@ gradients and one update kernel after backward, the fused route's layout when cl
 Bars (issue 4): fused median step <= 0.7x PyTorch eager and <= 1.0x torch.compile, fused peak RSS
 <= 0.8x PyTorch eager's. The fused contender also reports its plan's memory_report() (made before
 step 1) against the RSS growth it measured over the baseline taken before compiling.
+"tensorarena fused bf16 mm" is the fused route with Trainer(matmul_precision="bfloat16"): float32
+products round their operands to bfloat16 (tensorarena/precision.py). It is a different precision
+from PyTorch eager's default, so its ratios here are not like for like; bench/vit_bf16.py times it
+against PyTorch with bfloat16 matmuls and under autocast.
 """
 
 from __future__ import annotations
@@ -58,7 +62,8 @@ CASES = {
     "base": {"title": "ViT-Base", "dim": 768, "depth": 12, "heads": 12, "mlp": 3072, "batch": 1, "steps": 40},
 }
 FUSED_FLAT = "tensorarena fused flat-grads"  # Trainer(route="fused", update_in_backward=False)
-CONTENDERS = ["tensorarena eager", "tensorarena fused", FUSED_FLAT, "pytorch eager", "torch.compile"]
+FUSED_BF16 = "tensorarena fused bf16 mm"  # Trainer(route="fused", matmul_precision="bfloat16")
+CONTENDERS = ["tensorarena eager", "tensorarena fused", FUSED_FLAT, FUSED_BF16, "pytorch eager", "torch.compile"]
 REFERENCE = "pytorch eager"
 CHILD_TIMEOUT_S = 1800
 MB = 1e6
@@ -94,7 +99,7 @@ def _data():
             rng.integers(0, CLASSES, batch).astype(np.int64))
 
 
-def run_ours(route: str = "eager", update_in_backward: bool | None = None) -> dict:
+def run_ours(route: str = "eager", update_in_backward: bool | None = None, matmul_precision: str = "float32") -> dict:
     import numpy as np
 
     from tensorarena import optim
@@ -111,7 +116,7 @@ def run_ours(route: str = "eager", update_in_backward: bool | None = None) -> di
     if got != want:
         raise SystemExit(f"ViTConfig.{name}() is {got}, the benchmark's FLOP count assumes {want}")
     trainer = Trainer(model, optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY), cross_entropy,
-                      route=route, update_in_backward=update_in_backward)
+                      route=route, update_in_backward=update_in_backward, matmul_precision=matmul_precision)
     x, y = _data()
     if route != "fused":
         return time_trainer(trainer, x, y, warmup=WARMUP, steps=_steps())
@@ -138,6 +143,15 @@ def run_fused() -> dict:
 
 def run_fused_flat_grads() -> dict:
     return run_ours("fused", update_in_backward=False)
+
+
+def run_fused_bf16() -> dict:
+    from tensorarena.kernels import calls
+
+    result = run_ours("fused", matmul_precision="bfloat16")
+    if not calls[("gemm_bf16", "fused")]:
+        raise SystemExit("the bfloat16 contender ran no bfloat16 GEMM (kernels.gemm_bf16 is not available here)")
+    return result
 
 
 def _torch_vit(case: dict):
@@ -305,7 +319,8 @@ def print_fused_verdict(v: dict) -> None:
         print("fused bars: not evaluated (tensorarena fused or pytorch eager was not run or unavailable)")
         return
     met = lambda ok: "met" if ok else "NOT met"  # noqa: E731
-    print(f"[{v['contender']}]")
+    print(f"[{v['contender']}]" + (" bfloat16 products against PyTorch's float32 steps: not like for like "
+                                    "(bench/vit_bf16.py compares like with like)" if v['contender'] == FUSED_BF16 else ""))
     print(f"fused bar: step {v['step_vs_torch_eager']:.3f}x PyTorch eager (<= 0.7x): {met(v['step_bar_0.7x_met'])}")
     if "step_vs_torch_compile" in v:
         print(f"fused bar: step {v['step_vs_torch_compile']:.3f}x torch.compile (<= 1.0x): "
@@ -350,7 +365,8 @@ def machine_note() -> dict:
 if __name__ == "__main__":
     if "--child" in sys.argv:
         child_main({"tensorarena eager": run_ours, "tensorarena fused": run_fused,
-                    FUSED_FLAT: run_fused_flat_grads, "pytorch eager": run_torch, "torch.compile": run_compiled})
+                    FUSED_FLAT: run_fused_flat_grads, FUSED_BF16: run_fused_bf16, "pytorch eager": run_torch,
+                    "torch.compile": run_compiled})
         sys.exit(0)
     from sgemm_peak import measure_sgemm_peak
 
@@ -378,9 +394,10 @@ if __name__ == "__main__":
         print_verdict(v)
         v["fused"] = fused_verdict(results)
         print_fused_verdict(v["fused"])
-        if FUSED_FLAT in results:
-            v["fused_flat_grads"] = fused_verdict(results, FUSED_FLAT)
-            print_fused_verdict(v["fused_flat_grads"])
+        for key_name, contender in (("fused_flat_grads", FUSED_FLAT), ("fused_bf16", FUSED_BF16)):
+            if contender in results:
+                v[key_name] = fused_verdict(results, contender)
+                print_fused_verdict(v[key_name])
         for r in results.values():
             r.pop("step_times_s", None)
         summary["cases"][key] = {"title": title, "steps": steps, "flops_per_step": flops, "results": results,

@@ -57,7 +57,7 @@ def torch_step(vit, xs, ys, *, compiled: bool):
 
 
 def our_trainer(vit, case_name: str, route: str, update_in_backward: bool | None = None, seed: int = 0,
-                **config):
+                matmul_precision: str = "float32", **config):
     """A tensorarena Trainer on the same ViT, data and optimizer settings as bench/vit.py (`config`:
     ViTConfig overrides)."""
     import numpy as np
@@ -71,7 +71,8 @@ def our_trainer(vit, case_name: str, route: str, update_in_backward: bool | None
                                            **config)
     model = ViT(config, rng=np.random.default_rng(seed))
     return Trainer(model, optim.AdamW(model.parameters(), lr=vit.LR, weight_decay=vit.WEIGHT_DECAY),
-                   cross_entropy, route=route, update_in_backward=update_in_backward)
+                   cross_entropy, route=route, update_in_backward=update_in_backward,
+                   matmul_precision=matmul_precision)
 
 
 def build(case_name: str, with_compile: bool) -> dict:

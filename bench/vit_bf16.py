@@ -1,0 +1,113 @@
+"""bfloat16 products against PyTorch's, ViT steps interleaved in one process.
+
+    python bench/vit_bf16.py [--model tiny|base] [--rounds 8] [--per-round 3] [--json out.json]
+
+tensorarena's float32_matmul_precision("bfloat16") (tensorarena/precision.py) rounds the operands of
+float32 products to bfloat16 and accumulates in float32. PyTorch's like-for-like setting is
+torch.set_float32_matmul_precision("medium"), which on CPU sends float32 matmuls through oneDNN in
+bfloat16 the same way; its usual mixed-precision recipe is torch.autocast("cpu", torch.bfloat16),
+which also casts activations and keeps bf16 outputs. All three are timed next to both libraries'
+float32 steps, the contenders taking turns as in bench/vit_interleaved.py (same models, data and
+AdamW; torch's precision is set around its own step only and restored after it).
+
+The table gives every contender against PyTorch eager in float32 and against PyTorch eager with
+bf16 matmuls, each as the ratio of whole-run medians / the median over rounds of each round's ratio.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import interleave, interleaved_vit_parser, paired_ratios, write_json  # noqa: E402
+from vit_interleaved import our_trainer, torch_step  # noqa: E402
+
+TORCH_BF16 = "pytorch eager, bf16 matmuls"
+
+
+def with_torch_precision(step, name: str):
+    """`step` run under torch.set_float32_matmul_precision(name), the process's setting restored after."""
+    import torch
+
+    def run():
+        saved = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision(name)
+        try:
+            return step()
+        finally:
+            torch.set_float32_matmul_precision(saved)
+
+    return run
+
+
+def autocast_step(vit, xs, ys):
+    """PyTorch's mixed-precision recipe: forward and loss under torch.autocast(cpu, bfloat16)."""
+    import torch
+
+    model = vit._torch_vit(vit._case())
+    opt = torch.optim.AdamW(model.parameters(), lr=vit.LR, weight_decay=vit.WEIGHT_DECAY)
+    xt, yt = torch.from_numpy(xs), torch.from_numpy(ys)
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(model(xt), yt)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return step
+
+
+def build(case_name: str) -> dict:
+    os.environ["BENCH_CASE"] = case_name
+    import torch  # first: see bench/vit_interleaved.py's docstring
+
+    import vit
+
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    xs, ys = vit._data()
+    steps = {"pytorch eager": torch_step(vit, xs, ys, compiled=False),
+             TORCH_BF16: with_torch_precision(torch_step(vit, xs, ys, compiled=False), "medium"),
+             "pytorch autocast bf16": autocast_step(vit, xs, ys)}
+    for name, precision in (("tensorarena fused", "float32"), ("tensorarena fused, bf16 matmuls", "bfloat16")):
+        trainer = our_trainer(vit, case_name, "fused", matmul_precision=precision)
+        steps[name] = lambda trainer=trainer: trainer.step(xs, ys).loss
+    return steps
+
+
+def main() -> None:
+    args = interleaved_vit_parser(__doc__).parse_args()
+    # build() imports torch before tensorarena. The other order hands torch's OpenMP runtime the wait
+    # policy tensorarena sets for its own pool, and PyTorch's float32 step took 5 s instead of 0.5 s.
+    steps = build(args.model)
+    from tensorarena.kernels import calls, gemm_bf16
+
+    if not gemm_bf16.available():
+        raise SystemExit(f"no fast bfloat16 GEMM here ({gemm_bf16.why_not()}): nothing to compare")
+    before = calls[("gemm_bf16", "fused")]
+    times = interleave(steps, args.rounds, args.per_round)
+    assert calls[("gemm_bf16", "fused")] > before, "the bfloat16 contender ran no bfloat16 GEMM"
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    refs = ("pytorch eager", TORCH_BF16)
+    paired = {ref: paired_ratios(times, ref, args.per_round) for ref in refs}
+    print(f"ViT-{args.model} ({'batch 8' if args.model == 'tiny' else 'batch 1'}), {args.rounds} rounds x "
+          f"{args.per_round} steps per contender, interleaved in one process")
+    print("x columns: ratio of whole-run medians / median over rounds of each round's ratio (common.paired_ratios)")
+    print(f"{'contender':<34}{'median ms':>11}{'min ms':>10}{'x pytorch eager':>19}{'x pytorch bf16 mm':>19}")
+    for name, t in times.items():
+        cells = "".join(f"{f'{medians[name] / medians[ref]:.3f} / {paired[ref][name]:.3f}':>19}" for ref in refs)
+        print(f"{name:<34}{medians[name] * 1e3:>11.1f}{min(t) * 1e3:>10.1f}{cells}")
+    write_json(args.json, {"model": args.model, "rounds": args.rounds, "per_round": args.per_round,
+                           "median_step_s": medians, "step_times_s": times,
+                           "x_pytorch_eager": {n: m / medians[refs[0]] for n, m in medians.items()},
+                           "x_pytorch_bf16_matmuls": {n: m / medians[refs[1]] for n, m in medians.items()},
+                           "paired_x_pytorch_eager": paired[refs[0]], "paired_x_pytorch_bf16_matmuls": paired[refs[1]]})
+
+
+if __name__ == "__main__":
+    main()
