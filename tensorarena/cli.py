@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="warm-up steps for warmup schedules (default: the model's, mlp 20)")
     train.add_argument("--clip", type=float, default=1.0, help="global gradient-norm clip (0 disables)")
     train.add_argument("--dtype", choices=["float32", "float64"], default="float32", help="parameter and compute dtype")
+    train.add_argument("--matmul-precision", choices=["float32", "bfloat16"], default="float32",
+                       help="float32 matrix products: exact float32, or operands rounded to bfloat16 with float32 "
+                            "accumulation (faster where the CPU has bf16 units; torch's 'medium')")
     train.add_argument("--train-size", type=int, default=8000, help="generated training examples")
     train.add_argument("--test-size", type=int, default=2000, help="generated held-out examples")
     train.add_argument("--seed", type=int, default=0, help="seed for data, initialisation, shuffling and dropout")

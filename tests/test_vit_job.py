@@ -79,3 +79,19 @@ def test_train_without_clipping_updates_inside_backward(tmp_path, capsys):
     summary = json.loads(out.read_text())
     assert summary["route"] == "fused" and summary["fused_update"].startswith("inside backward")
     assert "fused update      inside backward" in capsys.readouterr().out
+
+
+def test_train_with_bfloat16_products_reports_them(tmp_path, capsys):
+    from tensorarena.kernels import gemm_bf16
+
+    out = tmp_path / "summary.json"
+    assert main(["train", "--model", "vit-tiny", "--steps", "3", "--image-size", "32", "--patch-size", "16",
+                 "--batch-size", "8", "--train-size", "64", "--test-size", "16", "--route", "fused",
+                 "--matmul-precision", "bfloat16", "--no-progress", "--json", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    printed = capsys.readouterr().out
+    assert summary["matmul_precision"] == "bfloat16" and "products          bfloat16 operands" in printed
+    if gemm_bf16.available():
+        assert summary["bf16_products"]["ran"] > 0 and "stayed float32" not in printed
+    else:
+        assert summary["bf16_products"]["stayed_float32"] > 0 and "stayed float32" in printed

@@ -24,7 +24,8 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
     route = getattr(args, "route", "eager")
     trainer = Trainer(model, optimizer, cross_entropy, scheduler=make_scheduler(args, optimizer),
                       clip_grad_norm=args.clip or None, on_nonfinite=args.on_nonfinite, route=route,
-                      memory_limit=getattr(args, "memory_limit", None), store_dir=getattr(args, "store_dir", None))
+                      memory_limit=getattr(args, "memory_limit", None), store_dir=getattr(args, "store_dir", None),
+                      matmul_precision=getattr(args, "matmul_precision", "float32"))
     x_train, y_train = train
     loader = BatchLoader(x_train, y_train, min(args.batch_size, len(x_train)), rng=np.random.default_rng(args.seed + 1))
     if args.resume:
@@ -58,7 +59,7 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
         "memory_budget_bytes": trainer.budget.nbytes, "memory_budget_source": trainer.budget.source,
         "route_plan": trainer.route_plan.format() if trainer.route_plan else None,
         "route_switches": trainer.route_switches,
-        "fused_update": fused_update(trainer),
+        "fused_update": fused_update(trainer), "matmul_precision": trainer.matmul_precision,
         "first_loss": first.loss if first else None, "final_loss": last.loss if last else None,
         "test_loss": held_out["loss"], "test_accuracy": held_out["accuracy"],
         "steps_per_second": remaining / elapsed if elapsed > 0 and remaining else None,

@@ -128,7 +128,8 @@ def train_simcse(args) -> dict:
     scheduler = _make_scheduler(args, optimizer)
     # The model returns the loss itself; the Trainer's targets are unused.
     trainer = Trainer(model, optimizer, lambda loss, _targets: loss, scheduler=scheduler,
-                      clip_grad_norm=args.clip or None, on_nonfinite=args.on_nonfinite)
+                      clip_grad_norm=args.clip or None, on_nonfinite=args.on_nonfinite,
+                      matmul_precision=getattr(args, "matmul_precision", "float32"))
 
     probe_before = _probe_loss(model, probe_ids, args.seed + 2)
     reports = []
@@ -162,7 +163,7 @@ def train_simcse(args) -> dict:
         "peak_rss_bytes": peak_rss_bytes(), "rss_growth_bytes": rss_bytes() - rss_before,
         "arena_high_water_bytes": max(high_waters, default=0), "parameters": model.num_parameters(),
         "step_losses": losses, "step_arena_high_water_bytes": high_waters,
-        "saved": str(args.save) if args.save else None,
+        "saved": str(args.save) if args.save else None, "matmul_precision": trainer.matmul_precision,
     }
     print(f"trained {args.model} on all-MiniLM-L6-v2 ({summary['parameters']:,} parameters) for "
           f"{trainer.step_count} steps on the {summary['route']} route "

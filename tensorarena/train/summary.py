@@ -17,6 +17,13 @@ def finish(summary: dict, *, json_path: str | None, saved_line: str | None = Non
     print(f"  peak RSS          {format_bytes(summary['peak_rss_bytes'])}")
     print(f"  arena high-water  {format_bytes(summary['arena_high_water_bytes'])} per step")
     print(f"  GEMMs             {summary['gemm_backend']}")
+    if summary.get("matmul_precision") == "bfloat16":
+        from ..kernels import calls
+
+        ran, skipped = calls[("gemm_bf16", "fused")], calls[("gemm_bf16", "skipped: float32 instead")]
+        summary["bf16_products"] = {"ran": ran, "stayed_float32": skipped}
+        print(f"  products          bfloat16 operands, float32 sums ({ran} bf16 GEMMs"
+              + (f"; {skipped} stayed float32, see the warning" if skipped else "") + ")")
     if saved_line:
         print(saved_line)
     if json_path:
