@@ -31,21 +31,25 @@ def _trainer(route, *, seed=0, dim=32, depth=2, steps=12, **kw):
 
 # -- estimates ------------------------------------------------------------------------------------
 
-def test_stage_by_stage_estimates_match_the_real_routes():
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])  # bfloat16: the rounded operands are traced too
+def test_stage_by_stage_estimates_match_the_real_routes(precision):
     model = _vit(dim=64, depth=4)
     opt = optim.AdamW(model.parameters(), lr=1e-3)
     x, y = _batches(1, batch=16)[0]
-    plan = plan_routes(model, opt, cross_entropy, x, y, MemoryBudget(1 << 34, "test"),
-                       routes=("fused", "eager", "streaming"), fused_keeps_grads=True)  # flat gradients
+    with ta.float32_matmul_precision(precision):
+        plan = plan_routes(model, opt, cross_entropy, x, y, MemoryBudget(1 << 34, "test"),
+                           routes=("fused", "eager", "streaming"), fused_keeps_grads=True)  # flat gradients
     fused = plan.estimates["fused"].parts
     eager = plan.estimates["eager"].parts
     assert fused["params"] == fused["grads"] == fused["optimizer exp_avg"] == sum(p.data.nbytes for p in model.parameters())
-    real_plan = compile_step(model, cross_entropy, opt, (x, y), update_in_backward=False).plan
+    real_plan = compile_step(model, cross_entropy, opt, (x, y), update_in_backward=False,
+                             matmul_precision=precision).plan
     # Stage traces approximate the whole step's liveness: within a few percent, rather over than under.
     real = real_plan.memory.slab_bytes
     assert -0.03 * real <= fused["activations (slab)"] - real <= 0.05 * real
     model2 = _vit(dim=64, depth=4)
-    report = Trainer(model2, optim.AdamW(model2.parameters(), lr=1e-3), cross_entropy).step(x, y)
+    report = Trainer(model2, optim.AdamW(model2.parameters(), lr=1e-3), cross_entropy,
+                     matmul_precision=precision).step(x, y)
     # The eager arena reuses dead memory: its high-water is the live peak, as estimated.
     assert abs(report.arena_high_water - eager["activations (arena)"]) <= 0.03 * report.arena_high_water
     assert plan.estimates["streaming"].total < plan.estimates["fused"].total
