@@ -187,6 +187,12 @@ def test_matmul_and_gelu_linear_ops_use_the_precision_and_float64_never_does():
         out = ta.ops.bias_gelu_linear(ta.tensor(x), ta.tensor(bias), ta.tensor(w)).data
         act = torch.nn.functional.gelu(torch.from_numpy(x)).numpy()
         _assert_close_to(out, _bf16(act) @ _bf16(w).T, "bias_gelu_linear", 33)
+        # (..., k) @ (k, n) is one 2-D product: rounded too. Both operands batched: float32 (NumPy's matmul).
+        a3 = a.reshape(4, 5, 33)
+        _assert_close_to(ta.matmul(ta.tensor(a3), ta.tensor(c)).data, _bf16(a3) @ _bf16(c), "(4, 5, 33) @ (33, 17)", 33)
+        c3 = np.stack([c] * 4)
+        np.testing.assert_allclose(ta.matmul(ta.tensor(a3), ta.tensor(c3)).data, a3.astype(np.float64) @ c3,
+                                   rtol=0, atol=1e-5)
         before = kernels.calls[ROUTE]
         a64 = a.astype(np.float64)
         np.testing.assert_allclose(ta.matmul(ta.tensor(a64), ta.tensor(c.astype(np.float64))).data, a64 @ c,
@@ -207,6 +213,18 @@ def test_without_a_fast_bf16_gemm_products_stay_float32_and_say_so(monkeypatch, 
     assert kernels.calls[skipped] - before == 3
     assert "products stay float32" in caplog.text
     np.testing.assert_allclose(y, x.astype(np.float64) @ w.T + b, rtol=0, atol=1e-4)
+
+
+@needs_bf16_gemm
+def test_switching_gemms_to_numpy_takes_the_bf16_ones_too():
+    from tensorarena.kernels import gemm
+
+    gemm.use_backend("numpy")
+    try:
+        assert not K.available() and "use_backend('numpy')" in K.why_not()
+    finally:
+        gemm.use_backend("mkl")
+    assert K.available()
 
 
 def test_product_rounds_into_arena_buffers_not_the_heap():

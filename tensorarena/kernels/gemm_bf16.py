@@ -26,7 +26,7 @@ import numba
 import numpy as np
 
 from . import gemm as _gemm
-from . import register
+from . import _registry, register
 
 BF16 = np.dtype(np.uint16)  # storage of a bfloat16 value: its bit pattern
 _F32 = np.dtype(np.float32)
@@ -124,14 +124,20 @@ def gemm_bf16_mkl(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: boo
     return out
 
 
+def _mkl_is_the_backend() -> bool:
+    # Not only loaded: kernels.gemm.use_backend("numpy") takes MKL's float32 GEMMs away, and the
+    # bfloat16 ones go with them.
+    return _gemm._mkl is not None and "fused" in _registry.get("gemm", {})
+
+
 def available() -> bool:
     """Whether bfloat16 products run on MKL here (the fast path); else they would run on the twin."""
-    return _bf16_fn() is not None
+    return _mkl_is_the_backend() and _bf16_fn() is not None
 
 
 def why_not() -> str:
     """Why `available()` is False, for the log line that says products stay float32."""
-    if _gemm._mkl is None:
+    if not _mkl_is_the_backend():
         return f"MKL is not the GEMM backend ({_gemm._why_not})"
     return "" if available() else f"libmkl_rt at {_gemm._mkl.path} has no cblas_gemm_bf16bf16f32"
 
@@ -139,5 +145,5 @@ def why_not() -> str:
 register("to_bfloat16", "reference", to_bfloat16_reference)
 register("to_bfloat16", "fused", to_bfloat16_fused)
 register("gemm_bf16", "reference", gemm_bf16_reference)
-if available():
+if _gemm._mkl is not None and _bf16_fn() is not None:
     register("gemm_bf16", "fused", gemm_bf16_mkl)

@@ -44,9 +44,13 @@ def _check_float_pair(a, b, what: str, a_name: str, b_name: str) -> None:
 
 
 def _product(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-    """out = a @ b: 2-D products at the float32 matmul precision (ops._products), batched or 1-D ones on NumPy's matmul."""
+    """out = a @ b: 2-D products at the float32 matmul precision (ops._products); (..., k) @ (k, n) as one
+    2-D product when a's rows are contiguous; other batched or 1-D ones on NumPy's matmul, in the
+    operands' own precision."""
     if a.ndim == 2 and b.ndim == 2 and out.ndim == 2:
         product(a, b, out)
+    elif a.ndim > 2 and b.ndim == 2 and out.ndim == a.ndim and a.flags.c_contiguous and out.flags.c_contiguous:
+        product(a.reshape(-1, a.shape[-1]), b, out.reshape(-1, out.shape[-1]))
     else:
         bmm(a, b, out=out)
 

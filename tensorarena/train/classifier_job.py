@@ -11,6 +11,7 @@ from ..data.loader import BatchLoader
 from ..memory.meter import peak_rss_bytes, rss_bytes
 from ..nn.functional import cross_entropy
 from ..nn.module import Module
+from .summary import bf16_products_since
 from .trainer import Trainer
 
 
@@ -36,6 +37,7 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
 
     reports = []
     rss_before = rss_bytes()
+    products_before = bf16_products_since()
     remaining = max(args.steps - trainer.step_count, 0)
     started = time.perf_counter()
     bar = tqdm(total=remaining, disable=args.no_progress, unit="step", file=sys.stderr)
@@ -59,7 +61,8 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
         "memory_budget_bytes": trainer.budget.nbytes, "memory_budget_source": trainer.budget.source,
         "route_plan": trainer.route_plan.format() if trainer.route_plan else None,
         "route_switches": trainer.route_switches,
-        "fused_update": fused_update(trainer), "matmul_precision": trainer.matmul_precision,
+        "fused_update": fused_update(trainer),
+        "matmul_precision": trainer.matmul_precision, "bf16_products": bf16_products_since(products_before),
         "first_loss": first.loss if first else None, "final_loss": last.loss if last else None,
         "test_loss": held_out["loss"], "test_accuracy": held_out["accuracy"],
         "steps_per_second": remaining / elapsed if elapsed > 0 and remaining else None,

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..memory.meter import peak_rss_bytes, rss_bytes
-from .summary import finish
+from .summary import bf16_products_since, finish
 
 SIMCSE_DEFAULTS = {"steps": 30, "batch_size": 16, "lr": 3e-5, "warmup": 3}
 PROBE_SIZE = 32  # held-out sentences scored before and after training
@@ -134,6 +134,7 @@ def train_simcse(args) -> dict:
     probe_before = _probe_loss(model, probe_ids, args.seed + 2)
     reports = []
     rss_before = rss_bytes()
+    products_before = bf16_products_since()
     started = time.perf_counter()
     bar = tqdm(total=args.steps, disable=args.no_progress, unit="step", file=sys.stderr)
     for _ in range(args.steps):
@@ -163,7 +164,8 @@ def train_simcse(args) -> dict:
         "peak_rss_bytes": peak_rss_bytes(), "rss_growth_bytes": rss_bytes() - rss_before,
         "arena_high_water_bytes": max(high_waters, default=0), "parameters": model.num_parameters(),
         "step_losses": losses, "step_arena_high_water_bytes": high_waters,
-        "saved": str(args.save) if args.save else None, "matmul_precision": trainer.matmul_precision,
+        "saved": str(args.save) if args.save else None,
+        "matmul_precision": trainer.matmul_precision, "bf16_products": bf16_products_since(products_before),
     }
     print(f"trained {args.model} on all-MiniLM-L6-v2 ({summary['parameters']:,} parameters) for "
           f"{trainer.step_count} steps on the {summary['route']} route "

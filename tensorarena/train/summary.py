@@ -18,10 +18,7 @@ def finish(summary: dict, *, json_path: str | None, saved_line: str | None = Non
     print(f"  arena high-water  {format_bytes(summary['arena_high_water_bytes'])} per step")
     print(f"  GEMMs             {summary['gemm_backend']}")
     if summary.get("matmul_precision") == "bfloat16":
-        from ..kernels import calls
-
-        ran, skipped = calls[("gemm_bf16", "fused")], calls[("gemm_bf16", "skipped: float32 instead")]
-        summary["bf16_products"] = {"ran": ran, "stayed_float32": skipped}
+        ran, skipped = summary["bf16_products"]["ran"], summary["bf16_products"]["stayed_float32"]
         print(f"  products          bfloat16 operands, float32 sums ({ran} bf16 GEMMs"
               + (f"; {skipped} stayed float32, see the warning" if skipped else "") + ")")
     if saved_line:
@@ -34,3 +31,13 @@ def finish(summary: dict, *, json_path: str | None, saved_line: str | None = Non
             with open(json_path, "w") as f:
                 f.write(text + "\n")
     return summary
+
+
+def bf16_products_since(before: dict | None = None) -> dict:
+    """How many float32 products ran as bf16 GEMMs and how many stayed float32 (no fast bf16 GEMM here),
+    counted since `before` (an earlier result of this function; None: since the process started)."""
+    from ..kernels import calls
+
+    now = {"ran": calls[("gemm_bf16", "fused")] + calls[("gemm_bf16", "reference")],
+           "stayed_float32": calls[("gemm_bf16", "skipped: float32 instead")]}
+    return {key: value - (before or {}).get(key, 0) for key, value in now.items()}
