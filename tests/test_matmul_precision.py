@@ -272,6 +272,8 @@ def test_fused_and_eager_bf16_training_agree_step_for_step_and_learn():
     assert diff <= 1e-5
     np.testing.assert_allclose([r.loss for r in fr], [r.loss for r in er], rtol=1e-5, atol=1e-5)
     assert fr[-1].loss < 0.6 * fr[0].loss
+    # The rounded operands are step-arena buffers: both routes' high-water stays flat after warm-up.
+    assert len({r.arena_high_water for r in er[2:]}) == 1 and len({r.arena_high_water for r in fr[2:]}) == 1
     # bfloat16 products learn as float32 ones do here (the paths part within a few steps, as
     # float32 runs with different summation orders would), but not identically: the rounding happened.
     bf, f32 = np.array([r.loss for r in fr]), np.array([r.loss for r in _train("fused", 30, "float32", batches)[2]])
