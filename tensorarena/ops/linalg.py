@@ -108,7 +108,8 @@ def linear(x, weight, bias=None) -> Tensor:
     out = new(lead + (wd.shape[0],), np.result_type(xd.dtype, wd.dtype))
     out2 = out.reshape(-1, wd.shape[0])  # (N, out)
     # At bfloat16 precision the input is rounded once, and that copy (half the bytes) is all backward
-    # keeps of it; the weight is rounded again in backward rather than held rounded from here.
+    # keeps of it. The weight is rounded again in backward rather than held rounded from here: holding
+    # it grew ViT-Base's slab by 108 MiB and its step by nothing (0.99x and 1.016x, A/B in one process).
     x2 = operand(x2)
     product(x2, wd.T, out2)
     if bias is not None:
