@@ -24,12 +24,12 @@ Reading it: products only / pytorch eager is the smallest ratio any float32 step
 GEMMs can reach. Where it is within a few points of the bar, the bar leaves almost nothing for the
 rest of the step (GELU, LayerNorm, softmax, AdamW's pass over every parameter, Python).
 
---bf16 adds a what-if for bfloat16 matmuls, which tensorarena does not have (its steps are float32
-throughout): the same linear GEMMs through MKL's cblas_gemm_bf16bf16f32 (AMX on cores that have
-it; float32 output and accumulation), each call first rounding both operands to bfloat16 (a
-parallel pass, counted), attention's products left in float32; and, as the fair rival for such a
-mode, PyTorch eager with torch.backends.mkldnn.matmul.fp32_precision = "bf16" (its own knob for
-the same trade). Nothing here changes what our steps compute.
+--bf16 adds the bfloat16-matmul floor: the same linear GEMMs as tensorarena's
+float32_matmul_precision("bfloat16") runs them (both operands rounded to bfloat16 on every call, a
+parallel pass that is counted; MKL's cblas_gemm_bf16bf16f32 with float32 output and accumulation),
+attention's products left in float32 as that mode leaves them; and, as the fair rival, PyTorch eager
+with torch.backends.mkldnn.matmul.fp32_precision = "bf16" (its own knob for the same trade).
+bench/vit_bf16.py times whole bf16 steps of ours against PyTorch's.
 """
 
 from __future__ import annotations
@@ -144,42 +144,17 @@ def attention_replay(forward_calls, backward_calls, rng):
     return replay, flops
 
 
-def _to_bf16_kernel():
-    import numba
-    import numpy as np
-
-    @numba.njit(parallel=True, cache=False)
-    def to_bf16(src, dst):
-        # float32 -> bfloat16 bits, round to nearest even (finite inputs: these are random operands)
-        for i in numba.prange(src.shape[0]):
-            u = src[i]
-            dst[i] = np.uint16((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
-    return to_bf16
-
-
 def bf16_linear_replay(calls, rng):
-    """The recorded linear GEMMs as bfloat16 products (MKL, its own threads), operands rounded per call."""
-    import ctypes
-
+    """The recorded linear GEMMs as the bfloat16 precision runs them (ops._products): both operands
+    rounded on every call (kernels.gemm_bf16's rounding kernel), then MKL's bf16 GEMM on its own threads."""
     import numpy as np
 
-    from tensorarena.kernels.mkl_lib import find_mkl_rt
-
-    lib = ctypes.CDLL(find_mkl_rt()[0])  # the library kernels.gemm already loaded
-    fn = lib.cblas_gemm_bf16bf16f32
-    i, vp = ctypes.c_int, ctypes.c_void_p
-    fn.argtypes = [i, i, i, i, i, i, ctypes.c_float, vp, i, vp, i, ctypes.c_float, vp, i]
-    fn.restype = None
-    row_major, no_trans, trans = 101, 111, 112
-    to_bf16 = _to_bf16_kernel()
+    from tensorarena.kernels.gemm_bf16 import BF16, gemm_bf16_mkl, to_bfloat16_fused
 
     def stored(x):
-        """(C-contiguous float32 array holding x's values, CBLAS transpose flag)."""
-        if x.flags.c_contiguous:
-            return x, no_trans
-        if x.T.flags.c_contiguous:
-            return x.T, trans
-        return np.ascontiguousarray(x), no_trans
+        """(the array to round, whether the rounded copy is read transposed): a transposed view of a
+        row-major array is rounded in its own memory order, as ops._products.rounded does."""
+        return (x.T, True) if x.ndim == 2 and x.shape[0] > 1 and x.strides[0] == x.itemsize else (x, False)
 
     operands, plan = {}, []
     for args, kwargs in calls:
@@ -187,18 +162,19 @@ def bf16_linear_replay(calls, rng):
         accumulate = bool(args[3]) if len(args) > 3 else bool(kwargs.get("accumulate", False))
         key = tuple((x.shape, x.strides) for x in (a, b, out))
         if key not in operands:
-            (sa, ta), (sb, tb) = stored(_operand_like(a, rng)), stored(_operand_like(b, rng))
-            ha, hb = np.empty(sa.shape, np.uint16), np.empty(sb.shape, np.uint16)
-            c = np.empty(out.shape, np.float32)
-            operands[key] = (sa, ta, ha, sb, tb, hb, c)
-        plan.append((a.shape[0], b.shape[1], a.shape[1], accumulate, *operands[key]))
+            pairs = []
+            for x in (_operand_like(a, rng), _operand_like(b, rng)):
+                src, transposed = stored(x)
+                bits = np.empty(src.shape, BF16)
+                pairs.append((src, bits, bits.T if transposed else bits))
+            operands[key] = (pairs, np.empty(out.shape, np.float32))
+        plan.append((accumulate, *operands[key]))
 
     def replay():
-        for m, n, k, accumulate, sa, ta, ha, sb, tb, hb, c in plan:
-            to_bf16(sa.reshape(-1).view(np.uint32), ha.reshape(-1))
-            to_bf16(sb.reshape(-1).view(np.uint32), hb.reshape(-1))
-            fn(row_major, ta, tb, m, n, k, 1.0, ha.ctypes.data, ha.shape[1], hb.ctypes.data, hb.shape[1],
-               1.0 if accumulate else 0.0, c.ctypes.data, n)
+        for accumulate, pairs, c in plan:
+            for src, bits, _ in pairs:
+                to_bfloat16_fused(src, bits)
+            gemm_bf16_mkl(pairs[0][2], pairs[1][2], c, accumulate)
     return replay
 
 
@@ -248,13 +224,15 @@ def build(case_name: str, seed: int = 0, bf16: bool = False) -> tuple[dict, dict
             linear_bf16()
             attention()
 
-        steps.update({"pytorch eager, bf16 matmul": torch_step_bf16, "products, bf16 linear": products_bf16})
+        trainer_bf16 = our_trainer(vit, case_name, "fused", seed=seed, matmul_precision="bfloat16")
+        steps.update({"pytorch eager, bf16 matmul": torch_step_bf16, "products, bf16 linear": products_bf16,
+                      "fused, bf16 matmuls": lambda: trainer_bf16.step(xs, ys).loss})
     return steps, facts
 
 
 def main() -> None:
     parser = interleaved_vit_parser(__doc__)
-    parser.add_argument("--bf16", action="store_true", help="add the bfloat16-matmul what-if (module docstring)")
+    parser.add_argument("--bf16", action="store_true", help="add the bfloat16-matmul floor and step (module docstring)")
     args = parser.parse_args()
 
     from sgemm_peak import measure_sgemm_peak
@@ -285,7 +263,7 @@ def main() -> None:
           f"{(medians['tensorarena fused'] - medians['products only']) * 1e3:.1f} ms of it now.")
     if args.bf16:
         ref16 = medians["pytorch eager, bf16 matmul"]
-        print(f"bf16 what-if (not a tensorarena mode): products with bf16 linear GEMMs "
+        print(f"bf16 floor (matmul_precision='bfloat16'): products with bf16 linear GEMMs "
               f"{medians['products, bf16 linear'] / ref:.3f}x PyTorch eager, "
               f"{medians['products, bf16 linear'] / ref16:.3f}x PyTorch eager with its bf16 matmul knob")
     write_json(args.json, {"model": args.model, "rounds": args.rounds, "per_round": args.per_round,
