@@ -43,25 +43,6 @@ def with_torch_precision(step, name: str):
     return run
 
 
-def autocast_step(vit, xs, ys):
-    """PyTorch's mixed-precision recipe: forward and loss under torch.autocast(cpu, bfloat16)."""
-    import torch
-
-    model = vit._torch_vit(vit._case())
-    opt = torch.optim.AdamW(model.parameters(), lr=vit.LR, weight_decay=vit.WEIGHT_DECAY)
-    xt, yt = torch.from_numpy(xs), torch.from_numpy(ys)
-
-    def step():
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = torch.nn.functional.cross_entropy(model(xt), yt)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss.item()
-
-    return step
-
-
 def build(case_name: str) -> dict:
     os.environ["BENCH_CASE"] = case_name
     import torch  # first: see bench/vit_interleaved.py's docstring
@@ -73,7 +54,7 @@ def build(case_name: str) -> dict:
     xs, ys = vit._data()
     steps = {"pytorch eager": torch_step(vit, xs, ys, compiled=False),
              TORCH_BF16: with_torch_precision(torch_step(vit, xs, ys, compiled=False), "medium"),
-             "pytorch autocast bf16": autocast_step(vit, xs, ys)}
+             "pytorch autocast bf16": torch_step(vit, xs, ys, compiled=False, autocast_bf16=True)}
     for name, precision in (("tensorarena fused", "float32"), ("tensorarena fused, bf16 matmuls", "bfloat16")):
         trainer = our_trainer(vit, case_name, "fused", matmul_precision=precision)
         steps[name] = lambda trainer=trainer: trainer.step(xs, ys).loss

@@ -37,17 +37,22 @@ from common import interleave, interleaved_vit_parser, paired_ratios, write_json
 FUSED_EVERY_TOKEN = "fused, full last block"
 
 
-def torch_step(vit, xs, ys, *, compiled: bool):
-    """A zero-argument PyTorch training step (bench/vit.py's mirror ViT, AdamW) on the batch xs, ys."""
+def torch_step(vit, xs, ys, *, compiled: bool, autocast_bf16: bool = False):
+    """A zero-argument PyTorch training step (bench/vit.py's mirror ViT, AdamW) on the batch xs, ys;
+    autocast_bf16: forward and loss under torch.autocast("cpu", torch.bfloat16), PyTorch's mixed precision."""
+    import contextlib
+
     import torch
 
     model = vit._torch_vit(vit._case())
     opt = torch.optim.AdamW(model.parameters(), lr=vit.LR, weight_decay=vit.WEIGHT_DECAY)
     forward = torch.compile(model) if compiled else model
     xt, yt = torch.from_numpy(xs), torch.from_numpy(ys)
+    region = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if autocast_bf16 else contextlib.nullcontext
 
     def step():
-        loss = torch.nn.functional.cross_entropy(forward(xt), yt)
+        with region():
+            loss = torch.nn.functional.cross_entropy(forward(xt), yt)
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -101,6 +101,11 @@ class _Mkl:
             batch.argtypes = [i, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, i, vp]
             self.batch_fn[dtype] = batch
             self.real[dtype] = real
+        # bfloat16 operands, float32 output and sums (kernels.gemm_bf16); None in an MKL older than them.
+        self.bf16_fn = getattr(lib, "cblas_gemm_bf16bf16f32", None)
+        if self.bf16_fn is not None:
+            self.bf16_fn.restype = None
+            self.bf16_fn.argtypes = [i, i, i, i, i, i, ctypes.c_float, vp, i, vp, i, ctypes.c_float, vp, i]
 
 
 def _slice_layout(x: np.ndarray, rows: int, cols: int) -> tuple[int, int] | None:
@@ -136,24 +141,31 @@ def _row_major_ld(out: np.ndarray, rows: int, cols: int, what: str) -> int:
     return layout[1]
 
 
-def _product_job(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool
+def _product_job(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool, *, bf16: bool = False
                  ) -> tuple[tuple[int, ...], tuple[np.ndarray, np.ndarray]] | None:
     """Check out = a @ b for MKL and describe it as one job (kernels.gemm_jobs' row) and the arrays it
     reads (a copy when an operand has no BLAS layout: keep them alive until the job has run).
-    None when there is nothing to multiply (an empty output, or k = 0: out is zeroed unless accumulating)."""
+    None when there is nothing to multiply (an empty output, or k = 0: out is zeroed unless accumulating).
+    bf16: operands are bfloat16 bit patterns (uint16) and out float32 (kernels.gemm_bf16)."""
     dtype = out.dtype
+    what = "gemm_bf16" if bf16 else "gemm"
     if a.ndim != 2 or b.ndim != 2 or out.ndim != 2 or a.shape[1] != b.shape[0] or out.shape != (a.shape[0], b.shape[1]):
-        raise ValueError(f"gemm: shapes {a.shape} @ {b.shape} -> {out.shape} do not chain as (m, k) @ (k, n) -> (m, n)")
-    if a.dtype != dtype or b.dtype != dtype or dtype not in _mkl.fn:
+        raise ValueError(f"{what}: shapes {a.shape} @ {b.shape} -> {out.shape} do not chain as "
+                         f"(m, k) @ (k, n) -> (m, n)")
+    if bf16:
+        if a.dtype != np.uint16 or b.dtype != np.uint16 or dtype != np.float32:
+            raise TypeError(f"gemm_bf16: needs uint16 (bfloat16) operands and a float32 out, got "
+                            f"{a.dtype} @ {b.dtype} -> {dtype}")
+    elif a.dtype != dtype or b.dtype != dtype or dtype not in _mkl.fn:
         raise TypeError(f"gemm: MKL takes one float32 or float64 dtype for all three arrays, got "
                         f"{a.dtype} @ {b.dtype} -> {dtype}; use gemm_reference")
     m, k = a.shape
     n = b.shape[1]
     if m == 0 or n == 0:
         return None
-    ldc = _row_major_ld(out, m, n, "gemm")
+    ldc = _row_major_ld(out, m, n, what)
     if np.may_share_memory(out, a) or np.may_share_memory(out, b):
-        raise ValueError("gemm: out overlaps an operand; BLAS would read what it already overwrote")
+        raise ValueError(f"{what}: out overlaps an operand; BLAS would read what it already overwrote")
     if k == 0:
         if not accumulate:
             out.fill(0)

@@ -19,8 +19,6 @@ Routes are counted like every kernel's: `calls[("to_bfloat16", ...)]` and `calls
 
 from __future__ import annotations
 
-import ctypes
-
 from . import cpu as _cpu  # noqa: F401 - before numba: it picks the vector width (cpu.py)
 import numba
 import numpy as np
@@ -81,46 +79,17 @@ def gemm_bf16_reference(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulat
     return out
 
 
-def _bf16_fn():
-    mkl = _gemm._mkl
-    fn = getattr(mkl, "bf16_fn", None) if mkl is not None else None
-    if fn is None and mkl is not None:
-        try:
-            fn = getattr(ctypes.CDLL(mkl.path), "cblas_gemm_bf16bf16f32")
-        except AttributeError:
-            fn = False  # this MKL predates bfloat16 GEMMs
-        else:
-            i, vp, f = ctypes.c_int, ctypes.c_void_p, ctypes.c_float
-            fn.restype = None
-            fn.argtypes = [i, i, i, i, i, i, f, vp, i, vp, i, f, vp, i]
-        mkl.bf16_fn = fn
-    return fn or None
-
-
 def gemm_bf16_mkl(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = False) -> np.ndarray:
-    """out (float32) = a @ b (or out += a @ b) for bfloat16 a (m, k) and b (k, n), one MKL call.
+    """out (float32) = a @ b (or out += a @ b) for bfloat16 a (m, k) and b (k, n), one call on MKL's threads.
 
-    Operands are read in place when row-major or a transposed view of a row-major array.
+    Checked and laid out as kernels.gemm's float32 products are: operands read in place when
+    row-major or a transposed view of a row-major array.
     """
-    if a.dtype != BF16 or b.dtype != BF16 or out.dtype != _F32:
-        raise TypeError(f"gemm_bf16: needs uint16 (bfloat16) operands and a float32 out, got "
-                        f"{a.dtype} @ {b.dtype} -> {out.dtype}")
-    if a.ndim != 2 or b.ndim != 2 or out.ndim != 2 or a.shape[1] != b.shape[0] or out.shape != (a.shape[0], b.shape[1]):
-        raise ValueError(f"gemm_bf16: shapes {a.shape} @ {b.shape} -> {out.shape} do not chain as "
-                         f"(m, k) @ (k, n) -> (m, n)")
-    m, k = a.shape
-    n = b.shape[1]
-    if m == 0 or n == 0:
+    prepared = _gemm._product_job(a, b, out, accumulate, bf16=True)
+    if prepared is None:
         return out
-    if k == 0:
-        if not accumulate:
-            out.fill(0)
-        return out
-    ldc = _gemm._row_major_ld(out, m, n, "gemm_bf16")
-    a, (ta, lda) = _gemm._blas_view(a, m, k)
-    b, (tb, ldb) = _gemm._blas_view(b, k, n)
-    _bf16_fn()(_gemm._ROW_MAJOR, ta, tb, m, n, k, 1.0, a.ctypes.data, lda, b.ctypes.data, ldb,
-               1.0 if accumulate else 0.0, out.ctypes.data, ldc)
+    (ta, tb, m, n, k, pa, lda, pb, ldb, pc, ldc, acc), _keep = prepared  # _keep: operand copies, if any
+    _gemm._mkl.bf16_fn(_gemm._ROW_MAJOR, ta, tb, m, n, k, 1.0, pa, lda, pb, ldb, 1.0 if acc else 0.0, pc, ldc)
     return out
 
 
@@ -132,7 +101,7 @@ def _mkl_is_the_backend() -> bool:
 
 def available() -> bool:
     """Whether bfloat16 products run on MKL here (the fast path); else they would run on the twin."""
-    return _mkl_is_the_backend() and _bf16_fn() is not None
+    return _mkl_is_the_backend() and _gemm._mkl.bf16_fn is not None
 
 
 def why_not() -> str:
@@ -145,5 +114,5 @@ def why_not() -> str:
 register("to_bfloat16", "reference", to_bfloat16_reference)
 register("to_bfloat16", "fused", to_bfloat16_fused)
 register("gemm_bf16", "reference", gemm_bf16_reference)
-if _gemm._mkl is not None and _bf16_fn() is not None:
+if _gemm._mkl is not None and _gemm._mkl.bf16_fn is not None:
     register("gemm_bf16", "fused", gemm_bf16_mkl)

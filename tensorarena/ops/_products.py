@@ -71,8 +71,10 @@ def product(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = Fa
 
     a and b are float arrays, or operands `operand` already rounded (then the product is bfloat16).
     """
-    if a.dtype == gemm_bf16.BF16 or b.dtype == gemm_bf16.BF16 or bf16_products(out.dtype):
+    if a.dtype == gemm_bf16.BF16 or b.dtype == gemm_bf16.BF16:
         return kernel("gemm_bf16")(rounded(a), rounded(b), out, accumulate)
-    if _asked(out.dtype):  # and impossible here: the route that ran instead is counted
-        calls[("gemm_bf16", "skipped: float32 instead")] += 1
+    if _asked(out.dtype):
+        if bf16_products(out.dtype):
+            return kernel("gemm_bf16")(rounded(a), rounded(b), out, accumulate)
+        calls[("gemm_bf16", "skipped: float32 instead")] += 1  # asked for, impossible here: say what ran
     return gemm(a, b, out, accumulate)
