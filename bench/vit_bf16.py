@@ -8,7 +8,9 @@ torch.set_float32_matmul_precision("medium"), which on CPU sends float32 matmuls
 bfloat16 the same way; its usual mixed-precision recipe is torch.autocast("cpu", torch.bfloat16),
 which also casts activations and keeps bf16 outputs. All three are timed next to both libraries'
 float32 steps, the contenders taking turns as in bench/vit_interleaved.py (same models, data and
-AdamW; torch's precision is set around its own step only and restored after it).
+AdamW; torch's precision is set around its own step only and restored after it). One more of ours,
+"bf16, f32 attention", rounds the linear layers' products but leaves attention's in float32: the gap
+between it and "bf16 matmuls" is what attention's bfloat16 products buy.
 
 The table gives every contender against PyTorch eager in float32 and against PyTorch eager with
 bf16 matmuls, each as the ratio of whole-run medians / the median over rounds of each round's ratio.
@@ -26,6 +28,7 @@ from common import interleave, interleaved_vit_parser, paired_ratios, write_json
 from vit_interleaved import our_trainer, torch_step  # noqa: E402
 
 TORCH_BF16 = "pytorch eager, bf16 matmuls"
+F32_ATTENTION = "tensorarena fused, bf16, f32 attention"
 
 
 def with_torch_precision(step, name: str):
@@ -43,6 +46,27 @@ def with_torch_precision(step, name: str):
     return run
 
 
+def with_float32_attention(step):
+    """`step` with attention's products left in float32 (ops.attention asks ops._products.bf16_attention
+    whether to round; here it is told no), to measure what rounding them buys. Every step of that
+    trainer runs under it, its trace included, so its plan is consistent."""
+    import tensorarena.ops.attention as attention_ops
+    from tensorarena.kernels import calls
+
+    decide = attention_ops.bf16_attention
+
+    def run():
+        attention_ops.bf16_attention = lambda dtype: False
+        before = calls[("attention_bf16", "fused")]
+        try:
+            return step()
+        finally:
+            attention_ops.bf16_attention = decide
+            assert calls[("attention_bf16", "fused")] == before, "float32 attention ran bfloat16 products"
+
+    return run
+
+
 def build(case_name: str) -> dict:
     os.environ["BENCH_CASE"] = case_name
     import torch  # first: see bench/vit_interleaved.py's docstring
@@ -55,9 +79,11 @@ def build(case_name: str) -> dict:
     steps = {"pytorch eager": torch_step(vit, xs, ys, compiled=False),
              TORCH_BF16: with_torch_precision(torch_step(vit, xs, ys, compiled=False), "medium"),
              "pytorch autocast bf16": torch_step(vit, xs, ys, compiled=False, autocast_bf16=True)}
-    for name, precision in (("tensorarena fused", "float32"), ("tensorarena fused, bf16 matmuls", "bfloat16")):
+    for name, precision in (("tensorarena fused", "float32"), ("tensorarena fused, bf16 matmuls", "bfloat16"),
+                            (F32_ATTENTION, "bfloat16")):
         trainer = our_trainer(vit, case_name, "fused", matmul_precision=precision)
         steps[name] = lambda trainer=trainer: trainer.step(xs, ys).loss
+    steps[F32_ATTENTION] = with_float32_attention(steps[F32_ATTENTION])
     return steps
 
 
@@ -70,19 +96,23 @@ def main() -> None:
 
     if not gemm_bf16.available():
         raise SystemExit(f"no fast bfloat16 GEMM here ({gemm_bf16.why_not()}): nothing to compare")
-    before = calls[("gemm_bf16", "fused")]
+    before = calls[("gemm_bf16", "fused")], calls[("attention_bf16", "fused")]
     times = interleave(steps, args.rounds, args.per_round)
-    assert calls[("gemm_bf16", "fused")] > before, "the bfloat16 contender ran no bfloat16 GEMM"
+    assert calls[("gemm_bf16", "fused")] > before[0], "the bfloat16 contenders ran no bfloat16 GEMM"
+    assert calls[("attention_bf16", "fused")] > before[1], "no contender ran attention's products in bfloat16"
     medians = {name: statistics.median(t) for name, t in times.items()}
     refs = ("pytorch eager", TORCH_BF16)
     paired = {ref: paired_ratios(times, ref, args.per_round) for ref in refs}
     print(f"ViT-{args.model} ({'batch 8' if args.model == 'tiny' else 'batch 1'}), {args.rounds} rounds x "
           f"{args.per_round} steps per contender, interleaved in one process")
     print("x columns: ratio of whole-run medians / median over rounds of each round's ratio (common.paired_ratios)")
-    print(f"{'contender':<34}{'median ms':>11}{'min ms':>10}{'x pytorch eager':>19}{'x pytorch bf16 mm':>19}")
+    print(f"{'contender':<40}{'median ms':>11}{'min ms':>10}{'x pytorch eager':>19}{'x pytorch bf16 mm':>19}")
     for name, t in times.items():
         cells = "".join(f"{f'{medians[name] / medians[ref]:.3f} / {paired[ref][name]:.3f}':>19}" for ref in refs)
-        print(f"{name:<34}{medians[name] * 1e3:>11.1f}{min(t) * 1e3:>10.1f}{cells}")
+        print(f"{name:<40}{medians[name] * 1e3:>11.1f}{min(t) * 1e3:>10.1f}{cells}")
+    gain = paired_ratios(times, F32_ATTENTION, args.per_round)["tensorarena fused, bf16 matmuls"]
+    print(f"attention's products in bfloat16: the bf16 step at {medians['tensorarena fused, bf16 matmuls'] / medians[F32_ATTENTION]:.3f}"
+          f" / {gain:.3f} of the one with float32 attention")
     write_json(args.json, {"model": args.model, "rounds": args.rounds, "per_round": args.per_round,
                            "median_step_s": medians, "step_times_s": times,
                            "x_pytorch_eager": {n: m / medians[refs[0]] for n, m in medians.items()},

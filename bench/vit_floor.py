@@ -27,7 +27,8 @@ rest of the step (GELU, LayerNorm, softmax, AdamW's pass over every parameter, P
 --bf16 adds the bfloat16-matmul floor: the same linear GEMMs as tensorarena's
 float32_matmul_precision("bfloat16") runs them (both operands rounded to bfloat16 on every call, a
 parallel pass that is counted; MKL's cblas_gemm_bf16bf16f32 with float32 output and accumulation),
-attention's products left in float32 as that mode leaves them; and, as the fair rival, PyTorch eager
+attention's products left in float32 (the bf16 mode now rounds those too: this floor rounds only the
+linear layers' products); and, as the fair rival, PyTorch eager
 with torch.backends.mkldnn.matmul.fp32_precision = "bf16" (its own knob for the same trade).
 bench/vit_bf16.py times whole bf16 steps of ours against PyTorch's.
 """

@@ -5,8 +5,9 @@ their inputs to bfloat16 and accumulate in float32; on CPUs with AVX512-BF16 / A
 run faster (one ViT-Tiny block's linear products: 0.53x the float32 time here, the rounding
 included; bench/gemm_bf16.py). tensorarena offers the same trade, under the same names, and
 nothing else changes: parameters, gradients, optimizer state, activations,
-normalisations, softmax and the loss stay float32, and so do attention's per-head products and
-matmuls of two batched operands (NumPy's matmul runs those). float64 products are never rounded.
+normalisations, softmax and the loss stay float32, and so do matmuls of two batched operands
+(NumPy's matmul runs those). Attention's products follow the setting too (ops.attention rounds q, k,
+v and the incoming gradient once; its kernels round P and dS). float64 products are never rounded.
 
     tensorarena.set_float32_matmul_precision("bfloat16")     # process default ("medium" also works)
     with tensorarena.float32_matmul_precision("bfloat16"):   # this thread, this block

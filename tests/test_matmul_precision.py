@@ -280,7 +280,10 @@ def test_fused_and_eager_bf16_training_agree_step_for_step_and_learn():
     diff = max(float(np.abs(p.data - q.data).max()) for p, q in zip(eager.parameters(), fused.parameters()))
     assert diff <= 1e-5
     np.testing.assert_allclose([r.loss for r in fr], [r.loss for r in er], rtol=1e-5, atol=1e-5)
-    assert fr[-1].loss < 0.6 * fr[0].loss
+    losses = np.array([r.loss for r in fr])
+    # Over 5 steps, not the last one: with attention's products in bfloat16 too, step 30 alone was 0.62x
+    # step 1 (float32: 0.54x), while the last five steps' mean is 0.60x the first five's in both.
+    assert losses[-5:].mean() < 0.7 * losses[:5].mean()
     # The rounded operands are step-arena buffers: both routes' high-water stays flat after warm-up.
     assert len({r.arena_high_water for r in er[2:]}) == 1 and len({r.arena_high_water for r in fr[2:]}) == 1
     # bfloat16 products learn as float32 ones do here (the paths part within a few steps, as
@@ -297,7 +300,11 @@ def test_a_fused_plan_keeps_its_precision_and_plans_the_rounded_operands():
     with ta.float32_matmul_precision("bfloat16"):  # the precision at construction is the plan's
         fused = compile_step(model, cross_entropy, optim.SGD(model.parameters(), lr=1e-2), (x, y))
     rounded = [b for b in fused.plan.buffers if b.dtype == np.uint16]
-    assert rounded and all(b.op == "ops._products.rounded" for b in rounded)
+    # Operands the ops round, and (slice kernels) the per-core tiles attention rounds P and dS into: all
+    # in the slab.
+    slices = kernels.choose("attention_forward") == "fused" and K.in_kernels()
+    assert {b.op for b in rounded} == {"ops._products.rounded"} | ({"kernels.attention_heads._bf16_args"} if slices
+                                                                   else set())
     assert "float32 products in bfloat16" in fused.plan.format_report()
     before = _bf16_products_run()
     arena = fused.step(x, y)[3]  # this thread's setting is float32 now; the plan's wins

@@ -33,7 +33,8 @@ import numba
 import numpy as np
 
 from . import attention_heads as slices
-from . import choose, kernel, register
+from . import calls, choose, kernel, register
+from .gemm_bf16 import BF16, to_bfloat16_reference, widen
 from ..memory.arena import empty
 from .blas import matmul as bmm
 from .blas_threads import run_split
@@ -61,6 +62,24 @@ def _check(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_padding_mask: np.nda
                              f"{(k.shape[0], k.shape[2])}")
 
 
+def _bf16_operands(*operands: np.ndarray) -> bool:
+    """Whether the products are bfloat16: q, k, v (and backward's g) rounded by the caller, all or none."""
+    kinds = {a.dtype == BF16 for a in operands}
+    if len(kinds) > 1:
+        raise TypeError(f"attention: q, k, v (and g) must all be bfloat16 (uint16 bit patterns) or none of them, "
+                        f"got {[str(a.dtype) for a in operands]}")
+    return kinds.pop()
+
+
+def _bf16_rounded(x: np.ndarray) -> np.ndarray:
+    """x (float32) rounded to bfloat16 and widened back: the reference twin's product operand."""
+    return widen(to_bfloat16_reference(x, np.empty(x.shape, BF16)))
+
+
+def _count_bf16(twin: str) -> None:
+    calls[("attention_bf16", twin)] += 1
+
+
 def _scale(q: np.ndarray, scale: float | None) -> float:
     return 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
 
@@ -80,8 +99,17 @@ def attention_forward_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, key
                                 causal: bool, scale: float | None, out: np.ndarray, probs: np.ndarray,
                                 dropout: tuple | None = None) -> None:
     """out = dropout(softmax(scale * q k^T, masked)) v into `out`, the (undropped) probabilities into
-    `probs` (plain NumPy)."""
+    `probs` (plain NumPy).
+
+    bfloat16 q, k, v (uint16 bit patterns, ops at float32_matmul_precision("bfloat16")): both products
+    are bfloat16 ones, summed in float32: q k^T of the operands widened back to float32 (exact), and
+    D = dropout(P) rounded to bfloat16 before D v.
+    """
     _check(q, k, v, key_padding_mask)
+    bf16 = _bf16_operands(q, k, v)
+    if bf16:
+        q, k, v = widen(q), widen(k), widen(v)
+        _count_bf16("reference")
     scale = _scale(q, scale)
     t, s = q.shape[2], k.shape[2]
     scores = bmm(q, k.swapaxes(-1, -2)).astype(np.float64) * scale  # (B, H, T, S)
@@ -91,20 +119,31 @@ def attention_forward_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, key
     if key_padding_mask is not None:
         drop = drop | key_padding_mask[:, None, None, :]  # (B, 1, 1, S)
     softmax_forward_reference(scores, np.where(drop, -np.inf, 0.0), probs)
-    bmm(_dropped(probs, dropout), v, out=out)
+    d = _dropped(probs, dropout)
+    bmm(_bf16_rounded(d) if bf16 else d, v, out=out)
 
 
 @_quiet_underflow
 def attention_backward_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, probs: np.ndarray, g: np.ndarray,
                                  scale: float | None, dq: np.ndarray, dk: np.ndarray, dv: np.ndarray,
                                  dropout: tuple | None = None) -> None:
-    """Gradients of attention_forward w.r.t. q, k, v from the saved probabilities (plain NumPy)."""
+    """Gradients of attention_forward w.r.t. q, k, v from the saved probabilities (plain NumPy).
+
+    bfloat16 q, k, v, g (uint16): all four products are bfloat16 ones, D and dS rounded before theirs.
+    """
+    bf16 = _bf16_operands(q, k, v, g)
+    if bf16:
+        q, k, v, g = widen(q), widen(k), widen(v), widen(g)
+        _count_bf16("reference")
     scale = _scale(q, scale)
-    bmm(_dropped(probs, dropout).swapaxes(-1, -2), g, out=dv)
+    d = _dropped(probs, dropout)
+    bmm((_bf16_rounded(d) if bf16 else d).swapaxes(-1, -2), g, out=dv)
     dp = _dropped(bmm(g, v.swapaxes(-1, -2)), dropout)  # (B, H, T, S)
     p64 = probs.astype(np.float64)
     rowdot = (p64 * dp).sum(axis=-1, keepdims=True)
     ds = (scale * p64 * (dp - rowdot)).astype(probs.dtype)  # the fused twin keeps dS in P's dtype too
+    if bf16:
+        ds = _bf16_rounded(ds)
     bmm(ds, k, out=dq)
     bmm(ds.swapaxes(-1, -2), q, out=dk)
 
@@ -188,11 +227,16 @@ def attention_forward_fused(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_pad
     q, k, v and out may be strided views (e.g. heads of a packed projection): nothing is copied.
     """
     _check(q, k, v, key_padding_mask)
+    bf16 = _bf16_operands(q, k, v)
     kpm = np.zeros((1, 1), bool) if key_padding_mask is None else _cin(key_padding_mask)
     if slices.usable(q, k, v, out, probs):
         slices.attention_forward_slices(q, k, v, kpm, key_padding_mask is not None, bool(causal), _scale(q, scale),
                                         out, probs, dropout)
+        if bf16:
+            _count_bf16("fused")
         return
+    if bf16:
+        _no_bf16_here()
     p = _cout(probs)
     _slicewise(q, _swap(k), p)  # raw scores straight into probs: no (B, H, T, S) temporary
     rows, s = p.size // max(1, p.shape[-1]), p.shape[-1]
@@ -216,9 +260,14 @@ def attention_backward_fused(q: np.ndarray, k: np.ndarray, v: np.ndarray, probs:
     q, k, v, g, dq, dk, dv may be strided views, as in the forward.
     """
     scale = _scale(q, scale)
+    bf16 = _bf16_operands(q, k, v, g)
     if slices.usable(q, k, v, probs, g, dq, dk, dv):
         slices.attention_backward_slices(q, k, v, probs, g, scale, dq, dk, dv, dropout)
+        if bf16:
+            _count_bf16("fused")
         return
+    if bf16:
+        _no_bf16_here()
     if dropout is None:
         _slicewise(_swap(probs), g, dv)
     for b0, b1, ds in _tiles(probs):
@@ -231,6 +280,12 @@ def attention_backward_fused(q: np.ndarray, k: np.ndarray, v: np.ndarray, probs:
         _softmax_grad(_cin(probs[b0:b1]), ds, scale)  # dS, in place
         _slicewise(ds, k[b0:b1], dq[b0:b1])
         _slicewise(_swap(ds), q[b0:b1], dk[b0:b1])
+
+
+def _no_bf16_here() -> None:
+    raise RuntimeError("attention: bfloat16 operands need the slice path (MKL's bf16 GEMM called from Numba "
+                       "kernels, kernels.gemm_bf16.in_kernels() is False here) and the arrays float32; ops round "
+                       "q, k, v only where it runs (ops.attention), so pass float32 operands instead")
 
 
 def _tiles(probs: np.ndarray):

@@ -20,6 +20,14 @@ across processes. The path runs only when MKL is kernels.gemm's backend;
 `kernels.calls[("attention_slices", "mkl")]` counts its calls (tests assert on it), and a process
 without MKL logs that once (kernels.gemm).
 
+bfloat16 products (ops at float32_matmul_precision("bfloat16")): q, k, v (and backward's g) arrive
+rounded, as uint16 bit patterns, and every product is MKL's cblas_gemm_bf16bf16f32, one thread per
+slice as above. Each slice rounds its P (or D = dropout(P)) into a per-core uint16 tile before D v and
+D^T g, and its dS into the same tile before dS k and dS^T q; the softmax and its gradient stay
+float32. Against the same bfloat16 step with float32 attention (`python bench/vit_bf16.py`, its
+"bf16, f32 attention" contender; whole-run / paired medians, 6 interleaved rounds): ViT-Tiny batch 8
+0.943x / 0.909x, ViT-Base batch 1 0.980x / 0.990x (within noise: attention is a small part of its step).
+
 The arithmetic is kernels.attention's batched path's: the same row functions (`softmax_row`,
 `softmax_grad_rows`, defined here and used by both), the same dropout mask hashed from (seed,
 C-order index); only the GEMMs' blocking (hence the last bits of their sums) may differ.
@@ -36,7 +44,8 @@ from . import calls, choose
 from .gemm import _slice_layout, mkl_symbols_loaded
 from .dropout import dropped
 from .mkl_numba import NO_TRANS as _NO_TRANS, TRANS as _TRANS
-from .mkl_numba import gemm_call, set_local_threads as _set_local_threads
+from .mkl_numba import gemm_bf16_call, gemm_call, set_local_threads as _set_local_threads
+from .gemm_bf16 import BF16, in_kernels as _bf16_in_kernels, round_block
 from . import fastmath as fm
 from .softmax import _exp_fma_normalise, _rowdot, _rowmax
 
@@ -57,6 +66,12 @@ def _at(d, b, h):
 def _gemm(f32, ta, tb, m, n, k, a, lda, b, ldb, c, ldc):
     # c (m, n) = op(a) @ op(b), row-major, one thread (the caller set MKL's local thread count)
     gemm_call(f32, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, False)
+
+
+@numba.njit(inline="always")
+def _gemm16(ta, tb, m, n, k, a, lda, b, ldb, c, ldc):
+    # c (m, n) float32 = op(a) @ op(b) of bfloat16 operands, one thread (as _gemm)
+    gemm_bf16_call(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, False)
 
 
 @numba.njit(inline="always")
@@ -137,9 +152,11 @@ def _span(c, nchunks, total):
 
 @numba.njit(cache=True, parallel=True, error_model="numpy", fastmath={"contract"})
 def _forward(ops, probs, tiles, kpm, has_kpm, causal, scale, has_drop, seed, threshold, dscale, zero, f32, nchunks, nh,
-             hs, hv):
+             hs, hv, bf16, pbits, tbits, rounded):
     # probs (B, H, T, S) C-contiguous, written with the undropped P; tiles (nchunks, T, S) hold D = dropout(P).
     # f32: float32 (cblas_sgemm) or float64 (cblas_dgemm); zero is 0 in probs' dtype.
+    # bf16: q, k, v are bfloat16 and both products are: P (or D) is rounded into rounded[c] (nchunks, T, S
+    # uint16) from pbits / tbits, probs and tiles viewed as uint32 (empty stand-ins otherwise).
     nb, _, t, s = probs.shape
     q, kt, v, out = ops[FWD_Q], ops[FWD_KT], ops[FWD_V], ops[FWD_OUT]
     for c in numba.prange(nchunks):
@@ -149,7 +166,10 @@ def _forward(ops, probs, tiles, kpm, has_kpm, causal, scale, has_drop, seed, thr
             b = sl // nh
             h = sl % nh
             p = probs[b, h]
-            _gemm(f32, q[_TR], kt[_TR], t, s, hs, _at(q, b, h), q[_LD], _at(kt, b, h), kt[_LD], p.ctypes.data, s)
+            if bf16:
+                _gemm16(q[_TR], kt[_TR], t, s, hs, _at(q, b, h), q[_LD], _at(kt, b, h), kt[_LD], p.ctypes.data, s)
+            else:
+                _gemm(f32, q[_TR], kt[_TR], t, s, hs, _at(q, b, h), q[_LD], _at(kt, b, h), kt[_LD], p.ctypes.data, s)
             kb = kpm[b if has_kpm else 0]
             for i in range(t):
                 softmax_row(p[i], kb, has_kpm, causal, i, scale)
@@ -157,14 +177,22 @@ def _forward(ops, probs, tiles, kpm, has_kpm, causal, scale, has_drop, seed, thr
             if has_drop:
                 src = tiles[c]
                 _drop(p, src, seed, threshold, dscale, zero, np.uint64(sl * t * s))
-            _gemm(f32, _NO_TRANS, v[_TR], t, hv, s, src.ctypes.data, s, _at(v, b, h), v[_LD], _at(out, b, h),
-                  out[_LD])
+            if bf16:
+                r = rounded[c]
+                round_block(tbits[c] if has_drop else pbits[b, h], r)
+                _gemm16(_NO_TRANS, v[_TR], t, hv, s, r.ctypes.data, s, _at(v, b, h), v[_LD], _at(out, b, h), out[_LD])
+            else:
+                _gemm(f32, _NO_TRANS, v[_TR], t, hv, s, src.ctypes.data, s, _at(v, b, h), v[_LD], _at(out, b, h),
+                      out[_LD])
         _set_local_threads(saved)
 
 
 @numba.njit(cache=True, parallel=True, error_model="numpy", fastmath={"contract"})
-def _backward(ops, probs, tiles, scale, has_drop, seed, threshold, dscale, zero, f32, nchunks, nh, hs, hv):
+def _backward(ops, probs, tiles, scale, has_drop, seed, threshold, dscale, zero, f32, nchunks, nh, hs, hv, bf16, pbits,
+              tbits, rounded):
     # tiles (nchunks, T, S): D = dropout(P) for dv first (when dropping), then dP -> dS.
+    # bf16: q, k, v, g are bfloat16 and so are all four products: rounded[c] holds D rounded, then dS
+    # (pbits, tbits: probs and tiles viewed as uint32, as in _forward).
     nb, _, t, s = probs.shape
     q, k, vt, g = ops[BWD_Q], ops[BWD_K], ops[BWD_VT], ops[BWD_G]
     dq, dk, dv = ops[BWD_DQ], ops[BWD_DK], ops[BWD_DV]
@@ -181,26 +209,44 @@ def _backward(ops, probs, tiles, scale, has_drop, seed, threshold, dscale, zero,
             if has_drop:
                 d = tile
                 _drop(p, d, seed, threshold, dscale, zero, start)
-            # dv (S, hv) = D^T g
-            _gemm(f32, _TRANS, g[_TR], s, hv, t, d.ctypes.data, s, _at(g, b, h), g[_LD], _at(dv, b, h), dv[_LD])
-            # dP (T, S) = g v^T, of D; the same mask takes it to dP of P
-            _gemm(f32, g[_TR], vt[_TR], t, s, hv, _at(g, b, h), g[_LD], _at(vt, b, h), vt[_LD], tile.ctypes.data, s)
+            if bf16:
+                r = rounded[c]
+                round_block(tbits[c] if has_drop else pbits[b, h], r)
+                _gemm16(_TRANS, g[_TR], s, hv, t, r.ctypes.data, s, _at(g, b, h), g[_LD], _at(dv, b, h), dv[_LD])
+                _gemm16(g[_TR], vt[_TR], t, s, hv, _at(g, b, h), g[_LD], _at(vt, b, h), vt[_LD], tile.ctypes.data, s)
+            else:
+                # dv (S, hv) = D^T g
+                _gemm(f32, _TRANS, g[_TR], s, hv, t, d.ctypes.data, s, _at(g, b, h), g[_LD], _at(dv, b, h), dv[_LD])
+                # dP (T, S) = g v^T, of D; the same mask takes it to dP of P
+                _gemm(f32, g[_TR], vt[_TR], t, s, hv, _at(g, b, h), g[_LD], _at(vt, b, h), vt[_LD], tile.ctypes.data,
+                      s)
             if has_drop:
                 _drop_in_place(tile, seed, threshold, dscale, zero, start)
             softmax_grad_rows(p, tile, scale)
             # dq (T, hs) = dS k; dk (S, hs) = dS^T q
-            _gemm(f32, _NO_TRANS, k[_TR], t, hs, s, tile.ctypes.data, s, _at(k, b, h), k[_LD], _at(dq, b, h),
-                  dq[_LD])
-            _gemm(f32, _TRANS, q[_TR], s, hs, t, tile.ctypes.data, s, _at(q, b, h), q[_LD], _at(dk, b, h), dk[_LD])
+            if bf16:
+                r = rounded[c]
+                round_block(tbits[c], r)
+                _gemm16(_NO_TRANS, k[_TR], t, hs, s, r.ctypes.data, s, _at(k, b, h), k[_LD], _at(dq, b, h), dq[_LD])
+                _gemm16(_TRANS, q[_TR], s, hs, t, r.ctypes.data, s, _at(q, b, h), q[_LD], _at(dk, b, h), dk[_LD])
+            else:
+                _gemm(f32, _NO_TRANS, k[_TR], t, hs, s, tile.ctypes.data, s, _at(k, b, h), k[_LD], _at(dq, b, h),
+                      dq[_LD])
+                _gemm(f32, _TRANS, q[_TR], s, hs, t, tile.ctypes.data, s, _at(q, b, h), q[_LD], _at(dk, b, h),
+                      dk[_LD])
         _set_local_threads(saved)
 
 
 def usable(*arrays: np.ndarray) -> bool:
-    """Whether this path can run: MKL is kernels.gemm's backend and every array is float32 or float64
-    of one dtype, with no empty axis."""
-    dtype = arrays[0].dtype
-    return (choose("batched_gemm") == "fused" and mkl_symbols_loaded() and dtype in (np.float32, np.float64)
-            and all(a.dtype == dtype and a.size > 0 for a in arrays))
+    """Whether this path can run: MKL is kernels.gemm's backend, no array has an empty axis, and every array
+    is float32 or float64 of one dtype, or (bfloat16 products) the operands are bfloat16 (uint16), the rest
+    float32, and Numba kernels can call MKL's bf16 GEMM."""
+    floats = {a.dtype for a in arrays if a.dtype != BF16}
+    bf16 = len(floats) < len({a.dtype for a in arrays})
+    dtype_ok = floats == {np.dtype(np.float32)} and _bf16_in_kernels() if bf16 else (
+        len(floats) == 1 and floats <= {np.dtype(np.float32), np.dtype(np.float64)})
+    return (choose("batched_gemm") == "fused" and mkl_symbols_loaded() and dtype_ok
+            and all(a.size > 0 for a in arrays))
 
 
 def _descriptor(x: np.ndarray, table: np.ndarray, row: int, *, output: bool = False) -> np.ndarray:
@@ -232,6 +278,16 @@ def _drop_args(dropout: tuple | None, dtype) -> tuple:
 
 
 _NO_TILES = {np.dtype(dt): np.empty((0, 0, 0), dt) for dt in (np.float32, np.float64)}  # forward without dropout
+_NO_BITS = (np.empty((0, 0, 0, 0), np.uint32), np.empty((0, 0, 0), np.uint32), np.empty((0, 0, 0), BF16))
+
+
+def _bf16_args(bf16: bool, probs: np.ndarray, tiles: np.ndarray, nchunks: int) -> tuple:
+    """(bf16, probs and tiles as uint32, the per-core tile P or dS is rounded into) for the kernels; empty
+    stand-ins of the same types when the products are not bfloat16."""
+    if not bf16:
+        return (False, *_NO_BITS)
+    t, s = probs.shape[-2:]
+    return True, probs.view(np.uint32), tiles.view(np.uint32), empty((nchunks, t, s), BF16)
 
 
 def _contiguous_probs(probs: np.ndarray) -> np.ndarray:
@@ -253,7 +309,7 @@ def attention_forward_slices(q: np.ndarray, k: np.ndarray, v: np.ndarray, kpm: n
     has_drop, seed, threshold, dscale = _drop_args(dropout, p.dtype)
     tiles = empty((nchunks, t, s), p.dtype) if has_drop else _NO_TILES[p.dtype]
     _forward(table, p, tiles, kpm, has_kpm, causal, float(scale), has_drop, seed, threshold, dscale, p.dtype.type(0),
-             p.dtype == np.float32, nchunks, nh, hs, hv)
+             p.dtype == np.float32, nchunks, nh, hs, hv, *_bf16_args(q.dtype == BF16, p, tiles, nchunks))
     del keep
     if out_w is not out:
         np.copyto(out, out_w)
@@ -281,7 +337,7 @@ def attention_backward_slices(q: np.ndarray, k: np.ndarray, v: np.ndarray, probs
     has_drop, seed, threshold, dscale = _drop_args(dropout, p.dtype)
     tiles = empty((nchunks, t, s), p.dtype)
     _backward(table, p, tiles, float(scale), has_drop, seed, threshold, dscale, p.dtype.type(0), p.dtype == np.float32,
-              nchunks, nh, hs, hv)
+              nchunks, nh, hs, hv, *_bf16_args(q.dtype == BF16, p, tiles, nchunks))
     del keep
     for user, written in outs:
         if written is not user:

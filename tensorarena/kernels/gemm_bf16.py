@@ -41,26 +41,57 @@ def to_bfloat16_reference(src: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
+@numba.njit(inline="always")
+def round_bits(u):
+    """One float32's bits (uint32) -> its bfloat16 bits (uint16): nearest, ties to even, NaNs kept quiet NaNs.
+
+    kernels.attention_heads' disk-cached kernels inline this (through round_block), and Numba's cache
+    does not see edits made here: after changing it, delete kernels/__pycache__/attention_heads.*.
+    """
+    # uint32 lanes throughout: finite values cannot wrap (-inf + 0x8000 < 2^32), and a select rather
+    # than a branch keeps the loops that inline this vectorised.
+    rounded = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+    quiet = (u >> np.uint32(16)) | np.uint32(_QUIET)
+    return np.uint16(quiet if (u & np.uint32(0x7FFFFFFF)) > np.uint32(_NAN_BITS) else rounded)
+
+
+@numba.njit(inline="always")
+def round_block(bits, out):
+    """out (2-D uint16) = bits (2-D uint32 view of float32, any strides) rounded, on the calling thread
+    (kernels.attention_heads rounds each slice's P and dS with it inside its own parallel loop)."""
+    for i in range(bits.shape[0]):
+        for j in range(bits.shape[1]):
+            out[i, j] = round_bits(bits[i, j])
+
+
 @numba.njit(parallel=True, cache=True)
 def _round_rows(bits, out):
-    rows, cols = bits.shape
-    for i in numba.prange(rows):
-        for j in range(cols):
-            u = bits[i, j]
-            # uint32 lanes throughout: finite values cannot wrap (-inf + 0x8000 < 2^32), and a
-            # select rather than a branch keeps the loop vectorised.
-            rounded = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
-            quiet = (u >> np.uint32(16)) | np.uint32(_QUIET)
-            out[i, j] = np.uint16(quiet if (u & np.uint32(0x7FFFFFFF)) > np.uint32(_NAN_BITS) else rounded)
+    for i in numba.prange(bits.shape[0]):
+        for j in range(bits.shape[1]):
+            out[i, j] = round_bits(bits[i, j])
+
+
+@numba.njit(parallel=True, cache=True)
+def _round_slices(bits, out):
+    # (A, B, rows, cols): the (a, b) slices shared over the cores; e.g. attention's q, k, v heads
+    # read as strided views of a packed projection.
+    nb = bits.shape[1]
+    for ab in numba.prange(bits.shape[0] * nb):
+        a, b = ab // nb, ab % nb
+        round_block(bits[a, b], out[a, b])
 
 
 def to_bfloat16_fused(src: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """The Numba twin: rows split over the cores; src may be any strided 2-D float32 view."""
-    if src.dtype != _F32 or out.dtype != BF16 or src.shape != out.shape or src.ndim != 2:
-        raise TypeError(f"to_bfloat16: needs 2-D float32 src and uint16 out of one shape, got "
+    """The Numba twin: rows (2-D) or (a, b) slices (4-D) split over the cores; src may be any strided view.
+
+    1-D and 3-D arrays go as 2-D and 4-D ones with a leading axis of 1.
+    """
+    if src.dtype != _F32 or out.dtype != BF16 or src.shape != out.shape or not 1 <= src.ndim <= 4:
+        raise TypeError(f"to_bfloat16: needs 1- to 4-D float32 src and uint16 out of one shape, got "
                         f"{src.dtype} {src.shape} -> {out.dtype} {out.shape}")
+    padded = (src[None], out[None]) if src.ndim in (1, 3) else (src, out)
     # A float32 -> uint32 view keeps the strides (same item size), so transposed views work too.
-    _round_rows(src.view(np.uint32), out)
+    (_round_rows if padded[0].ndim == 2 else _round_slices)(padded[0].view(np.uint32), padded[1])
     return out
 
 
@@ -102,6 +133,12 @@ def _mkl_is_the_backend() -> bool:
 def available() -> bool:
     """Whether bfloat16 products run on MKL here (the fast path); else they would run on the twin."""
     return _mkl_is_the_backend() and _gemm._mkl.bf16_fn is not None
+
+
+def in_kernels() -> bool:
+    """Whether Numba kernels can call the bf16 GEMM by name (kernels.mkl_numba): attention's slice path
+    (kernels.attention_heads) needs it for its bfloat16 products."""
+    return available() and _gemm.mkl_symbols_loaded()
 
 
 def why_not() -> str:

@@ -2,7 +2,8 @@
 
 kernels.gemm registers libmkl_rt with LLVM's JIT linker (llvmlite's load_library_permanently), so
 compiled code, and code loaded back from Numba's on-disk cache, finds cblas_sgemm / cblas_dgemm by
-name instead of by an address baked into it. Kernels that call these run inside a parallel loop,
+name instead of by an address baked into it (and cblas_gemm_bf16bf16f32, which only an MKL that has it
+resolves: kernels.gemm_bf16.in_kernels()). Kernels that call these run inside a parallel loop,
 one GEMM per core: each sets MKL's thread count for its own thread to 1 around the calls
 (`set_local_threads`), since the cores are already divided by the loop. Only usable when
 kernels.gemm.mkl_symbols_loaded().
@@ -21,6 +22,9 @@ _sgemm = types.ExternalFunction("cblas_sgemm", types.void(_i, _i, _i, _i, _i, _i
                                                           types.float32, _p, _i))
 _dgemm = types.ExternalFunction("cblas_dgemm", types.void(_i, _i, _i, _i, _i, _i, types.float64, _p, _i, _p, _i,
                                                           types.float64, _p, _i))
+# bfloat16 operands (uint16 bit patterns), float32 sums and output; in MKL since 2020 (kernels.gemm_bf16).
+_bf16gemm = types.ExternalFunction("cblas_gemm_bf16bf16f32", types.void(_i, _i, _i, _i, _i, _i, types.float32, _p, _i,
+                                                                         _p, _i, types.float32, _p, _i))
 set_local_threads = types.ExternalFunction("MKL_Set_Num_Threads_Local", types.intc(types.intc))
 
 
@@ -32,3 +36,11 @@ def gemm_call(f32, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, accumulate):
                np.float32(1.0) if accumulate else np.float32(0.0), c, ldc)
     else:
         _dgemm(ROW_MAJOR, ta, tb, m, n, k, 1.0, a, lda, b, ldb, 1.0 if accumulate else 0.0, c, ldc)
+
+
+@numba.njit(inline="always")
+def gemm_bf16_call(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, accumulate):
+    """c (m, n, float32) = op(a) @ op(b), or c += with accumulate, for bfloat16 a and b; row-major, addresses
+    as int64. Only where kernels.gemm_bf16.in_kernels()."""
+    _bf16gemm(ROW_MAJOR, ta, tb, m, n, k, np.float32(1.0), a, lda, b, ldb,
+              np.float32(1.0) if accumulate else np.float32(0.0), c, ldc)

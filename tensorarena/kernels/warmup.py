@@ -66,9 +66,11 @@ def _tiny_calls(dt) -> dict[str, Callable[[], object]]:
     if "gemm" in fused:  # MKL: a small product compiles kernels.gemm_jobs' loop; MKL loads its CPU-specific code
         calls["gemm"] = lambda: fused["gemm"](x, x.T, arr(n, n))
         calls["batched_gemm"] = lambda: fused["batched_gemm"](q, k.swapaxes(-1, -2), probs)
-    # float32 only (bfloat16 rounds float32), in the two layouts ops pass: rows, and a transposed view.
+    # float32 only (bfloat16 rounds float32), in the layouts ops pass: rows, a transposed view, and
+    # attention's (B, H, T, hs) heads.
     x32 = x.astype(np.float32)
-    calls["to_bfloat16"] = lambda: [fused["to_bfloat16"](src, np.empty(src.shape, np.uint16)) for src in (x32, x32.T)]
+    q32 = q.astype(np.float32).swapaxes(1, 2)
+    calls["to_bfloat16"] = lambda: [fused["to_bfloat16"](src, np.empty(src.shape, np.uint16)) for src in (x32, x32.T, q32)]
     if "gemm_bf16" in fused:  # MKL loads its bfloat16 code
         x16 = np.zeros((n, d), np.uint16)
         calls["gemm_bf16"] = lambda: fused["gemm_bf16"](x16, x16.T, np.empty((n, n), np.float32))

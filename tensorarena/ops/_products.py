@@ -6,6 +6,9 @@ into its slab like any other buffer, and its memory report counts them) and one 
 accumulates in float32 into `out`. Where bfloat16 GEMMs cannot run fast (no MKL, or an MKL without
 them) products stay float32, and a warning says so once, as torch treats the precision as a hint.
 
+Attention's products (ops.attention) follow the same setting through `bf16_attention`: its kernels take
+q, k, v (and the gradient) rounded once by the op and round the probabilities and dS themselves.
+
 An op that uses one operand in several products rounds it once with `operand` and passes the
 rounded array (uint16 bit patterns) to `product`: linear rounds its input in forward and keeps only
 the rounded copy for the weight's gradient, half the bytes of the float32 one, and rounds the
@@ -19,7 +22,7 @@ import logging
 
 import numpy as np
 
-from ..kernels import calls, gemm_bf16, kernel
+from ..kernels import calls, choose, gemm_bf16, kernel
 from ..kernels.gemm import gemm
 from ..precision import get_float32_matmul_precision
 from ._base import new
@@ -28,6 +31,7 @@ log = logging.getLogger("tensorarena")
 
 _F32 = np.dtype(np.float32)
 _warned = False
+_warned_attention = False
 
 
 def _asked(dtype) -> bool:
@@ -44,6 +48,24 @@ def bf16_products(dtype) -> bool:
     if not _warned:
         _warned = True
         log.warning("float32 matmul precision is 'bfloat16', but products stay float32: %s", gemm_bf16.why_not())
+    return False
+
+
+def bf16_attention(dtype) -> bool:
+    """Whether attention's products of this dtype run in bfloat16 now: as `bf16_products`, and where the
+    fused attention kernel runs, only if Numba kernels can call the bf16 GEMM (kernels.gemm_bf16.in_kernels).
+    Asked for but impossible: float32, counted in calls[("attention_bf16", "skipped: float32 instead")]."""
+    global _warned_attention
+    if not _asked(dtype):
+        return False
+    if bf16_products(dtype):
+        if choose("attention_forward") == "reference" or gemm_bf16.in_kernels():
+            return True
+        if not _warned_attention:
+            _warned_attention = True
+            log.warning("float32 matmul precision is 'bfloat16', but attention's products stay float32: Numba "
+                        "kernels cannot call MKL's bf16 GEMM here (kernels.gemm logged why)")
+    calls[("attention_bf16", "skipped: float32 instead")] += 1
     return False
 
 

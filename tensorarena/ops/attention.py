@@ -7,7 +7,7 @@ import numpy as np
 from ..kernels import elementwise, kernel
 from ..tensor import Tensor
 from ._base import as_dtype, as_tensor, contiguous, grad_out, leaf_or_none, new
-from ._products import bf16_products, product, rounded
+from ._products import bf16_attention, bf16_products, product, rounded
 
 
 def _as_float(a: np.ndarray, dtype) -> np.ndarray:
@@ -32,6 +32,9 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, *, key_padding
                          f"{qd.shape}, {kd.shape}, {vd.shape} (unbatched or 3-D inputs: unsqueeze first)")
     out = new(qd.shape[:3] + vd.shape[3:], dtype)  # (B, H, T, hv)
     probs = new(qd.shape[:3] + kd.shape[2:3], dtype)  # (B, H, T, S), kept for backward
+    bf16 = bf16_attention(dtype)
+    if bf16:  # the products' operands, rounded once: backward keeps these, half the bytes of q, k, v
+        qd, kd, vd = rounded(qd), rounded(kd), rounded(vd)
     kernel("attention_forward")(qd, kd, vd, kpm, bool(causal), scale, out, probs)
     # The closure keeps metadata and leaves, not the input tensors (see leaf_or_none).
     inputs = tuple((leaf_or_none(t), t.requires_grad, t.shape, t.dtype) for t in (q, k, v))
@@ -40,7 +43,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, *, key_padding
         # The kernel computes all three; a grad nobody asked for lands in arena scratch.
         dq, dk, dv = (grad_out(leaf, shape, dtype) if needed else new(shape, dtype)
                       for leaf, needed, shape, _ in inputs)
-        kernel("attention_backward")(qd, kd, vd, probs, g, scale, dq, dk, dv)
+        kernel("attention_backward")(qd, kd, vd, probs, rounded(g) if bf16 else g, scale, dq, dk, dv)
         return tuple(as_dtype(d, t_dtype) if needed else None
                      for d, (_, needed, _, t_dtype) in zip((dq, dk, dv), inputs))
 
@@ -77,18 +80,23 @@ def packed_self_attention(qkv: Tensor, num_heads: int, *, key_padding_mask: np.n
         return parts[0], parts[1], parts[2]
 
     drop = _attention_dropout(dropout_p, rng, x.dtype)
-    q, k, v = heads(x)
+    bf16 = bf16_attention(x.dtype)
+    # At bfloat16 precision the kernels read qkv rounded once, and backward keeps that copy: half the bytes.
+    q, k, v = heads(rounded(x.reshape(B * T, three_d)).reshape(x.shape) if bf16 else x)
     out = new((B, T, D), x.dtype)
     probs = new((B, num_heads, T, T), x.dtype)  # kept for backward
     kernel("attention_forward")(q, k, v, key_padding_mask, bool(causal), scale, _split_heads(out, num_heads), probs,
                                 drop)
-    leaf = leaf_or_none(qkv)
+    leaf, dtype = leaf_or_none(qkv), x.dtype
+    del x  # at bfloat16 precision, float32 qkv is not kept for backward
 
     def backward(g):
-        dqkv = grad_out(leaf, (B, T, three_d), x.dtype)
+        dqkv = grad_out(leaf, (B, T, three_d), dtype)
         dq, dk, dv = heads(dqkv)
-        kernel("attention_backward")(q, k, v, probs, _split_heads(contiguous(g), num_heads), scale, dq, dk, dv,
-                                     drop)
+        g = contiguous(g)
+        if bf16:
+            g = rounded(g.reshape(B * T, D)).reshape(g.shape)
+        kernel("attention_backward")(q, k, v, probs, _split_heads(g, num_heads), scale, dq, dk, dv, drop)
         return (dqkv,)
 
     return Tensor._make(out, (qkv,), backward)
