@@ -93,5 +93,8 @@ def test_train_with_bfloat16_products_reports_them(tmp_path, capsys):
     assert summary["matmul_precision"] == "bfloat16" and "products          bfloat16 operands" in printed
     if gemm_bf16.available():
         assert summary["bf16_products"]["ran"] > 0 and "stayed float32" not in printed
+        # ViT-Tiny's 12 blocks, forward and backward, for 3 steps (and eval's forwards): attention too.
+        assert summary["bf16_products"]["attention"] >= 3 * 2 * 12
+        assert f"{summary['bf16_products']['attention']} attention kernel calls" in printed
     else:
         assert summary["bf16_products"]["stayed_float32"] > 0 and "stayed float32" in printed

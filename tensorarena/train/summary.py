@@ -18,8 +18,10 @@ def finish(summary: dict, *, json_path: str | None, saved_line: str | None = Non
     print(f"  arena high-water  {format_bytes(summary['arena_high_water_bytes'])} per step")
     print(f"  GEMMs             {summary['gemm_backend']}")
     if summary.get("matmul_precision") == "bfloat16":
-        ran, skipped = summary["bf16_products"]["ran"], summary["bf16_products"]["stayed_float32"]
-        print(f"  products          bfloat16 operands, float32 sums ({ran} bf16 GEMMs"
+        counts = summary["bf16_products"]
+        ran, skipped = counts["ran"], counts["stayed_float32"] + counts.get("attention_stayed_float32", 0)
+        print(f"  products          bfloat16 operands, float32 sums ({ran} bf16 GEMMs, "
+              f"{counts.get('attention', 0)} attention kernel calls"
               + (f"; {skipped} stayed float32, see the warning" if skipped else "") + ")")
     if saved_line:
         print(saved_line)
@@ -35,9 +37,12 @@ def finish(summary: dict, *, json_path: str | None, saved_line: str | None = Non
 
 def bf16_products_since(before: dict | None = None) -> dict:
     """How many float32 products ran as bf16 GEMMs and how many stayed float32 (no fast bf16 GEMM here),
-    counted since `before` (an earlier result of this function; None: since the process started)."""
+    and the same for attention's kernel calls (each a layer's products, forward or backward), counted
+    since `before` (an earlier result of this function; None: since the process started)."""
     from ..kernels import calls
 
     now = {"ran": calls[("gemm_bf16", "fused")] + calls[("gemm_bf16", "reference")],
-           "stayed_float32": calls[("gemm_bf16", "skipped: float32 instead")]}
+           "stayed_float32": calls[("gemm_bf16", "skipped: float32 instead")],
+           "attention": calls[("attention_bf16", "fused")] + calls[("attention_bf16", "reference")],
+           "attention_stayed_float32": calls[("attention_bf16", "skipped: float32 instead")]}
     return {key: value - (before or {}).get(key, 0) for key, value in now.items()}
