@@ -243,8 +243,10 @@ def usable(*arrays: np.ndarray) -> bool:
     float32, and Numba kernels can call MKL's bf16 GEMM."""
     floats = {a.dtype for a in arrays if a.dtype != BF16}
     bf16 = len(floats) < len({a.dtype for a in arrays})
-    dtype_ok = floats == {np.dtype(np.float32)} and _bf16_in_kernels() if bf16 else (
-        len(floats) == 1 and floats <= {np.dtype(np.float32), np.dtype(np.float64)})
+    if bf16:
+        dtype_ok = floats == {np.dtype(np.float32)} and _bf16_in_kernels()
+    else:
+        dtype_ok = len(floats) == 1 and floats <= {np.dtype(np.float32), np.dtype(np.float64)}
     return (choose("batched_gemm") == "fused" and mkl_symbols_loaded() and dtype_ok
             and all(a.size > 0 for a in arrays))
 
