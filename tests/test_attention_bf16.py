@@ -79,6 +79,32 @@ def test_slice_kernels_match_the_reference_twin_with_bfloat16_operands(masks, dr
         np.testing.assert_allclose(a, r, rtol=0, atol=2e-5 * max(1.0, float(np.abs(r).max())), err_msg=name)
 
 
+@needs_bf16_in_kernels
+def test_slice_kernels_match_the_reference_twin_for_cross_attention_shapes():
+    # T != S and hs != hv, separate (not packed) operands, a padding mask and dropout: the layouts
+    # kernels.attention_heads' descriptors must get right for bfloat16 operands too.
+    if kernels.choose("batched_gemm") != "fused":
+        pytest.skip("the slice path is off: MKL's batched GEMMs are not the kernels in use")
+    rng = np.random.default_rng(4)
+    b, h, t, s, hs, hv = 3, 2, 5, 12, 4, 6
+    q, k, v = _bits(rng.standard_normal((b, h, t, hs))), _bits(rng.standard_normal((b, h, s, hs))), \
+        _bits(rng.standard_normal((b, h, s, hv)))
+    g = _bits(rng.standard_normal((b, h, t, hv)))
+    pad = rng.random((b, s)) < 0.3
+    pad[:, 0] = False
+    dropout = (777, keep_threshold(0.2), np.float32(1 / 0.8))
+    results = {}
+    for impl in ("fused", "reference"):
+        out, probs = np.empty((b, h, t, hv), np.float32), np.empty((b, h, t, s), np.float32)
+        kernels.kernel("attention_forward", impl)(q, k, v, pad, False, None, out, probs, dropout)
+        dq, dk, dv = np.empty((b, h, t, hs), np.float32), np.empty((b, h, s, hs), np.float32), \
+            np.empty((b, h, s, hv), np.float32)
+        kernels.kernel("attention_backward", impl)(q, k, v, probs, g, None, dq, dk, dv, dropout)
+        results[impl] = (out, probs, dq, dk, dv)
+    for name, a, r in zip(("out", "probs", "dq", "dk", "dv"), results["fused"], results["reference"]):
+        np.testing.assert_allclose(a, r, rtol=0, atol=2e-5 * max(1.0, float(np.abs(r).max())), err_msg=name)
+
+
 def test_mixed_float32_and_bfloat16_operands_are_refused_with_their_dtypes():
     q, k, v, g, pad = _kernel_case()
     out, probs = np.empty(q.shape, np.float32), np.empty(q.shape[:3] + (q.shape[2],), np.float32)
