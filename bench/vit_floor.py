@@ -20,6 +20,10 @@ large square sgemm rate, measured here (bench/sgemm_peak.py).
 "paired x" is the median over rounds of each round's ratio (bench/common.paired_ratios), which a
 load change between rounds does not skew.
 
+After the timed rounds, torch.profiler runs a few PyTorch steps and the last line gives the share of
+its own step spent in its GEMMs (aten::mm, addmm, bmm and the patch embedding's convolution) and in
+its fused attention kernels: what the same work costs PyTorch, beside what it costs us.
+
 Reading it: products only / pytorch eager is the smallest ratio any float32 step built on these
 GEMMs can reach. Where it is within a few points of the bar, the bar leaves almost nothing for the
 rest of the step (GELU, LayerNorm, softmax, AdamW's pass over every parameter, Python).
@@ -179,6 +183,28 @@ def bf16_linear_replay(calls, rng):
     return replay
 
 
+# PyTorch's own ops for the same work, by torch.profiler's names: its linear layers' and patch
+# embedding's GEMMs, and its fused attention kernels (products and softmax together, forward and backward).
+TORCH_GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::mkldnn_convolution",
+                  "aten::convolution_backward")
+TORCH_ATTENTION_MARK = "scaled_dot_product"
+
+
+def torch_profile_shares(step, steps: int = 5) -> dict:
+    """Shares of PyTorch's step (self CPU time under torch.profiler, `steps` steps) spent in its GEMMs and in
+    its attention kernels. Shares, not times: the profiler slows every op a little."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    self_us = {e.key: e.self_cpu_time_total for e in prof.key_averages()}
+    total = sum(self_us.values())
+    gemm = sum(t for name, t in self_us.items() if name in TORCH_GEMM_OPS)
+    attention = sum(t for name, t in self_us.items() if TORCH_ATTENTION_MARK in name)
+    return {"gemm_share": gemm / total, "attention_share": attention / total, "profiled_steps": steps}
+
+
 def build(case_name: str, seed: int = 0, bf16: bool = False) -> tuple[dict, dict]:
     """(name -> zero-argument step function, facts about the recorded products)."""
     os.environ["BENCH_CASE"] = case_name
@@ -240,6 +266,7 @@ def main() -> None:
 
     steps, facts = build(args.model, bf16=args.bf16)
     times = interleave(steps, args.rounds, args.per_round)
+    shares = torch_profile_shares(steps["pytorch eager"])
     peak = measure_sgemm_peak()  # GFLOP/s, after the steps: same process, same threads
     medians = {name: statistics.median(t) for name, t in times.items()}
     ref = medians["pytorch eager"]
@@ -262,6 +289,10 @@ def main() -> None:
     print(f"bar {BAR}x PyTorch eager = {BAR * ref * 1e3:.1f} ms. Products alone: {floor:.3f}x, leaving "
           f"{left * ref * 1e3:.1f} ms ({left:+.3f}x) for everything else in the step; ours takes "
           f"{(medians['tensorarena fused'] - medians['products only']) * 1e3:.1f} ms of it now.")
+    print(f"PyTorch's own step (torch.profiler, self CPU time): {shares['gemm_share']:.3f} in its GEMMs and "
+          f"{shares['attention_share']:.3f} in its attention kernels, {shares['gemm_share'] + shares['attention_share']:.3f}"
+          f" together (ours, from the table: linear GEMMs {medians['linear GEMMs only'] / ref:.3f}x, all products "
+          f"{floor:.3f}x its step).")
     if args.bf16:
         ref16 = medians["pytorch eager, bf16 matmul"]
         print(f"bf16 floor (matmul_precision='bfloat16'): products with bf16 linear GEMMs "
@@ -271,7 +302,7 @@ def main() -> None:
                            "median_step_s": medians, "step_times_s": times, "sgemm_peak_gflops": peak,
                            "x_pytorch_eager": {n: m / ref for n, m in medians.items()},
                            "paired_x_pytorch_eager": paired, "at_peak_x_pytorch_eager": at_peak_s / ref, "bar": BAR, "floor_x_pytorch_eager": floor,
-                           **facts})
+                           "pytorch_profile": shares, **facts})
 
 
 if __name__ == "__main__":
