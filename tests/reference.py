@@ -24,6 +24,17 @@ shapes = array_shapes(min_dims=1, max_dims=4, min_side=1, max_side=4)
 seeds = st.integers(0, 2**16)
 
 
+def torch_bf16(x: np.ndarray) -> np.ndarray:
+    """x rounded to bfloat16 by torch (Tensor.bfloat16()), as float64: the bf16-precision tests' reference."""
+    return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).bfloat16().double().numpy()
+
+
+def torch_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """x rounded to bfloat16 by torch, as uint16 bit patterns (tensorarena's bfloat16 storage)."""
+    return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).bfloat16().view(torch.int16).numpy().view(
+        np.uint16)
+
+
 def randn(seed: int, shape) -> np.ndarray:
     """Standard normal float64 values, reproducible from `seed`."""
     return np.random.default_rng(seed).standard_normal(shape)

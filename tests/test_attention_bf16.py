@@ -16,7 +16,6 @@ import logging
 
 import numpy as np
 import pytest
-import torch
 
 import tensorarena as ta
 from tensorarena import kernels
@@ -25,18 +24,16 @@ from tensorarena.kernels.dropout import keep_threshold
 from tensorarena.ops import _products
 from tensorarena.ops.attention import packed_self_attention, scaled_dot_product_attention
 
+from reference import torch_bf16 as _bf16, torch_bf16_bits as _bits
+
 needs_bf16_gemm = pytest.mark.skipif(not K.available(), reason=f"no fast bfloat16 GEMM: {K.why_not()}")
 needs_bf16_in_kernels = pytest.mark.skipif(not K.in_kernels(), reason="Numba kernels cannot call MKL's bf16 GEMM")
 ROUNDINGS = ("qkv", "P", "g", "dS")
 
 
-def _bits(x: np.ndarray) -> np.ndarray:
-    return torch.from_numpy(np.ascontiguousarray(x, np.float32)).bfloat16().view(torch.int16).numpy().view(np.uint16)
-
-
-def _bf16(x: np.ndarray) -> np.ndarray:
-    """x rounded to bfloat16 by torch, as float64."""
-    return torch.from_numpy(np.ascontiguousarray(x, np.float32)).bfloat16().double().numpy()
+def _needs_slice_path() -> None:
+    if kernels.choose("batched_gemm") != "fused":  # TENSORARENA_KERNELS=reference: the slice path is off
+        pytest.skip("the slice path is off: MKL's batched GEMMs are not the kernels in use")
 
 
 # -- the kernels' twins ------------------------------------------------------------------------------
@@ -65,8 +62,7 @@ def _run_kernels(impl, q, k, v, g, pad, causal, dropout):
 @pytest.mark.parametrize("drop", [False, True])
 def test_slice_kernels_match_the_reference_twin_with_bfloat16_operands(masks, drop):
     q, k, v, g, pad = _kernel_case()
-    if kernels.choose("batched_gemm") != "fused":  # TENSORARENA_KERNELS=reference: the slice path is off
-        pytest.skip("the slice path is off: MKL's batched GEMMs are not the kernels in use")
+    _needs_slice_path()
     dropout = (12345, keep_threshold(0.25), np.float32(1 / 0.75)) if drop else None
     pad = pad if masks else None
     before = kernels.calls[("attention_bf16", "fused")]
@@ -83,8 +79,7 @@ def test_slice_kernels_match_the_reference_twin_with_bfloat16_operands(masks, dr
 def test_slice_kernels_match_the_reference_twin_for_cross_attention_shapes():
     # T != S and hs != hv, separate (not packed) operands, a padding mask and dropout: the layouts
     # kernels.attention_heads' descriptors must get right for bfloat16 operands too.
-    if kernels.choose("batched_gemm") != "fused":
-        pytest.skip("the slice path is off: MKL's batched GEMMs are not the kernels in use")
+    _needs_slice_path()
     rng = np.random.default_rng(4)
     b, h, t, s, hs, hv = 3, 2, 5, 12, 4, 6
     q, k, v = _bits(rng.standard_normal((b, h, t, hs))), _bits(rng.standard_normal((b, h, s, hs))), \

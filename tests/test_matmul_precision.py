@@ -23,6 +23,8 @@ from tensorarena.nn.functional import cross_entropy
 from tensorarena.ops._products import product
 from tensorarena.train.trainer import Trainer
 
+from reference import torch_bf16 as _bf16, torch_bf16_bits as _torch_bits
+
 # Where there is no fast bf16 GEMM (no MKL), bfloat16 precision leaves products float32 (a hint, as in
 # torch): the tests of rounded products need one. TENSORARENA_KERNELS=reference runs them on the twins.
 needs_bf16_gemm = pytest.mark.skipif(not K.available(), reason=f"no fast bfloat16 GEMM: {K.why_not()}")
@@ -30,15 +32,6 @@ needs_bf16_gemm = pytest.mark.skipif(not K.available(), reason=f"no fast bfloat1
 
 def _bf16_products_run() -> int:
     return kernels.calls[("gemm_bf16", "fused")] + kernels.calls[("gemm_bf16", "reference")]
-
-
-def _bf16(x: np.ndarray) -> np.ndarray:
-    """x rounded to bfloat16 by torch, as float64."""
-    return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).bfloat16().double().numpy()
-
-
-def _torch_bits(x: np.ndarray) -> np.ndarray:
-    return torch.from_numpy(np.ascontiguousarray(x)).bfloat16().view(torch.int16).numpy().view(np.uint16)
 
 
 def _f32(bits: int) -> np.float32:
