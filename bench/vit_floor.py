@@ -13,6 +13,10 @@ linear-layer GEMMs on their own:
     D^T g, g v^T, dS k and dS^T q backward, one MKL thread per slice, the cores sharing the slices,
     with the softmax left out. One set of operands serves every product of a shape (the 12 layers
     share them), so the products run from warmer caches than inside a step: a lower bound.
+  - kernels only: every kernel call of one fused step (products, GELU, LayerNorm, softmax inside
+    attention, AdamW, the adds), recorded once and replayed back to back on the same buffers, with
+    none of the Python around them (the model's forward, autograd, the arena, the optimizer's
+    bookkeeping): what a replay of a flat list of kernel calls would cost, at best, with these kernels.
 The table also gives the step's matmul FLOPs (the recorded products; bench/vit.py's count of the
 full model beside them, larger since our last block computes [CLS] alone) at this machine's best
 large square sgemm rate, measured here (bench/sgemm_peak.py).
@@ -59,27 +63,51 @@ def _operand_like(array, rng):
     return np.lib.stride_tricks.as_strided(base, array.shape, array.strides)
 
 
-def record_products(trainer, xs, ys) -> dict:
-    """Run one step of `trainer` with the gemm and attention kernels watched; returns what they were asked."""
+def record_calls(trainer, xs, ys, names=None) -> list:
+    """Run one step of `trainer` with kernels watched (`names`, or every registered kernel); returns
+    what they were asked, in call order: (name, the function handed out, args, kwargs)."""
     from tensorarena import kernels
 
-    seen = {"gemm": [], "attention_forward": [], "attention_backward": []}
-    originals = {name: (kernels.choose(name), kernels.kernel(name)) for name in seen}
+    kernels._load()
+    names = sorted(kernels._registry) if names is None else names
+    seen = []
+    originals = {name: dict(kernels._registry[name]) for name in names}
 
     def watch(name, fn):
         def watched(*args, **kwargs):
-            seen[name].append((args, kwargs))
+            seen.append((name, fn, args, kwargs))
             return fn(*args, **kwargs)
         return watched
 
-    for name, (impl, fn) in originals.items():
-        kernels.register(name, impl, watch(name, fn))
+    for name, impls in originals.items():
+        for impl, fn in impls.items():
+            kernels.register(name, impl, watch(name, fn))
     try:
         trainer.step(xs, ys)
     finally:
-        for name, (impl, fn) in originals.items():
-            kernels.register(name, impl, fn)
+        for name, impls in originals.items():
+            for impl, fn in impls.items():
+                kernels.register(name, impl, fn)
     return seen
+
+
+def record_products(trainer, xs, ys) -> dict:
+    """Run one step of `trainer` with the gemm and attention kernels watched; returns what they were asked."""
+    seen = {"gemm": [], "attention_forward": [], "attention_backward": []}
+    for name, _, args, kwargs in record_calls(trainer, xs, ys, list(seen)):
+        seen[name].append((args, kwargs))
+    return seen
+
+
+def kernels_replay(calls):
+    """Every kernel call of a recorded step again, back to back, on the same buffers and arguments: the
+    step without the Python that decides them (the model's forward, autograd, the arena, the optimizer's
+    bookkeeping). Not a training step: the Adam step count and learning rate stay those recorded, so
+    the trainer it came from must not be used afterwards. A lower bound for any replay of these kernels."""
+    def replay():
+        for _, fn, args, kwargs in calls:
+            fn(*args, **kwargs)
+    return replay
 
 
 def linear_replay(calls, rng):
@@ -234,8 +262,13 @@ def build(case_name: str, seed: int = 0, bf16: bool = False) -> tuple[dict, dict
         seen["attention_backward"]), "product_flops": linear_flops + attention_flops,
         "bench_vit_flops": vit.vit_train_flops(batch=case["batch"], dim=case["dim"], depth=case["depth"],
                                                heads=case["heads"], mlp=case["mlp"])}
+    # A second trainer, whose buffers the kernels-only replay may scribble on (see kernels_replay).
+    taped = our_trainer(vit, case_name, "fused", seed=seed)
+    taped.step(xs, ys)
+    tape = record_calls(taped, xs, ys)
+    facts["kernel_calls"] = len(tape)
     steps = {"pytorch eager": torch_step, "tensorarena fused": lambda: trainer.step(xs, ys).loss,
-             "products only": products, "linear GEMMs only": linear}
+             "kernels only": kernels_replay(tape), "products only": products, "linear GEMMs only": linear}
     if bf16:
         linear_bf16 = bf16_linear_replay(seen["gemm"], rng)
         matmul = torch.backends.mkldnn.matmul
@@ -293,6 +326,11 @@ def main() -> None:
           f"{shares['attention_share']:.3f} in its attention kernels, {shares['gemm_share'] + shares['attention_share']:.3f}"
           f" together (ours, from the table: linear GEMMs {medians['linear GEMMs only'] / ref:.3f}x, all products "
           f"{floor:.3f}x its step).")
+    kernels_only = medians["kernels only"] / ref
+    print(f"Our kernels alone, with no Python between them: {kernels_only:.3f}x PyTorch eager "
+          f"({facts['kernel_calls']} calls; the fused step spends "
+          f"{(medians['tensorarena fused'] - medians['kernels only']) * 1e3:.1f} ms more); of that, the "
+          f"kernels other than products take {(medians['kernels only'] - medians['products only']) * 1e3:.1f} ms.")
     if args.bf16:
         ref16 = medians["pytorch eager, bf16 matmul"]
         print(f"bf16 floor (matmul_precision='bfloat16'): products with bf16 linear GEMMs "
@@ -302,6 +340,7 @@ def main() -> None:
                            "median_step_s": medians, "step_times_s": times, "sgemm_peak_gflops": peak,
                            "x_pytorch_eager": {n: m / ref for n, m in medians.items()},
                            "paired_x_pytorch_eager": paired, "at_peak_x_pytorch_eager": at_peak_s / ref, "bar": BAR, "floor_x_pytorch_eager": floor,
+                           "kernels_only_x_pytorch_eager": kernels_only,
                            "pytorch_profile": shares, **facts})
 
 
