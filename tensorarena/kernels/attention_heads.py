@@ -89,9 +89,8 @@ def softmax_row(row, kb, has_kpm, causal, i, scale):
     30.2 -> 29.4 ms a step, ViT-Base 14.8 -> 14.1 ms. Results are the old ones to the bit for
     scale 1/8 (ViT's); other scales differ by the scale's own rounding to the row's precision.
 
-    kernels.attention's _masked_softmax inlines this into its own disk-cached code, and Numba's
-    cache does not notice edits made here: after changing this function, delete
-    kernels/__pycache__/attention._masked_softmax* (touching attention.py did not do it here).
+    kernels.attention's _masked_softmax inlines this into its own disk-cached code; Numba's cache
+    of it notices edits made here through kernels/numba_cache.py.
     """
     s = row.shape[0]
     sc = fm.like(row[0], scale)

@@ -106,3 +106,9 @@ _prefer_512_bit_vectors()
 openblas_threads = _quiet_openblas_threads()  # what was done, for reports and tests
 if not openblas_threads.startswith("OpenBLAS threads restarted"):
     log.info("OpenBLAS worker threads %s; fused kernels may run slower right after a matmul", openblas_threads)
+
+# Not about the CPU, but this module runs before any kernel is defined: from here on, Numba's cache of
+# a kernel also notices edits to the sibling modules it inlines (kernels/numba_cache.py).
+from . import numba_cache as _numba_cache  # noqa: E402
+
+_numba_cache.install()

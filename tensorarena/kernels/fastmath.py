@@ -41,8 +41,8 @@ All coefficients were fitted for this file by a Remez exchange in 50-digit mpmat
 Callers: compile with error_model="numpy" (Python's ZeroDivisionError check on the division
 stops vectorisation) and fastmath=False or {"contract"} (FMA contraction is harmless here).
 Never "reassoc" (it could undo the Cody-Waite split) nor "nnan"/"ninf" (the clamps rely on inf).
-Numba's cache does not track this file: after editing it, touch the kernel modules that inline
-it (gelu.py, softmax.py, attention_heads.py) or delete their __pycache__/*.nbi, or they keep running the old code.
+Numba's own cache does not track this file for the kernels that inline it (gelu.py, softmax.py,
+attention_heads.py, layer_norm.py); kernels/numba_cache.py makes their cache notice edits made here.
 """
 
 from __future__ import annotations

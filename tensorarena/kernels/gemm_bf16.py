@@ -45,8 +45,8 @@ def to_bfloat16_reference(src: np.ndarray, out: np.ndarray) -> np.ndarray:
 def round_bits(u):
     """One float32's bits (uint32) -> its bfloat16 bits (uint16): nearest, ties to even, NaNs kept quiet NaNs.
 
-    kernels.attention_heads' disk-cached kernels inline this (through round_block), and Numba's cache
-    does not see edits made here: after changing it, delete kernels/__pycache__/attention_heads.*.
+    kernels.attention_heads' disk-cached kernels inline this (through round_block); their cache
+    notices edits made here through kernels/numba_cache.py.
     """
     # uint32 lanes throughout: finite values cannot wrap (-inf + 0x8000 < 2^32), and a select rather
     # than a branch keeps the loops that inline this vectorised.
