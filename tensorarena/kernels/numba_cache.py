@@ -88,13 +88,17 @@ def _dependency_digest(path: str, stamps: tuple) -> str:
 
 
 def dependency_digest(path: str) -> str:
-    """A digest of the sources of every module in `dependencies(path)`."""
+    """A digest of the sources of every module in `dependencies(path)`; "unreadable" where the sources
+    cannot be read as files (a zipped install): Numba's own stamp alone then decides, as without this."""
     folder = os.path.dirname(os.path.abspath(path))
-    stamps = []
-    for name in dependencies(path):
-        st = os.stat(os.path.join(folder, name + ".py"))
-        stamps.append((name, st.st_mtime_ns, st.st_size))
-    return _dependency_digest(os.path.abspath(path), tuple(stamps))
+    try:
+        stamps = []
+        for name in dependencies(path):
+            st = os.stat(os.path.join(folder, name + ".py"))
+            stamps.append((name, st.st_mtime_ns, st.st_size))
+        return _dependency_digest(os.path.abspath(path), tuple(stamps))
+    except OSError:
+        return "unreadable"
 
 
 class KernelCacheLocator:
