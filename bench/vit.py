@@ -397,6 +397,9 @@ if __name__ == "__main__":
             warm = run_contenders(__file__, ours, {"BENCH_CASE": key, "BENCH_STEPS": "1"})
             print(f"{case['title']}: Numba's kernel cache filled first by one short run per tensorarena contender "
                   f"({sum(r['wall_s'] for r in warm.values()):.0f} s; --cold-kernels to measure without)")
+            for name, r in warm.items():
+                if r.get("unavailable"):
+                    print(f"  the filling run of {name} failed: {r['error'].strip().splitlines()[-1][:120]}")
         results = run_contenders(__file__, names, {"BENCH_CASE": key, "BENCH_STEPS": str(steps)})
         add_rates(results, flops, peak)
         title = (f"{case['title']} batch {case['batch']}, {IMAGE}x{IMAGE}, AdamW, {steps} timed steps "
