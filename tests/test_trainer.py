@@ -211,11 +211,29 @@ def test_cli_train_end_to_end(tmp_path, capsys):
     assert summary["arena_high_water_bytes"] > 0 and summary["peak_rss_bytes"] > 0
     printed = capsys.readouterr().out
     assert "held-out accuracy" in printed and "peak RSS" in printed and "arena high-water" in printed
+    # steps/s is training throughput: the route planning (which traces the step and compiles or loads the
+    # kernels) and step 1 are timed apart, not averaged in (they made the demo report 75 for 442 steps/s).
+    assert summary["route_planning_seconds"] > 0 and summary["first_step_seconds"] > 0
+    assert summary["steps_per_second_after_first"] and summary["steps_per_second"] > 0
+    assert "route planning" in printed and "after step 1" in printed
     # Resume the fused run's checkpoint on the eager route and continue to 160 steps.
     assert main(["train", "--steps", "160", "--no-progress", "--resume", str(ckpt), "--json", str(out),
                  "--train-size", "3000", "--test-size", "500", "--route", "eager"]) == 0
     resumed = json.loads(out.read_text())
     assert resumed["steps"] == 160 and resumed["route"] == "eager"
+    assert resumed["route_planning_seconds"] is None  # a chosen route is not planned
+
+
+def test_step_rate_leaves_out_step_one():
+    from tensorarena.train.summary import step_rate
+
+    # 1 s for step 1 (tracing, compiling), then 3 steps in the remaining 0.3 s of a 1.3 s loop
+    rate = step_rate([1.0, 0.1, 0.1, 0.1], 1.3)
+    assert rate["steps_per_second"] == pytest.approx(10.0) and rate["first_step_seconds"] == 1.0
+    assert rate["steps_per_second_after_first"]
+    one = step_rate([0.5], 0.5)  # a single step: nothing to leave out
+    assert one["steps_per_second"] == pytest.approx(2.0) and not one["steps_per_second_after_first"]
+    assert step_rate([], 0.0)["steps_per_second"] is None
 
 
 def test_cli_help_documents_every_option(capsys):

@@ -11,7 +11,7 @@ from ..data.loader import BatchLoader
 from ..memory.meter import peak_rss_bytes, rss_bytes
 from ..nn.functional import cross_entropy
 from ..nn.module import Module
-from .summary import bf16_products_since
+from .summary import bf16_products_since, step_rate
 from .trainer import Trainer
 
 
@@ -39,10 +39,13 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
     rss_before = rss_bytes()
     products_before = bf16_products_since()
     remaining = max(args.steps - trainer.step_count, 0)
+    planning = None
+    if route == "auto" and remaining:  # the choice, and why, before step 1 (shapes are all it needs)
+        planned = time.perf_counter()  # traces the step: the kernels compile (or load from cache) here
+        print(trainer.plan(x_train[:loader.batch_size], y_train[:loader.batch_size]).format(), file=sys.stderr)
+        planning = time.perf_counter() - planned
     started = time.perf_counter()
     bar = tqdm(total=remaining, disable=args.no_progress, unit="step", file=sys.stderr)
-    if route == "auto" and remaining:  # the choice, and why, before step 1 (shapes are all it needs)
-        print(trainer.plan(x_train[:loader.batch_size], y_train[:loader.batch_size]).format(), file=sys.stderr)
     for _ in range(remaining):
         report = trainer.step(*loader.next())
         reports.append(report)
@@ -65,7 +68,7 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
         "matmul_precision": trainer.matmul_precision, "bf16_products": bf16_products_since(products_before),
         "first_loss": first.loss if first else None, "final_loss": last.loss if last else None,
         "test_loss": held_out["loss"], "test_accuracy": held_out["accuracy"],
-        "steps_per_second": remaining / elapsed if elapsed > 0 and remaining else None,
+        **step_rate([r.seconds for r in reports], elapsed), "route_planning_seconds": planning,
         "peak_rss_bytes": peak_rss_bytes(), "rss_growth_bytes": rss_bytes() - rss_before,
         "arena_high_water_bytes": max(high_waters, default=0), "parameters": model.num_parameters(),
         # Per step, so callers can check the arena invariant (flat after warm-up) and the loss curve.

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..memory.meter import peak_rss_bytes, rss_bytes
-from .summary import bf16_products_since, finish
+from .summary import bf16_products_since, finish, step_rate
 
 SIMCSE_DEFAULTS = {"steps": 30, "batch_size": 16, "lr": 3e-5, "warmup": 3}
 PROBE_SIZE = 32  # held-out sentences scored before and after training
@@ -160,7 +160,7 @@ def train_simcse(args) -> dict:
         "first3_mean_loss": float(np.mean(head)) if head else None,
         "last3_mean_loss": float(np.mean(tail)) if tail else None,
         "probe_loss_before": probe_before, "probe_loss_after": probe_after,
-        "steps_per_second": len(reports) / elapsed if elapsed > 0 and reports else None,
+        **step_rate([r.seconds for r in reports], elapsed),
         "peak_rss_bytes": peak_rss_bytes(), "rss_growth_bytes": rss_bytes() - rss_before,
         "arena_high_water_bytes": max(high_waters, default=0), "parameters": model.num_parameters(),
         "step_losses": losses, "step_arena_high_water_bytes": high_waters,
