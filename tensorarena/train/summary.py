@@ -10,10 +10,11 @@ from ..memory.meter import format_bytes
 def step_rate(step_seconds: list[float], elapsed: float) -> dict:
     """Training throughput without step 1's one-time work, and step 1's own time.
 
-    Step 1 traces the fused plan and compiles the kernels (or loads them from Numba's cache): on a
-    first run after an install that is seconds, and counting it in steps/s reported a third of the
-    demo MLP's rate (75 against 195 steps/s). `elapsed` is the whole loop's wall time (loader and
-    progress bar included); steps/s is over steps 2..n of it, or over all of them when there is one.
+    Step 1 may trace the fused plan and compile the kernels (or load them from Numba's cache), as may a
+    route planning before it (timed apart by the caller): seconds on a first run after an install.
+    Averaged in, they made the demo MLP report 75 steps/s for 442 of training. `elapsed` is the
+    loop's wall time (loader and progress bar included); steps/s is over steps 2..n of it, or over
+    all of them when there is one.
     """
     n = len(step_seconds)
     if n == 0 or elapsed <= 0:
