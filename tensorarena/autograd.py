@@ -23,6 +23,7 @@ import numpy as np
 
 from .kernels import elementwise
 from .memory.arena import empty
+from .tape import host
 
 if TYPE_CHECKING:
     from .tensor import Tensor
@@ -57,6 +58,15 @@ def enable_grad() -> _GradMode:
     return _GradMode(True)
 
 
+def _fill_slice(full: np.ndarray, index: tuple, values: np.ndarray) -> None:
+    full.fill(0)
+    full[index] = values  # basic indexing never selects an element twice
+
+
+def _add_to_slice(acc: np.ndarray, index: tuple, values: np.ndarray) -> None:
+    acc[index] += values
+
+
 class SliceGrad:
     """A gradient that is zero except on one basic-index region of its parent.
 
@@ -72,8 +82,7 @@ class SliceGrad:
 
     def dense(self) -> np.ndarray:
         full = empty(self.shape, self.dtype)
-        full.fill(0)
-        full[self.index] = self.values  # basic indexing never selects an element twice
+        host(_fill_slice, full, self.index, self.values)
         return full
 
 
@@ -160,7 +169,8 @@ def backward(root: "Tensor", grad: np.ndarray | None = None, *, on_leaf_grad=Non
                 f"backward() without a gradient needs a scalar output, got shape {root.shape}; "
                 f"pass grad= of that shape or reduce (e.g. .sum()) first"
             )
-        grad = np.ones(root.shape, root.dtype)
+        grad = empty(root.shape, root.dtype)  # from the step's arena: a captured step (tape.host) refills it
+        host(np.copyto, grad, 1)
     elif grad.shape != root.shape:
         raise ValueError(f"grad shape {grad.shape} does not match output shape {root.shape}")
 
@@ -221,10 +231,10 @@ def _add_grad(grads: dict[int, np.ndarray], owned: set[int], key: int, pg) -> No
             return
         if key not in owned:  # never add into an array some op may still alias
             acc = empty(prev.shape, prev.dtype)
-            np.copyto(acc, prev)
+            host(np.copyto, acc, prev)
             grads[key] = prev = acc
             owned.add(key)
-        prev[pg.index] += pg.values
+        host(_add_to_slice, prev, pg.index, pg.values)
     elif prev is None:
         grads[key] = pg
     elif key in owned:

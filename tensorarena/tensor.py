@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import autograd
+from .tape import host
 from .memory.arena import Arena, StaleTensorError, current_arena
 
 DEFAULT_DTYPE = np.float32
@@ -150,10 +151,10 @@ class Tensor:
             buf = self._grad_buffer
             if buf is None or buf.shape != self._data.shape or buf.dtype != self._data.dtype:
                 buf = self._grad_buffer = np.empty(self._data.shape, self._data.dtype)
-            np.copyto(buf, g)
+            host(np.copyto, buf, g)
             self.grad = buf
         else:
-            np.add(self.grad, g, out=self.grad)
+            host(np.add, self.grad, g, out=self.grad)
 
     def detach(self) -> "Tensor":
         """Same memory, no graph."""

@@ -14,6 +14,7 @@ import os
 from collections import Counter
 from typing import Callable, Iterator
 
+from .. import tape as _tape
 from .mkl_lib import mkl_expected
 
 # How idle OpenMP threads wait. It must be chosen before the OpenMP runtime (libgomp) loads: when
@@ -86,6 +87,10 @@ def kernel(name: str, impl: str | None = None) -> Callable:
     """The implementation of `name` to run: fused when available and allowed, else reference."""
     impl = choose(name, impl)
     fn = _registry[name][impl]
+    if _tape.active() is not None:  # a fused step is being recorded (tensorarena/tape.py); its replays count too
+        def count(key=(name, impl)):
+            calls[key] += 1
+        return _tape.recorded(fn, count)
     calls[(name, impl)] += 1
     return fn
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..tape import host
 from . import kernel, register
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -55,7 +56,7 @@ def add(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     if fits(a, b, out):
         kernel("add")(a, b, out)
     else:
-        np.add(a, b, out=out)
+        host(np.add, a, b, out=out)
 
 
 def bias_add(x: np.ndarray, bias: np.ndarray) -> None:
@@ -63,7 +64,7 @@ def bias_add(x: np.ndarray, bias: np.ndarray) -> None:
     if fits(x) and bias.dtype == x.dtype and bias.shape == x.shape[1:] and bias.flags.c_contiguous:
         kernel("bias_add")(x, bias)
     else:
-        x += bias
+        host(np.add, x, bias, out=x)
 
 
 def column_sum(x: np.ndarray, out: np.ndarray) -> None:
@@ -71,7 +72,7 @@ def column_sum(x: np.ndarray, out: np.ndarray) -> None:
     if fits(x) and x.ndim == 2 and out.shape == x.shape[1:]:
         kernel("column_sum")(x, out)
     else:
-        np.sum(x, axis=0, out=out)
+        host(np.sum, x, axis=0, out=out)
 
 
 register("add", "reference", add_reference)

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..autograd import direct_leaf_grad_buffer
 from ..memory.arena import empty
+from ..tape import host
 from ..tensor import Tensor
 
 
@@ -62,7 +63,7 @@ def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     )
     out = new(shape, grad.dtype)
     # keepdims keeps the leading axes as size 1, so a reshape of `out` is a valid target.
-    np.sum(grad, axis=axes, keepdims=True, out=out.reshape((1,) * lead + tuple(shape)))
+    host(np.sum, grad, axis=axes, keepdims=True, out=out.reshape((1,) * lead + tuple(shape)))
     return out
 
 
@@ -86,7 +87,7 @@ def as_dtype(g: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if g.dtype == dtype:
         return g
     out = new(g.shape, dtype)
-    np.copyto(out, g, casting="unsafe")
+    host(np.copyto, out, g, casting="unsafe")
     return out
 
 
@@ -101,7 +102,7 @@ def reshaped(a: np.ndarray, shape) -> np.ndarray:
     except ValueError:
         pass
     dense = new(a.shape, a.dtype)
-    np.copyto(dense, a)
+    host(np.copyto, dense, a)
     return dense.reshape(shape)  # a C-contiguous array always reshapes as a view
 
 
@@ -114,5 +115,5 @@ def contiguous(a: np.ndarray, dtype=None) -> np.ndarray:
     if a.flags.c_contiguous and a.dtype == dtype:
         return a
     out = new(a.shape, dtype)
-    np.copyto(out, a, casting="same_kind")
+    host(np.copyto, out, a, casting="same_kind")
     return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import elementwise
+from ..tape import host
 from ..tensor import Tensor
 from ._base import as_tensor, new, new_like, result_dtype, unbroadcast
 
@@ -35,14 +36,14 @@ def sub(a, b) -> Tensor:
     """a - b, broadcasting."""
     a, b = _pair(a, b)
     out = _binary_out(a, b)
-    np.subtract(a.data, b.data, out=out)
+    host(np.subtract, a.data, b.data, out=out)
     a_shape, b_shape, b_needs_grad = a.shape, b.shape, b.requires_grad
 
     def backward(g):
         gb = None
         if b_needs_grad:
             gb = new_like(g)
-            np.negative(g, out=gb)
+            host(np.negative, g, out=gb)
             gb = unbroadcast(gb, b_shape)
         return unbroadcast(g, a_shape), gb
 
@@ -53,7 +54,7 @@ def mul(a, b) -> Tensor:
     """a * b, broadcasting."""
     a, b = _pair(a, b)
     out = _binary_out(a, b)
-    np.multiply(a.data, b.data, out=out)
+    host(np.multiply, a.data, b.data, out=out)
     # Keep only what backward reads: b for a's gradient, a for b's (a * constant keeps no a).
     a_shape, b_shape = a.shape, b.shape
     ad = a.data if b.requires_grad else None
@@ -63,11 +64,11 @@ def mul(a, b) -> Tensor:
         ga = gb = None
         if bd is not None:
             ga = new(g.shape, g.dtype)
-            np.multiply(g, bd, out=ga)
+            host(np.multiply, g, bd, out=ga)
             ga = unbroadcast(ga, a_shape)
         if ad is not None:
             gb = new(g.shape, g.dtype)
-            np.multiply(g, ad, out=gb)
+            host(np.multiply, g, ad, out=gb)
             gb = unbroadcast(gb, b_shape)
         return ga, gb
 
@@ -79,7 +80,7 @@ def div(a, b) -> Tensor:
     a, b = _pair(a, b)
     out = _binary_out(a, b)
     bd = b.data
-    np.divide(a.data, bd, out=out)
+    host(np.divide, a.data, bd, out=out)
     # Backward never reads a; it reads the quotient only for b's gradient.
     a_shape, b_shape, a_needs_grad = a.shape, b.shape, a.requires_grad
     quotient = out if b.requires_grad else None
@@ -88,14 +89,11 @@ def div(a, b) -> Tensor:
         ga = gb = None
         if a_needs_grad:
             ga = new(g.shape, g.dtype)
-            np.divide(g, bd, out=ga)
+            host(np.divide, g, bd, out=ga)
             ga = unbroadcast(ga, a_shape)
         if quotient is not None:
-            # d(a/b)/db = -(a/b)/b = -out/b
             gb = new(g.shape, g.dtype)
-            np.multiply(g, quotient, out=gb)
-            np.divide(gb, bd, out=gb)
-            np.negative(gb, out=gb)
+            host(_div_grad_b, g, quotient, bd, gb)
             gb = unbroadcast(gb, b_shape)
         return ga, gb
 
@@ -105,11 +103,11 @@ def div(a, b) -> Tensor:
 def neg(a: Tensor) -> Tensor:
     """-a."""
     out = new_like(a.data)
-    np.negative(a.data, out=out)
+    host(np.negative, a.data, out=out)
 
     def backward(g):
         ga = new_like(g)
-        np.negative(g, out=ga)
+        host(np.negative, g, out=ga)
         return (ga,)
 
     return Tensor._make(out, (a,), backward)
@@ -122,21 +120,17 @@ def pow(a, exponent) -> Tensor:  # noqa: A001 - torch's name
     a, b = _pair(a, exponent)
     out = _binary_out(a, b)
     ad, bd = a.data, b.data
-    np.power(ad, bd, out=out)
+    host(np.power, ad, bd, out=out)
 
     def backward(g):
         ga = gb = None
-        if a.requires_grad:  # b * a^(b-1)
+        if a.requires_grad:
             ga = new(g.shape, g.dtype)
-            np.power(ad, bd - 1, out=ga)
-            ga *= bd
-            ga *= g
+            host(_pow_grad_a, ad, bd, g, ga)
             ga = unbroadcast(ga, a.shape)
-        if b.requires_grad:  # a^b * log(a); torch defines it as 0 where a == 0 and b >= 0
-            with np.errstate(divide="ignore", invalid="ignore"):
-                full = np.where((ad == 0) & (bd >= 0), 0.0, g * out * np.log(ad))
+        if b.requires_grad:
             gb = new(g.shape, g.dtype)
-            np.copyto(gb, full, casting="same_kind")
+            host(_pow_grad_b, ad, bd, g, out, gb)
             gb = unbroadcast(gb, b.shape)
         return ga, gb
 
@@ -147,18 +141,13 @@ def _pow_scalar(a: Tensor, p: float) -> Tensor:
     ad = a.data
     out = new_like(ad)
     if p == 2.0:
-        np.multiply(ad, ad, out=out)  # exact and faster than power
+        host(np.multiply, ad, ad, out=out)  # exact and faster than power
     else:
-        np.power(ad, p, out=out)
+        host(np.power, ad, p, out=out)
 
     def backward(g):
         ga = new_like(g)
-        if p == 2.0:
-            np.multiply(ad, 2.0, out=ga)
-        else:
-            np.power(ad, p - 1.0, out=ga)
-            ga *= p
-        ga *= g
+        host(_pow_scalar_grad, ad, p, g, ga)
         return (ga,)
 
     return Tensor._make(out, (a,), backward)
@@ -169,3 +158,37 @@ def _pair(a, b) -> tuple[Tensor, Tensor]:
         return a, as_tensor(b, like=a)
     b = as_tensor(b)
     return as_tensor(a, like=b), b
+
+
+# The NumPy work of the backward passes above, one function each: tape.host records a call as one
+# entry of a captured step (compile/captured.py), so a multi-line computation goes in as one function,
+# and every value it derives from an array is derived again on each replay.
+
+def _div_grad_b(g, quotient, bd, gb):
+    # d(a/b)/db = -(a/b)/b = -out/b
+    np.multiply(g, quotient, out=gb)
+    np.divide(gb, bd, out=gb)
+    np.negative(gb, out=gb)
+
+
+def _pow_grad_a(ad, bd, g, ga):
+    # b * a^(b-1)
+    np.power(ad, bd - 1, out=ga)
+    ga *= bd
+    ga *= g
+
+
+def _pow_grad_b(ad, bd, g, out, gb):
+    # a^b * log(a); torch defines it as 0 where a == 0 and b >= 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        full = np.where((ad == 0) & (bd >= 0), 0.0, g * out * np.log(ad))
+    np.copyto(gb, full, casting="same_kind")
+
+
+def _pow_scalar_grad(ad, p, g, ga):
+    if p == 2.0:
+        np.multiply(ad, 2.0, out=ga)
+    else:
+        np.power(ad, p - 1.0, out=ga)
+        ga *= p
+    ga *= g

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import kernel
+from ..tape import host
 from ..tensor import Tensor
 from ._base import as_dtype, as_tensor, contiguous, new
 
@@ -51,12 +52,27 @@ def cross_entropy(logits: Tensor, target, *, ignore_index: int = -100, label_smo
     dtype = x.dtype
     losses = new(tgt.shape, dtype)  # per-position loss, 0 where ignored
     lse = new(tgt.shape, np.float64)  # kept for backward: softmax = exp(x - lse) needs it unrounded
-    count = kernel("cross_entropy_forward")(rows, tgt, ignore_index, label_smoothing, losses, lse)
+    count = new((), np.int64)  # targets not ignored: read again by backward, in an array (see below)
+    out = losses.reshape(t.shape) if reduction == "none" else new((), dtype)
+    # One call (tape.host) for the kernel and the reduction, and one for backward: the count and g are
+    # read inside them, so a captured step (compile/captured.py) recomputes them on every replay.
+    host(_cross_entropy_forward, rows, tgt, ignore_index, label_smoothing, losses, lse, count, out, reduction)
 
-    if reduction == "none":
-        out = losses.reshape(t.shape)
-    else:
-        out = new((), dtype)
+    def backward(g):
+        drows = new(rows.shape, dtype)
+        host(_cross_entropy_backward, rows, tgt, lse, ignore_index, label_smoothing, g, count, reduction, drows)
+        if x.ndim <= 2:
+            return (drows.reshape(x.shape),)
+        gx = new(x.shape, dtype)
+        host(np.copyto, gx, np.moveaxis(drows.reshape(t.shape + (num_classes,)), -1, 1))
+        return (gx,)
+
+    return Tensor._make(out, (logits,), backward)
+
+
+def _cross_entropy_forward(rows, tgt, ignore_index, label_smoothing, losses, lse, count, out, reduction) -> None:
+    count[...] = kernel("cross_entropy_forward")(rows, tgt, ignore_index, label_smoothing, losses, lse)
+    if reduction != "none":
         np.sum(losses, out=out)
         if reduction == "mean":
             if count:
@@ -64,27 +80,21 @@ def cross_entropy(logits: Tensor, target, *, ignore_index: int = -100, label_smo
             else:
                 out.fill(np.nan)
 
-    def backward(g):
-        # d loss_i / d x_ic = w_i (softmax_ic - q_ic), q = (1-eps) onehot + eps / C; the kernel takes a
-        # scalar w (sum: g, mean: g / count) and zeroes ignored rows; "none" scales rows afterwards.
-        if reduction == "none":
-            scale = 1.0
-        elif reduction == "sum":
-            scale = float(g)
-        else:
-            scale = float(g) / count if count else 0.0
-        drows = new(rows.shape, dtype)
-        kernel("cross_entropy_backward")(rows, tgt, lse, ignore_index, label_smoothing, scale, drows)
-        if reduction == "none":
-            with np.errstate(under="ignore"):  # a tiny probability times g may round to 0: right, not an error
-                drows *= g.reshape(-1, 1)
-        if x.ndim <= 2:
-            return (drows.reshape(x.shape),)
-        gx = new(x.shape, dtype)
-        np.copyto(gx, np.moveaxis(drows.reshape(t.shape + (num_classes,)), -1, 1))
-        return (gx,)
 
-    return Tensor._make(out, (logits,), backward)
+def _cross_entropy_backward(rows, tgt, lse, ignore_index, label_smoothing, g, count, reduction, drows) -> None:
+    # d loss_i / d x_ic = w_i (softmax_ic - q_ic), q = (1-eps) onehot + eps / C; the kernel takes a
+    # scalar w (sum: g, mean: g / count) and zeroes ignored rows; "none" scales rows afterwards.
+    n = int(count)
+    if reduction == "none":
+        scale = 1.0
+    elif reduction == "sum":
+        scale = float(g)
+    else:
+        scale = float(g) / n if n else 0.0
+    kernel("cross_entropy_backward")(rows, tgt, lse, ignore_index, label_smoothing, scale, drows)
+    if reduction == "none":
+        with np.errstate(under="ignore"):  # a tiny probability times g may round to 0: right, not an error
+            drows *= g.reshape(-1, 1)
 
 
 def mse_loss(input: Tensor, target, reduction: str = "mean") -> Tensor:  # noqa: A002 - torch's name

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..tape import host
 from ..tensor import Tensor
 from ._base import as_dtype, as_tensor, new, reshaped, unbroadcast
 
@@ -168,7 +169,7 @@ def cat(tensors, dim: int = 0) -> Tensor:
                          f"{first} but {listed}")
     sizes = [x.shape[d] for x in datas]
     out = new(first[:d] + (sum(sizes),) + first[d + 1 :], _promoted_dtype([x.dtype for x in datas]))
-    np.concatenate(datas, axis=d, out=out, casting="same_kind")
+    host(np.concatenate, datas, axis=d, out=out, casting="same_kind")
     bounds = np.cumsum([0] + sizes)
     wanted = [t.dtype if t.requires_grad else None for t in ts]  # not ts: that would keep every input alive
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import kernel
+from ..tape import host
 from ..tensor import Tensor
 from ._base import contiguous, new_like
 
@@ -13,11 +14,11 @@ def exp(a: Tensor) -> Tensor:
     """e ** a."""
     ad = a.data
     out = new_like(ad)
-    np.exp(ad, out=out)
+    host(np.exp, ad, out=out)
 
     def backward(g):
         ga = new_like(out)  # from the output: the closure keeps no input
-        np.multiply(g, out, out=ga)
+        host(np.multiply, g, out, out=ga)
         return (ga,)
 
     return Tensor._make(out, (a,), backward)
@@ -27,11 +28,11 @@ def log(a: Tensor) -> Tensor:
     """Natural log."""
     ad = a.data
     out = new_like(ad)
-    np.log(ad, out=out)
+    host(np.log, ad, out=out)
 
     def backward(g):
         ga = new_like(ad)
-        np.divide(g, ad, out=ga)
+        host(np.divide, g, ad, out=ga)
         return (ga,)
 
     return Tensor._make(out, (a,), backward)
@@ -41,12 +42,11 @@ def sqrt(a: Tensor) -> Tensor:
     """Square root."""
     ad = a.data
     out = new_like(ad)
-    np.sqrt(ad, out=out)
+    host(np.sqrt, ad, out=out)
 
     def backward(g):
         ga = new_like(out)  # from the output: the closure keeps no input
-        np.multiply(out, 2.0, out=ga)
-        np.divide(g, ga, out=ga)
+        host(_sqrt_grad, out, g, ga)
         return (ga,)
 
     return Tensor._make(out, (a,), backward)
@@ -56,13 +56,11 @@ def tanh(a: Tensor) -> Tensor:
     """Hyperbolic tangent."""
     ad = a.data
     out = new_like(ad)
-    np.tanh(ad, out=out)
+    host(np.tanh, ad, out=out)
 
     def backward(g):
         ga = new_like(out)  # from the output: the closure keeps no input
-        np.square(out, out=ga)
-        np.subtract(1.0, ga, out=ga)
-        ga *= g
+        host(_tanh_grad, out, g, ga)
         return (ga,)
 
     return Tensor._make(out, (a,), backward)
@@ -72,12 +70,11 @@ def relu(a: Tensor) -> Tensor:
     """max(a, 0); gradient 0 at 0, as torch."""
     ad = a.data
     out = new_like(ad)
-    np.maximum(ad, 0, out=out)
+    host(np.maximum, ad, 0, out=out)
 
     def backward(g):
         ga = new_like(ad)
-        np.greater(ad, 0, out=ga)  # the 0/1 mask straight into the float buffer, no bool temporary
-        ga *= g
+        host(_relu_grad, ad, g, ga)
         return (ga,)
 
     return Tensor._make(out, (a,), backward)
@@ -88,6 +85,36 @@ def sigmoid(a: Tensor) -> Tensor:
     ad = a.data
     out = new_like(ad)
     den = new_like(ad)
+    host(_sigmoid_forward, ad, out, den)
+
+    def backward(g):
+        ga = new_like(out)  # from the output: the closure keeps no input
+        host(_sigmoid_grad, out, g, ga)
+        return (ga,)
+
+    return Tensor._make(out, (a,), backward)
+
+
+# The NumPy work of the ops above, one function each: tape.host records a call as one entry of a
+# captured step (compile/captured.py), so a multi-line computation goes in as one function.
+
+def _sqrt_grad(out, g, ga):
+    np.multiply(out, 2.0, out=ga)
+    np.divide(g, ga, out=ga)
+
+
+def _tanh_grad(out, g, ga):
+    np.square(out, out=ga)
+    np.subtract(1.0, ga, out=ga)
+    ga *= g
+
+
+def _relu_grad(ad, g, ga):
+    np.greater(ad, 0, out=ga)  # the 0/1 mask straight into the float buffer, no bool temporary
+    ga *= g
+
+
+def _sigmoid_forward(ad, out, den):
     # e = exp(-|a|) never overflows; sigmoid(-|a|) = e / (1 + e) and sigmoid(|a|) = 1 / (1 + e).
     # exp and the quotient may underflow to 0 for large |a|, which is the right limit.
     with np.errstate(under="ignore"):
@@ -99,15 +126,12 @@ def sigmoid(a: Tensor) -> Tensor:
         np.divide(out, den, out=out, where=negative)
         np.divide(1.0, den, out=out, where=~negative)
 
-    def backward(g):
-        ga = new_like(out)  # from the output: the closure keeps no input
-        np.subtract(1.0, out, out=ga)
-        with np.errstate(under="ignore"):  # a saturated sigmoid's gradient is ~0, possibly subnormal
-            ga *= out
-            ga *= g
-        return (ga,)
 
-    return Tensor._make(out, (a,), backward)
+def _sigmoid_grad(out, g, ga):
+    np.subtract(1.0, out, out=ga)
+    with np.errstate(under="ignore"):  # a saturated sigmoid's gradient is ~0, possibly subnormal
+        ga *= out
+        ga *= g
 
 
 def gelu(a: Tensor, approximate: str = "none") -> Tensor:
