@@ -22,11 +22,16 @@ update. Global-norm clipping must read every gradient before any update, so with
 call per parameter group after backward. `update_in_backward=False` asks for that always (e.g.
 to read `p.grad` after a step); True with clipping is an error.
 
-Honest limits: replay re-runs the Python op dispatch (it does not execute a captured
-kernel list), and it checks every allocation against the trace, so input-dependent
-control flow is caught (`PlanMismatchError`) rather than silently mis-planned. The trace
-itself does not update anything: no step is taken, and RNG states are restored, so
-`memory_report()` is known before step 1 and step 1 is the first replay.
+Two replays. The default (`replay="python"`) re-runs the Python op dispatch on the plan's buffers,
+and checks every allocation against the trace, so input-dependent control flow is caught
+(`PlanMismatchError`) rather than silently mis-planned. `replay="captured"` (compile/captured.py)
+records the step's calls once per plan, checks the recording against this replay bit for bit on
+two batches, and then runs only those calls: no forward, autograd or dispatch in Python. Like a
+captured CUDA graph, it assumes the step does the same work for every batch of a signature (no
+branch on the data's values); the checks refuse what they can see breaking that, and the plan then
+keeps the Python replay, with the reason logged. The trace itself does not update anything: no
+step is taken, and RNG states are restored, so `memory_report()` is known before step 1 and step 1
+is the first replay.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import autograd
+from .. import autograd, tape
+from ..kernels import calls
 from ..memory.arena import Arena
 from ..memory.meter import format_bytes
 from ..memory.pool import aligned_bytes
@@ -49,6 +55,7 @@ from ..optim.optimizer import Optimizer
 from ..precision import float32_matmul_precision, get_float32_matmul_precision
 from ..precision import normalize as normalize_precision
 from ..tensor import Tensor
+from . import captured
 from .flat import FlatState
 from .planner import MemoryPlan, plan_memory
 from .trace import PlanMismatchError, TracedBuffer, TracingArena, UnsupportedOpError
@@ -82,6 +89,7 @@ class StepPlan:
     host_calls: list[str]
     persistent: dict[str, int] = field(default_factory=dict)  # filled by FusedStep: params, grads, state...
     matmul_precision: str = "float32"  # of float32 products, traced and replayed (tensorarena.precision)
+    capture: Any = None  # replay="captured": its recording or why there is none (compile/captured.py)
 
     @property
     def program(self) -> list[tuple[str, str, str]]:
@@ -139,6 +147,31 @@ class PlannedArena(Arena):
                 f"the data; use route='eager' for it.")
         self.cursor = i + 1
         self.stats.allocations += 1
+        recording = tape.active()
+        if recording is not None and recording.depth:  # scratch a recorded kernel takes: its replay needs it too
+            recording.allocations.append(i)
+        return self.plan.views[i]
+
+
+class TapeArena(PlannedArena):
+    """The arena of a captured replay: hands out, in order, the plan buffers the recorded calls allocated
+    inside themselves (kernel scratch, e.g. attention's per-core tiles), and nothing else."""
+
+    def __init__(self, plan: StepPlan, order: list[int], name: str) -> None:
+        super().__init__(plan, name)
+        self.order = order
+
+    def alloc(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        if self.cursor >= len(self.order):
+            raise PlanMismatchError(f"a captured replay asked for more scratch buffers than its recording "
+                                    f"({len(self.order)}): {tuple(shape)} {np.dtype(dtype)}")
+        i = self.order[self.cursor]
+        b = self.plan.buffers[i]
+        if b.shape != tuple(shape) or b.dtype != np.dtype(dtype):
+            raise PlanMismatchError(f"a captured replay diverged from its recording at scratch buffer #{i}: "
+                                    f"recorded {b.shape} {b.dtype}, asked {tuple(shape)} {np.dtype(dtype)}")
+        self.cursor += 1
+        self.stats.allocations += 1
         return self.plan.views[i]
 
 
@@ -151,9 +184,15 @@ class FusedStep:
 
     def __init__(self, model: Module, loss_fn: Callable, optimizer: Optimizer, *, scheduler=None,
                  clip_grad_norm: float | None = None, max_plans: int = 4,
-                 update_in_backward: bool | None = None, matmul_precision: str | None = None) -> None:
+                 update_in_backward: bool | None = None, matmul_precision: str | None = None,
+                 replay: str = "python") -> None:
         if not isinstance(max_plans, int) or max_plans < 1:
             raise ValueError(f"max_plans must be a positive integer, got {max_plans!r}")
+        if replay not in ("python", "captured"):
+            raise ValueError(f"replay must be 'python' (re-run the ops) or 'captured' (replay their recorded calls, "
+                             f"compile/captured.py), got {replay!r}")
+        self.replay = replay
+        self.grad_sink = captured.GradSink(self)
         # Fixed for the life of the plans: every trace and replay runs under it (tensorarena.precision).
         self.matmul_precision = (normalize_precision(matmul_precision) if matmul_precision is not None
                                  else get_float32_matmul_precision())
@@ -277,9 +316,15 @@ class FusedStep:
     def _replay(self, inputs: Any, targets: Any, index: int, on_nonfinite: str
                 ) -> tuple[float, float | None, bool, PlannedArena]:
         plan = self.plan_for(inputs, targets)
+        if self.replay == "captured" and plan.capture is None:
+            self.flat.ensure_bound()
+            plan.capture = captured.capture(self, plan, inputs, targets)
         np.copyto(plan.inputs, inputs.data if isinstance(inputs, Tensor) else inputs)
         if plan.targets is not None:
             np.copyto(plan.targets, targets.data if isinstance(targets, Tensor) else targets)
+        if plan.capture is not None and plan.capture.tape is not None:
+            return captured.replay(self, plan, plan.capture, index, on_nonfinite)
+        calls[("fused_replay", "python")] += 1
         self.flat.ensure_bound()
         params = self.flat.params()
         grad_norm = None
@@ -347,7 +392,8 @@ def resolve_update_in_backward(update_in_backward: bool | None, clip_grad_norm: 
 
 def compile_step(model: Module, loss_fn: Callable, optimizer: Optimizer, example_batch: tuple[Any, Any], *,
                  scheduler=None, clip_grad_norm: float | None = None, max_plans: int = 4,
-                 update_in_backward: bool | None = None, matmul_precision: str | None = None) -> FusedStep:
+                 update_in_backward: bool | None = None, matmul_precision: str | None = None,
+                 replay: str = "python") -> FusedStep:
     """Trace `model`'s training step on `example_batch` = (inputs, targets); nothing is updated yet.
 
     The result's `memory_report()` gives the step's memory before step 1; `step(x, y)` trains.
@@ -355,7 +401,8 @@ def compile_step(model: Module, loss_fn: Callable, optimizer: Optimizer, example
     setting now) is the precision of the plan's float32 products, for this step object's life.
     """
     fused = FusedStep(model, loss_fn, optimizer, scheduler=scheduler, clip_grad_norm=clip_grad_norm,
-                      max_plans=max_plans, update_in_backward=update_in_backward, matmul_precision=matmul_precision)
+                      max_plans=max_plans, update_in_backward=update_in_backward, matmul_precision=matmul_precision,
+                      replay=replay)
     fused.plan_for(*example_batch)
     return fused
 

@@ -1,0 +1,295 @@
+"""The captured replay: a fused step run as its recorded flat list of calls, with no Python between them.
+
+FusedStep(replay="captured") records, once per plan, every call that touches arrays during a step
+(tensorarena/tape.py: the kernels, the ops' plain-NumPy writes made through `tape.host`, and each
+parameter's update inside backward), and from then on replays that list on the plan's buffers. The
+model's forward, autograd, the arena and the op dispatch are not run again: that Python is what
+separates a fused step from its kernels (bench/vit_floor.py's "kernels only": 0.765 against 0.817
+x PyTorch eager on ViT-Tiny, 0.661 against 0.717 on ViT-Base).
+
+A list is only as good as its completeness: a NumPy write that bypassed `tape.host`, an argument
+computed from the data, or a random draw would be replayed stale, silently. So before a recording
+is used, four passes that update nothing check it against the Python replay, bit for bit (the loss
+and a hash of every parameter's gradient):
+  1. the Python replay on the batch, recording;  2. the Python replay on a second batch B (the first
+  rolled by one along its last axis), which leaves B's values in every buffer;  3. the recording on
+  the batch: it must give pass 1's results, so no value it reads was left behind by pass 2;
+  4. the recording on B: it must give pass 2's, so nothing in it is frozen to the first batch.
+The capture is also refused when the step draws random numbers (dropout), when a recorded call
+reads an array outside the plan's buffers, the flat state and the model's own arrays (e.g. a mask
+the step computed with NumPy from the batch), when a leaf the optimizer does not own gets a
+gradient, or when the rolled batch equals the batch (nothing to tell the passes apart). A refusal
+is logged, and the plan keeps the Python replay.
+
+What the checks cannot see, and why "python" stays the default: a branch on the data's values that
+both checking batches take the same way (BertModel skips the padding mask for a batch without
+padding: a recording made on such batches would skip it for every later batch), or an argument
+computed from the data that happens to be equal for both. Like a captured CUDA graph, a recording
+assumes the step does the same work for every batch of its signature. Ops keep their array work
+inside kernels or `tape.host` calls (ops/_base.py, arith.py, unary.py, loss.py, shape.cat,
+autograd's gradient accumulation); an op that does not is caught by the checks above.
+
+On ViT-Tiny and the MLP the recording passes the checks and trains bit for bit as the Python
+replay (tests/test_captured_replay.py). The full suite run with "captured" as the default failed
+only the four tests that count the Python replay's own allocations or inject a fault into a Python
+forward that a captured step no longer runs.
+`kernels.calls[("fused_replay", "captured" | "python")]` counts which replay ran each step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.lib.array_utils import byte_bounds
+
+from .. import autograd
+from ..kernels import calls
+from ..optim.clip import clip_grad_norm_
+from ..precision import float32_matmul_precision
+from ..tape import Tape, host
+from ..tensor import Tensor
+from .trace import PlanMismatchError
+
+if TYPE_CHECKING:
+    from .step import FusedStep, StepPlan
+
+log = logging.getLogger("tensorarena")
+
+
+@dataclass
+class Capture:
+    """A plan's recording (None when refused), the loss's buffer, where forward ends, and the verdict."""
+
+    tape: Tape | None
+    loss: np.ndarray | None = None  # the loss's 0-d buffer in the slab, read after the forward entries
+    forward_end: int = 0  # entries before this index compute the loss; the rest are backward and updates
+    note: str = "captured"
+
+
+class GradSink:
+    """What a recorded step does with each parameter's complete gradient (update_in_backward): update it,
+    or (a checking pass) only hash it."""
+
+    def __init__(self, step: "FusedStep") -> None:
+        self.step, self.mode, self.hashes, self.updated = step, "update", [], 0
+
+    def __call__(self, p: Tensor, g: np.ndarray) -> None:
+        if self.mode == "update":
+            self.step.flat.update_param(p, g)
+            self.updated += 1
+        else:
+            self.hashes.append(_digest(g))
+
+
+def _digest(a: np.ndarray) -> bytes:
+    return hashlib.blake2b(np.ascontiguousarray(a).view(np.uint8).reshape(-1), digest_size=16).digest()
+
+
+def _data(x: Any) -> np.ndarray | None:
+    return None if x is None else (x.data if isinstance(x, Tensor) else np.asarray(x))
+
+
+def _load_batch(plan: "StepPlan", x: np.ndarray, y: np.ndarray | None) -> None:
+    np.copyto(plan.inputs, x)
+    if plan.targets is not None:
+        np.copyto(plan.targets, y)
+
+
+def _python_pass(step: "FusedStep", plan: "StepPlan", sink: GradSink, x, y, tape: Tape | None) -> dict:
+    """Forward and backward as the Python replay runs them, updating nothing: the loss's digest, each
+    gradient's, and (recording) the loss buffer and where forward ends."""
+    from .step import PlannedArena
+
+    _load_batch(plan, x, y)
+    params = step.flat.params()
+    sink.mode, sink.hashes, foreign = "hash", [], []
+
+    def on_leaf_grad(p: Tensor, g: np.ndarray) -> bool:
+        if not step.flat.owns(p):
+            foreign.append(p)
+            return False
+        host(sink, p, g)
+        return True
+
+    arena = PlannedArena(plan, name="fused capture arena")
+    recording = tape.recording() if tape is not None else contextlib.nullcontext()
+    try:
+        with arena, recording:
+            for p in params:
+                p.grad = None
+            loss = step.loss_fn(step.model(Tensor(plan.inputs)), plan.targets)
+            forward_end = len(tape.entries) if tape is not None else 0
+            if step.update_in_backward:
+                autograd.backward(loss, on_leaf_grad=on_leaf_grad)
+            else:
+                loss.backward()
+            loss_buffer, complete = loss.data, arena.cursor == len(plan.buffers)
+            del loss
+        grads = list(sink.hashes) if step.update_in_backward else [_digest(g.grad) for g in step.flat.groups]
+    finally:
+        for p in params:
+            p.grad = None
+    return {"loss": _digest(loss_buffer), "grads": grads, "loss_buffer": loss_buffer, "forward_end": forward_end,
+            "complete": complete, "foreign": foreign}
+
+
+def _tape_pass(step: "FusedStep", plan: "StepPlan", sink: GradSink, capture: Capture, x, y) -> dict:
+    """The recording replayed on a batch, updating nothing: the loss's digest and each gradient's."""
+    from .step import TapeArena
+
+    _load_batch(plan, x, y)
+    sink.mode, sink.hashes = "hash", []
+    arena = TapeArena(plan, capture.tape.allocations, name="fused capture arena")
+    with arena:
+        for fn, args, kwargs in capture.tape.entries:
+            fn(*args, **kwargs)
+    grads = list(sink.hashes) if step.update_in_backward else [_digest(g.grad) for g in step.flat.groups]
+    return {"loss": _digest(capture.loss), "grads": grads, "complete": arena.cursor == len(capture.tape.allocations)}
+
+
+def capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> Capture:
+    """Record `plan`'s step on this batch and check the recording (module docstring); nothing is updated."""
+    from .step import _restore_rng, _rng_states
+
+    x, y = _data(inputs), _data(targets)
+    xb = np.roll(x, 1, axis=-1)
+    yb = None if y is None else (np.roll(y, 1, axis=-1) if y.ndim else y)
+    if np.array_equal(xb, x):
+        return _refused("the batch rolled by one along its last axis equals itself, so the recording "
+                        "cannot be checked against a second batch")
+    sink = step.grad_sink
+    saved = _rng_states(step.model)
+    tape = Tape()
+    try:
+        with float32_matmul_precision(step.matmul_precision):
+            first = _python_pass(step, plan, sink, x, y, tape)
+            drew = any(g.bit_generator.state != s for g, s in saved)
+            _restore_rng(saved)
+            if drew:
+                return _refused("the step draws random numbers (dropout, or an rng the model holds), which a "
+                                "recording would replay unchanged")
+            if first["foreign"]:
+                return _refused(f"{len(first['foreign'])} leaf tensor(s) the optimizer does not own received a "
+                                f"gradient; a recording would not set their .grad")
+            if not first["complete"]:
+                return _refused("the recording pass used fewer buffers than the plan")
+            stray = _stray_array(tape, _regions(step, plan))
+            if stray is not None:
+                return _refused(f"a recorded call reads an array made outside the plan's buffers ({stray.shape} "
+                                f"{stray.dtype}), e.g. a mask computed with NumPy from the batch, which a replay "
+                                f"would not compute again")
+            second = _python_pass(step, plan, sink, xb, yb, None)
+            if (first["loss"], first["grads"]) == (second["loss"], second["grads"]):
+                return _refused("the batch and its rolled copy give the same loss and gradients, so the "
+                                "recording cannot be checked")
+            result = Capture(tape, first["loss_buffer"], first["forward_end"])
+            again = _tape_pass(step, plan, sink, result, x, y)
+            other = _tape_pass(step, plan, sink, result, xb, yb)
+    except Exception as exc:  # a recorded call that cannot run again, e.g.: the Python replay goes on
+        _restore_rng(saved)
+        return _refused(f"replaying the recording failed ({type(exc).__name__}: {exc})")
+    finally:
+        sink.mode = "update"
+    for name, got, want in (("the batch", again, first), ("the rolled batch", other, second)):
+        if not got["complete"]:
+            return _refused(f"on {name}, the recording's calls asked for fewer scratch buffers than recorded")
+        if (got["loss"], got["grads"]) != (want["loss"], want["grads"]):
+            what = "loss" if got["loss"] != want["loss"] else "gradients"
+            return _refused(f"on {name}, the recording's {what} differ from the Python replay's: some of the "
+                            f"step's work on arrays is not in it (a NumPy write outside kernels and tape.host, "
+                            f"or an argument computed from the data)")
+    log.info("fused route: captured the step for %s as %d calls (checked on two batches)", plan.signature,
+             len(tape.entries))
+    return result
+
+
+def _regions(step: "FusedStep", plan: "StepPlan") -> list[tuple[int, int]]:
+    """Memory a replay may read and write: the slab, the plan's inputs, the flat state, the model's own arrays."""
+    arrays = [plan.slab, plan.inputs, plan.targets]
+    for g in step.flat.groups:
+        arrays += [g.param, g.grad, *g.state.values(), *g.scalars.values()]
+    arrays += [p.data for p in step.model.parameters()]
+    for module in step.model.modules():
+        arrays += [b.data if isinstance(b, Tensor) else b for _, b in module._own_buffers()]
+    return [byte_bounds(a) for a in arrays if isinstance(a, np.ndarray) and a.size]
+
+
+def _stray_array(tape: Tape, regions: list[tuple[int, int]]) -> np.ndarray | None:
+    """The first array a recorded call takes that lies outside `regions`: made by the step's Python from the
+    batch, it would be replayed as it was on the recorded batch."""
+    def arrays(value):
+        if isinstance(value, np.ndarray):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                yield from arrays(v)
+
+    for _, args, kwargs in tape.entries:
+        for a in arrays((*args, *kwargs.values())):
+            if a.size == 0:
+                continue
+            lo, hi = byte_bounds(a)
+            if not any(rlo <= lo and hi <= rhi for rlo, rhi in regions):
+                return a
+    return None
+
+
+def _refused(reason: str) -> Capture:
+    log.warning("fused route: this plan keeps the Python replay: %s", reason)
+    return Capture(None, note=f"python: {reason}")
+
+
+def replay(step: "FusedStep", plan: "StepPlan", capture: Capture, index: int, on_nonfinite: str):
+    """One training step from the recording (the batch is already in the plan's inputs): (loss, grad norm
+    before clipping or None, skipped, the step's arena), as FusedStep._replay returns them."""
+    from .step import TapeArena
+
+    step.flat.ensure_bound()
+    params = step.flat.params()
+    sink = step.grad_sink
+    sink.mode, sink.updated = "update", 0
+    entries, grad_norm = capture.tape.entries, None
+    arena = TapeArena(plan, capture.tape.allocations, name=f"fused step {index} arena (captured)")
+    with arena:
+        for fn, args, kwargs in entries[:capture.forward_end]:
+            fn(*args, **kwargs)
+        value = float(capture.loss)
+        if not math.isfinite(value):
+            if on_nonfinite == "raise":
+                from ..train.report import NonFiniteLossError
+                raise NonFiniteLossError(
+                    f"loss is {value} at step {index}; the parameters were not updated. Lower the learning "
+                    f"rate or check the batch, or pass on_nonfinite='skip' to skip such steps.")
+            return value, None, True, arena
+        try:
+            for fn, args, kwargs in entries[capture.forward_end:]:
+                fn(*args, **kwargs)
+        except Exception as exc:
+            if not sink.updated:
+                raise
+            # As on the Python replay: not a MemoryError any more, since redoing this step (the out-of-memory
+            # fallback) would update those parameters twice.
+            raise RuntimeError(
+                f"step {index} failed inside backward after {sink.updated} of {len(params)} parameters were already "
+                f"updated (update_in_backward): the step is partly applied, so it is not redone. Restore the last "
+                f"checkpoint; {type(exc).__name__}: {exc}") from exc
+        if arena.cursor != len(capture.tape.allocations):
+            raise PlanMismatchError(f"step {index}'s captured replay asked for {arena.cursor} scratch buffers, its "
+                                    f"recording {len(capture.tape.allocations)}")
+        if not step.update_in_backward:
+            for p in params:  # as after the Python replay's backward: .grad is the flat gradient
+                p.grad = p._grad_buffer
+            if step.clip_grad_norm is not None:
+                grad_norm = float(clip_grad_norm_(params, step.clip_grad_norm))
+            step.flat.update()
+        if step.scheduler is not None:
+            step.scheduler.step()
+    calls[("fused_replay", "captured")] += 1
+    step.replays += 1
+    return value, grad_norm, False, arena

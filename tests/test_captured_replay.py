@@ -1,0 +1,212 @@
+"""FusedStep(replay="captured") / Trainer(fused_replay="captured"): the recorded step against the Python replay."""
+
+from __future__ import annotations
+
+import logging
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from tensorarena import kernels, optim, tape
+from tensorarena.compile import compile_step
+from tensorarena.models import MLP, MLPConfig
+from tensorarena.models.vit import ViT, ViTConfig
+from tensorarena.nn import Module
+from tensorarena.nn.functional import cross_entropy
+from tensorarena.ops._base import new
+from tensorarena.tensor import Tensor
+from tensorarena.train.report import NonFiniteLossError
+from tensorarena.train.trainer import Trainer
+
+
+def _vit(seed=0, dropout=0.0):
+    cfg = ViTConfig(image_size=16, patch_size=4, num_classes=10, dim=32, depth=2, num_heads=4, dropout=dropout)
+    return ViT(cfg, rng=np.random.default_rng(seed))
+
+
+def _images(n, batch=8, seed=1):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        x = rng.standard_normal((batch, 3, 16, 16)).astype(np.float32)
+        out.append((x, (x[:, 0].mean(axis=(1, 2)) > 0).astype(np.int64) + 2 * (x[:, 1].mean(axis=(1, 2)) > 0)))
+    return out
+
+
+def _mlp(seed=0):
+    return MLP(MLPConfig(in_features=12, hidden=(16,), out_features=4), rng=np.random.default_rng(seed))
+
+
+def _rows(n, batch=16, seed=2, ignore_some=False):
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        x = rng.standard_normal((batch, 12)).astype(np.float32)
+        y = (x[:, :4].argmax(axis=1)).astype(np.int64)
+        if ignore_some:  # a different number of ignored targets in every batch: the mean's count changes
+            y[: i % 5 + 1] = -100
+        out.append((x, y))
+    return out
+
+
+def _both(make_model, make_opt, batches, steps, **kw):
+    """The same training on the Python replay and the captured one: (models, trainers, reports)."""
+    runs = []
+    for replay in ("python", "captured"):
+        model = make_model()
+        trainer = Trainer(model, make_opt(model), cross_entropy, route="fused", fused_replay=replay, **kw)
+        reports = [trainer.step(*batches[i % len(batches)]) for i in range(steps)]
+        runs.append((model, trainer, reports))
+    return runs
+
+
+def _assert_same(python, captured):
+    (pm, _, pr), (cm, _, cr) = python, captured
+    assert [r.loss for r in cr] == [r.loss for r in pr]  # bit for bit: the same calls on the same buffers
+    assert [r.grad_norm for r in cr] == [r.grad_norm for r in pr]
+    for p, q in zip(pm.parameters(), cm.parameters()):
+        np.testing.assert_array_equal(p.data, q.data)
+
+
+def _replays():
+    return kernels.calls[("fused_replay", "captured")], kernels.calls[("fused_replay", "python")]
+
+
+def test_a_captured_vit_trains_bit_for_bit_as_the_python_replay():
+    before = _replays()
+    python, captured = _both(_vit, lambda m: optim.AdamW(m.parameters(), lr=2e-3), _images(4), 12,
+                             scheduler=None)
+    _assert_same(python, captured)
+    capture = captured[1].fused.plan.capture
+    assert capture.tape is not None and capture.note == "captured" and len(capture.tape.entries) > 50
+    ran_captured, ran_python = (a - b for a, b in zip(_replays(), before))
+    assert ran_captured == 12 and ran_python == 12  # the python run's 12; every captured-run step replayed the tape
+    assert captured[2][-1].loss < captured[2][0].loss
+
+
+def test_captured_flat_gradients_with_clipping_and_a_schedule():
+    # clip_grad_norm: flat gradients, clipping and one update per group after the recorded backward,
+    # the schedule stepping on the host; p.grad is the flat gradient after each step, as on the Python replay.
+    python, captured = _both(_mlp, lambda m: optim.Adam(m.parameters(), lr=1e-2), _rows(3), 20, clip_grad_norm=0.5,
+                             scheduler=None)
+    _assert_same(python, captured)
+    model, trainer, _ = captured
+    assert trainer.fused.plan.capture.tape is not None and not trainer.fused.update_in_backward
+    for p in model.parameters():
+        assert p.grad is not None and p.grad is p._grad_buffer
+
+
+def test_a_count_that_changes_with_the_batch_is_read_on_every_replay():
+    # cross_entropy's mean divides by the targets not ignored; a recording that froze the count of the
+    # batch it was made on would scale every later batch wrong.
+    python, captured = _both(_mlp, lambda m: optim.SGD(m.parameters(), lr=0.1), _rows(5, ignore_some=True), 10)
+    assert captured[1].fused.plan.capture.tape is not None
+    _assert_same(python, captured)
+
+
+def test_a_step_that_draws_random_numbers_keeps_the_python_replay(caplog):
+    with caplog.at_level(logging.WARNING, logger="tensorarena"):
+        python, captured = _both(lambda: _vit(dropout=0.1), lambda m: optim.AdamW(m.parameters(), lr=2e-3),
+                                 _images(2), 4)
+    capture = captured[1].fused.plan.capture
+    assert capture.tape is None and "draws random numbers" in capture.note
+    assert "keeps the Python replay" in caplog.text and "draws random numbers" in caplog.text
+    _assert_same(python, captured)  # and the refused capture consumed no randomness
+
+
+class _Doubler(Module):
+    """A model whose forward writes an array with plain NumPy, outside kernels and tape.host."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = _mlp()
+
+    def forward(self, x):
+        doubled = new(x.shape, x.dtype)
+        np.multiply(x.data, 2.0, out=doubled)  # not recorded: a replay would read last batch's values
+        return self.inner(Tensor(doubled))
+
+
+def test_a_write_the_recording_misses_is_caught_before_it_is_used(caplog):
+    with caplog.at_level(logging.WARNING, logger="tensorarena"):
+        python, captured = _both(_Doubler, lambda m: optim.SGD(m.parameters(), lr=0.1), _rows(3), 6)
+    capture = captured[1].fused.plan.capture
+    assert capture.tape is None and "differ from the Python replay" in capture.note
+    _assert_same(python, captured)
+
+
+def test_the_same_write_through_tape_host_is_captured():
+    # The fix for the model above: the write goes through tape.host, and the recording holds it.
+    class Doubler(_Doubler):
+        def forward(self, x):
+            doubled = new(x.shape, x.dtype)
+            tape.host(np.multiply, x.data, 2.0, out=doubled)
+            return self.inner(Tensor(doubled))
+
+    python, captured = _both(Doubler, lambda m: optim.SGD(m.parameters(), lr=0.1), _rows(3), 6)
+    assert captured[1].fused.plan.capture.tape is not None
+    _assert_same(python, captured)
+
+
+def test_an_array_the_step_computes_outside_the_plan_is_refused(caplog):
+    # A mask made with NumPy from the batch lives on the heap, outside every buffer a replay refreshes:
+    # the recording would keep the first batch's mask.
+    class Masked(_Doubler):
+        def forward(self, x):
+            mask = (x.data > 0).astype(x.dtype)  # fresh heap memory, computed from the batch
+            out = new(x.shape, x.dtype)
+            tape.host(np.multiply, x.data, mask, out=out)
+            return self.inner(Tensor(out))
+
+    with caplog.at_level(logging.WARNING, logger="tensorarena"):
+        python, captured = _both(Masked, lambda m: optim.SGD(m.parameters(), lr=0.1), _rows(3), 6)
+    capture = captured[1].fused.plan.capture
+    assert capture.tape is None and "made outside the plan's buffers" in capture.note
+    _assert_same(python, captured)
+
+
+def test_a_captured_step_allocates_no_array_memory():
+    # As test_fused's check: a captured step's traced peak does not grow with the batch (the slab does).
+    model = _vit()
+    fused = compile_step(model, cross_entropy, optim.SGD(model.parameters(), lr=1e-3), _images(1)[0],
+                         replay="captured")
+
+    def peak(x, y):
+        fused.step(x, y)  # captures this signature's plan, then replays it
+        tracemalloc.start()
+        base, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        arena = fused.step(x, y)[3]
+        _, top = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert fused.plan.capture.tape is not None
+        assert arena.cursor == len(fused.plan.capture.tape.allocations)  # only the recorded kernel scratch
+        return top - base
+
+    small = peak(*_images(1, batch=8)[0])
+    slab_small = fused.plan.memory.slab_bytes
+    big = peak(*_images(1, batch=64)[0])
+    assert fused.plan.memory.slab_bytes > 6 * slab_small
+    assert abs(big - small) < 32 * 1024, f"array memory outside the plan: {small} B at batch 8, {big} B at 64"
+
+
+def test_a_non_finite_loss_raises_before_any_update():
+    model = _mlp()
+    trainer = Trainer(model, optim.SGD(model.parameters(), lr=0.1), cross_entropy, route="fused",
+                      fused_replay="captured")
+    batches = _rows(2)
+    trainer.step(*batches[0])
+    assert trainer.fused.plan.capture.tape is not None
+    before = [p.data.copy() for p in model.parameters()]
+    x, y = batches[1]
+    with pytest.raises(NonFiniteLossError, match="not updated"):
+        trainer.step(np.full_like(x, np.inf), y)
+    for p, b in zip(model.parameters(), before):
+        np.testing.assert_array_equal(p.data, b)
+
+
+def test_fused_replay_is_checked():
+    model = _mlp()
+    with pytest.raises(ValueError, match="fused_replay must be 'python' or 'captured'"):
+        Trainer(model, optim.SGD(model.parameters(), lr=0.1), cross_entropy, route="fused", fused_replay="tape")
