@@ -12,7 +12,8 @@ process): bench/vit.py reports memory.
 
 "fused, full last block" is the fused step with ViTConfig(cls_only_last_block=False): the work
 PyTorch's mirror ViT does, so the gap between it and "tensorarena fused" is what computing the
-last block for [CLS] alone saves.
+last block for [CLS] alone saves. "tensorarena fused captured" is Trainer(fused_replay="captured"): the
+fused step replaying its recorded calls without the Python that made them (compile/captured.py).
 
 Each ratio comes two ways: the ratio of the whole-run medians, and the median over rounds of each
 round's ratio (bench/common.paired_ratios), which a load change between rounds does not skew.
@@ -32,6 +33,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import interleave, interleaved_vit_parser, paired_ratios, write_json  # noqa: E402
 
+# Our fused step replaying its recorded calls (Trainer(fused_replay="captured"), compile/captured.py).
+FUSED_CAPTURED = "tensorarena fused captured"
 # Our fused step with the last block computing every token, as PyTorch's mirror ViT does (by
 # default ours computes it for [CLS] alone, the only token the head reads): what that saves.
 FUSED_EVERY_TOKEN = "fused, full last block"
@@ -62,7 +65,7 @@ def torch_step(vit, xs, ys, *, compiled: bool, autocast_bf16: bool = False):
 
 
 def our_trainer(vit, case_name: str, route: str, update_in_backward: bool | None = None, seed: int = 0,
-                matmul_precision: str = "float32", **config):
+                matmul_precision: str = "float32", fused_replay: str = "python", **config):
     """A tensorarena Trainer on the same ViT, data and optimizer settings as bench/vit.py (`config`:
     ViTConfig overrides)."""
     import numpy as np
@@ -77,7 +80,7 @@ def our_trainer(vit, case_name: str, route: str, update_in_backward: bool | None
     model = ViT(config, rng=np.random.default_rng(seed))
     return Trainer(model, optim.AdamW(model.parameters(), lr=vit.LR, weight_decay=vit.WEIGHT_DECAY),
                    cross_entropy, route=route, update_in_backward=update_in_backward,
-                   matmul_precision=matmul_precision)
+                   matmul_precision=matmul_precision, fused_replay=fused_replay)
 
 
 def build(case_name: str, with_compile: bool) -> dict:
@@ -101,6 +104,11 @@ def build(case_name: str, with_compile: bool) -> dict:
             (vit.FUSED_FLAT, "fused", False, {}), (FUSED_EVERY_TOKEN, "fused", None, {"cls_only_last_block": False})):
         trainer = our_trainer(vit, case_name, route, in_backward, **config)
         steps[name] = lambda trainer=trainer: trainer.step(xs, ys).loss
+    captured = our_trainer(vit, case_name, "fused", fused_replay="captured")
+    captured.step(xs, ys)  # records the step (compile/captured.py); it must have passed its checks
+    if captured.fused.plan.capture.tape is None:
+        raise SystemExit(f"the captured replay was refused: {captured.fused.plan.capture.note}")
+    steps[FUSED_CAPTURED] = lambda: captured.step(xs, ys).loss
     steps["_gemm_backend"] = backend()
     return steps
 
