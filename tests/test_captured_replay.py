@@ -210,3 +210,15 @@ def test_fused_replay_is_checked():
     model = _mlp()
     with pytest.raises(ValueError, match="fused_replay must be 'python' or 'captured'"):
         Trainer(model, optim.SGD(model.parameters(), lr=0.1), cross_entropy, route="fused", fused_replay="tape")
+
+
+def test_generator_states_compare_for_every_bit_generator():
+    # MT19937's state holds an array, which a plain == between two state dicts cannot compare.
+    from tensorarena.compile.captured import _same_state
+
+    for bits in (np.random.PCG64(1), np.random.MT19937(1), np.random.Philox(1)):
+        g = np.random.Generator(bits)
+        saved = g.bit_generator.state
+        assert _same_state(g.bit_generator.state, saved)
+        g.random()
+        assert not _same_state(g.bit_generator.state, saved)

@@ -87,6 +87,15 @@ class GradSink:
             self.hashes.append(_digest(g))
 
 
+def _same_state(a: Any, b: Any) -> bool:
+    """Whether two bit-generator states are equal (nested dicts of ints and, for some generators, arrays)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_state(a[k], b[k]) for k in a)
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.array_equal(a, b)
+    return a == b
+
+
 def _digest(a: np.ndarray) -> bytes:
     return hashlib.blake2b(np.ascontiguousarray(a).view(np.uint8).reshape(-1), digest_size=16).digest()
 
@@ -169,7 +178,7 @@ def capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> C
     try:
         with float32_matmul_precision(step.matmul_precision):
             first = _python_pass(step, plan, sink, x, y, tape)
-            drew = any(g.bit_generator.state != s for g, s in saved)
+            drew = any(not _same_state(g.bit_generator.state, s) for g, s in saved)
             _restore_rng(saved)
             if drew:
                 return _refused("the step draws random numbers (dropout, or an rng the model holds), which a "

@@ -76,7 +76,7 @@ def _cross_entropy_forward(rows, tgt, ignore_index, label_smoothing, losses, lse
         np.sum(losses, out=out)
         if reduction == "mean":
             if count:
-                out /= count
+                out /= int(count)  # a Python int, as the kernel returns it: float32 arithmetic
             else:
                 out.fill(np.nan)
 
