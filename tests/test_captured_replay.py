@@ -222,3 +222,36 @@ def test_generator_states_compare_for_every_bit_generator():
         assert _same_state(g.bit_generator.state, saved)
         g.random()
         assert not _same_state(g.bit_generator.state, saved)
+
+
+def test_a_parameter_outside_the_optimizer_keeps_the_python_replay(caplog):
+    # Its .grad accumulates from step to step on the Python replay; a recording would not do that.
+    model = _mlp()
+    params = list(model.parameters())
+    trainer = Trainer(model, optim.SGD(params[1:], lr=0.1), cross_entropy, route="fused", fused_replay="captured")
+    batches = _rows(2)
+    with caplog.at_level(logging.WARNING, logger="tensorarena"):
+        trainer.step(*batches[0])
+    capture = trainer.fused.plan.capture
+    assert capture.tape is None and "optimizer does not own" in capture.note
+    first = params[0].grad.copy()  # the trace and the checking passes left no gradient of their own there
+    trainer.step(*batches[1])  # the Python replay goes on, accumulating into it
+    eager = _mlp()
+    e_params = list(eager.parameters())
+    reference = Trainer(eager, optim.SGD(e_params[1:], lr=0.1), cross_entropy, route="eager")
+    reference.step(*batches[0])
+    np.testing.assert_allclose(first, e_params[0].grad, rtol=1e-6, atol=1e-7)
+    reference.step(*batches[1])
+    np.testing.assert_allclose(params[0].grad, e_params[0].grad, rtol=1e-5, atol=1e-6)
+
+
+def test_flat_gradients_name_a_parameter_outside_the_optimizer():
+    # With flat gradients such a parameter made every replay fail with a PlanMismatchError that named no
+    # parameter (its .grad, set by the trace, sent autograd down another path); the trace says it now.
+    from tensorarena.compile import UnsupportedOpError
+
+    model = _mlp()
+    params = list(model.parameters())
+    trainer = Trainer(model, optim.SGD(params[1:], lr=0.1), cross_entropy, route="fused", clip_grad_norm=1.0)
+    with pytest.raises(UnsupportedOpError, match=r"get a gradient but are not in the optimizer.*requires_grad=False"):
+        trainer.step(*_rows(1)[0])

@@ -117,6 +117,7 @@ def _python_pass(step: "FusedStep", plan: "StepPlan", sink: GradSink, x, y, tape
 
     _load_batch(plan, x, y)
     params = step.flat.params()
+    others = {p: p.grad for p in step.model.parameters() if not step.flat.owns(p)}  # put back afterwards
     sink.mode, sink.hashes, foreign = "hash", [], []
 
     def on_leaf_grad(p: Tensor, g: np.ndarray) -> bool:
@@ -138,12 +139,17 @@ def _python_pass(step: "FusedStep", plan: "StepPlan", sink: GradSink, x, y, tape
                 autograd.backward(loss, on_leaf_grad=on_leaf_grad)
             else:
                 loss.backward()
+                # A model parameter outside the optimizer accumulates into its .grad across steps on the
+                # Python replay; a recording would copy over it each step instead.
+                foreign += [p for p in step.model.parameters() if p.grad is not None and not step.flat.owns(p)]
             loss_buffer, complete = loss.data, arena.cursor == len(plan.buffers)
             del loss
         grads = list(sink.hashes) if step.update_in_backward else [_digest(g.grad) for g in step.flat.groups]
     finally:
         for p in params:
             p.grad = None
+        for p, grad in others.items():  # a checking pass leaves no gradient behind
+            p.grad = grad
     return {"loss": _digest(loss_buffer), "grads": grads, "loss_buffer": loss_buffer, "forward_end": forward_end,
             "complete": complete, "foreign": foreign}
 

@@ -243,6 +243,7 @@ class FusedStep:
         y = None if targets is None else np.array(targets.data if isinstance(targets, Tensor) else targets, copy=True)
         params = self.flat.params()
         saved_rng = _rng_states(self.model)
+        others = {p: p.grad for p in self.model.parameters() if not self.flat.owns(p)}  # the trace changes no .grad
         tracer = TracingArena(name=f"tracing arena ({sig})")
         self.model.train()
         try:
@@ -260,6 +261,16 @@ class FusedStep:
                 else:
                     loss.backward()
                     missing = self.flat.missing_grads()
+                    outside = [name for name, p in self.model.named_parameters()
+                               if p.grad is not None and not self.flat.owns(p)]
+                    if outside:
+                        # Its .grad would accumulate from step to step, so each replay would take a different
+                        # path through autograd than the trace (a PlanMismatchError naming no parameter).
+                        raise UnsupportedOpError(
+                            f"parameters {outside[:5]}{'...' if len(outside) > 5 else ''} get a gradient but are not "
+                            f"in the optimizer; with flat gradients (clip_grad_norm or update_in_backward=False) the "
+                            f"fused route needs every such parameter in it. Add them to the optimizer, freeze them "
+                            f"(requires_grad=False), or use route='eager'")
                 del loss
             if missing:
                 raise UnsupportedOpError(
@@ -270,6 +281,8 @@ class FusedStep:
             _restore_rng(saved_rng)
             for p in params:
                 p.grad = None
+            for p, grad in others.items():
+                p.grad = grad
         buffers = tracer.finish()
         self.traces += 1
         memory = plan_memory(tracer.lifetimes())
