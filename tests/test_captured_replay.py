@@ -255,3 +255,24 @@ def test_flat_gradients_name_a_parameter_outside_the_optimizer():
     trainer = Trainer(model, optim.SGD(params[1:], lr=0.1), cross_entropy, route="fused", clip_grad_norm=1.0)
     with pytest.raises(UnsupportedOpError, match=r"get a gradient but are not in the optimizer.*requires_grad=False"):
         trainer.step(*_rows(1)[0])
+
+
+def test_a_parameter_outside_the_optimizer_without_a_gradient_is_no_error():
+    # Only one that gets a gradient in the step is: a .grad it kept from earlier eager steps is not.
+    model = _mlp()
+    params = list(model.parameters())
+    params[0].grad = np.ones_like(params[0].data)
+    params[0].requires_grad_(False)
+    trainer = Trainer(model, optim.SGD(params[1:], lr=0.1), cross_entropy, route="fused", clip_grad_norm=1.0)
+    trainer.step(*_rows(1)[0])
+    np.testing.assert_array_equal(params[0].grad, 1.0)  # left as it was
+    # and the captured replay takes that step too: the frozen parameter gets no gradient
+    model2 = _mlp()
+    params2 = list(model2.parameters())
+    params2[0].grad = np.ones_like(params2[0].data)
+    params2[0].requires_grad_(False)
+    captured = Trainer(model2, optim.SGD(params2[1:], lr=0.1), cross_entropy, route="fused", clip_grad_norm=1.0,
+                       fused_replay="captured")
+    captured.step(*_rows(1)[0])
+    assert captured.fused.plan.capture.tape is not None
+    np.testing.assert_array_equal(params2[0].grad, 1.0)

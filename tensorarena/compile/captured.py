@@ -131,7 +131,7 @@ def _python_pass(step: "FusedStep", plan: "StepPlan", sink: GradSink, x, y, tape
     recording = tape.recording() if tape is not None else contextlib.nullcontext()
     try:
         with arena, recording:
-            for p in params:
+            for p in [*params, *others]:  # the others get theirs back below; None tells who got one
                 p.grad = None
             loss = step.loss_fn(step.model(Tensor(plan.inputs)), plan.targets)
             forward_end = len(tape.entries) if tape is not None else 0

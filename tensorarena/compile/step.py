@@ -248,7 +248,7 @@ class FusedStep:
         self.model.train()
         try:
             with tracer:
-                for p in params:
+                for p in [*params, *others]:  # the others get theirs back below; None tells who got one
                     p.grad = None
                 loss = self.loss_fn(self.model(Tensor(x)), y)
                 if loss.data.size != 1:
