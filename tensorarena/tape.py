@@ -65,19 +65,15 @@ def host(fn: Callable, *args, **kwargs) -> Any:
     return tape.call(fn, args, kwargs)
 
 
-def recorded(fn: Callable, count: Callable[[], None] | None = None) -> Callable:
+def recorded(fn: Callable, count: Callable[[], None]) -> Callable:
     """`fn` wrapped so that calling it goes through `host` (kernels.kernel hands these out while recording).
-    `count`, if given, runs on every call, recorded or replayed: kernels.calls keeps counting the
-    implementation that served a kernel when a replay no longer asks kernels.kernel for it."""
-    if count is None:
-        def call(*args, **kwargs):
-            return host(fn, *args, **kwargs)
-    else:
-        def counted(*args, **kwargs):
-            count()
-            return fn(*args, **kwargs)
+    `count` runs on every call, recorded or replayed: kernels.calls keeps counting the implementation
+    that served a kernel when a replay no longer asks kernels.kernel for it."""
+    def counted(*args, **kwargs):
+        count()
+        return fn(*args, **kwargs)
 
-        def call(*args, **kwargs):
-            return host(counted, *args, **kwargs)
+    def call(*args, **kwargs):
+        return host(counted, *args, **kwargs)
     call.__wrapped__ = fn
     return call

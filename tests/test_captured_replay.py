@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import tracemalloc
 
 import numpy as np
 import pytest
@@ -18,20 +17,12 @@ from tensorarena.ops._base import new
 from tensorarena.tensor import Tensor
 from tensorarena.train.report import NonFiniteLossError
 from tensorarena.train.trainer import Trainer
+from test_fused import _batches as _images, _traced_peak  # ViT image batches; a step's traced array peak
 
 
 def _vit(seed=0, dropout=0.0):
     cfg = ViTConfig(image_size=16, patch_size=4, num_classes=10, dim=32, depth=2, num_heads=4, dropout=dropout)
     return ViT(cfg, rng=np.random.default_rng(seed))
-
-
-def _images(n, batch=8, seed=1):
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(n):
-        x = rng.standard_normal((batch, 3, 16, 16)).astype(np.float32)
-        out.append((x, (x[:, 0].mean(axis=(1, 2)) > 0).astype(np.int64) + 2 * (x[:, 1].mean(axis=(1, 2)) > 0)))
-    return out
 
 
 def _mlp(seed=0):
@@ -173,16 +164,10 @@ def test_a_captured_step_allocates_no_array_memory():
                          replay="captured")
 
     def peak(x, y):
-        fused.step(x, y)  # captures this signature's plan, then replays it
-        tracemalloc.start()
-        base, _ = tracemalloc.get_traced_memory()
-        tracemalloc.reset_peak()
-        arena = fused.step(x, y)[3]
-        _, top = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
+        top, arena = _traced_peak(fused, x, y)  # its first step captures this signature's plan
         assert fused.plan.capture.tape is not None
         assert arena.cursor == len(fused.plan.capture.tape.allocations)  # only the recorded kernel scratch
-        return top - base
+        return top
 
     small = peak(*_images(1, batch=8)[0])
     slab_small = fused.plan.memory.slab_bytes

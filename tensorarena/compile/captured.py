@@ -41,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +49,6 @@ from numpy.lib.array_utils import byte_bounds
 
 from .. import autograd
 from ..kernels import calls
-from ..optim.clip import clip_grad_norm_
 from ..precision import float32_matmul_precision
 from ..tape import Tape, host
 from ..tensor import Tensor
@@ -104,10 +102,11 @@ def _data(x: Any) -> np.ndarray | None:
     return None if x is None else (x.data if isinstance(x, Tensor) else np.asarray(x))
 
 
-def _load_batch(plan: "StepPlan", x: np.ndarray, y: np.ndarray | None) -> None:
-    np.copyto(plan.inputs, x)
+def load_batch(plan: "StepPlan", x: Any, y: Any) -> None:
+    """Copy a batch (arrays or Tensors) into the plan's persistent inputs, as every replay starts."""
+    np.copyto(plan.inputs, _data(x))
     if plan.targets is not None:
-        np.copyto(plan.targets, y)
+        np.copyto(plan.targets, _data(y))
 
 
 def _python_pass(step: "FusedStep", plan: "StepPlan", sink: GradSink, x, y, tape: Tape | None) -> dict:
@@ -115,7 +114,7 @@ def _python_pass(step: "FusedStep", plan: "StepPlan", sink: GradSink, x, y, tape
     gradient's, and (recording) the loss buffer and where forward ends."""
     from .step import PlannedArena
 
-    _load_batch(plan, x, y)
+    load_batch(plan, x, y)
     params = step.flat.params()
     others = {p: p.grad for p in step.model.parameters() if not step.flat.owns(p)}  # put back afterwards
     sink.mode, sink.hashes, foreign = "hash", [], []
@@ -158,7 +157,7 @@ def _tape_pass(step: "FusedStep", plan: "StepPlan", sink: GradSink, capture: Cap
     """The recording replayed on a batch, updating nothing: the loss's digest and each gradient's."""
     from .step import TapeArena
 
-    _load_batch(plan, x, y)
+    load_batch(plan, x, y)
     sink.mode, sink.hashes = "hash", []
     arena = TapeArena(plan, capture.tape.allocations, name="fused capture arena")
     with arena:
@@ -263,24 +262,19 @@ def _refused(reason: str) -> Capture:
 def replay(step: "FusedStep", plan: "StepPlan", capture: Capture, index: int, on_nonfinite: str):
     """One training step from the recording (the batch is already in the plan's inputs): (loss, grad norm
     before clipping or None, skipped, the step's arena), as FusedStep._replay returns them."""
-    from .step import TapeArena
+    from .step import TapeArena, partly_applied, skip_non_finite
 
     step.flat.ensure_bound()
     params = step.flat.params()
     sink = step.grad_sink
     sink.mode, sink.updated = "update", 0
-    entries, grad_norm = capture.tape.entries, None
+    entries = capture.tape.entries
     arena = TapeArena(plan, capture.tape.allocations, name=f"fused step {index} arena (captured)")
     with arena:
         for fn, args, kwargs in entries[:capture.forward_end]:
             fn(*args, **kwargs)
         value = float(capture.loss)
-        if not math.isfinite(value):
-            if on_nonfinite == "raise":
-                from ..train.report import NonFiniteLossError
-                raise NonFiniteLossError(
-                    f"loss is {value} at step {index}; the parameters were not updated. Lower the learning "
-                    f"rate or check the batch, or pass on_nonfinite='skip' to skip such steps.")
+        if skip_non_finite(value, index, on_nonfinite):
             return value, None, True, arena
         try:
             for fn, args, kwargs in entries[capture.forward_end:]:
@@ -288,23 +282,14 @@ def replay(step: "FusedStep", plan: "StepPlan", capture: Capture, index: int, on
         except Exception as exc:
             if not sink.updated:
                 raise
-            # As on the Python replay: not a MemoryError any more, since redoing this step (the out-of-memory
-            # fallback) would update those parameters twice.
-            raise RuntimeError(
-                f"step {index} failed inside backward after {sink.updated} of {len(params)} parameters were already "
-                f"updated (update_in_backward): the step is partly applied, so it is not redone. Restore the last "
-                f"checkpoint; {type(exc).__name__}: {exc}") from exc
+            raise partly_applied(index, sink.updated, len(params), exc) from exc
         if arena.cursor != len(capture.tape.allocations):
             raise PlanMismatchError(f"step {index}'s captured replay asked for {arena.cursor} scratch buffers, its "
                                     f"recording {len(capture.tape.allocations)}")
         if not step.update_in_backward:
             for p in params:  # as after the Python replay's backward: .grad is the flat gradient
                 p.grad = p._grad_buffer
-            if step.clip_grad_norm is not None:
-                grad_norm = float(clip_grad_norm_(params, step.clip_grad_norm))
-            step.flat.update()
-        if step.scheduler is not None:
-            step.scheduler.step()
+        grad_norm = step.after_backward(params)
     calls[("fused_replay", "captured")] += 1
     step.replays += 1
     return value, grad_norm, False, arena

@@ -332,9 +332,7 @@ class FusedStep:
         if self.replay == "captured" and plan.capture is None:
             self.flat.ensure_bound()
             plan.capture = captured.capture(self, plan, inputs, targets)
-        np.copyto(plan.inputs, inputs.data if isinstance(inputs, Tensor) else inputs)
-        if plan.targets is not None:
-            np.copyto(plan.targets, targets.data if isinstance(targets, Tensor) else targets)
+        captured.load_batch(plan, inputs, targets)
         if plan.capture is not None and plan.capture.tape is not None:
             return captured.replay(self, plan, plan.capture, index, on_nonfinite)
         calls[("fused_replay", "python")] += 1
@@ -347,12 +345,7 @@ class FusedStep:
                 p.grad = None
             loss = self.loss_fn(self.model(Tensor(plan.inputs)), plan.targets)
             value = loss.item()
-            if not math.isfinite(value):
-                if on_nonfinite == "raise":
-                    from ..train.report import NonFiniteLossError
-                    raise NonFiniteLossError(
-                        f"loss is {value} at step {index}; the parameters were not updated. Lower the learning "
-                        f"rate or check the batch, or pass on_nonfinite='skip' to skip such steps.")
+            if skip_non_finite(value, index, on_nonfinite):
                 return value, None, True, arena
             if self.update_in_backward:
                 updated: set[int] = set()
@@ -361,12 +354,7 @@ class FusedStep:
                 except Exception as exc:
                     if not updated:
                         raise
-                    # Not a MemoryError any more: redoing this step (the out-of-memory fallback)
-                    # would update those parameters twice.
-                    raise RuntimeError(
-                        f"step {index} failed inside backward after {len(updated)} of {len(params)} parameters "
-                        f"were already updated (update_in_backward): the step is partly applied, so it is "
-                        f"not redone. Restore the last checkpoint; {type(exc).__name__}: {exc}") from exc
+                    raise partly_applied(index, len(updated), len(params), exc) from exc
                 missing = self.flat.missing_grads(updated)
             else:
                 loss.backward()
@@ -379,14 +367,41 @@ class FusedStep:
             if missing:
                 raise PlanMismatchError(f"parameters {missing[:5]} got no gradient in this step but did in its "
                                         f"trace{partly}")
-            if self.clip_grad_norm is not None:
-                grad_norm = float(clip_grad_norm_(params, self.clip_grad_norm))
-            if not self.update_in_backward:
-                self.flat.update()
-            if self.scheduler is not None:
-                self.scheduler.step()
+            grad_norm = self.after_backward(params)
         self.replays += 1
         return value, grad_norm, False, arena
+
+    def after_backward(self, params: list[Tensor]) -> float | None:
+        """The host calls after backward, on either replay: clipping, the flat update, the schedule.
+        Returns the gradient norm before clipping (None without clipping)."""
+        grad_norm = float(clip_grad_norm_(params, self.clip_grad_norm)) if self.clip_grad_norm is not None else None
+        if not self.update_in_backward:
+            self.flat.update()
+        if self.scheduler is not None:
+            self.scheduler.step()
+        return grad_norm
+
+
+def skip_non_finite(value: float, index: int, on_nonfinite: str) -> bool:
+    """For a step's loss, before any update: False if finite; True if not and on_nonfinite is "skip";
+    NonFiniteLossError if not and it is "raise"."""
+    if math.isfinite(value):
+        return False
+    if on_nonfinite == "raise":
+        from ..train.report import NonFiniteLossError
+        raise NonFiniteLossError(
+            f"loss is {value} at step {index}; the parameters were not updated. Lower the learning "
+            f"rate or check the batch, or pass on_nonfinite='skip' to skip such steps.")
+    return True
+
+
+def partly_applied(index: int, updated: int, total: int, exc: Exception) -> RuntimeError:
+    """The error for a step that failed inside backward after `updated` parameters were updated there. Not a
+    MemoryError any more: redoing the step (the out-of-memory fallback) would update them twice."""
+    return RuntimeError(
+        f"step {index} failed inside backward after {updated} of {total} parameters were already updated "
+        f"(update_in_backward): the step is partly applied, so it is not redone. Restore the last checkpoint; "
+        f"{type(exc).__name__}: {exc}")
 
 
 def resolve_update_in_backward(update_in_backward: bool | None, clip_grad_norm: float | None) -> bool:
