@@ -7,6 +7,7 @@ import numpy as np
 from ..autograd import SliceGrad
 from ..kernels import kernel
 from ..compile.trace import unsupported
+from ..tape import host
 from ..tensor import Tensor
 from ._base import as_dtype, as_tensor, contiguous, new, reshaped, unbroadcast
 
@@ -75,28 +76,23 @@ def getitem(a: Tensor, index) -> Tensor:
     take = _take_axis(idx, ad.ndim) if ad.ndim else None
     if take is not None:
         axis, ids = take
-        n = ad.shape[axis]
-        if ids.size and (ids.min() < -n or ids.max() >= n):
-            bad = ids[(ids < -n) | (ids >= n)].flat[0]
-            raise IndexError(f"index {bad} is out of bounds for dimension {axis} with size {n}")
         out = new(ad.shape[:axis] + ids.shape + ad.shape[axis + 1 :], ad.dtype)
-        # Bounds are checked above, so "wrap" only maps negatives; "raise" would buffer the output.
-        np.take(ad, ids, axis=axis, out=out, mode="wrap")
+        host(_take, ad, ids, axis, out)
     else:
         if any(isinstance(x, np.ndarray) and x.dtype == np.bool_ for x in idx):
             unsupported("getitem with a boolean mask",
                         "its output shape depends on how many elements the mask selects in each batch")
-        picked = ad[idx]  # NumPy has no out= for general fancy indexing; move the result into the arena
-        out = new(picked.shape, ad.dtype)
-        np.copyto(out, picked)
-        del picked
+        # The output's shape (and NumPy's IndexError for a bad index) from a stand-in with no bytes:
+        # indexing `ad` itself here would copy its values onto the heap, outside the host call.
+        shape = np.broadcast_to(_STAND_IN, ad.shape)[idx].shape
+        out = new(shape, ad.dtype)
+        host(_gather, ad, idx, out)
     a_shape = ad.shape
     del ad
 
     def backward_advanced(g):
         ga = new(a_shape, g.dtype)
-        ga.fill(0)
-        np.add.at(ga, idx, g)  # repeated indices accumulate, as the chain rule requires
+        host(_scatter_add, ga, idx, g)
         return (ga,)
 
     return Tensor._make(out, (a,), backward_advanced)
@@ -107,6 +103,7 @@ def where(condition, a, b) -> Tensor:
     cond = condition.data if isinstance(condition, Tensor) else np.asarray(condition)
     if cond.dtype != np.bool_:
         raise TypeError(f"where: condition must be a bool array or Tensor, got dtype {cond.dtype}")
+    a_is_tensor, b_is_tensor = isinstance(a, Tensor), isinstance(b, Tensor)
     if isinstance(a, Tensor):
         b = as_tensor(b, like=a)
     else:
@@ -120,8 +117,7 @@ def where(condition, a, b) -> Tensor:
                          f"b {bd.shape}") from None
     dtype = np.result_type(ad.dtype, bd.dtype)
     out = new(shape, dtype)
-    np.copyto(out, bd, casting="same_kind")
-    np.copyto(out, ad, casting="same_kind", where=cond)
+    host(_where_forward, cond, _operand(ad, a_is_tensor), _operand(bd, b_is_tensor), out)
     # Shapes and dtypes of the inputs needing grad: backward reads neither input's values.
     a_meta = (ad.shape, ad.dtype) if a.requires_grad else None
     b_meta = (bd.shape, bd.dtype) if b.requires_grad else None
@@ -131,13 +127,11 @@ def where(condition, a, b) -> Tensor:
         ga = gb = None
         if a_meta is not None:
             full = new(g.shape, g.dtype)
-            full.fill(0)
-            np.copyto(full, g, where=cond)  # zero, not g*0: inf/nan in g must not leak through
+            host(_where_grad, g, cond, full, taken=True)
             ga = as_dtype(unbroadcast(full, a_meta[0]), a_meta[1])
         if b_meta is not None:
             full = new(g.shape, g.dtype)
-            np.copyto(full, g)
-            np.copyto(full, 0, where=cond)
+            host(_where_grad, g, cond, full, taken=False)
             gb = as_dtype(unbroadcast(full, b_meta[0]), b_meta[1])
         return ga, gb
 
@@ -154,18 +148,79 @@ def embedding(indices, weight: Tensor) -> Tensor:
     if wd.ndim != 2:
         raise ValueError(f"embedding: weight must be 2-D (num_embeddings, dim), got shape {wd.shape}")
     num, dim = wd.shape
-    if ids.size and (ids.min() < 0 or ids.max() >= num):
-        bad = ids[(ids < 0) | (ids >= num)].flat[0]
-        raise IndexError(f"embedding: index {bad} is out of range for num_embeddings={num} "
-                         f"(valid indices are 0..{num - 1})")
     out = new(ids.shape + (dim,), wd.dtype)
-    # Bounds are checked above; mode="clip" avoids the temporary copy mode="raise" makes.
-    np.take(wd, ids, axis=0, out=out, mode="clip")
+    host(_lookup, wd, ids, out)
 
     def backward(g):
         gw = new(wd.shape, g.dtype)
         # A token seen twice gets both gradients, added in token order.
-        kernel("embedding_backward")(ids.reshape(-1), contiguous(reshaped(g, (-1, dim))), gw)
+        # reshaped, not ids.reshape: ids that are a strided view of the batch (a column of it) are copied
+        # into the arena through tape.host, where NumPy's reshape would copy them onto the heap, unrecorded.
+        kernel("embedding_backward")(reshaped(ids, (-1,)), contiguous(reshaped(g, (-1, dim))), gw)
         return (gw,)
 
     return Tensor._make(out, (weight,), backward)
+
+
+# The NumPy work of the ops above, one function each: tape.host records a call as one entry of a
+# captured step (compile/captured.py), so the bounds checks, which read the ids, run on every replay
+# and raise there as they do here.
+
+_STAND_IN = np.empty((), np.dtype([]))  # getitem's shape finder: a structured dtype without fields has itemsize 0
+
+
+def _out_of_range(ids: np.ndarray, low: int, high: int):
+    """The first id outside [low, high), or None."""
+    if ids.size and (ids.min() < low or ids.max() >= high):
+        return ids[(ids < low) | (ids >= high)].flat[0]
+    return None
+
+
+def _take(ad, ids, axis, out):
+    n = ad.shape[axis]
+    bad = _out_of_range(ids, -n, n)
+    if bad is not None:
+        raise IndexError(f"index {bad} is out of bounds for dimension {axis} with size {n}")
+    # Bounds are checked above, so "wrap" only maps negatives; "raise" would buffer the output.
+    np.take(ad, ids, axis=axis, out=out, mode="wrap")
+
+
+def _gather(ad, idx, out):
+    np.copyto(out, ad[idx])  # NumPy has no out= for general fancy indexing: a temporary, moved into the arena
+
+
+def _scatter_add(ga, idx, g):
+    ga.fill(0)
+    np.add.at(ga, idx, g)  # repeated indices accumulate, as the chain rule requires
+
+
+def _operand(d: np.ndarray, was_tensor: bool):
+    """where's operand for the host call: a number the caller passed (now a 0-d array made on the heap) as a
+    NumPy scalar of the same dtype, which a recording keeps as a constant instead of as an array."""
+    return d[()] if not was_tensor and d.ndim == 0 else d
+
+
+def _where_forward(cond, ad, bd, out):
+    np.copyto(out, bd, casting="same_kind")
+    np.copyto(out, ad, casting="same_kind", where=cond)
+
+
+def _where_grad(g, cond, full, *, taken):
+    # g where the forward took this input (cond for a, ~cond for b), zero elsewhere: zero, not g*0,
+    # so inf/nan in g does not leak through.
+    if taken:
+        full.fill(0)
+        np.copyto(full, g, where=cond)
+    else:
+        np.copyto(full, g)
+        np.copyto(full, 0, where=cond)
+
+
+def _lookup(wd, ids, out):
+    num = wd.shape[0]
+    bad = _out_of_range(ids, 0, num)
+    if bad is not None:
+        raise IndexError(f"embedding: index {bad} is out of range for num_embeddings={num} "
+                         f"(valid indices are 0..{num - 1})")
+    # Bounds are checked above; mode="clip" avoids the temporary copy mode="raise" makes.
+    np.take(wd, ids, axis=0, out=out, mode="clip")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import elementwise
-from ..kernels.blas import matmul as bmm
+from ..kernels.blas import _slices_blasable, matmul as bmm
+from ..tape import host
 from ..tensor import Tensor
-from ._base import as_tensor, grad_out, leaf_or_none, new, reshaped, unbroadcast
+from ._base import as_tensor, contiguous, grad_out, leaf_or_none, new, reshaped, unbroadcast
 from ._products import operand, product, rounded
 
 
@@ -52,7 +53,14 @@ def _product(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     elif a.ndim > 2 and b.ndim == 2 and out.ndim == a.ndim and a.flags.c_contiguous and out.flags.c_contiguous:
         product(a.reshape(-1, a.shape[-1]), b, out.reshape(-1, out.shape[-1]))
     else:
-        bmm(a, b, out=out)
+        # One recorded call (tape.host), on operands made BLAS-ready here: copied by kernels.blas inside
+        # the call instead, the copies would be written with plain NumPy and allocated out of the op's order.
+        host(bmm, _blas_ready(a), _blas_ready(b), out=out)
+
+
+def _blas_ready(x: np.ndarray) -> np.ndarray:
+    """x, or its C-contiguous copy in the arena when x is batched and BLAS cannot take its 2-D slices."""
+    return x if x.ndim <= 2 or _slices_blasable(x) else contiguous(x)
 
 
 def matmul(a, b) -> Tensor:

@@ -112,38 +112,48 @@ def mse_loss(input: Tensor, target, reduction: str = "mean") -> Tensor:  # noqa:
                          f"explicitly (implicit broadcasting here usually hides a bug)")
     dtype = np.result_type(xd.dtype, yd.dtype)
     diff = new(xd.shape, dtype)  # kept for backward
-    np.subtract(xd, yd, out=diff)
-    n = diff.size
-    if reduction == "none":
-        out = new(diff.shape, dtype)
-        np.multiply(diff, diff, out=out)
-    else:
-        out = new((), dtype)
-        flat = diff.reshape(-1)
-        out[...] = np.dot(flat, flat)  # one BLAS pass, no squared temporary
-        if reduction == "mean":
-            if n:
-                out /= n
-            else:
-                out.fill(np.nan)
+    out = new(diff.shape if reduction == "none" else (), dtype)
+    host(_mse_forward, xd, yd, reduction, diff, out)
 
     def backward(g):
         base = new(diff.shape, dtype)  # d/d input = 2 * diff * g (/ n for mean)
-        if reduction == "none":
-            np.multiply(diff, g, out=base)
-            base *= dtype.type(2)
-        else:
-            scale = g[()] * dtype.type(2)
-            if reduction == "mean":
-                scale = scale / n if n else 0
-            np.multiply(diff, dtype.type(scale), out=base)
+        host(_mse_backward, diff, g, reduction, base)
         gx = gy = None
         if y.requires_grad:
             gy = new(diff.shape, dtype)
-            np.negative(base, out=gy)
+            host(np.negative, base, out=gy)
             gy = as_dtype(gy, yd.dtype)
         if x.requires_grad:
             gx = as_dtype(base, xd.dtype)
         return gx, gy
 
     return Tensor._make(out, (x, y), backward)
+
+
+# mse_loss's NumPy work, one host call each way (as cross_entropy's): g is read inside, on every replay.
+
+def _mse_forward(xd, yd, reduction, diff, out) -> None:
+    np.subtract(xd, yd, out=diff)
+    if reduction == "none":
+        np.multiply(diff, diff, out=out)
+        return
+    flat = diff.reshape(-1)
+    out[...] = np.dot(flat, flat)  # one BLAS pass, no squared temporary
+    if reduction == "mean":
+        if diff.size:
+            out /= diff.size
+        else:
+            out.fill(np.nan)
+
+
+def _mse_backward(diff, g, reduction, base) -> None:
+    two = base.dtype.type(2)
+    if reduction == "none":
+        np.multiply(diff, g, out=base)
+        base *= two
+        return
+    scale = g[()] * two
+    if reduction == "mean":
+        n = diff.size
+        scale = scale / n if n else 0
+    np.multiply(diff, base.dtype.type(scale), out=base)

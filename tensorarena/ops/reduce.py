@@ -9,6 +9,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..kernels import kernel
+from ..tape import host
 from ..tensor import Tensor
 from ._base import contiguous, new, new_like, normalize_axes, reshaped
 
@@ -49,12 +50,12 @@ def sum(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:  # noqa: A001 - t
     ad = a.data
     axes = _reduce_axes(dim, ad.ndim)
     out = new(_reduced_shape(ad.shape, axes, keepdim), ad.dtype)
-    np.sum(ad, axis=axes, keepdims=keepdim, out=out)
+    host(np.sum, ad, axis=axes, keepdims=keepdim, out=out)
     a_shape = ad.shape  # not ad: backward reads no values, and would keep `a`'s memory alive
 
     def backward(g):
         ga = new(a_shape, g.dtype)
-        np.copyto(ga, _expand_grad(g, a_shape, axes))
+        host(np.copyto, ga, _expand_grad(g, a_shape, axes))
         return (ga,)
 
     return Tensor._make(out, (a,), backward)
@@ -68,13 +69,12 @@ def mean(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:
     for ax in axes:
         count *= ad.shape[ax]
     out = new(_reduced_shape(ad.shape, axes, keepdim), ad.dtype)
-    np.sum(ad, axis=axes, keepdims=keepdim, out=out)
-    out /= count
+    host(_mean_forward, ad, axes, keepdim, count, out)
     a_shape = ad.shape  # not ad: backward reads no values
 
     def backward(g):
         ga = new(a_shape, g.dtype)
-        np.divide(_expand_grad(g, a_shape, axes), count, out=ga)
+        host(np.divide, _expand_grad(g, a_shape, axes), count, out=ga)
         return (ga,)
 
     return Tensor._make(out, (a,), backward)
@@ -94,18 +94,11 @@ def max(a: Tensor, dim=None, keepdim: bool = False):  # noqa: A001 - torch's nam
 def _max_all(a: Tensor) -> Tensor:
     ad = a.data
     out = new((), ad.dtype)
-    np.max(ad, out=out)
+    host(np.max, ad, out=out)
 
     def backward(g):
-        # Tied maxima share the gradient evenly, as torch's full reduction does; a NaN max
-        # sends it to the NaNs, which are what produced that max.
         ga = new(ad.shape, ad.dtype)
-        if np.isnan(out):
-            np.isnan(ad, out=ga)
-        else:
-            np.equal(ad, out, out=ga)
-        count = np.count_nonzero(ga)
-        ga *= g / count
+        host(_max_all_grad, ad, out, g, ga)
         return (ga,)
 
     return Tensor._make(out, (a,), backward)
@@ -120,10 +113,8 @@ def _max_dim(a: Tensor, dim: int, keepdim: bool) -> MaxResult:
     keep_shape = _reduced_shape(ad.shape, (axis,), True)
     shape = a.shape if a.ndim == 0 else _reduced_shape(ad.shape, (axis,), keepdim)
     idx = new(keep_shape, np.int64)
-    # argmax returns the first maximum (the first NaN if any), matching torch's index choice.
-    np.argmax(ad, axis=axis, keepdims=True, out=idx)
     values = new(keep_shape, ad.dtype)
-    np.max(ad, axis=axis, keepdims=True, out=values)
+    host(_max_along, ad, axis, idx, values)
     in_shape = ad.shape
 
     a_shape, a_dtype = a.shape, ad.dtype
@@ -131,8 +122,7 @@ def _max_dim(a: Tensor, dim: int, keepdim: bool) -> MaxResult:
 
     def backward(g):
         ga = new(in_shape, a_dtype)
-        ga.fill(0)
-        np.put_along_axis(ga, idx, reshaped(g, keep_shape), axis=axis)
+        host(_scatter_along, ga, idx, reshaped(g, keep_shape), axis)
         return (ga.reshape(a_shape),)
 
     values_t = Tensor._make(values.reshape(shape), (a,), backward)
@@ -151,24 +141,14 @@ def var(a: Tensor, dim=None, *, correction: int = 1, keepdim: bool = False) -> T
         warnings.warn(f"var: degrees of freedom <= 0 ({count} elements, correction={correction}); "
                       f"the result is inf or nan, as in torch", RuntimeWarning, stacklevel=2)
     mu = new(_reduced_shape(ad.shape, axes, True), ad.dtype)
-    np.sum(ad, axis=axes, keepdims=True, out=mu)
-    mu /= count
     sq = new(ad.shape, ad.dtype)
-    np.subtract(ad, mu, out=sq)
-    np.square(sq, out=sq)
     out = new(_reduced_shape(ad.shape, axes, keepdim), ad.dtype)
-    np.sum(sq, axis=axes, keepdims=keepdim, out=out)
-    with np.errstate(divide="ignore", invalid="ignore"):  # dof <= 0 was warned about above
-        out /= np.maximum(dof, 0)
+    host(_var_forward, ad, axes, keepdim, count, dof, mu, sq, out)
     scale = 2.0 / dof if dof > 0 else math.inf
 
     def backward(g):
-        # d var / dx = 2 (x - mean) / dof; (x - mean) is recomputed so forward saves only the mean.
         ga = new(ad.shape, ad.dtype)
-        np.subtract(ad, mu, out=ga)
-        ga *= _expand_grad(g, ad.shape, axes)
-        with np.errstate(invalid="ignore"):  # dof <= 0: inf * 0 = nan, as torch
-            ga *= scale
+        host(_var_grad, ad, mu, _expand_grad(g, ad.shape, axes), scale, ga)
         return (ga,)
 
     return Tensor._make(out, (a,), backward)
@@ -189,13 +169,13 @@ def softmax(a: Tensor, dim: int = -1) -> Tensor:
     y = new_like(moved)  # kept for backward, in the moved layout
     kernel("softmax_forward")(moved, None, y)
     out = new_like(ad)
-    np.copyto(out, np.moveaxis(y, -1, axis))
+    host(np.copyto, out, np.moveaxis(y, -1, axis))
 
     def backward(g):
         gy = new_like(y)
         kernel("softmax_backward")(y, contiguous(np.moveaxis(g, axis, -1)), gy)
         ga = new_like(out)
-        np.copyto(ga, np.moveaxis(gy, -1, axis))
+        host(np.copyto, ga, np.moveaxis(gy, -1, axis))
         return (ga,)
 
     return Tensor._make(out, (a,), backward)
@@ -224,6 +204,73 @@ def log_softmax(a: Tensor, dim: int = -1) -> Tensor:
     out = new_like(ad)
     m = new(keep, ad.dtype)
     lse = new(keep, ad.dtype)
+    host(_log_softmax_forward, ad, axis, m, lse, out)
+
+    def backward(g):
+        ga = new_like(out)
+        s = new(keep, out.dtype)
+        host(_log_softmax_grad, out, g, axis, s, ga)
+        return (ga,)
+
+    return Tensor._make(out, (a,), backward)
+
+
+def _int_dim(dim, op: str) -> int:
+    if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
+        raise TypeError(f"{op}: dim must be an int, got {dim!r}")
+    return int(dim)
+
+
+# The NumPy work of the ops above, one function each: tape.host records a call as one entry of a
+# captured step (compile/captured.py), so a multi-line computation goes in as one function, and every
+# value it reads from an array (a NaN test, a count) is read again on each replay.
+
+def _mean_forward(ad, axes, keepdim, count, out):
+    np.sum(ad, axis=axes, keepdims=keepdim, out=out)
+    out /= count
+
+
+def _max_all_grad(ad, out, g, ga):
+    # Tied maxima share the gradient evenly, as torch's full reduction does; a NaN max
+    # sends it to the NaNs, which are what produced that max.
+    if np.isnan(out):
+        np.isnan(ad, out=ga)
+    else:
+        np.equal(ad, out, out=ga)
+    count = np.count_nonzero(ga)
+    ga *= g / count
+
+
+def _max_along(ad, axis, idx, values):
+    # argmax returns the first maximum (the first NaN if any), matching torch's index choice.
+    np.argmax(ad, axis=axis, keepdims=True, out=idx)
+    np.max(ad, axis=axis, keepdims=True, out=values)
+
+
+def _scatter_along(ga, idx, g, axis):
+    ga.fill(0)
+    np.put_along_axis(ga, idx, g, axis=axis)
+
+
+def _var_forward(ad, axes, keepdim, count, dof, mu, sq, out):
+    np.sum(ad, axis=axes, keepdims=True, out=mu)
+    mu /= count
+    np.subtract(ad, mu, out=sq)
+    np.square(sq, out=sq)
+    np.sum(sq, axis=axes, keepdims=keepdim, out=out)
+    with np.errstate(divide="ignore", invalid="ignore"):  # dof <= 0 was warned about by var
+        out /= np.maximum(dof, 0)
+
+
+def _var_grad(ad, mu, g, scale, ga):
+    # d var / dx = 2 (x - mean) / dof; (x - mean) is recomputed so forward saves only the mean.
+    np.subtract(ad, mu, out=ga)
+    ga *= g
+    with np.errstate(invalid="ignore"):  # dof <= 0: inf * 0 = nan, as torch
+        ga *= scale
+
+
+def _log_softmax_forward(ad, axis, m, lse, out):
     np.max(ad, axis=axis, keepdims=True, out=m)
     # (x - m) is formed twice rather than keeping a second full-size buffer alive for the step.
     np.subtract(ad, m, out=out)
@@ -234,21 +281,11 @@ def log_softmax(a: Tensor, dim: int = -1) -> Tensor:
     np.subtract(ad, m, out=out)
     out -= lse
 
-    def backward(g):
-        # g - softmax * sum(g), with softmax = exp(log_softmax)
-        ga = new_like(out)
-        s = new(keep, out.dtype)
-        np.sum(g, axis=axis, keepdims=True, out=s)
-        with np.errstate(under="ignore"):
-            np.exp(out, out=ga)
-            ga *= s
-        np.subtract(g, ga, out=ga)
-        return (ga,)
 
-    return Tensor._make(out, (a,), backward)
-
-
-def _int_dim(dim, op: str) -> int:
-    if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
-        raise TypeError(f"{op}: dim must be an int, got {dim!r}")
-    return int(dim)
+def _log_softmax_grad(out, g, axis, s, ga):
+    # g - softmax * sum(g), with softmax = exp(log_softmax)
+    np.sum(g, axis=axis, keepdims=True, out=s)
+    with np.errstate(under="ignore"):
+        np.exp(out, out=ga)
+        ga *= s
+    np.subtract(g, ga, out=ga)

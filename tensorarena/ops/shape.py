@@ -193,7 +193,7 @@ def stack(tensors, dim: int = 0) -> Tensor:
                          f"tensor 0 has shape {first} but {listed}")
     d = _dim(dim, len(first) + 1, "stack")
     out = new(first[:d] + (len(datas),) + first[d:], _promoted_dtype([x.dtype for x in datas]))
-    np.stack(datas, axis=d, out=out, casting="same_kind")
+    host(np.stack, datas, axis=d, out=out, casting="same_kind")
     wanted = [t.dtype if t.requires_grad else None for t in ts]  # not ts: that would keep every input alive
 
     def backward(g):
