@@ -34,3 +34,21 @@ def get_generator(rng: np.random.Generator | None = None) -> np.random.Generator
         raise TypeError(f"rng must be a numpy.random.Generator (np.random.default_rng(seed)) or None, "
                         f"got {type(rng).__name__}")
     return rng
+
+
+class Seed:
+    """One uint64 seed (dropout's mask hash), drawn from `rng` (the default generator if None) through
+    tape.host: a captured fused step draws a new one on every replay, as the ops' own Python would.
+    The kernels that use it read `value` inside their own recorded calls (ops.nn_ops.dropout,
+    ops.attention), never a copy taken while recording."""
+
+    __slots__ = ("rng", "value")
+
+    def __init__(self, rng: np.random.Generator | None = None) -> None:
+        from .tape import host  # here: tape imports nothing, but keep this module importable on its own
+
+        self.rng, self.value = get_generator(rng), 0
+        host(self.draw)
+
+    def draw(self) -> None:
+        self.value = int(self.rng.integers(0, 2**64, dtype=np.uint64))

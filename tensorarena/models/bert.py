@@ -23,6 +23,8 @@ import numpy as np
 
 from ..nn import Dropout, Embedding, LayerNorm, Linear, Module, TransformerBlock, init
 from ..nn.module import _as_array
+from ..ops._base import new
+from ..tape import host
 from ..tensor import Tensor
 
 _HIDDEN_ACT = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
@@ -97,6 +99,10 @@ class BertConfig:
         return out
 
 
+def _count_up(out: np.ndarray) -> None:
+    out[...] = np.arange(out.shape[0])
+
+
 class BertEmbeddings(Module):
     """word + position + token-type embeddings, LayerNorm, dropout. Shape: int (B, T) -> (B, T, hidden)."""
 
@@ -112,7 +118,9 @@ class BertEmbeddings(Module):
     def forward(self, input_ids: np.ndarray, token_type_ids: np.ndarray) -> Tensor:
         T = input_ids.shape[1]
         x = self.word_embeddings(input_ids)  # (B, T, hidden)
-        x = x + self.position_embeddings(np.arange(T))  # (T, hidden), broadcast over the batch
+        positions = new((T,), np.int64)  # an arena buffer, not a heap array: a captured fused step reads it too
+        host(_count_up, positions)
+        x = x + self.position_embeddings(positions)  # (T, hidden), broadcast over the batch
         x = x + self.token_type_embeddings(token_type_ids)
         return self.drop(self.norm(x))
 
@@ -160,7 +168,8 @@ class BertModel(Module):
             raise ValueError(f"sequence of {T} tokens is longer than max_position_embeddings "
                              f"{c.max_position_embeddings}; truncate the input")
         if token_type_ids is None:
-            token_type_ids = np.zeros((B, T), np.int64)
+            token_type_ids = new((B, T), np.int64)  # in the arena, as `positions` in BertEmbeddings
+            host(token_type_ids.fill, 0)
         else:
             token_type_ids = _int_array(token_type_ids, "token_type_ids")
             if token_type_ids.shape != (B, T):
@@ -170,9 +179,12 @@ class BertModel(Module):
             mask = attention_mask.data if isinstance(attention_mask, Tensor) else np.asarray(attention_mask)
             if mask.shape != (B, T):
                 raise ValueError(f"attention_mask shape {mask.shape} must equal input_ids' {(B, T)}")
-            padding = mask == 0  # (B, T), True = do not attend
-            if not padding.any():
-                padding = None
+            # (B, T), True = do not attend. Passed on even when nothing is padding: skipping the mask for such
+            # a batch was a branch on the data's values, which a captured fused step would have kept for
+            # every later batch (compile/captured.py). The comparison is an arena buffer written through
+            # tape.host, so a recording computes it again from each batch's mask.
+            padding = new((B, T), np.bool_)
+            host(np.equal, mask, 0, out=padding)
         x = self.embeddings(ids, token_type_ids)  # (B, T, hidden)
         for layer in self.layers:
             x = layer(x, padding)

@@ -8,6 +8,8 @@ import numpy as np
 
 from .. import autograd
 from ..ops import where
+from ..ops._base import new
+from ..tape import host
 from ..tensor import Tensor
 from . import functional as F
 from . import init
@@ -80,7 +82,8 @@ class Embedding(Module):
             # torch never updates the padding row: send no gradient to the positions that
             # read it. where(mask, out, out.detach()) leaves the forward values unchanged.
             idx = indices.data if isinstance(indices, Tensor) else np.asarray(indices)
-            keep = (idx != self.padding_idx)[..., None]  # (..., 1)
+            keep = new(idx.shape + (1,), np.bool_)  # in the arena, written by a recorded call: a captured
+            host(np.not_equal, idx, self.padding_idx, out=keep[..., 0])  # fused step recomputes it per batch
             out = where(keep, out, out.detach())
         return out
 

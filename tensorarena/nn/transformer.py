@@ -12,6 +12,8 @@ from typing import Literal
 
 import numpy as np
 
+from ..ops._base import new
+from ..tape import host
 from ..tensor import Tensor
 from . import functional as F
 from . import init
@@ -277,9 +279,18 @@ def mean_pool(x: Tensor, mask=None) -> Tensor:
     m = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
     if m.shape != tuple(x.shape[:2]):
         raise ValueError(f"mean_pool: mask shape {m.shape} must be (B, T) = {tuple(x.shape[:2])}")
-    weights = (m != 0).astype(x.dtype)[:, :, None]  # (B, T, 1)
-    counts = np.maximum(weights.sum(axis=1), 1e-9).astype(x.dtype)  # (B, 1); an all-padding row gives 0
+    # Arena buffers written through tape.host, so a captured fused step computes them again from each batch.
+    weights, counts = new(m.shape + (1,), x.dtype), new((m.shape[0], 1), x.dtype)  # (B, T, 1), (B, 1)
+    host(_pool_weights, m, weights, counts)
     return (x * weights).sum(dim=1) / counts
+
+
+def _pool_weights(mask: np.ndarray, weights: np.ndarray, counts: np.ndarray) -> None:
+    """weights = 1 where mask is nonzero else 0; counts = their row sums (at least 1e-9: an all-padding
+    row pools to 0, not NaN)."""
+    np.not_equal(mask, 0, out=weights[:, :, 0], casting="unsafe")
+    np.sum(weights, axis=1, out=counts)
+    np.maximum(counts, counts.dtype.type(1e-9), out=counts)
 
 
 __all__ = ["MultiheadAttention", "FeedForward", "TransformerBlock", "PatchEmbedding", "PositionEmbedding",

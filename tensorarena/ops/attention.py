@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import elementwise, kernel
+from ..tape import host
 from ..tensor import Tensor
 from ._base import as_dtype, as_tensor, contiguous, grad_out, leaf_or_none, new
 from ._products import bf16_attention, bf16_products, product, rounded
@@ -85,8 +86,8 @@ def packed_self_attention(qkv: Tensor, num_heads: int, *, key_padding_mask: np.n
     q, k, v = heads(rounded(x.reshape(B * T, three_d)).reshape(x.shape) if bf16 else x)
     out = new((B, T, D), x.dtype)
     probs = new((B, num_heads, T, T), x.dtype)  # kept for backward
-    kernel("attention_forward")(q, k, v, key_padding_mask, bool(causal), scale, _split_heads(out, num_heads), probs,
-                                drop)
+    host(_with_seed, kernel("attention_forward"), q, k, v, key_padding_mask, bool(causal), scale,
+         _split_heads(out, num_heads), probs, drop=drop)
     leaf, dtype = leaf_or_none(qkv), x.dtype
     del x  # at bfloat16 precision, float32 qkv is not kept for backward
 
@@ -96,24 +97,30 @@ def packed_self_attention(qkv: Tensor, num_heads: int, *, key_padding_mask: np.n
         g = contiguous(g)
         if bf16:
             g = rounded(g.reshape(B * T, D)).reshape(g.shape)
-        kernel("attention_backward")(q, k, v, probs, _split_heads(g, num_heads), scale, dq, dk, dv, drop)
+        host(_with_seed, kernel("attention_backward"), q, k, v, probs, _split_heads(g, num_heads), scale, dq, dk, dv,
+             drop=drop)
         return (dqkv,)
 
     return Tensor._make(out, (qkv,), backward)
 
 
+def _with_seed(attention_kernel, *args, drop: tuple | None) -> None:
+    # One recorded call that reads the dropout seed when it runs (random.Seed), so a captured replay
+    # drops with each step's new draw; the kernels take (seed, threshold, scale) or None.
+    attention_kernel(*args, None if drop is None else (drop[0].value, *drop[1:]))
+
+
 def _attention_dropout(p: float, rng: np.random.Generator | None, dtype) -> tuple | None:
-    """(seed, threshold, scale) for the attention kernels, or None when nothing is dropped."""
+    """(Seed, threshold, scale) for the attention kernels (through _with_seed), or None when nothing is dropped."""
     if not 0.0 <= p < 1.0:
         raise ValueError(f"attention dropout must be in [0, 1), got {p}")
     if p == 0.0:
         return None
     from ..kernels.dropout import keep_threshold  # here, not at import: it loads Numba
-    from ..random import get_generator
+    from ..random import Seed
 
-    seed = int(get_generator(rng).integers(0, 2**64, dtype=np.uint64))
     dtype = np.dtype(dtype)
-    return seed, keep_threshold(p), dtype.type(1.0) / dtype.type(1.0 - p)
+    return Seed(rng), keep_threshold(p), dtype.type(1.0) / dtype.type(1.0 - p)
 
 
 def _split_heads(a: np.ndarray, num_heads: int) -> np.ndarray:

@@ -7,7 +7,8 @@ import math
 import numpy as np
 
 from ..kernels import kernel
-from ..random import get_generator
+from ..random import Seed
+from ..tape import host
 from ..tensor import Tensor
 from ._base import as_tensor, contiguous, grad_out, leaf_or_none, new, new_like
 
@@ -32,24 +33,29 @@ def dropout(a: Tensor, p: float = 0.5, *, training: bool = True, rng: np.random.
     dtype = ad.dtype
     if p == 1.0:
         out = new_like(ad)
-        out.fill(0)
-        seed, threshold, scale = 0, 0, 0.0  # unused: backward writes zeros too
+        host(out.fill, 0)
+        seed, threshold, scale = None, 0, 0.0  # unused: backward writes zeros too
     else:
-        seed = int(get_generator(rng).integers(0, 2**64, dtype=np.uint64))
+        seed = Seed(rng)
         threshold = keep_threshold(p)
         scale = dtype.type(1.0) / dtype.type(1.0 - p)  # torch divides by (1 - p) in the input's dtype too
         out = new_like(ad)
-        kernel("dropout_apply")(ad, out, seed, threshold, scale)
+        host(_apply, kernel("dropout_apply"), ad, out, seed, threshold, scale)
 
     def backward(g):
         ga = new_like(g)
         if p == 1.0:
-            ga.fill(0)
+            host(ga.fill, 0)
         else:
-            kernel("dropout_apply")(contiguous(g, dtype), ga, seed, threshold, scale)
+            host(_apply, kernel("dropout_apply"), contiguous(g, dtype), ga, seed, threshold, scale)
         return (ga,)
 
     return Tensor._make(out, (a,), backward)
+
+
+def _apply(dropout_apply, x: np.ndarray, out: np.ndarray, seed: Seed, threshold: int, scale) -> None:
+    # One recorded call that reads the seed when it runs: a captured replay uses each step's new draw.
+    dropout_apply(x, out, seed.value, threshold, scale)
 
 
 def layer_norm(a: Tensor, normalized_shape, weight: Tensor | None = None, bias: Tensor | None = None,
