@@ -20,8 +20,9 @@ from tensorarena.train.trainer import Trainer
 from test_fused import _batches as _images, _traced_peak  # ViT image batches; a step's traced array peak
 
 
-def _vit(seed=0, dropout=0.0):
-    cfg = ViTConfig(image_size=16, patch_size=4, num_classes=10, dim=32, depth=2, num_heads=4, dropout=dropout)
+def _vit(seed=0, dropout=0.0, attention_dropout=0.0):
+    cfg = ViTConfig(image_size=16, patch_size=4, num_classes=10, dim=32, depth=2, num_heads=4, dropout=dropout,
+                    attention_dropout=attention_dropout)
     return ViT(cfg, rng=np.random.default_rng(seed))
 
 
@@ -96,14 +97,48 @@ def test_a_count_that_changes_with_the_batch_is_read_on_every_replay():
     _assert_same(python, captured)
 
 
-def test_a_step_that_draws_random_numbers_keeps_the_python_replay(caplog):
+def test_dropout_is_captured_and_draws_a_new_mask_every_step():
+    # random.Seed draws inside a recorded call, so each replay draws a new seed, in the order and from the
+    # generator the Python replay would: same losses, parameters and generator states, bit for bit.
+    from tensorarena.compile.step import rng_generators
+
+    runs, states = [], []
+    for replay in ("python", "captured"):
+        model = _vit(dropout=0.2, attention_dropout=0.2)
+        trainer = Trainer(model, optim.AdamW(model.parameters(), lr=2e-3), cross_entropy, route="fused",
+                          fused_replay=replay)
+        batch = _images(1)[0]
+        reports = [trainer.step(*batch) for _ in range(6)]  # one batch: only the masks change the loss
+        runs.append((model, trainer, reports))
+        states.append([g.bit_generator.state for g in rng_generators(model)])
+    python, captured = runs
+    assert captured[1].fused.plan.capture.tape is not None
+    _assert_same(python, captured)
+    assert states[0] == states[1] and len(states[0]) == 2  # the model's generator and the default one
+    assert len({r.loss for r in captured[2]}) == 6  # a new mask every step, not the recorded one
+
+
+class _Drawing(Module):
+    """A model whose Python draws from the default generator itself, not through tensorarena.random.Seed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = _mlp()
+
+    def forward(self, x):
+        from tensorarena.random import default_generator
+
+        default_generator().random()  # e.g. a coin for some behaviour: a recording would not toss it again
+        return self.inner(x)
+
+
+def test_a_draw_outside_the_recorded_calls_keeps_the_python_replay(caplog):
     with caplog.at_level(logging.WARNING, logger="tensorarena"):
-        python, captured = _both(lambda: _vit(dropout=0.1), lambda m: optim.AdamW(m.parameters(), lr=2e-3),
-                                 _images(2), 4)
+        python, captured = _both(_Drawing, lambda m: optim.SGD(m.parameters(), lr=0.1), _rows(3), 5)
     capture = captured[1].fused.plan.capture
-    assert capture.tape is None and "draws random numbers" in capture.note
-    assert "keeps the Python replay" in caplog.text and "draws random numbers" in caplog.text
-    _assert_same(python, captured)  # and the refused capture consumed no randomness
+    assert capture.tape is None and "draws random numbers outside its recorded calls" in capture.note
+    assert "keeps the Python replay" in caplog.text
+    _assert_same(python, captured)  # and the refused capture left the generator where it found it
 
 
 class _Doubler(Module):
@@ -193,7 +228,7 @@ def test_a_non_finite_loss_raises_before_any_update():
 
 def test_fused_replay_is_checked():
     model = _mlp()
-    with pytest.raises(ValueError, match="fused_replay must be 'python' or 'captured'"):
+    with pytest.raises(ValueError, match="fused_replay must be one of .'auto', 'python', 'captured'., got 'tape'"):
         Trainer(model, optim.SGD(model.parameters(), lr=0.1), cross_entropy, route="fused", fused_replay="tape")
 
 
@@ -261,3 +296,98 @@ def test_a_parameter_outside_the_optimizer_without_a_gradient_is_no_error():
     captured.step(*_rows(1)[0])
     assert captured.fused.plan.capture.tape is not None
     np.testing.assert_array_equal(params2[0].grad, 1.0)
+
+
+# -- which replay "auto" (the default) runs --------------------------------------------------------
+
+def _fused_replay(model, loss_fn, batch, **kw):
+    trainer = Trainer(model, optim.SGD(model.parameters(), lr=0.1), loss_fn, route="fused", **kw)
+    before = _replays()
+    trainer.step(*batch)
+    trainer.step(*batch)
+    ran_captured, ran_python = (a - b for a, b in zip(_replays(), before))
+    return trainer.fused, ("captured" if ran_captured == 2 and not ran_python else
+                           "python" if ran_python == 2 and not ran_captured else "mixed")
+
+
+def test_auto_captures_a_step_made_of_tensorarena_modules_and_losses(caplog):
+    import functools
+
+    with caplog.at_level(logging.INFO, logger="tensorarena"):
+        fused, ran = _fused_replay(_vit(), cross_entropy, _images(1)[0])
+        smoothed, ran_smoothed = _fused_replay(_mlp(), functools.partial(cross_entropy, label_smoothing=0.1),
+                                               _rows(1)[0])
+    assert (fused.replay, ran) == ("captured", "captured") and fused.plan.capture.tape is not None
+    assert (smoothed.replay, ran_smoothed) == ("captured", "captured")
+    assert "captured replay (auto: the model's modules and the loss are all tensorarena's)" in caplog.text
+
+
+class _Wrapper(Module):
+    """A user's model: tensorarena layers under a forward the user wrote."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = _mlp()
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+def test_auto_keeps_the_python_replay_for_the_users_own_code(caplog):
+    with caplog.at_level(logging.INFO, logger="tensorarena"):
+        own_model, ran_model = _fused_replay(_Wrapper(), cross_entropy, _rows(1)[0])
+        own_loss, ran_loss = _fused_replay(_mlp(), lambda out, y: cross_entropy(out, y), _rows(1)[0])
+        patched = _mlp()
+        patched.forward = lambda x: MLP.forward(patched, x)  # a forward set on the instance
+        own_forward, ran_forward = _fused_replay(patched, cross_entropy, _rows(1)[0])
+    assert (own_model.replay, ran_model) == ("python", "python")
+    assert "test_captured_replay._Wrapper is not tensorarena's" in own_model.replay_reason
+    assert (own_loss.replay, ran_loss) == ("python", "python") and "the loss function" in own_loss.replay_reason
+    assert (own_forward.replay, ran_forward) == ("python", "python")
+    assert "the forward set on a MLP instance" in own_forward.replay_reason
+    assert "fused_replay='captured' opts in" in caplog.text
+    # and the opt-in is honoured
+    opted, ran_opted = _fused_replay(_Wrapper(), cross_entropy, _rows(1)[0], fused_replay="captured")
+    assert (opted.replay, ran_opted) == ("captured", "captured")
+
+
+class _MaskedBert(Module):
+    """BERT over (B, 2, T) int64 input: ids and attention mask packed together, so both are views of the
+    plan's input and a recording reads each batch's mask."""
+
+    def __init__(self) -> None:
+        from tensorarena.models.bert import BertConfig, BertModel
+        from tensorarena.nn import Linear
+
+        super().__init__()
+        config = BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                            intermediate_size=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        self.bert = BertModel(config, rng=np.random.default_rng(0))
+        self.head = Linear(16, 3, rng=np.random.default_rng(1))
+
+    def forward(self, x):
+        hidden = self.bert(x.data[:, 0], attention_mask=x.data[:, 1])
+        return self.head(hidden[:, 0])
+
+
+def _token_batches(n, batch=4, tokens=7):
+    rng = np.random.default_rng(3)
+    out = []
+    for i in range(n):
+        ids = rng.integers(1, 40, (batch, tokens))
+        mask = np.ones((batch, tokens), np.int64)
+        if i:  # the first batch has no padding at all, the later ones do
+            for row in range(batch):
+                mask[row, tokens - 1 - row:] = 0
+        ids[mask == 0] = 0
+        out.append((np.stack([ids, mask], axis=1), rng.integers(0, 3, batch)))
+    return out
+
+
+def test_a_bert_step_recorded_on_a_batch_without_padding_masks_later_batches():
+    # BertModel used to drop the mask for a batch without padding: recorded on such a batch (its rolled copy
+    # has none either), a captured step then skipped the mask for every later batch, and the losses parted
+    # from the Python replay's at step 2. Now the mask is always passed, computed inside a recorded call.
+    python, captured = _both(_MaskedBert, lambda m: optim.AdamW(m.parameters(), lr=1e-2), _token_batches(3), 6)
+    assert captured[1].fused.plan.capture.tape is not None
+    _assert_same(python, captured)

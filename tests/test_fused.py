@@ -228,7 +228,9 @@ def test_replay_allocates_no_array_memory():
     (Before ops.reshape stopped letting NumPy copy onto the heap, it grew by ~1 MiB here.)
     """
     model = _vit(dim=64)
-    fused = compile_step(model, cross_entropy, optim.SGD(model.parameters(), lr=1e-3), _batches(1)[0])
+    # The Python replay's own allocations (test_captured_replay checks the captured one's)
+    fused = compile_step(model, cross_entropy, optim.SGD(model.parameters(), lr=1e-3), _batches(1)[0],
+                         replay="python")
     small, arena_small = _traced_peak(fused, *_batches(1, batch=8)[0])
     slab_small = fused.plan.memory.slab_bytes
     big, arena_big = _traced_peak(fused, *_batches(1, batch=64)[0])
@@ -251,7 +253,8 @@ def test_the_allocation_scale_check_catches_a_heap_temporary(monkeypatch):
 
     monkeypatch.setattr(ta.nn.functional, "layer_norm", leaky_layer_norm)
     model = _vit(dim=64)
-    fused = compile_step(model, cross_entropy, optim.SGD(model.parameters(), lr=1e-3), _batches(1)[0])
+    fused = compile_step(model, cross_entropy, optim.SGD(model.parameters(), lr=1e-3), _batches(1)[0],
+                         replay="python")  # whose forward runs the leaky op on every step
     small, _ = _traced_peak(fused, *_batches(1, batch=8)[0])
     big, _ = _traced_peak(fused, *_batches(1, batch=64)[0])
     assert big - small > 32 * 1024

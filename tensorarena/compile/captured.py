@@ -15,30 +15,35 @@ and a hash of every parameter's gradient):
   rolled by one along its last axis), which leaves B's values in every buffer;  3. the recording on
   the batch: it must give pass 1's results, so no value it reads was left behind by pass 2;
   4. the recording on B: it must give pass 2's, so nothing in it is frozen to the first batch.
-The capture is also refused when the step draws random numbers (dropout), when a recorded call
-reads an array outside the plan's buffers, the flat state and the model's own arrays (e.g. a mask
-the step computed with NumPy from the batch), when a leaf the optimizer does not own gets a
-gradient, or when the rolled batch equals the batch (nothing to tell the passes apart). A refusal
-is logged, and the plan keeps the Python replay.
+The capture is also refused when the step draws random numbers outside its recorded calls (dropout
+draws its seed inside one, tensorarena.random.Seed, so a replay draws a new one each step: every
+pass starts from the same generator states, and the recording must leave them where the Python
+pass did), when a recorded call reads an array outside the plan's buffers, the flat state and the
+model's own arrays (e.g. a mask the step computed with NumPy from the batch), when a leaf the
+optimizer does not own gets a gradient, or when the rolled batch equals the batch (nothing to tell
+the passes apart). A refusal is logged, and the plan keeps the Python replay.
 
-What the checks cannot see, and why "python" stays the default: a branch on the data's values that
-both checking batches take the same way (BertModel skips the padding mask for a batch without
-padding: a recording made on such batches would skip it for every later batch), or an argument
-computed from the data that happens to be equal for both. Like a captured CUDA graph, a recording
-assumes the step does the same work for every batch of its signature. Ops keep their array work
-inside kernels or `tape.host` calls (ops/_base.py, arith.py, unary.py, loss.py, shape.cat,
-autograd's gradient accumulation); an op that does not is caught by the checks above.
+What the checks cannot see: a branch on the data's values that both checking batches take the same
+way, or an argument computed from the data that happens to be equal for both. Like a captured CUDA
+graph, a recording assumes the step does the same work for every batch of its signature. Hence
+`replay="auto"`, the default (`choose_replay`): the captured replay when every module class of the
+model and the loss function are tensorarena's own, whose Python is kept free of such branches (BertModel
+passes its padding mask even for a batch without padding; the masks, positions and dropout seeds the
+layers make from the batch are arena buffers written by recorded calls), and the Python replay,
+with the reason logged, as soon as any is the user's (a Module subclass, a forward set on an
+instance, a loss function of one's own). `replay="captured"` opts such code in; "python" opts out.
+Ops keep their array work inside kernels or `tape.host` calls (ops/_base.py, arith.py, unary.py,
+reduce.py, index.py, loss.py, shape.py, nn_ops.py, attention.py, autograd's gradient accumulation).
 
-On ViT-Tiny and the MLP the recording passes the checks and trains bit for bit as the Python
-replay (tests/test_captured_replay.py). The full suite run with "captured" as the default failed
-only the four tests that count the Python replay's own allocations or inject a fault into a Python
-forward that a captured step no longer runs.
+On ViT, the MLP and BERT the recording passes the checks and trains bit for bit as the Python
+replay (tests/test_captured_replay.py, tests/test_captured_ops.py).
 `kernels.calls[("fused_replay", "captured" | "python")]` counts which replay ran each step.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 from dataclasses import dataclass
@@ -55,6 +60,7 @@ from ..tensor import Tensor
 from .trace import PlanMismatchError
 
 if TYPE_CHECKING:
+    from ..nn.module import Module
     from .step import FusedStep, StepPlan
 
 log = logging.getLogger("tensorarena")
@@ -178,16 +184,13 @@ def capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> C
         return _refused("the batch rolled by one along its last axis equals itself, so the recording "
                         "cannot be checked against a second batch")
     sink = step.grad_sink
-    saved = _rng_states(step.model)
+    saved = _rng_states(step.model)  # every pass starts from these states, and the real steps after them
     tape = Tape()
     try:
         with float32_matmul_precision(step.matmul_precision):
             first = _python_pass(step, plan, sink, x, y, tape)
-            drew = any(not _same_state(g.bit_generator.state, s) for g, s in saved)
+            drawn = _rng_states(step.model, [g for g, _ in saved])  # where the step leaves the generators
             _restore_rng(saved)
-            if drew:
-                return _refused("the step draws random numbers (dropout, or an rng the model holds), which a "
-                                "recording would replay unchanged")
             if first["foreign"]:
                 return _refused(f"{len(first['foreign'])} leaf tensor(s) the optimizer does not own received a "
                                 f"gradient; a recording would not set their .grad")
@@ -199,16 +202,24 @@ def capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> C
                                 f"{stray.dtype}), e.g. a mask computed with NumPy from the batch, which a replay "
                                 f"would not compute again")
             second = _python_pass(step, plan, sink, xb, yb, None)
+            _restore_rng(saved)
             if (first["loss"], first["grads"]) == (second["loss"], second["grads"]):
                 return _refused("the batch and its rolled copy give the same loss and gradients, so the "
                                 "recording cannot be checked")
             result = Capture(tape, first["loss_buffer"], first["forward_end"])
             again = _tape_pass(step, plan, sink, result, x, y)
+            # Draws made through recorded calls (random.Seed: dropout) happen again on a replay; any other
+            # draw would not, and leaves the generators elsewhere than the Python pass did.
+            if not all(_same_state(g.bit_generator.state, s) for g, s in drawn):
+                return _refused("the step draws random numbers outside its recorded calls (an rng used in "
+                                "the model's Python rather than through tensorarena.random.Seed), which a "
+                                "recording would not draw again")
+            _restore_rng(saved)
             other = _tape_pass(step, plan, sink, result, xb, yb)
     except Exception as exc:  # a recorded call that cannot run again, e.g.: the Python replay goes on
-        _restore_rng(saved)
         return _refused(f"replaying the recording failed ({type(exc).__name__}: {exc})")
     finally:
+        _restore_rng(saved)  # the first real step draws what the Python replay's first step would
         sink.mode = "update"
     for name, got, want in (("the batch", again, first), ("the rolled batch", other, second)):
         if not got["complete"]:
@@ -252,6 +263,44 @@ def _stray_array(tape: Tape, regions: list[tuple[int, int]]) -> np.ndarray | Non
             if not any(rlo <= lo and hi <= rhi for rlo, rhi in regions):
                 return a
     return None
+
+
+REPLAYS = ("auto", "python", "captured")
+
+
+def _foreign_code(model: "Module", loss_fn: Any) -> str | None:
+    """The first class or function in the step that is not tensorarena's own, or None when the whole
+    step's Python is this package's (audited not to branch on data values: see the module docstring)."""
+    for module in model.modules():
+        cls = type(module)
+        if not cls.__module__.startswith("tensorarena."):
+            return f"{cls.__module__}.{cls.__qualname__}"
+        if "forward" in vars(module):  # a forward set on the instance (a wrapper, a patch) is not ours either
+            return f"the forward set on a {cls.__qualname__} instance"
+    fn = loss_fn
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    where = getattr(fn, "__module__", None) or ""
+    if not where.startswith("tensorarena."):
+        return f"the loss function {getattr(fn, '__qualname__', repr(fn))} ({where or 'no module'})"
+    return None
+
+
+def choose_replay(replay: str, model: "Module", loss_fn: Any) -> tuple[str, str]:
+    """(the replay a FusedStep runs, why): "auto" takes the captured replay when every module class and the
+    loss function are tensorarena's, the Python replay when any is the user's, whose branches on data
+    values a recording could not follow (pass "captured" to opt in for such code)."""
+    if replay not in REPLAYS:
+        raise ValueError(f"replay must be 'auto' (captured for tensorarena's own models and losses), 'python' "
+                         f"(re-run the ops each step) or 'captured' (replay their recorded calls, "
+                         f"compile/captured.py), got {replay!r}")
+    if replay != "auto":
+        return replay, "asked for"
+    foreign = _foreign_code(model, loss_fn)
+    if foreign is None:
+        return "captured", "auto: the model's modules and the loss are all tensorarena's"
+    return "python", (f"auto: {foreign} is not tensorarena's, and a recording cannot follow a branch its Python "
+                      f"might take on the data's values (fused_replay='captured' opts in)")
 
 
 def _refused(reason: str) -> Capture:

@@ -22,14 +22,17 @@ update. Global-norm clipping must read every gradient before any update, so with
 call per parameter group after backward. `update_in_backward=False` asks for that always (e.g.
 to read `p.grad` after a step); True with clipping is an error.
 
-Two replays. The default (`replay="python"`) re-runs the Python op dispatch on the plan's buffers,
-and checks every allocation against the trace, so input-dependent control flow is caught
+Two replays. `replay="python"` re-runs the Python op dispatch on the plan's buffers, and checks
+every allocation against the trace, so input-dependent control flow is caught
 (`PlanMismatchError`) rather than silently mis-planned. `replay="captured"` (compile/captured.py)
 records the step's calls once per plan, checks the recording against this replay bit for bit on
 two batches, and then runs only those calls: no forward, autograd or dispatch in Python. Like a
 captured CUDA graph, it assumes the step does the same work for every batch of a signature (no
 branch on the data's values); the checks refuse what they can see breaking that, and the plan then
-keeps the Python replay, with the reason logged. The trace itself does not update anything: no
+keeps the Python replay, with the reason logged. The default, `replay="auto"`, captures when the
+model's modules and the loss are all tensorarena's (kept free of such branches) and keeps the
+Python replay for a step that runs the user's own forward or loss (captured.choose_replay).
+The trace itself does not update anything: no
 step is taken, and RNG states are restored, so `memory_report()` is known before step 1 and step 1
 is the first replay.
 """
@@ -185,13 +188,11 @@ class FusedStep:
     def __init__(self, model: Module, loss_fn: Callable, optimizer: Optimizer, *, scheduler=None,
                  clip_grad_norm: float | None = None, max_plans: int = 4,
                  update_in_backward: bool | None = None, matmul_precision: str | None = None,
-                 replay: str = "python") -> None:
+                 replay: str = "auto") -> None:
         if not isinstance(max_plans, int) or max_plans < 1:
             raise ValueError(f"max_plans must be a positive integer, got {max_plans!r}")
-        if replay not in ("python", "captured"):
-            raise ValueError(f"replay must be 'python' (re-run the ops) or 'captured' (replay their recorded calls, "
-                             f"compile/captured.py), got {replay!r}")
-        self.replay = replay
+        self.replay, self.replay_reason = captured.choose_replay(replay, model, loss_fn)
+        log.info("fused route: %s replay (%s)", self.replay, self.replay_reason)
         self.grad_sink = captured.GradSink(self)
         # Fixed for the life of the plans: every trace and replay runs under it (tensorarena.precision).
         self.matmul_precision = (normalize_precision(matmul_precision) if matmul_precision is not None
@@ -421,7 +422,7 @@ def resolve_update_in_backward(update_in_backward: bool | None, clip_grad_norm: 
 def compile_step(model: Module, loss_fn: Callable, optimizer: Optimizer, example_batch: tuple[Any, Any], *,
                  scheduler=None, clip_grad_norm: float | None = None, max_plans: int = 4,
                  update_in_backward: bool | None = None, matmul_precision: str | None = None,
-                 replay: str = "python") -> FusedStep:
+                 replay: str = "auto") -> FusedStep:
     """Trace `model`'s training step on `example_batch` = (inputs, targets); nothing is updated yet.
 
     The result's `memory_report()` gives the step's memory before step 1; `step(x, y)` trains.

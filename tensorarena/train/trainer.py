@@ -89,11 +89,13 @@ class Trainer:
             products round their inputs to bfloat16 (float32 accumulation) in this trainer's steps,
             plans and evaluation, on every route. Default: the thread's setting when the trainer is
             built (tensorarena.set_float32_matmul_precision; "float32" unless changed). See precision.py.
-        fused_replay: fused route only. "python" (default) re-runs the model's ops on the plan's buffers
-            each step; "captured" records the step's calls once per plan, checks the recording against
-            the Python replay on two batches, and from then on replays only those calls (no model
-            forward, autograd or op dispatch in Python); a plan whose recording fails a check keeps
-            the Python replay, with the reason logged. See compile/captured.py.
+        fused_replay: fused route only. "captured" records the step's calls once per plan, checks the
+            recording against the Python replay on two batches, and from then on replays only those calls
+            (no model forward, autograd or op dispatch in Python); a plan whose recording fails a check
+            keeps the Python replay, with the reason logged. "python" re-runs the model's ops on the plan's
+            buffers each step, which also follows a forward that branches on the data's values. "auto"
+            (default): captured when the model's modules and the loss function are all tensorarena's,
+            python when any is the user's. See compile/captured.py.
     """
 
     def __init__(self, model: Module, optimizer: Optimizer, loss_fn: LossFn, *, scheduler=None,
@@ -101,11 +103,13 @@ class Trainer:
                  pool: BlockPool | None = None, fallback_to_eager: bool = False, max_plans: int = 4,
                  memory_limit: str | int | None = None, store_dir=None, oom_fallback: bool = True,
                  update_in_backward: bool | None = None, stream_io: str = "map",
-                 matmul_precision: str | None = None, fused_replay: str = "python") -> None:
+                 matmul_precision: str | None = None, fused_replay: str = "auto") -> None:
         if route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
-        if fused_replay not in ("python", "captured"):
-            raise ValueError(f"fused_replay must be 'python' or 'captured', got {fused_replay!r}")
+        from ..compile.captured import REPLAYS
+
+        if fused_replay not in REPLAYS:
+            raise ValueError(f"fused_replay must be one of {REPLAYS}, got {fused_replay!r}")
         self.fused_replay = fused_replay
         check_step_options(clip_grad_norm, on_nonfinite)
         from ..compile.step import resolve_update_in_backward
