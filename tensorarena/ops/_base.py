@@ -19,8 +19,25 @@ def as_tensor(x: Any, like: Tensor | None = None) -> Tensor:
     dtype = like.dtype if like is not None else None
     arr = np.asarray(x)
     if like is not None and arr.dtype.kind in "iufb" and arr.ndim == 0:
-        return Tensor(arr.astype(dtype))
-    return Tensor(arr, dtype=dtype if arr.dtype.kind in "iub" else None)
+        return Tensor(_constant(arr.astype(dtype)))
+    t = Tensor(arr, dtype=dtype if arr.dtype.kind in "iub" else None)
+    if isinstance(x, (int, float, bool, np.generic)):
+        _constant(t.data)
+    return t
+
+
+def _constant(a: np.ndarray) -> np.ndarray:
+    """A 0-d array this module made from a number in the op's arguments (x * 2.0), marked read-only: a captured
+    fused step may replay it as the constant it is (compile/captured.py's check for heap arrays lets such
+    arrays through; a number computed from the data would still differ between its two checking batches)."""
+    if a.ndim == 0 and a.flags.owndata:
+        a.flags.writeable = False
+    return a
+
+
+def is_constant(a: np.ndarray) -> bool:
+    """Whether `a` is a number an op argument turned into a 0-d array (`_constant`)."""
+    return a.ndim == 0 and a.flags.owndata and not a.flags.writeable
 
 
 def result_dtype(a: Tensor, b: Tensor) -> np.dtype:
