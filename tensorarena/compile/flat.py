@@ -16,32 +16,12 @@ step's slab. That saves one parameter-sized buffer (327 MiB on ViT-Base).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import logging
-
 import numpy as np
 
-from ..memory.pool import aligned_empty
+from ..memory.pool import aligned_empty, return_freed_memory
 from ..nn.module import Module
 from ..optim.optimizer import Optimizer
 from ..tensor import Tensor
-
-
-def _return_freed_memory() -> None:
-    """Hand the per-parameter arrays just replaced by flat views back to the operating system.
-
-    glibc keeps freed heap chunks mapped (its mmap threshold grows after large frees, so big
-    parameter arrays often live on the heap); malloc_trim releases their pages. Measured on
-    ViT-Base: without it the old parameters (327 MiB) stayed resident next to their flat copy.
-    """
-    name = ctypes.util.find_library("c")
-    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
-    if trim is None:
-        logging.getLogger("tensorarena").debug("no malloc_trim here (not glibc): freed parameter arrays stay "
-                                               "with the allocator until it reuses them")
-        return
-    trim(0)
 
 
 _RELEASE_EVERY = 64 << 20  # bytes of replaced arrays between malloc_trim calls while binding
@@ -115,7 +95,7 @@ class FlatGroup:
         released = 0
         for i, p in enumerate(self.params):
             if released > _RELEASE_EVERY:
-                _return_freed_memory()
+                return_freed_memory()
                 released = 0
             view = self._param_views[i]
             if p._data is not view:
@@ -187,7 +167,7 @@ class FlatState:
         self._params = [p for g in self.groups for p in g.params]
         self._where = {id(p): (g, i) for g in self.groups for i, p in enumerate(g.params)}
         self.bind()
-        _return_freed_memory()
+        return_freed_memory()
 
     def bind(self) -> None:
         for g in self.groups:

@@ -8,6 +8,9 @@ budget; a request that would breach it raises `ArenaOutOfMemory` (a
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import logging
 import threading
 from dataclasses import dataclass
 
@@ -157,3 +160,22 @@ _default_pool = BlockPool()
 def default_pool() -> BlockPool:
     """The process-wide pool every arena uses unless given another."""
     return _default_pool
+
+
+def return_freed_memory() -> None:
+    """Hand heap memory freed by large arrays back to the operating system.
+
+    glibc keeps freed heap chunks mapped (its mmap threshold grows after large frees, so big
+    arrays often live on the heap, and their pages stay resident after they are freed);
+    malloc_trim releases them. Measured: on ViT-Base the per-parameter arrays replaced by the
+    fused route's flat buffers (327 MiB) stayed resident next to their flat copy
+    (compile/flat.py); on ViT-Tiny a captured step's checking passes left 6 MiB resident
+    (compile/captured.py).
+    """
+    name = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    if trim is None:
+        logging.getLogger("tensorarena").debug("no malloc_trim here (not glibc): freed arrays stay with the "
+                                               "allocator until it reuses them")
+        return
+    trim(0)
