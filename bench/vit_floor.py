@@ -249,9 +249,12 @@ def build(case_name: str, seed: int = 0, bf16: bool = False) -> tuple[dict, dict
     torch.manual_seed(0)
     xs, ys = vit._data()
     torch_step = torch_step_for(vit, xs, ys, compiled=False)
-    trainer = our_trainer(vit, case_name, "fused", seed=seed)
-    trainer.step(xs, ys)  # traced here; the recorded step below is a replay
-    seen = record_products(trainer, xs, ys)
+    # The Python replay: it asks kernels.kernel for every call, which record_calls watches (a captured
+    # replay calls the functions it recorded instead).
+    watched = our_trainer(vit, case_name, "fused", seed=seed, fused_replay="python")
+    watched.step(xs, ys)  # traced here; the recorded step below is a replay
+    seen = record_products(watched, xs, ys)
+    trainer = our_trainer(vit, case_name, "fused", seed=seed)  # the default: the captured replay
     rng = np.random.default_rng(seed)
     linear, linear_flops = linear_replay(seen["gemm"], rng)
     attention, attention_flops = attention_replay(seen["attention_forward"], seen["attention_backward"], rng)
@@ -266,7 +269,7 @@ def build(case_name: str, seed: int = 0, bf16: bool = False) -> tuple[dict, dict
         "bench_vit_flops": vit.vit_train_flops(batch=case["batch"], dim=case["dim"], depth=case["depth"],
                                                heads=case["heads"], mlp=case["mlp"])}
     # A second trainer, whose buffers the kernels-only replay may scribble on (see kernels_replay).
-    taped = our_trainer(vit, case_name, "fused", seed=seed)
+    taped = our_trainer(vit, case_name, "fused", seed=seed, fused_replay="python")
     taped.step(xs, ys)
     tape = record_calls(taped, xs, ys)
     facts["kernel_calls"] = len(tape)

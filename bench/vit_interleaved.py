@@ -12,8 +12,10 @@ process): bench/vit.py reports memory.
 
 "fused, full last block" is the fused step with ViTConfig(cls_only_last_block=False): the work
 PyTorch's mirror ViT does, so the gap between it and "tensorarena fused" is what computing the
-last block for [CLS] alone saves. "tensorarena fused captured" is Trainer(fused_replay="captured"): the
-fused step replaying its recorded calls without the Python that made them (compile/captured.py).
+last block for [CLS] alone saves. "tensorarena fused" replays the step's recorded calls without the
+Python that made them (the default for ViT: compile/captured.py; the run stops if the recording was
+refused); "fused, python replay" is Trainer(fused_replay="python"), which re-runs the model's ops each
+step: the gap between the two is what the captured replay saves.
 
 Each ratio comes two ways: the ratio of the whole-run medians, and the median over rounds of each
 round's ratio (bench/common.paired_ratios), which a load change between rounds does not skew.
@@ -33,8 +35,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import interleave, interleaved_vit_parser, paired_ratios, write_json  # noqa: E402
 
-# Our fused step replaying its recorded calls (Trainer(fused_replay="captured"), compile/captured.py).
-FUSED_CAPTURED = "tensorarena fused captured"
+# Our fused step re-running the model's Python ops each step (Trainer(fused_replay="python")).
+FUSED_PYTHON = "fused, python replay"
 # Our fused step with the last block computing every token, as PyTorch's mirror ViT does (by
 # default ours computes it for [CLS] alone, the only token the head reads): what that saves.
 FUSED_EVERY_TOKEN = "fused, full last block"
@@ -65,7 +67,7 @@ def torch_step(vit, xs, ys, *, compiled: bool, autocast_bf16: bool = False):
 
 
 def our_trainer(vit, case_name: str, route: str, update_in_backward: bool | None = None, seed: int = 0,
-                matmul_precision: str = "float32", fused_replay: str = "python", **config):
+                matmul_precision: str = "float32", fused_replay: str = "auto", **config):
     """A tensorarena Trainer on the same ViT, data and optimizer settings as bench/vit.py (`config`:
     ViTConfig overrides)."""
     import numpy as np
@@ -103,12 +105,14 @@ def build(case_name: str, with_compile: bool) -> dict:
             ("tensorarena eager", "eager", None, {}), ("tensorarena fused", "fused", None, {}),
             (vit.FUSED_FLAT, "fused", False, {}), (FUSED_EVERY_TOKEN, "fused", None, {"cls_only_last_block": False})):
         trainer = our_trainer(vit, case_name, route, in_backward, **config)
+        if route == "fused":
+            trainer.step(xs, ys)  # records the step (compile/captured.py); it must have passed its checks
+            if trainer.fused.plan.capture is None or trainer.fused.plan.capture.tape is None:
+                raise SystemExit(f"{name}: the step was not captured ({trainer.fused.replay_reason}; "
+                                 f"{trainer.fused.plan.capture and trainer.fused.plan.capture.note})")
         steps[name] = lambda trainer=trainer: trainer.step(xs, ys).loss
-    captured = our_trainer(vit, case_name, "fused", fused_replay="captured")
-    captured.step(xs, ys)  # records the step (compile/captured.py); it must have passed its checks
-    if captured.fused.plan.capture.tape is None:
-        raise SystemExit(f"the captured replay was refused: {captured.fused.plan.capture.note}")
-    steps[FUSED_CAPTURED] = lambda: captured.step(xs, ys).loss
+    python_replay = our_trainer(vit, case_name, "fused", fused_replay="python")
+    steps[FUSED_PYTHON] = lambda: python_replay.step(xs, ys).loss
     steps["_gemm_backend"] = backend()
     return steps
 
