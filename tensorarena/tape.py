@@ -68,12 +68,29 @@ def host(fn: Callable, *args, **kwargs) -> Any:
 def recorded(fn: Callable, count: Callable[[], None]) -> Callable:
     """`fn` wrapped so that calling it goes through `host` (kernels.kernel hands these out while recording).
     `count` runs on every call, recorded or replayed: kernels.calls keeps counting the implementation
-    that served a kernel when a replay no longer asks kernels.kernel for it."""
+    that served a kernel when a replay no longer asks kernels.kernel for it.
+
+    A kernel may offer `fn.prepare(*args, **kwargs)`: it checks the call as `fn` would and returns a
+    zero-argument function that does the same work on the same arrays without checking or planning
+    again (or None when some of that work must be redone each call). Recorded at the top level, the
+    prepared function is what the replays run; the entry keeps the arguments for the capture's checks."""
     def counted(*args, **kwargs):
         count()
         return fn(*args, **kwargs)
 
+    prepare = getattr(fn, "prepare", None)
+
     def call(*args, **kwargs):
-        return host(counted, *args, **kwargs)
+        tape = getattr(_local, "tape", None)
+        if tape is None or tape.depth or prepare is None:
+            return host(counted, *args, **kwargs)
+        run = prepare(*args, **kwargs)
+        if run is None:
+            return host(counted, *args, **kwargs)
+
+        def prepared(*_args, **_kwargs):  # the entry's arguments are for reading, not for the call
+            count()
+            return run()
+        return tape.call(prepared, args, kwargs)
     call.__wrapped__ = fn
     return call

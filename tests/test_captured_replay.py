@@ -42,12 +42,14 @@ def _rows(n, batch=16, seed=2, ignore_some=False):
     return out
 
 
-def _both(make_model, make_opt, batches, steps, **kw):
+def _both(make_model, make_opt, batches, steps, make_sched=None, **kw):
     """The same training on the Python replay and the captured one: (models, trainers, reports)."""
     runs = []
     for replay in ("python", "captured"):
         model = make_model()
-        trainer = Trainer(model, make_opt(model), cross_entropy, route="fused", fused_replay=replay, **kw)
+        opt = make_opt(model)
+        trainer = Trainer(model, opt, cross_entropy, route="fused", fused_replay=replay,
+                          scheduler=make_sched(opt) if make_sched else None, **kw)
         reports = [trainer.step(*batches[i % len(batches)]) for i in range(steps)]
         runs.append((model, trainer, reports))
     return runs
@@ -67,8 +69,7 @@ def _replays():
 
 def test_a_captured_vit_trains_bit_for_bit_as_the_python_replay():
     before = _replays()
-    python, captured = _both(_vit, lambda m: optim.AdamW(m.parameters(), lr=2e-3), _images(4), 12,
-                             scheduler=None)
+    python, captured = _both(_vit, lambda m: optim.AdamW(m.parameters(), lr=2e-3), _images(4), 12)
     _assert_same(python, captured)
     capture = captured[1].fused.plan.capture
     assert capture.tape is not None and capture.note == "captured" and len(capture.tape.entries) > 50
@@ -81,12 +82,29 @@ def test_captured_flat_gradients_with_clipping_and_a_schedule():
     # clip_grad_norm: flat gradients, clipping and one update per group after the recorded backward,
     # the schedule stepping on the host; p.grad is the flat gradient after each step, as on the Python replay.
     python, captured = _both(_mlp, lambda m: optim.Adam(m.parameters(), lr=1e-2), _rows(3), 20, clip_grad_norm=0.5,
-                             scheduler=None)
+                             make_sched=_warmup_cosine)
     _assert_same(python, captured)
     model, trainer, _ = captured
     assert trainer.fused.plan.capture.tape is not None and not trainer.fused.update_in_backward
     for p in model.parameters():
         assert p.grad is not None and p.grad is p._grad_buffer
+    assert trainer.optimizer.param_groups[0]["lr"] not in (0.0, 1e-2)  # the schedule moved it
+
+
+def _warmup_cosine(opt):
+    return optim.lr_scheduler.warmup_cosine(opt, warmup_steps=4, total_steps=30)
+
+
+@pytest.mark.parametrize("make_opt", [lambda m: optim.AdamW(m.parameters(), lr=1e-2, amsgrad=True),
+                                      lambda m: optim.SGD(m.parameters(), lr=1e-1, momentum=0.9)],
+                         ids=["adamw_amsgrad", "sgd_momentum"])
+def test_captured_updates_inside_backward_follow_a_schedule(make_opt):
+    # Each parameter's update is bound once (Optimizer.prepare_flat) and reads the scheduled lr on every step.
+    python, captured = _both(_vit, make_opt, _images(3), 12, make_sched=_warmup_cosine)
+    _assert_same(python, captured)
+    trainer = captured[1]
+    assert trainer.fused.update_in_backward and len(trainer.fused.plan.capture.prepared) == len(
+        list(captured[0].parameters()))
 
 
 def test_a_count_that_changes_with_the_batch_is_read_on_every_replay():

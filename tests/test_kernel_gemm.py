@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import numba
 import numpy as np
 import pytest
 
@@ -64,6 +65,41 @@ def test_gemm_mkl_matches_its_numpy_twin(dtype, a_layout, b_layout, accumulate):
     np.testing.assert_allclose(got, want, **TOL[dtype])
     exact = a.astype(np.float64) @ b.astype(np.float64) + (start if accumulate else 0)
     np.testing.assert_allclose(got, exact, **TOL[dtype])
+
+
+@needs_mkl
+@pytest.mark.parametrize("shape, route", [((37, 53, 29), "one_core"), ((300, 200, 100), "mkl_threads"),
+                                          ((40, 200, 400), "column_cut")])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_a_prepared_gemm_does_what_gemm_mkl_does_on_the_same_arrays(shape, route, accumulate):
+    # kernels.gemm.prepare_gemm_mkl: checked and planned once, then run again on whatever the arrays hold
+    # (a captured fused step records it through tape.recorded).
+    m, k, n = shape
+    if route == "column_cut" and numba.get_num_threads() < 2:
+        pytest.skip("a column cut needs two cores")
+    rng = np.random.default_rng(2)
+    a, b = _operand(rng, m, k, np.float32, "t"), _operand(rng, k, n, np.float32, "ld")
+    start = rng.standard_normal((m, n)).astype(np.float32)
+    out, want = start.copy(), start.copy()
+    run = G.prepare_gemm_mkl(a, b, out, accumulate)
+    for _ in range(2):  # new values in the same arrays: the prepared call reads them
+        a[...] = rng.standard_normal(a.shape)
+        before = kernels.calls[("gemm_route", route)]
+        assert run() is out
+        assert kernels.calls[("gemm_route", route)] == before + 1
+        G.gemm_mkl(a, b, want, accumulate)
+        np.testing.assert_array_equal(out, want)  # the same MKL calls on the same operands
+
+
+@needs_mkl
+def test_a_gemm_that_must_copy_an_operand_or_has_nothing_to_multiply_is_not_prepared():
+    rng = np.random.default_rng(3)
+    strided = _operand(rng, 6, 4, np.float32, "copy")  # copied on every call: a prepared call would not
+    assert G.prepare_gemm_mkl(strided, np.ones((4, 3), np.float32), np.empty((6, 3), np.float32)) is None
+    assert G.prepare_gemm_mkl(np.empty((6, 0), np.float32), np.empty((0, 3), np.float32),
+                              np.empty((6, 3), np.float32)) is None
+    with pytest.raises(ValueError, match="do not chain"):  # checked as gemm_mkl checks
+        G.prepare_gemm_mkl(np.ones((6, 4), np.float32), np.ones((5, 3), np.float32), np.empty((6, 3), np.float32))
 
 
 @needs_mkl

@@ -643,3 +643,37 @@ def test_exports():
     for name in ("Optimizer", "SGD", "Adam", "AdamW", "lr_scheduler", "clip_grad_norm_", "clip_grad_value_"):
         assert hasattr(optim, name)
     assert issubclass(optim.AdamW, optim.Optimizer) and issubclass(optim.SGD, optim.Optimizer)
+
+
+@pytest.mark.parametrize("make", [
+    lambda ps: optim.Adam(ps, lr=1e-2, weight_decay=0.1),
+    lambda ps: optim.AdamW(ps, lr=1e-2, amsgrad=True),
+    lambda ps: optim.AdamW(ps, lr=1e-2, maximize=True, fused=False),  # the reference kernel: update_flat each call
+    lambda ps: optim.SGD(ps, lr=1e-2, momentum=0.9, nesterov=True),  # Optimizer's default prepare_flat
+], ids=["adam_l2", "adamw_amsgrad", "adamw_reference", "sgd_nesterov"])
+def test_prepare_flat_updates_as_update_flat_and_reads_the_groups_lr_live(make):
+    # What a captured fused step runs for each parameter (compile/flat.FlatGroup.prepare_param): bound once
+    # to the arrays, it must give update_flat's results bit for bit, with a learning rate changed between
+    # steps (a schedule) taking effect.
+    rng = np.random.default_rng(5)
+    param = rng.standard_normal((6, 7)).astype(np.float32)
+    grad = np.empty_like(param)
+    prepared_opt, plain_opt = make([Parameter(param.copy())]), make([Parameter(param.copy())])
+    arrays = {}
+    for opt in (prepared_opt, plain_opt):
+        p = opt.param_groups[0]["params"][0]
+        arrays[id(opt)] = p.data, opt._init_state(p, opt.param_groups[0])
+    p1, s1 = arrays[id(prepared_opt)]
+    p2, s2 = arrays[id(plain_opt)]
+    update = prepared_opt.prepare_flat(prepared_opt.param_groups[0], p1, grad, s1)
+    for step in range(1, 6):
+        grad[...] = rng.standard_normal(grad.shape)
+        if step == 3:
+            for opt in (prepared_opt, plain_opt):
+                opt.param_groups[0]["lr"] = 3e-3
+        update(float(step))
+        plain_opt.update_flat(plain_opt.param_groups[0], p2, grad, s2, float(step), None)
+        np.testing.assert_array_equal(p1, p2)
+        for key in s1:
+            np.testing.assert_array_equal(s1[key], s2[key])
+    assert not np.array_equal(p1, param)

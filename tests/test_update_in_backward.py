@@ -117,21 +117,30 @@ def test_the_default_updates_in_backward_unless_clipping_needs_every_gradient():
         assert all((p.grad is None) is expected for p in model.parameters())
 
 
-def test_a_failure_after_some_updates_is_not_redone_as_an_out_of_memory(monkeypatch, tmp_path):
+@pytest.mark.parametrize("replay", ["python", "captured"])
+def test_a_failure_after_some_updates_is_not_redone_as_an_out_of_memory(monkeypatch, tmp_path, replay):
     model = _mlp(np.float32)
     trainer = Trainer(model, optim.AdamW(model.parameters(), lr=1e-3), cross_entropy, route="fused",
-                      update_in_backward=True, store_dir=tmp_path / "store")
+                      update_in_backward=True, store_dir=tmp_path / "store", fused_replay=replay)
     x, y = _mlp_batches(np.float32)[0]
     trainer.step(x, y)
-    real, calls = trainer.fused.flat.update_param, []
+    calls = []
 
-    def failing(p, g):
-        calls.append(p)
-        if len(calls) == 2:
-            raise MemoryError("simulated")
-        return real(p, g)
+    def failing_after_one(update):
+        def failing(*args):
+            calls.append(args)
+            if len(calls) == 2:
+                raise MemoryError("simulated")
+            return update(*args)
+        return failing
 
-    monkeypatch.setattr(trainer.fused.flat, "update_param", failing)
+    if replay == "python":
+        monkeypatch.setattr(trainer.fused.flat, "update_param", failing_after_one(trainer.fused.flat.update_param))
+    else:  # the captured replay runs each parameter's update as bound on its first step
+        prepared = trainer.fused.plan.capture.prepared
+        assert len(prepared) == 4
+        for key, update in list(prepared.items()):
+            prepared[key] = failing_after_one(update)
     with pytest.raises(RuntimeError, match=r"after 1 of 4 parameters were already updated.*partly applied"):
         trainer.step(x, y)
     assert trainer.route_switches == []  # the out-of-memory fallback did not redo (and double) the step

@@ -46,7 +46,7 @@ import contextlib
 import functools
 import hashlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -76,6 +76,8 @@ class Capture:
     loss: np.ndarray | None = None  # the loss's 0-d buffer in the slab, read after the forward entries
     forward_end: int = 0  # entries before this index compute the loss; the rest are backward and updates
     note: str = "captured"
+    # (id(param), id(grad buffer)) -> its bound update (GradSink); here, so that it goes with its plan
+    prepared: dict = field(default_factory=dict)
 
 
 class GradSink:
@@ -84,10 +86,16 @@ class GradSink:
 
     def __init__(self, step: "FusedStep") -> None:
         self.step, self.mode, self.hashes, self.updated = step, "update", [], 0
+        self.prepared: dict[tuple[int, int], Any] = {}  # the replaying plan's (Capture.prepared)
 
     def __call__(self, p: Tensor, g: np.ndarray) -> None:
         if self.mode == "update":
-            self.step.flat.update_param(p, g)
+            # A recording hands each parameter the same gradient buffer every step, so its update is bound
+            # to both once (FlatState.prepare_update), on the first step that updates it.
+            run = self.prepared.get((id(p), id(g)))
+            if run is None:
+                run = self.prepared[id(p), id(g)] = self.step.flat.prepare_update(p, g)
+            run()
             self.updated += 1
         else:
             self.hashes.append(_digest(g))
@@ -344,7 +352,7 @@ def replay(step: "FusedStep", plan: "StepPlan", capture: Capture, index: int, on
     step.flat.ensure_bound()
     params = step.flat.params()
     sink = step.grad_sink
-    sink.mode, sink.updated = "update", 0
+    sink.mode, sink.updated, sink.prepared = "update", 0, capture.prepared
     entries = capture.tape.entries
     arena = TapeArena(plan, capture.tape.allocations, name=f"fused step {index} arena (captured)")
     with arena:

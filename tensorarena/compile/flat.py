@@ -16,6 +16,8 @@ step's slab. That saves one parameter-sized buffer (327 MiB on ViT-Base).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from ..memory.pool import aligned_empty, return_freed_memory
@@ -131,6 +133,17 @@ class FlatGroup:
         np.add(step, 1.0, out=step)
         optimizer.update_flat(self.group, self._param_views[i], grad, self._param_states[i], float(step), None)
 
+    def prepare_param(self, i: int, optimizer: Optimizer, grad: np.ndarray) -> Callable[[], None]:
+        """`update_param(i, optimizer, grad)` on this very grad array, prepared once (Optimizer.prepare_flat):
+        what a captured fused step runs for parameter i on every step."""
+        step = self._scalar_views["step"][i]
+        update = optimizer.prepare_flat(self.group, self._param_views[i], grad, self._param_states[i])
+
+        def run() -> None:
+            np.add(step, 1.0, out=step)
+            update(float(step))
+        return run
+
     def is_bound(self, optimizer_state: dict) -> bool:
         for i, p in enumerate(self.params):
             if p._data is not self._param_views[i] or p._grad_buffer is not self._grad_views[i]:
@@ -200,6 +213,14 @@ class FlatState:
         if grad.dtype != group.dtype:
             grad = grad.astype(group.dtype)  # as a leaf's .grad keeps its parameter's precision
         group.update_param(i, self.optimizer, grad)
+
+    def prepare_update(self, p: Tensor, grad: np.ndarray) -> Callable[[], None]:
+        """`update_param(p, grad)` prepared once for this grad array (FlatGroup.prepare_param); a grad of
+        another dtype than the group's is cast on each call, as update_param casts it."""
+        group, i = self._where[id(p)]
+        if grad.dtype != group.dtype:
+            return lambda: self.update_param(p, grad)
+        return group.prepare_param(i, self.optimizer, grad)
 
     def update(self) -> None:
         """The optimizer step: one `update_flat` kernel call per group over its flat buffers."""

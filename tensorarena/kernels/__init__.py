@@ -95,6 +95,13 @@ def kernel(name: str, impl: str | None = None) -> Callable:
     return fn
 
 
+def lookup(name: str, impl: str | None = None) -> tuple[Callable, str]:
+    """(the function `kernel(name, impl)` would hand out, its implementation), without counting a call or
+    recording it: for code that binds a kernel once and counts each later call itself (Optimizer.prepare_flat)."""
+    impl = choose(name, impl)
+    return _registry[name][impl], impl
+
+
 def implementations(name: str) -> list[str]:
     """Which implementations exist for `name`."""
     _load()

@@ -86,20 +86,37 @@ def adam_fused(param: np.ndarray, grad: np.ndarray, exp_avg: np.ndarray, exp_avg
                beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0, maximize: bool = False,
                decoupled_weight_decay: bool = False, scratch=None) -> None:
     """Same contract as `adam_reference`, in one parallel pass over memory (needs no scratch)."""
+    bind_adam(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq)(
+        step=step, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay, maximize=maximize,
+        decoupled_weight_decay=decoupled_weight_decay)
+
+
+def bind_adam(param: np.ndarray, grad: np.ndarray, exp_avg: np.ndarray, exp_avg_sq: np.ndarray,
+              max_exp_avg_sq: np.ndarray | None):
+    """adam_fused on these arrays, checked and flattened once: a function of the step's scalars (keywords as
+    adam_fused's). Optimizer.prepare_flat binds each parameter's update so for a captured fused step."""
     kernel = _fused_cache.get("adam")
     if kernel is None:
         kernel = _fused_cache["adam"] = _compile()
     if not (param.flags.c_contiguous and grad.flags.c_contiguous):
         raise ValueError("the fused adam kernel needs C-contiguous param and grad arrays")
     cast = param.dtype.type
-    decoupled = decoupled_weight_decay and weight_decay != 0.0
     flat = [a.reshape(-1) for a in (param, grad, exp_avg, exp_avg_sq)]
     vmax = max_exp_avg_sq.reshape(-1) if max_exp_avg_sq is not None else flat[3]
-    kernel(*flat, vmax, max_exp_avg_sq is not None, cast(-1.0 if maximize else 1.0),
-           cast(1.0 - lr * weight_decay if decoupled else 1.0),
-           cast(0.0 if decoupled_weight_decay else weight_decay),
-           cast(1.0 - beta1), cast(beta2), cast(1.0 - beta2), cast(lr / (1.0 - beta1**step)),
-           cast(math.sqrt(1.0 - beta2**step)), cast(eps))
+    use_max = max_exp_avg_sq is not None
+
+    def update(*, step: float, lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
+               weight_decay: float = 0.0, maximize: bool = False, decoupled_weight_decay: bool = False) -> None:
+        decoupled = decoupled_weight_decay and weight_decay != 0.0
+        kernel(*flat, vmax, use_max, cast(-1.0 if maximize else 1.0),
+               cast(1.0 - lr * weight_decay if decoupled else 1.0),
+               cast(0.0 if decoupled_weight_decay else weight_decay),
+               cast(1.0 - beta1), cast(beta2), cast(1.0 - beta2), cast(lr / (1.0 - beta1**step)),
+               cast(math.sqrt(1.0 - beta2**step)), cast(eps))
+    return update
+
+
+adam_fused.bind = bind_adam
 
 
 register("adam", "reference", adam_reference)

@@ -199,6 +199,39 @@ def gemm_mkl(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = F
     return out
 
 
+def prepare_gemm_mkl(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = False):
+    """gemm_mkl's call on these arrays, checked and planned once (tape.recorded: a captured step replays it):
+    a zero-argument function, or None when each call must copy an operand BLAS cannot read in place (or
+    there is nothing to multiply)."""
+    prepared = _product_job(a, b, out, accumulate)
+    if prepared is None or prepared[1][0] is not a or prepared[1][1] is not b:
+        return None
+    job = prepared[0]
+    jobs, route = gemm_jobs.plan(job, out.itemsize, numba.get_num_threads()) if _mkl.in_llvm else (None, "mkl_threads")
+    key = ("gemm_route", route)
+    # The functions below keep a, b and out (by `_arrays`) alive: MKL reads and writes them by address.
+    if jobs is None:
+        ta, tb, m, n, k, pa, lda, pb, ldb, pc, ldc, acc = job
+        args = (_ROW_MAJOR, ta, tb, m, n, k, 1.0, pa, lda, pb, ldb, 1.0 if acc else 0.0, pc, ldc)
+        threaded = _mkl.fn[out.dtype]
+
+        def run(_arrays=(a, b, out)) -> np.ndarray:
+            calls[key] += 1
+            threaded(*args)
+            return out
+    else:
+        table, f32 = gemm_jobs.table(jobs), out.dtype == np.float32
+
+        def run(_arrays=(a, b, out)) -> np.ndarray:
+            calls[key] += 1
+            gemm_jobs.run_table(table, f32)
+            return out
+    return run
+
+
+gemm_mkl.prepare = prepare_gemm_mkl
+
+
 def batched_gemm_reference(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     """out[...] = a[...] @ b[...] over equal leading (batch) axes: np.matmul, the twin of the MKL kernel."""
     return np.matmul(a, b, out=out)

@@ -51,7 +51,17 @@ def _run(jobs, f32):
 
 def run(jobs: list[tuple[int, ...]], dtype: np.dtype) -> None:
     """Run the jobs over Numba's threads, one MKL thread each; float32 or float64 operands."""
-    _run(np.array(jobs, np.int64), np.dtype(dtype) == np.float32)
+    _run(table(jobs), np.dtype(dtype) == np.float32)
+
+
+def table(jobs: list[tuple[int, ...]]) -> np.ndarray:
+    """The jobs as the int64 table the loop reads (built once for a prepared call: kernels.gemm)."""
+    return np.array(jobs, np.int64)
+
+
+def run_table(jobs: np.ndarray, f32: bool) -> None:
+    """`run` on a table already built."""
+    _run(jobs, f32)
 
 
 def macs(job: tuple[int, ...]) -> int:

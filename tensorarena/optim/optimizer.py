@@ -84,6 +84,14 @@ class Optimizer:
         """
         raise NotImplementedError
 
+    def prepare_flat(self, group: dict[str, Any], param: np.ndarray, grad: np.ndarray,
+                     state: dict[str, np.ndarray]) -> Callable[[float], None]:
+        """`update_flat` of one tensor on these very arrays, as a function of the step count: a captured
+        fused step (compile/captured.py) runs it for each parameter on every step. The group's
+        hyperparameters are read when it runs, so schedules and edits to the group still apply. An
+        optimizer may bind its kernel here once (Adam); this default calls update_flat each time."""
+        return lambda step: self.update_flat(group, param, grad, state, step, None)
+
     # -- groups --------------------------------------------------------------------
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a group of parameters (with optional per-group hyperparameters) to optimize."""
