@@ -61,6 +61,8 @@ def test_train_vit_tiny_learns_with_flat_arena(tmp_path, capsys):
     # train clips by default (--clip 1.0), so the fused step keeps flat gradients, and says why
     assert summary["fused_update"].startswith("after backward") and "clip_grad_norm" in summary["fused_update"]
     assert "fused update      after backward" in printed
+    assert summary["fused_replay"].startswith("captured: each step replays") and "auto:" in summary["fused_replay"]
+    assert "fused replay      captured" in printed
     losses = summary["step_losses"]
     assert len(losses) == 40 and all(np.isfinite(losses))
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.1, f"loss did not fall: {losses}"

@@ -64,7 +64,7 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
         "memory_budget_bytes": trainer.budget.nbytes, "memory_budget_source": trainer.budget.source,
         "route_plan": trainer.route_plan.format() if trainer.route_plan else None,
         "route_switches": trainer.route_switches,
-        "fused_update": fused_update(trainer),
+        "fused_update": fused_update(trainer), "fused_replay": fused_replay(trainer),
         "matmul_precision": trainer.matmul_precision, "bf16_products": bf16_products_since(products_before),
         "first_loss": first.loss if first else None, "final_loss": last.loss if last else None,
         "test_loss": held_out["loss"], "test_accuracy": held_out["accuracy"],
@@ -86,6 +86,20 @@ def fused_update(trainer: Trainer) -> str | None:
     return f"after backward, one kernel per group over flat gradients ({why})"
 
 
+def fused_replay(trainer: Trainer) -> str | None:
+    """Which replay the fused step's latest plan runs, and why, in words (None if no fused step ran)."""
+    fused = trainer.fused
+    if fused is None or not fused.replays:
+        return None
+    capture = fused.plan.capture
+    if fused.replay == "python":
+        return f"python: the model's ops re-run each step ({fused.replay_reason})"
+    if capture is None or capture.tape is None:
+        return f"python: {capture.note.removeprefix('python: ') if capture else 'not captured yet'}"
+    return (f"captured: each step replays {len(capture.tape.entries)} recorded calls, checked against the Python "
+            f"replay on two batches ({fused.replay_reason})")
+
+
 def print_classifier_result(summary: dict, header: str, *, test_note: str = "", accuracy_note: str = "") -> None:
     """The job-specific head of a classifier run's report: what trained, losses, held-out metrics."""
     print(f"trained {summary['model']} ({summary['parameters']:,} parameters{header}) for {summary['steps']} "
@@ -96,3 +110,5 @@ def print_classifier_result(summary: dict, header: str, *, test_note: str = "", 
     print(f"  held-out accuracy {summary['test_accuracy']:.2%}{accuracy_note}")
     if summary.get("fused_update"):
         print(f"  fused update      {summary['fused_update']}")
+    if summary.get("fused_replay"):
+        print(f"  fused replay      {summary['fused_replay']}")
