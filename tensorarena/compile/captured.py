@@ -12,8 +12,9 @@ computed from the data, or a random draw would be replayed stale, silently. So b
 is used, four passes that update nothing check it against the Python replay, bit for bit (the loss
 and a hash of every parameter's gradient):
   1. the Python replay on the batch, recording;  2. the Python replay on a second batch B (the first
-  with its values moved and changed: second_batch), which leaves B's values in every buffer;  3. the recording on
-  the batch: it must give pass 1's results, so no value it reads was left behind by pass 2;
+  with its values moved and changed: second_batch), which leaves B's values in every buffer;
+  3. the recording on the batch: it must give pass 1's results, so no value it reads was left behind
+  by pass 2;
   4. the recording on B: it must give pass 2's, so nothing in it is frozen to the first batch.
 The capture is also refused when the step draws random numbers outside its recorded calls (dropout
 draws its seed inside one, tensorarena.random.Seed, so a replay draws a new one each step: every
@@ -27,9 +28,9 @@ What the checks cannot see: a branch on the data's values that both checking bat
 way, or an argument computed from the data that happens to be equal for both. Like a captured CUDA
 graph, a recording assumes the step does the same work for every batch of its signature. Hence
 `replay="auto"`, the default (`choose_replay`): the captured replay when every module class of the
-model and the loss function are tensorarena's own, whose Python is kept free of such branches (BertModel
-passes its padding mask even for a batch without padding; the masks, positions and dropout seeds the
-layers make from the batch are arena buffers written by recorded calls), and the Python replay,
+model and the loss function are tensorarena's own, whose Python is kept free of such branches
+(BertModel passes its padding mask even for a batch without padding; the masks, positions and
+dropout seeds the layers make from the batch are written by recorded calls), and the Python replay,
 with the reason logged, as soon as any is the user's (a Module subclass, a forward set on an
 instance, a loss function of one's own). `replay="captured"` opts such code in; "python" opts out.
 Ops keep their array work inside kernels or `tape.host` calls (ops/_base.py, arith.py, unary.py,
