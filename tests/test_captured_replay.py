@@ -440,3 +440,25 @@ def test_a_number_computed_from_the_batch_is_still_refused(caplog):
     capture = captured[1].fused.plan.capture
     assert capture.tape is None and "differ from the Python replay's" in capture.note
     _assert_same(python, captured)
+
+
+def test_a_change_to_the_model_after_the_recording_records_the_step_again(caplog):
+    # A dropout probability changed between steps: the Python replay follows it, and so must the captured
+    # one (it records again: compile/captured.ModelState). Before, it went on dropping at the old rate.
+    from tensorarena.nn import Dropout
+
+    batch = _images(1)[0]
+    runs = []
+    for replay in ("python", "captured"):
+        model = _vit(dropout=0.2, attention_dropout=0.2)
+        trainer = Trainer(model, optim.AdamW(model.parameters(), lr=2e-3), cross_entropy, route="fused",
+                          fused_replay=replay)
+        reports = [trainer.step(*batch) for _ in range(3)]
+        for m in model.modules():
+            if isinstance(m, Dropout):
+                m.p = 0.5
+        with caplog.at_level(logging.INFO, logger="tensorarena"):
+            reports += [trainer.step(*batch) for _ in range(3)]
+        runs.append((model, trainer, reports))
+    _assert_same(*runs)
+    assert "state changed since its step" in caplog.text and runs[1][1].fused.plan.capture.tape is not None

@@ -330,6 +330,10 @@ class FusedStep:
     def _replay(self, inputs: Any, targets: Any, index: int, on_nonfinite: str
                 ) -> tuple[float, float | None, bool, PlannedArena]:
         plan = self.plan_for(inputs, targets)
+        if plan.capture is not None and captured.changed(plan.capture):
+            log.info("fused route: the model's state changed since its step for %s was recorded (a module "
+                     "attribute or a requires_grad); recording it again", plan.signature)
+            plan.capture = None
         if self.replay == "captured" and plan.capture is None:
             self.flat.ensure_bound()
             plan.capture = captured.capture(self, plan, inputs, targets)
