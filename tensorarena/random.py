@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .tape import host
+
 DEFAULT_SEED = 0
 
 _default_generator = np.random.Generator(np.random.PCG64(DEFAULT_SEED))
@@ -45,8 +47,6 @@ class Seed:
     __slots__ = ("rng", "value")
 
     def __init__(self, rng: np.random.Generator | None = None) -> None:
-        from .tape import host  # here: tape imports nothing, but keep this module importable on its own
-
         self.rng, self.value = get_generator(rng), 0
         host(self.draw)
 

@@ -32,9 +32,8 @@ branch on the data's values); the checks refuse what they can see breaking that,
 keeps the Python replay, with the reason logged. The default, `replay="auto"`, captures when the
 model's modules and the loss are all tensorarena's (kept free of such branches) and keeps the
 Python replay for a step that runs the user's own forward or loss (captured.choose_replay).
-The trace itself does not update anything: no
-step is taken, and RNG states are restored, so `memory_report()` is known before step 1 and step 1
-is the first replay.
+The trace itself does not update anything: no step is taken, and RNG states are restored, so
+`memory_report()` is known before step 1 and step 1 is the first replay.
 """
 
 from __future__ import annotations
