@@ -409,3 +409,23 @@ def test_a_fused_checkpoint_resumes_on_eager_and_an_eager_one_on_fused(tmp_path)
     reports = [trainer3.step(*batches[i % 4]) for i in range(15, 20)]
     assert {r.route for r in reports} == {"fused"}
     assert _max_param_diff(straight, third) <= 1e-5
+
+
+@pytest.mark.parametrize("replay", ["python", "captured"])
+def test_a_checkpoint_loaded_into_a_running_fused_trainer_resumes_its_run(tmp_path, replay):
+    # optimizer.load_state_dict replaces the param-group dicts: the fused updates must read the new ones (the
+    # scheduler writes its lr there), not those they were built with.
+    batches = _batches(4)
+    make = dict(make_model=_vit, make_opt=lambda m: optim.AdamW(m.parameters(), lr=3e-3),
+                make_sched=lambda o: optim.lr_scheduler.warmup_cosine(o, warmup_steps=3, total_steps=20),
+                fused_replay=replay)
+    straight, trainer, _ = _train("fused", batches=batches, steps=5, **make)
+    trainer.save(tmp_path / "at5.safetensors")
+    for i in range(5, 10):
+        trainer.step(*batches[i % 4])
+    resumed, other, _ = _train("fused", batches=batches, steps=8, **make)  # ahead, then back to step 5
+    other.load(tmp_path / "at5.safetensors")
+    for i in range(5, 10):
+        other.step(*batches[i % 4])
+    assert other.fused.replay == replay
+    assert _max_param_diff(straight, resumed) == 0.0

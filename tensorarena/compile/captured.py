@@ -77,8 +77,10 @@ class Capture:
     loss: np.ndarray | None = None  # the loss's 0-d buffer in the slab, read after the forward entries
     forward_end: int = 0  # entries before this index compute the loss; the rest are backward and updates
     note: str = "captured"
-    # (id(param), id(grad buffer)) -> its bound update (GradSink); here, so that it goes with its plan
+    # (id(param), id(grad buffer)) -> its bound update (GradSink); here, so that it goes with its plan; made
+    # under the flat state's binding `prepared_generation` (FlatState.generation), emptied after a rebinding
     prepared: dict = field(default_factory=dict)
+    prepared_generation: int = 0
     state: "ModelState | None" = None  # the model's state when recorded: a replay after a change records again
 
 
@@ -382,6 +384,9 @@ def replay(step: "FusedStep", plan: "StepPlan", capture: Capture, index: int, on
     from .step import TapeArena, partly_applied, skip_non_finite
 
     step.flat.ensure_bound()
+    if capture.prepared_generation != step.flat.generation:  # e.g. a checkpoint loaded: new group dicts
+        capture.prepared.clear()
+        capture.prepared_generation = step.flat.generation
     params = step.flat.params()
     sink = step.grad_sink
     sink.mode, sink.updated, sink.prepared = "update", 0, capture.prepared

@@ -169,13 +169,17 @@ class FlatState:
         self.optimizer = optimizer
         names = {id(p): name for name, p in model.named_parameters()}
         self.groups: list[FlatGroup] = []
-        for group in optimizer.param_groups:
+        self._group_index: list[int] = []  # each FlatGroup's position in optimizer.param_groups
+        for index, group in enumerate(optimizer.param_groups):
             params = list(group["params"])
             if not params:
                 continue
             self.groups.append(FlatGroup(group, params, [names.get(id(p), "<not in model>") for p in params],
                                          optimizer.state_init(group), optimizer.scalar_state_init(group),
                                          keep_grads))
+            self._group_index.append(index)
+        # Counts every rebinding (ensure_bound): what was prepared against the old binding is stale after one.
+        self.generation = 0
         self.keep_grads = keep_grads
         self._params = [p for g in self.groups for p in g.params]
         self._where = {id(p): (g, i) for g in self.groups for i, p in enumerate(g.params)}
@@ -187,10 +191,17 @@ class FlatState:
             g.bind(self.optimizer.state)
 
     def ensure_bound(self) -> bool:
-        """Re-adopt values someone rebound (e.g. optimizer.load_state_dict replaced step arrays); True if it had to."""
-        if all(g.is_bound(self.optimizer.state) for g in self.groups):
+        """Re-adopt values someone rebound (e.g. optimizer.load_state_dict replaced step arrays, and its
+        param-group dicts, where schedules now write the lr); True if it had to."""
+        groups = self.optimizer.param_groups
+        regrouped = False
+        for g, index in zip(self.groups, self._group_index):
+            if g.group is not groups[index]:
+                g.group, regrouped = groups[index], True
+        if not regrouped and all(g.is_bound(self.optimizer.state) for g in self.groups):
             return False
         self.bind()
+        self.generation += 1
         return True
 
     def params(self) -> list[Tensor]:
