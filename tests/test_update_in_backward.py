@@ -5,10 +5,6 @@ Parity with eager for every optimizer is test_fused.py's optimizer test, paramet
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 

@@ -51,7 +51,6 @@ class Adam(Optimizer):
                decoupled_weight_decay=group["decoupled_weight_decay"],
                scratch=self._scratch_like(param, 2) if reference else None)
 
-
     def prepare_flat(self, group: dict[str, Any], param: np.ndarray, grad: np.ndarray,
                      state: dict[str, np.ndarray]) -> Callable[[float], None]:
         """Optimizer.prepare_flat with the fused kernel bound to the arrays once (kernels.adam.bind_adam):
