@@ -63,6 +63,17 @@ def _assert_same(python, captured):
         np.testing.assert_array_equal(p.data, q.data)
 
 
+def _assert_refused(make_model, reason, caplog, steps=6):
+    """SGD training of `make_model` on both replays: the capture is refused for `reason`, logged, and the
+    plan trains as the Python replay does, bit for bit."""
+    with caplog.at_level(logging.WARNING, logger="tensorarena"):
+        python, captured = _both(make_model, lambda m: optim.SGD(m.parameters(), lr=0.1), _rows(3), steps)
+    capture = captured[1].fused.plan.capture
+    assert capture.tape is None and reason in capture.note
+    assert "keeps the Python replay" in caplog.text
+    _assert_same(python, captured)
+
+
 def _replays():
     return kernels.calls[("fused_replay", "captured")], kernels.calls[("fused_replay", "python")]
 
@@ -151,12 +162,8 @@ class _Drawing(Module):
 
 
 def test_a_draw_outside_the_recorded_calls_keeps_the_python_replay(caplog):
-    with caplog.at_level(logging.WARNING, logger="tensorarena"):
-        python, captured = _both(_Drawing, lambda m: optim.SGD(m.parameters(), lr=0.1), _rows(3), 5)
-    capture = captured[1].fused.plan.capture
-    assert capture.tape is None and "draws random numbers outside its recorded calls" in capture.note
-    assert "keeps the Python replay" in caplog.text
-    _assert_same(python, captured)  # and the refused capture left the generator where it found it
+    # and the refused capture left the generator where it found it: the runs stay equal
+    _assert_refused(_Drawing, "draws random numbers outside its recorded calls", caplog, steps=5)
 
 
 class _Doubler(Module):
@@ -173,11 +180,7 @@ class _Doubler(Module):
 
 
 def test_a_write_the_recording_misses_is_caught_before_it_is_used(caplog):
-    with caplog.at_level(logging.WARNING, logger="tensorarena"):
-        python, captured = _both(_Doubler, lambda m: optim.SGD(m.parameters(), lr=0.1), _rows(3), 6)
-    capture = captured[1].fused.plan.capture
-    assert capture.tape is None and "differ from the Python replay" in capture.note
-    _assert_same(python, captured)
+    _assert_refused(_Doubler, "differ from the Python replay", caplog)
 
 
 def test_the_same_write_through_tape_host_is_captured():
@@ -203,11 +206,7 @@ def test_an_array_the_step_computes_outside_the_plan_is_refused(caplog):
             tape.host(np.multiply, x.data, mask, out=out)
             return self.inner(Tensor(out))
 
-    with caplog.at_level(logging.WARNING, logger="tensorarena"):
-        python, captured = _both(Masked, lambda m: optim.SGD(m.parameters(), lr=0.1), _rows(3), 6)
-    capture = captured[1].fused.plan.capture
-    assert capture.tape is None and "made outside the plan's buffers" in capture.note
-    _assert_same(python, captured)
+    _assert_refused(Masked, "made outside the plan's buffers", caplog)
 
 
 def test_a_captured_step_allocates_no_array_memory():
@@ -434,12 +433,7 @@ def test_numbers_in_op_arguments_are_captured_as_constants():
 def test_a_number_computed_from_the_batch_is_still_refused(caplog):
     # A std ignores order: when the second checking batch was the first rolled by one, both gave the same
     # scale, the recording froze it, and this test failed (captured.second_batch now changes the values too).
-    with caplog.at_level(logging.WARNING, logger="tensorarena"):
-        python, captured = _both(lambda: _Scaled(from_data=True), lambda m: optim.SGD(m.parameters(), lr=0.1),
-                                 _rows(3), 6)
-    capture = captured[1].fused.plan.capture
-    assert capture.tape is None and "differ from the Python replay's" in capture.note
-    _assert_same(python, captured)
+    _assert_refused(lambda: _Scaled(from_data=True), "differ from the Python replay's", caplog)
 
 
 def test_a_change_to_the_model_after_the_recording_records_the_step_again(caplog):

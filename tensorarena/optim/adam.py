@@ -56,8 +56,7 @@ class Adam(Optimizer):
         """Optimizer.prepare_flat with the fused kernel bound to the arrays once (kernels.adam.bind_adam):
         the ~30 us of checks and lookups per parameter and step that update_flat makes are left out."""
         self._check_flat("Adam", param, grad, state, self.state_init(group))
-        fused = group.get("fused")
-        update, impl = lookup("adam", None if fused is None else ("fused" if fused else "reference"))
+        update, impl = lookup("adam", self._impl(group))
         bind = getattr(update, "bind", None)
         if impl == "reference" or bind is None:
             return super().prepare_flat(group, param, grad, state)

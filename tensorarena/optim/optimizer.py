@@ -174,9 +174,14 @@ class Optimizer:
     # -- helpers for update_flat -----------------------------------------------------
     def _kernel(self, name: str, group: dict[str, Any]) -> tuple[Callable, bool]:
         """The kernel `name` honouring group["fused"] (None: the default choice), and whether it is the reference."""
-        fused = group.get("fused")
-        impl = choose(name, None if fused is None else ("fused" if fused else "reference"))
+        impl = choose(name, self._impl(group))
         return kernel(name, impl), impl == "reference"
+
+    @staticmethod
+    def _impl(group: dict[str, Any]) -> str | None:
+        """The kernel implementation group["fused"] asks for: "fused", "reference", or None (the default)."""
+        fused = group.get("fused")
+        return None if fused is None else ("fused" if fused else "reference")
 
     @staticmethod
     def _check_flat(name: str, param: np.ndarray, grad: np.ndarray, state: dict[str, np.ndarray],
