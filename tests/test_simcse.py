@@ -142,6 +142,68 @@ def test_corpus_is_clean_deterministic_and_shuffled_by_seed():
         python_reference_sentences(min_chars=10, max_chars=5)
 
 
+# -- the fused route: a captured SimCSE step -------------------------------------------------------
+
+def _small_simcse(dropout, dtype=np.float32):
+    from tensorarena.models.bert import BertConfig, BertModel
+
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=16, hidden_dropout_prob=dropout,
+                        attention_probs_dropout_prob=dropout, dtype=dtype)
+    return SimCSE(BertModel(config, rng=np.random.default_rng(0)), temperature=0.05, pad_id=0)
+
+
+def _padded_id_batches(n, batch=4, tokens=7):
+    """Token ids right-padded with 0, each batch with its own lengths (so its own attention mask)."""
+    rng = np.random.default_rng(5)
+    out = []
+    for _ in range(n):
+        ids = np.zeros((batch, tokens), np.int64)
+        for row, length in enumerate(rng.integers(2, tokens + 1, batch)):
+            ids[row, :length] = rng.integers(1, 50, length)
+        out.append(ids)
+    return out
+
+
+def _train_simcse(model, batches, steps, **trainer_kw):
+    from tensorarena.train.simcse_job import _model_loss
+    from tensorarena.train.trainer import Trainer
+
+    trainer = Trainer(model, ta.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01), _model_loss,
+                      **trainer_kw)
+    return trainer, [trainer.step(batches[i % len(batches)], None).loss for i in range(steps)]
+
+
+def test_a_simcse_step_is_captured_and_trains_as_the_python_replay():
+    # Before the mask, the stacked batch, the labels and l2_normalize's floor test were arena buffers
+    # written through tape.host, the capture was refused ("a recorded call reads an array made outside the
+    # plan's buffers ((8, 7) int64)"), so `capture.tape is not None` failed (git stash the change to
+    # tensorarena/models/simcse.py and run this test to see it).
+    batches = _padded_id_batches(3)
+    runs = {}
+    for replay in ("python", "captured"):
+        model = _small_simcse(dropout=0.1)
+        trainer, losses = _train_simcse(model, batches, 6, route="fused", fused_replay=replay)
+        runs[replay] = (model, trainer, losses)
+    (pm, _, pl), (cm, ct, cl) = runs["python"], runs["captured"]
+    assert ct.fused.plan.capture.tape is not None, ct.fused.plan.capture.note
+    assert cl == pl and len(set(cl)) == len(cl)  # bit for bit, and every step's dropout masks are new
+    for p, q in zip(pm.parameters(), cm.parameters()):
+        np.testing.assert_array_equal(p.data, q.data)
+
+
+def test_the_fused_simcse_step_matches_eager():
+    # No dropout: both routes then compute the same function, float64 leaves only summation order.
+    batches = _padded_id_batches(3)
+    eager_model, fused_model = _small_simcse(0.0, np.float64), _small_simcse(0.0, np.float64)
+    _, eager = _train_simcse(eager_model, batches, 5, route="eager")
+    trainer, fused = _train_simcse(fused_model, batches, 5, route="fused")
+    assert trainer.fused.replay == "captured"
+    np.testing.assert_allclose(fused, eager, rtol=1e-9, atol=1e-12)
+    for p, q in zip(eager_model.parameters(), fused_model.parameters()):
+        np.testing.assert_allclose(q.data, p.data, rtol=0, atol=1e-10)
+
+
 # -- fine-tuning all-MiniLM-L6-v2 through the CLI -------------------------------------------------
 
 TRAIN_ARGS = ["train", "--model", "simcse", "--steps", "8", "--batch-size", "8", "--seq-len", "32",

@@ -18,6 +18,8 @@ from .. import ops
 from ..nn import functional as F
 from ..nn.module import Module
 from ..nn.transformer import mean_pool
+from ..ops._base import new
+from ..tape import host
 from ..tensor import Tensor
 
 NORM_EPS = 1e-12  # torch.nn.functional.normalize's default
@@ -30,7 +32,11 @@ def l2_normalize(x: Tensor, *, eps: float = NORM_EPS) -> Tensor:
     # Clamp the square before the root: max(||x||, eps) = sqrt(max(||x||^2, eps^2)), and sqrt's
     # gradient is then never taken at 0 — a zero row divides by eps and gets torch's finite gradient.
     floor = eps * eps
-    return x / ops.sqrt(ops.where(sq.data >= floor, sq, floor))
+    # The condition is an arena buffer written through tape.host: a captured fused step (compile/captured.py)
+    # compares each batch's norms again, where a NumPy comparison here would be frozen at the recorded batch.
+    keep = new(sq.shape, np.bool_)
+    host(np.greater_equal, sq.data, floor, out=keep)
+    return x / ops.sqrt(ops.where(keep, sq, floor))
 
 
 def info_nce(z1: Tensor, z2: Tensor, *, temperature: float = 0.05) -> Tensor:
@@ -44,8 +50,27 @@ def info_nce(z1: Tensor, z2: Tensor, *, temperature: float = 0.05) -> Tensor:
         raise ValueError(f"info_nce: temperature must be positive, got {temperature}")
     sim = ops.matmul(l2_normalize(z1), ops.transpose(l2_normalize(z2), 0, 1))  # (B, B) cosines
     logits = sim * (1.0 / temperature)
-    labels = np.arange(z1.shape[0], dtype=np.int64)
+    labels = new((z1.shape[0],), np.int64)  # 0..B-1, in the arena like every array a recorded call reads
+    host(_count_up, labels)
     return F.cross_entropy(logits, labels)
+
+
+def _count_up(out: np.ndarray) -> None:
+    out[...] = np.arange(out.shape[0])
+
+
+def _stack_twice(a: np.ndarray, out: np.ndarray) -> None:
+    """out (2B, ...) = a (B, ...) stacked on itself."""
+    b = a.shape[0]
+    out[:b] = a
+    out[b:] = a
+
+
+def _twice(a: np.ndarray) -> np.ndarray:
+    """a (B, ...) stacked on itself, (2B, ...), in an arena buffer written through tape.host."""
+    out = new((2 * a.shape[0],) + a.shape[1:], a.dtype)
+    host(_stack_twice, a, out)
+    return out
 
 
 class SimCSE(Module):
@@ -67,14 +92,19 @@ class SimCSE(Module):
         self.pad_id = int(pad_id)
 
     def _arrays(self, batch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(input_ids, attention_mask, token_type_ids), each (B, T)."""
         if hasattr(batch, "input_ids"):  # a text.Encoding
             return (np.asarray(batch.input_ids), np.asarray(batch.attention_mask),
                     np.asarray(batch.token_type_ids))
         ids = np.asarray(batch.data if isinstance(batch, Tensor) else batch)
         if ids.ndim != 2 or ids.dtype.kind not in "iu":
             raise TypeError(f"SimCSE expects an Encoding or (B, T) integer input_ids, got {ids.dtype} {ids.shape}")
-        # [PAD] never occurs inside a tokenized sentence, so the mask follows from the ids.
-        return ids, (ids != self.pad_id).astype(np.int64), np.zeros_like(ids)
+        # [PAD] never occurs inside a tokenized sentence, so the mask follows from the ids. Both are arena
+        # buffers written through tape.host, so a captured fused step computes the mask again from each batch.
+        mask, types = new(ids.shape, np.bool_), new(ids.shape, np.int64)
+        host(np.not_equal, ids, self.pad_id, out=mask)
+        host(types.fill, 0)
+        return ids, mask, types
 
     def encode(self, batch) -> Tensor:
         """Mean-pooled sentence vectors (not normalized). Shape: (B, T) -> (B, H)."""
@@ -90,9 +120,9 @@ class SimCSE(Module):
             raise ValueError("SimCSE needs at least 2 sentences per batch (the others are the negatives)")
         # One pass over the batch stacked twice: (2B, T). Dropout masks are drawn per element,
         # so row i and row B+i are two independent views of sentence i, as in the paper's code.
-        twice = lambda a: np.concatenate([a, a], axis=0)  # noqa: E731
-        hidden = self.encoder(twice(ids), attention_mask=twice(mask), token_type_ids=twice(types))  # (2B, T, H)
-        pooled = mean_pool(hidden, twice(mask))  # (2B, H)
+        mask2 = _twice(mask)
+        hidden = self.encoder(_twice(ids), attention_mask=mask2, token_type_ids=_twice(types))  # (2B, T, H)
+        pooled = mean_pool(hidden, mask2)  # (2B, H)
         z1, z2 = pooled[:b], pooled[b:]  # (B, H) each
         return info_nce(z1, z2, temperature=self.temperature)
 
