@@ -96,7 +96,8 @@ def _make_scheduler(args, optimizer):
     from .optim import lr_scheduler as sched
 
     if args.schedule == "warmup-cosine":
-        return sched.warmup_cosine(optimizer, warmup_steps=min(args.warmup, max(args.steps - 1, 1)), total_steps=args.steps)
+        # At least one cosine step after the warmup (warmup_cosine needs total > warmup): --steps 1 has no warmup.
+        return sched.warmup_cosine(optimizer, warmup_steps=min(args.warmup, args.steps - 1), total_steps=args.steps)
     if args.schedule == "cosine":
         return sched.CosineAnnealingLR(optimizer, T_max=args.steps)
     if args.schedule == "linear-warmup":

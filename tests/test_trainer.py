@@ -224,6 +224,18 @@ def test_cli_train_end_to_end(tmp_path, capsys):
     assert resumed["route_planning_seconds"] is None  # a chosen route is not planned
 
 
+def test_cli_train_runs_a_single_step(tmp_path):
+    # The default warmup-cosine schedule asked for a 1-step warmup of a 1-step run and raised
+    # "total_steps (1) must be greater than warmup_steps (1)" (git stash tensorarena/cli.py to see it).
+    from tensorarena.cli import main
+
+    out = tmp_path / "summary.json"
+    assert main(["train", "--steps", "1", "--no-progress", "--json", str(out), "--train-size", "300",
+                 "--test-size", "100"]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["steps"] == 1 and np.isfinite(summary["first_loss"])
+
+
 def test_step_rate_leaves_out_step_one():
     from tensorarena.train.summary import step_rate
 
