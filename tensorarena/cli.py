@@ -121,15 +121,21 @@ def _make_optimizer(args, params):
 
 def cmd_train(args) -> dict:
     """Dispatch `tensorarena train` to the job of the chosen model."""
-    if args.model == "mlp":
-        return train_mlp(args)
-    if args.model.startswith("vit-"):
-        from .train.vit_job import train_vit
+    try:
+        if args.model == "mlp":
+            return train_mlp(args)
+        if args.model.startswith("vit-"):
+            from .train.vit_job import train_vit
 
-        return train_vit(args)
-    from .train.simcse_job import train_simcse
+            return train_vit(args)
+        from .train.simcse_job import train_simcse
 
-    return train_simcse(args)
+        return train_simcse(args)
+    except MemoryError as err:
+        # The Trainer's message names the budget, what the run needs and what to change (a --memory-limit
+        # no route fits, or an out-of-memory the streaming route could not absorb): the user's error, said
+        # as one, without a traceback.
+        raise SystemExit(f"tensorarena train: {err}") from None
 
 
 MLP_DEFAULTS = {"steps": 400, "batch_size": 128, "lr": 2e-3, "warmup": 20}

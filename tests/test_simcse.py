@@ -240,6 +240,9 @@ def test_simcse_run_learns_with_flat_arenas(trained):
     assert len(set(high[1:])) == 1, f"arena high-water changed after step 1: {high}"
     assert summary["arena_high_water_bytes"] == high[-1] > 0
     assert summary["steps_per_second"] > 0 and summary["peak_rss_bytes"] > 0
+    # --route is auto by default: planned before step 1, fused (it fits), the step captured.
+    assert summary["route"] == "fused" and "chosen: fused" in summary["route_plan"]
+    assert summary["fused_replay"].startswith("captured: each step replays"), summary["fused_replay"]
 
 
 def test_simcse_saved_directory_reloads(trained):
@@ -272,3 +275,5 @@ def test_simcse_job_rejects_bad_options():
         main(["train", "--model", "simcse", "--temperature", "0", "--no-progress"])
     with pytest.raises(SystemExit, match="resume"):
         main(["train", "--model", "simcse", "--resume", "x", "--no-progress"])
+    with pytest.raises(SystemExit, match=r"simcse cannot take --route streaming: SimCSE has no stream_stages\(\)"):
+        main(["train", "--model", "simcse", "--route", "streaming", "--no-progress"])

@@ -236,6 +236,16 @@ def test_cli_train_runs_a_single_step(tmp_path):
     assert summary["steps"] == 1 and np.isfinite(summary["first_loss"])
 
 
+def test_cli_train_says_when_no_route_fits_the_memory_limit(capsys):
+    from tensorarena.cli import main
+
+    with pytest.raises(SystemExit, match=r"^tensorarena train: no training route fits before step 1: nothing fits: "
+                                          r"the smallest, fused, needs .* but the budget is 1.00 MiB \(set by the user\)"):
+        main(["train", "--steps", "3", "--no-progress", "--memory-limit", "1M", "--train-size", "300",
+              "--test-size", "100"])
+    assert "chosen: none" in capsys.readouterr().err  # the plan's table, printed before step 1
+
+
 def test_step_rate_leaves_out_step_one():
     from tensorarena.train.summary import step_rate
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..memory.meter import peak_rss_bytes, rss_bytes
+from .classifier_job import fused_replay, fused_update
 from .summary import bf16_products_since, finish, step_rate
 
 SIMCSE_DEFAULTS = {"steps": 30, "batch_size": 16, "lr": 3e-5, "warmup": 3}
@@ -48,6 +49,14 @@ def _check_args(args) -> None:
     if args.resume:
         raise SystemExit("tensorarena train: --resume is not supported for simcse; --save writes a model "
                          "directory (weights only), not a trainer checkpoint")
+    if getattr(args, "route", None) == "streaming":
+        raise SystemExit("tensorarena train: simcse cannot take --route streaming: SimCSE has no stream_stages() "
+                         "to cut it into blocks; use --route auto (fused when it fits), fused or eager")
+
+
+def _model_loss(loss, _targets):
+    """The Trainer's loss function here: SimCSE's forward returns the loss itself, and there are no targets."""
+    return loss
 
 
 def _probe_loss(model, ids: np.ndarray, seed: int) -> float:
@@ -127,14 +136,21 @@ def train_simcse(args) -> dict:
     optimizer = _make_optimizer(args, model.parameters())
     scheduler = _make_scheduler(args, optimizer)
     # The model returns the loss itself; the Trainer's targets are unused.
-    trainer = Trainer(model, optimizer, lambda loss, _targets: loss, scheduler=scheduler,
-                      clip_grad_norm=args.clip or None, on_nonfinite=args.on_nonfinite,
+    route = getattr(args, "route", "eager")
+    trainer = Trainer(model, optimizer, _model_loss, scheduler=scheduler,
+                      clip_grad_norm=args.clip or None, on_nonfinite=args.on_nonfinite, route=route,
+                      memory_limit=getattr(args, "memory_limit", None), store_dir=getattr(args, "store_dir", None),
                       matmul_precision=getattr(args, "matmul_precision", "float32"))
 
     probe_before = _probe_loss(model, probe_ids, args.seed + 2)
     reports = []
     rss_before = rss_bytes()
     products_before = bf16_products_since()
+    planning = None
+    if route == "auto":  # the choice, and why, before step 1 (as the classifier jobs print it)
+        planned = time.perf_counter()
+        print(trainer.plan(train_ids[:args.batch_size], None).format(), file=sys.stderr)
+        planning = time.perf_counter() - planned
     started = time.perf_counter()
     bar = tqdm(total=args.steps, disable=args.no_progress, unit="step", file=sys.stderr)
     for _ in range(args.steps):
@@ -153,7 +169,11 @@ def train_simcse(args) -> dict:
     high_waters = [r.arena_high_water for r in reports]
     head, tail = losses[:3], losses[-3:]
     summary = {
-        "model": args.model, "route": reports[-1].route if reports else "eager", "steps": trainer.step_count,
+        "model": args.model, "route": reports[-1].route if reports else trainer.route, "steps": trainer.step_count,
+        "memory_budget_bytes": trainer.budget.nbytes, "memory_budget_source": trainer.budget.source,
+        "route_plan": trainer.route_plan.format() if trainer.route_plan else None,
+        "route_switches": trainer.route_switches, "route_planning_seconds": planning,
+        "fused_update": fused_update(trainer), "fused_replay": fused_replay(trainer),
         "batch_size": args.batch_size, "seq_len": args.seq_len, "temperature": args.temperature, "lr": args.lr,
         "corpus_sentences": len(train_sentences),
         "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else None,
@@ -176,4 +196,7 @@ def train_simcse(args) -> dict:
               f"{summary['first3_mean_loss']:.3e} -> {summary['last3_mean_loss']:.3e})")
     print(f"  probe loss        {probe_before:.3e} -> {probe_after:.3e}  ({len(probe_ids)} held-out sentences, "
           f"fixed dropout masks)")
+    for key, label in (("fused_update", "fused update"), ("fused_replay", "fused replay")):
+        if summary[key]:
+            print(f"  {label:<17} {summary[key]}")
     return finish(summary, json_path=args.json, saved_line=(f"  model directory   {args.save}  (tensorarena embed --model-dir {args.save} ...)" if args.save else None), rate_digits=2)
