@@ -36,6 +36,11 @@ instance, a loss function of one's own). `replay="captured"` opts such code in; 
 Ops keep their array work inside kernels or `tape.host` calls (ops/_base.py, arith.py, unary.py,
 reduce.py, index.py, loss.py, shape.py, nn_ops.py, attention.py, autograd's gradient accumulation).
 
+A recording holds the kernels handed out when it was made, and the modules' state it was made under.
+Before each captured step, `changed` compares both (kernels.generation, ModelState): after a switch
+that the Python replay would follow (kernels.use_reference, gemm.use_backend, ...; a dropout
+probability set anew), the plan records its step again.
+
 On ViT, the MLP and BERT the recording passes the checks and trains bit for bit as the Python
 replay (tests/test_captured_replay.py, tests/test_captured_ops.py).
 `kernels.calls[("fused_replay", "captured" | "python")]` counts which replay ran each step.
@@ -53,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.lib.array_utils import byte_bounds
 
-from .. import autograd
+from .. import autograd, kernels
 from ..kernels import calls
 from ..memory.pool import return_freed_memory
 from ..ops._base import is_constant
@@ -82,6 +87,7 @@ class Capture:
     prepared: dict = field(default_factory=dict)
     prepared_generation: int = 0
     state: "ModelState | None" = None  # the model's state when recorded: a replay after a change records again
+    dispatch: int = 0  # kernels.generation() when recorded: the recorded calls are the kernels handed out then
 
 
 class GradSink:
@@ -230,9 +236,18 @@ class ModelState:
         return self._read() != self.values
 
 
-def changed(capture: Capture) -> bool:
-    """Whether the model's state differs from the one `capture` was recorded under (ModelState)."""
-    return capture.tape is not None and capture.state is not None and capture.state.changed()
+def changed(capture: Capture) -> str | None:
+    """Why `capture` no longer does what the Python replay would, or None: the kernel dispatch changed
+    (kernels.generation: the recording calls the kernels handed out when it was made, where the Python
+    replay asks kernels.kernel each step), or the model's state did (ModelState)."""
+    if capture.tape is None:
+        return None
+    if capture.dispatch != kernels.generation():  # an int compare: this runs before every captured step
+        return ("the kernel dispatch changed since its step was recorded (kernels.use_reference or using, "
+                "kernels.register, gemm.use_backend or gemm_jobs.use_jobs)")
+    if capture.state is not None and capture.state.changed():
+        return "the model's state changed since its step was recorded (a module attribute or a requires_grad)"
+    return None
 
 
 def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> Capture:
@@ -244,6 +259,7 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
         return _refused("the second batch made from this one (second_batch) equals it, so the recording "
                         "cannot be checked against a second batch")
     sink = step.grad_sink
+    dispatch = kernels.generation()  # the kernels the recording will hold are the ones handed out now
     saved = _rng_states(step.model)  # every pass starts from these states, and the real steps after them
     tape = Tape()
     try:
@@ -266,7 +282,8 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
             if (first["loss"], first["grads"]) == (second["loss"], second["grads"]):
                 return _refused("the batch and the second batch give the same loss and gradients, so the "
                                 "recording cannot be checked")
-            result = Capture(tape, first["loss_buffer"], first["forward_end"], state=ModelState(step.model))
+            result = Capture(tape, first["loss_buffer"], first["forward_end"], state=ModelState(step.model),
+                             dispatch=dispatch)
             again = _tape_pass(step, plan, sink, result, x, y)
             # Draws made through recorded calls (random.Seed: dropout) happen again on a replay; any other
             # draw would not, and leaves the generators elsewhere than the Python pass did.

@@ -329,10 +329,11 @@ class FusedStep:
     def _replay(self, inputs: Any, targets: Any, index: int, on_nonfinite: str
                 ) -> tuple[float, float | None, bool, PlannedArena]:
         plan = self.plan_for(inputs, targets)
-        if plan.capture is not None and captured.changed(plan.capture):
-            log.info("fused route: the model's state changed since its step for %s was recorded (a module "
-                     "attribute or a requires_grad); recording it again", plan.signature)
-            plan.capture = None
+        if plan.capture is not None:
+            stale = captured.changed(plan.capture)
+            if stale is not None:
+                log.info("fused route: %s, for %s; recording it again", stale, plan.signature)
+                plan.capture = None
         if self.replay == "captured" and plan.capture is None:
             self.flat.ensure_bound()
             plan.capture = captured.capture(self, plan, inputs, targets)

@@ -5,6 +5,12 @@ Ops ask `kernel(name)` and never test for a backend themselves. Setting
 TENSORARENA_KERNELS=reference (or calling `use_reference(True)`) forces the
 reference twins; `calls` counts which implementation served each name so tests
 can assert the route that actually ran.
+
+`generation()` counts the changes of dispatch (use_reference to the other value, register replacing
+or adding an implementation once the kernel files are loaded, unregister, gemm.use_backend,
+gemm_jobs.use_jobs): a captured fused step keeps calling the functions it recorded, so it compares the
+generation it was recorded under before each step and records again after a change
+(compile/captured.changed).
 """
 
 from __future__ import annotations
@@ -38,20 +44,48 @@ os.environ.setdefault("NUMBA_THREADING_LAYER", "omp")
 _registry: dict[str, dict[str, Callable]] = {}
 calls: Counter = Counter()  # (name, impl) -> times handed out
 _force_reference = os.environ.get("TENSORARENA_KERNELS", "").lower() == "reference"
+_generation = 0  # bumped by dispatch_changed(); a captured step compares it before each replay
+_ready = False  # True once _load has imported the kernel files: registrations before that are set-up
+
+
+def generation() -> int:
+    """How many times kernel dispatch has changed in this process (a captured step records again after one)."""
+    return _generation
+
+
+def dispatch_changed() -> None:
+    """Note that the kernel a name hands out (or how it runs, e.g. gemm_jobs.use_jobs) changed."""
+    global _generation
+    _generation += 1
 
 
 def register(name: str, impl: str, fn: Callable) -> Callable:
     """Record `fn` as implementation `impl` ("reference" or "fused") of kernel `name`."""
     if impl not in ("reference", "fused"):
         raise ValueError(f"impl must be 'reference' or 'fused', got {impl!r}")
-    _registry.setdefault(name, {})[impl] = fn
+    impls = _registry.setdefault(name, {})
+    old = impls.get(impl)
+    impls[impl] = fn
+    # A new name was never handed out, and a kernel file's import (e.g. its fused twin after the reference
+    # one) happens before any step was recorded; replacing a function, or adding a twin later, changes
+    # what a recorded step would have been handed.
+    if (old is not None and old is not fn) or (old is None and len(impls) > 1 and _ready):
+        dispatch_changed()
     return fn
+
+
+def unregister(name: str, impl: str) -> None:
+    """Remove implementation `impl` of `name`, if registered (kernels.gemm.use_backend("numpy") drops MKL's)."""
+    if _registry.get(name, {}).pop(impl, None) is not None:
+        dispatch_changed()
 
 
 def use_reference(flag: bool = True) -> None:
     """Force (or stop forcing) the plain-NumPy reference kernels process-wide."""
     global _force_reference
-    _force_reference = flag
+    if bool(flag) != _force_reference:
+        dispatch_changed()
+    _force_reference = bool(flag)
 
 
 @contextlib.contextmanager
@@ -114,10 +148,11 @@ _loaded = False
 def _load() -> None:
     # Kernel files register themselves on import; import lazily so `import tensorarena`
     # does not pay Numba's start-up cost until a kernel is first needed.
-    global _loaded
+    global _loaded, _ready
     if not _loaded:
         _loaded = True
         from . import cpu  # noqa: F401 - first: it sets the vector width before Numba builds its compiler
         from . import (adagrad, adam, attention, cross_entropy, dropout, elementwise_fused, embedding, erf, gelu,  # noqa: F401
                        gemm, gemm_bf16, lamb, layer_norm, lion, nadam, rmsprop, sgd, softmax)
+        _ready = True
 

@@ -32,7 +32,7 @@ from . import cpu as _cpu  # noqa: F401 - before numba: it picks the vector widt
 import numba
 import numpy as np
 
-from . import calls, gemm_jobs, kernel, register
+from . import calls, gemm_jobs, kernel, register, unregister
 from .mkl_lib import find_mkl_rt, wanted_backend
 from ..memory.arena import empty
 
@@ -356,15 +356,13 @@ def use_backend(name: str) -> None:
     """Switch this process's GEMMs to "mkl" or "numpy" (benchmarks alternate the two in one process)."""
     global _why_not
     if name == "numpy":
-        from . import _registry
-
-        _registry["gemm"].pop("fused", None)
-        _registry["batched_gemm"].pop("fused", None)
+        unregister("gemm", "fused")  # each a change of dispatch (kernels.generation) if it was there
+        unregister("batched_gemm", "fused")
         _why_not = "use_backend('numpy')"
     elif name == "mkl":
         if _mkl is None:
             raise RuntimeError(f"gemm: MKL is not available: {_why_not}")
-        register("gemm", "fused", gemm_mkl)
+        register("gemm", "fused", gemm_mkl)  # a change of dispatch when it puts MKL's back (kernels.register)
         register("batched_gemm", "fused", batched_gemm_mkl)
         _why_not = ""
     else:

@@ -28,6 +28,7 @@ from . import cpu as _cpu  # noqa: F401 - before numba: it picks the vector widt
 import numba
 import numpy as np
 
+from . import dispatch_changed
 from .mkl_numba import NO_TRANS, gemm_call, set_local_threads
 
 JOB_FIELDS = ("ta", "tb", "m", "n", "k", "a", "lda", "b", "ldb", "c", "ldc", "accumulate")
@@ -82,6 +83,8 @@ def use_jobs(flag: bool) -> None:
     """Turn these routes on (default) or off, process-wide: off, every product is one call on MKL's
     threads, as before they existed (`python bench/gemm.py --steps base --routes` alternates the two)."""
     global _enabled
+    if bool(flag) != _enabled:
+        dispatch_changed()  # a captured step's GEMMs were planned (prepare_gemm_mkl) under the old setting
     _enabled = bool(flag)
 
 

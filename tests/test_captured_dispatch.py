@@ -1,0 +1,183 @@
+"""A captured fused step follows changes of kernel dispatch made between steps, as the Python replay does.
+
+A recording calls the kernels handed out when it was made (tape.recorded); kernels.generation() counts
+the changes of dispatch, and a captured step whose generation is stale records its step again
+(compile/captured.changed). Without that, a switch to the reference kernels, to NumPy's GEMMs or off the
+GEMM jobs was silently ignored by the captured replay. Shown to fail without the fix: with
+compile/captured.changed made to ignore the generation,
+`python -m pytest -q -p no:cacheprovider tests/test_captured_dispatch.py` gave 4 failed, 1 passed: the
+captured steps under each switch went on calling the fused kernels (gemm, gelu, dropout, adam) or the
+'one_core' GEMM route, and on three of the switches their losses parted from the Python replay's (by
+1.2e-7) at the first step where the recorded kernels rounded differently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from tensorarena import kernels, optim
+from tensorarena.kernels import gemm as G
+from tensorarena.kernels import gemm_jobs as J
+from tensorarena.models import MLP, MLPConfig
+from tensorarena.nn.functional import cross_entropy
+from tensorarena.train.trainer import Trainer
+from test_captured_replay import _assert_same, _mlp, _rows
+
+
+def _gelu_mlp():
+    # More kernels than _mlp's: gelu and dropout. (Not a ViT: its attention's fused and reference kernels
+    # take different scratch buffers, so the plan traced under one does not replay under the other, on
+    # either replay: a PlanMismatchError at the first step after the switch.)
+    config = MLPConfig(in_features=12, hidden=(16, 16), out_features=4, activation="gelu", dropout=0.1)
+    return MLP(config, rng=np.random.default_rng(0))
+
+
+@contextlib.contextmanager
+def _reference_forced():
+    saved = kernels._force_reference
+    kernels.use_reference(True)
+    try:
+        yield
+    finally:
+        kernels.use_reference(saved)
+
+
+@contextlib.contextmanager
+def _numpy_gemms():
+    if kernels.choose("gemm") != "fused":
+        pytest.skip(f"GEMMs are not on MKL here: {G.backend()}")
+    G.use_backend("numpy")
+    try:
+        yield
+    finally:
+        G.use_backend("mkl")
+
+
+@contextlib.contextmanager
+def _no_gemm_jobs():
+    if not G.mkl_symbols_loaded():
+        pytest.skip("MKL's symbols are not loaded, so no product runs as GEMM jobs")
+    J.use_jobs(False)
+    try:
+        yield
+    finally:
+        J.use_jobs(True)
+
+
+def _fused_kernels(counts):
+    return {k: v for k, v in counts.items() if v and k[1] == "fused"}
+
+
+def _reference_only(counts):
+    assert counts[("gemm", "reference")] > 0 and not _fused_kernels(counts), _fused_kernels(counts)
+
+
+def _fused_again(counts):
+    assert counts[("gemm", "fused")] > 0 and counts[("gemm", "reference")] == 0
+
+
+def _numpy_gemm_only(counts):
+    assert counts[("gemm", "reference")] > 0 and counts[("gemm", "fused")] == 0
+    assert counts[("cross_entropy_forward", "fused")] > 0  # only the GEMMs moved
+
+
+def _threads_only(counts):
+    assert counts[("gemm_route", "mkl_threads")] > 0 and counts[("gemm_route", "one_core")] == 0
+
+
+def _jobs_again(counts):
+    assert counts[("gemm_route", "one_core")] > 0
+
+
+# (model, its batches, the switch, what the steps under it call, what the steps after it call)
+CASES = {
+    "using_reference": (_gelu_mlp, lambda: _rows(3), lambda: kernels.using("reference"), _reference_only,
+                        _fused_again),
+    "use_reference": (_mlp, lambda: _rows(3), _reference_forced, _reference_only, _fused_again),
+    "gemm_use_backend_numpy": (_mlp, lambda: _rows(3), _numpy_gemms, _numpy_gemm_only, _fused_again),
+    "gemm_jobs_off": (_mlp, lambda: _rows(3), _no_gemm_jobs, _threads_only, _jobs_again),
+}
+
+
+def _train(replay, make_model, batches, switch, steps=3):
+    """`steps` steps, `steps` more under `switch`, `steps` after it: (model, trainer, reports, the kernel
+    calls of the steps under the switch and of those after it, the captures each phase ended with)."""
+    model = make_model()
+    trainer = Trainer(model, optim.AdamW(model.parameters(), lr=1e-2), cross_entropy, route="fused",
+                      fused_replay=replay)
+    reports, counts, captures = [], [], []
+
+    def phase():
+        before = Counter(kernels.calls)
+        reports.extend(trainer.step(*batches[len(reports) % len(batches)]) for _ in range(steps))
+        after = Counter(kernels.calls)
+        after.subtract(before)
+        counts.append(after)
+        captures.append(trainer.fused.plan.capture)
+
+    phase()
+    with switch():
+        phase()
+    phase()
+    return model, trainer, reports, counts, captures
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_captured_step_follows_a_switch_of_kernel_dispatch(case, caplog):
+    make_model, make_batches, switch, under, after = CASES[case]
+    batches = make_batches()
+    python = _train("python", make_model, batches, switch)
+    with caplog.at_level(logging.INFO, logger="tensorarena"):
+        captured = _train("captured", make_model, batches, switch)
+    *_, counts, captures = captured
+    under(counts[1])
+    after(counts[2])
+    assert [c[("fused_replay", "captured")] for c in counts] == [3, 3, 3]  # never fell back to the Python replay
+    assert all(c.tape is not None for c in captures) and len({id(c) for c in captures}) == 3  # recorded anew twice
+    assert caplog.text.count("the kernel dispatch changed since its step was recorded") == 2
+    # the same switches on the Python replay: the same calls on the same buffers, so bit for bit
+    _assert_same(python[:3], captured[:3])
+
+
+def test_the_generation_counts_only_real_changes_of_dispatch():
+    # A captured step records again when the generation moves, so a no-op switch must not move it.
+    kernels.choose("gemm")  # the kernel files are loaded, as they are once any step ran
+    start = kernels.generation()
+    saved = kernels._force_reference
+    kernels.use_reference(saved)
+    assert kernels.generation() == start  # the value it had: no change
+    with kernels.using("default"):
+        pass
+    assert kernels.generation() == start
+    with kernels.using("reference" if not saved else "fused"):
+        assert kernels.generation() == start + 1
+    assert kernels.generation() == start + 2  # and back
+    J.use_jobs(J._enabled)
+    assert kernels.generation() == start + 2
+
+    def one(x):
+        return x
+
+    def other(x):
+        return x
+
+    name = "_test_dispatch_generation"
+    try:
+        kernels.register(name, "reference", one)  # a new name: nothing recorded could have it
+        kernels.register(name, "reference", one)  # the same function again
+        assert kernels.generation() == start + 2
+        kernels.register(name, "reference", other)  # replaced
+        assert kernels.generation() == start + 3
+        kernels.register(name, "fused", one)  # a twin added after the kernel files loaded: choose() changes
+        assert kernels.generation() == start + 4 and kernels.choose(name) in ("fused", "reference")
+        kernels.unregister(name, "fused")
+        assert kernels.generation() == start + 5
+        kernels.unregister(name, "fused")  # not there any more
+        assert kernels.generation() == start + 5
+    finally:
+        kernels._registry.pop(name, None)
