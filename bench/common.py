@@ -27,6 +27,19 @@ if sys.path[:1] != [REPO_ROOT]:
     sys.path.insert(0, REPO_ROOT)
 
 
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), to read the figures against: sessions here run on different
+    machines (an Intel with AMX on one day, an AMD EPYC on another), and the ratios to PyTorch move with them."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
 def rss_bytes() -> int:
     with open("/proc/self/statm", "rb") as f:
         return int(f.read().split()[1]) * _PAGE

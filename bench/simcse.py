@@ -1,5 +1,5 @@
 """Unsupervised SimCSE fine-tuning of all-MiniLM-L6-v2, batch 32 x seq 64, AdamW:
-tensorarena eager vs PyTorch eager (transformers.BertModel) vs torch.compile.
+tensorarena eager and fused vs PyTorch eager (transformers.BertModel) vs torch.compile.
 
     python bench/simcse.py [--steps N] [--json out.json]
 
@@ -32,12 +32,13 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import child_main, time_torch_steps, time_trainer  # noqa: E402
+from common import child_main, cpu_name, time_torch_steps, time_trainer  # noqa: E402
 from vit import add_rates, machine_note, print_table, print_verdict, run_contenders, verdict  # noqa: E402
 
 BATCH, SEQ, LR, WEIGHT_DECAY, TEMPERATURE = 32, 64, 3e-5, 0.01, 0.05
-# Issue 3's eager route against PyTorch; the fused route's bars are ViT's (bench/vit.py).
-CONTENDERS = ["tensorarena eager", "pytorch eager", "torch.compile"]
+# Issue 3's eager route against PyTorch; the fused route's bars are ViT's (bench/vit.py). "tensorarena fused"
+# is the route `tensorarena train --model simcse` takes by default, its step captured (the run stops if not).
+CONTENDERS = ["tensorarena eager", "tensorarena fused", "pytorch eager", "torch.compile"]
 WARMUP = 2
 STEPS = 10
 MINILM = {"hidden": 384, "intermediate": 1536, "layers": 6, "heads": 12}
@@ -85,11 +86,13 @@ def _steps() -> int:
     return int(os.environ.get("BENCH_STEPS") or STEPS)
 
 
-def run_ours() -> dict:
+def _run_ours(route: str) -> dict:
     from tensorarena import optim
     from tensorarena.models.bert import BertModel
     from tensorarena.models.simcse import SimCSE
     from tensorarena.random import manual_seed
+    from tensorarena.train.classifier_job import fused_replay
+    from tensorarena.train.simcse_job import _model_loss
     from tensorarena.train.trainer import Trainer
 
     manual_seed(0)
@@ -100,10 +103,25 @@ def run_ours() -> dict:
     if got != MINILM:
         raise SystemExit(f"MiniLM config is {got}, the benchmark's FLOP count assumes {MINILM}")
     model = SimCSE(encoder, temperature=TEMPERATURE)
-    trainer = Trainer(model, optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY),
-                      lambda loss, _targets: loss)  # SimCSE.forward already returns the loss
+    # SimCSE.forward already returns the loss; the job's loss function is tensorarena's, so "auto" captures.
+    trainer = Trainer(model, optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY), _model_loss,
+                      route=route)
     ids = _tokens()["input_ids"]  # SimCSE rebuilds the mask from [PAD] ids; token types are all 0
-    return time_trainer(trainer, ids, None, warmup=WARMUP, steps=_steps())
+    result = time_trainer(trainer, ids, None, warmup=WARMUP, steps=_steps())
+    if route == "fused":
+        replay = fused_replay(trainer)
+        if not replay.startswith("captured"):
+            raise SystemExit(f"the fused SimCSE step was not captured: {replay}")
+        result["fused_replay"] = replay
+    return result
+
+
+def run_ours() -> dict:
+    return _run_ours("eager")
+
+
+def run_ours_fused() -> dict:
+    return _run_ours("fused")
 
 
 def _run_torch(compiled: bool) -> dict:
@@ -161,7 +179,8 @@ if __name__ == "__main__":
         sys.exit(0)
     if "--child" in sys.argv:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights come from the package directory only
-        child_main({"tensorarena eager": run_ours, "pytorch eager": run_torch, "torch.compile": run_compiled})
+        child_main({"tensorarena eager": run_ours, "tensorarena fused": run_ours_fused, "pytorch eager": run_torch,
+                    "torch.compile": run_compiled})
         sys.exit(0)
     import subprocess
 
@@ -178,7 +197,7 @@ if __name__ == "__main__":
         subprocess.run([sys.executable, __file__, "--prepare", tokens], check=True)
         peak = measure_sgemm_peak()
         print(f"float32 GEMM peak on this machine: {peak:.1f} GFLOP/s; load {os.getloadavg()[0]:.2f} on "
-              f"{os.cpu_count()} cores")
+              f"{os.cpu_count()} cores of {cpu_name()}")
         flops = simcse_train_flops(**MINILM)
         summary = {"benchmark": "simcse", "sgemm_peak_gflops": peak, "machine_before": machine_note()}
         results = run_contenders(__file__, names, {"BENCH_STEPS": str(args.steps), "BENCH_TOKENS": tokens})

@@ -58,7 +58,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import child_main, time_torch_steps, time_trainer  # noqa: E402
+from common import child_main, cpu_name, time_torch_steps, time_trainer  # noqa: E402
 
 IMAGE, PATCH, CLASSES, LR, WEIGHT_DECAY = 224, 16, 10, 1e-3, 0.01
 WARMUP = 3
@@ -364,7 +364,7 @@ def print_verdict(v: dict) -> None:
 
 def machine_note() -> dict:
     """Cores and load, to read the numbers against: other processes share this machine."""
-    return {"cpus": os.cpu_count(), "loadavg": os.getloadavg()}
+    return {"cpu": cpu_name(), "cpus": os.cpu_count(), "loadavg": os.getloadavg()}
 
 
 if __name__ == "__main__":
@@ -385,7 +385,7 @@ if __name__ == "__main__":
     args = parser.parse_args()
     names = [n for n in args.contenders.split(",") if n]
     peak = measure_sgemm_peak()
-    print(f"float32 GEMM peak on this machine: {peak:.1f} GFLOP/s; load {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    print(f"float32 GEMM peak on this machine: {peak:.1f} GFLOP/s; load {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores of {cpu_name()}")
     summary = {"benchmark": "vit", "sgemm_peak_gflops": peak, "machine_before": machine_note(), "cases": {}}
     for key in [args.only] if args.only else list(CASES):
         case = CASES[key]

@@ -49,7 +49,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import interleave, interleaved_vit_parser, paired_ratios, write_json  # noqa: E402
+from common import cpu_name, interleave, interleaved_vit_parser, paired_ratios, write_json  # noqa: E402
 
 BAR = 0.7  # issue 4: fused step time <= 0.7x PyTorch eager
 
@@ -311,7 +311,7 @@ def main() -> None:
     ref = medians["pytorch eager"]
     at_peak_s = facts["product_flops"] / (peak * 1e9)
     print(f"ViT-{args.model} ({'batch 8' if args.model == 'tiny' else 'batch 1'}), float32, {args.rounds} rounds x "
-          f"{args.per_round} per contender, interleaved in one process")
+          f"{args.per_round} per contender, interleaved in one process; CPU: {cpu_name()}")
     print(f"products per step: {facts['linear_gemms']} linear GEMMs + {facts['attention_calls']} attention calls' "
           f"slices, {facts['product_flops'] / 1e9:.1f} GFLOP (bench/vit.py's count: "
           f"{facts['bench_vit_flops'] / 1e9:.1f})")
@@ -342,7 +342,7 @@ def main() -> None:
         print(f"bf16 floor (matmul_precision='bfloat16'): products with bf16 linear GEMMs "
               f"{medians['products, bf16 linear'] / ref:.3f}x PyTorch eager, "
               f"{medians['products, bf16 linear'] / ref16:.3f}x PyTorch eager with its bf16 matmul knob")
-    write_json(args.json, {"model": args.model, "rounds": args.rounds, "per_round": args.per_round,
+    write_json(args.json, {"model": args.model, "cpu": cpu_name(), "rounds": args.rounds, "per_round": args.per_round,
                            "median_step_s": medians, "step_times_s": times, "sgemm_peak_gflops": peak,
                            "x_pytorch_eager": {n: m / ref for n, m in medians.items()},
                            "paired_x_pytorch_eager": paired, "at_peak_x_pytorch_eager": at_peak_s / ref, "bar": BAR, "floor_x_pytorch_eager": floor,

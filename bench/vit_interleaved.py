@@ -33,7 +33,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import interleave, interleaved_vit_parser, paired_ratios, write_json  # noqa: E402
+from common import cpu_name, interleave, interleaved_vit_parser, paired_ratios, write_json  # noqa: E402
 
 # Our fused step re-running the model's Python ops each step (Trainer(fused_replay="python")).
 FUSED_PYTHON = "fused, python replay"
@@ -130,14 +130,14 @@ def main() -> None:
     paired = paired_ratios(times, "pytorch eager", args.per_round)
     paired_comp = paired_ratios(times, "torch.compile", args.per_round) if comp else None
     print(f"ViT-{args.model} ({'batch 8' if args.model == 'tiny' else 'batch 1'}), {args.rounds} rounds x "
-          f"{args.per_round} steps per contender, interleaved in one process; our GEMMs: {gemm}")
+          f"{args.per_round} steps per contender, interleaved in one process; our GEMMs: {gemm}; CPU: {cpu_name()}")
     print("x columns: ratio of whole-run medians / median over rounds of each round's ratio (common.paired_ratios)")
     print(f"{'contender':<30}{'median ms':>11}{'min ms':>10}{'x pytorch eager':>19}{'x torch.compile':>19}")
     for name, t in times.items():
         print(f"{name:<30}{medians[name] * 1e3:>11.1f}{min(t) * 1e3:>10.1f}"
               f"{f'{medians[name] / ref:.3f} / {paired[name]:.3f}':>19}"
               + (f"{f'{medians[name] / comp:.3f} / {paired_comp[name]:.3f}':>19}" if comp else ""))
-    out = {"model": args.model, "gemm_backend": gemm, "rounds": args.rounds, "per_round": args.per_round,
+    out = {"model": args.model, "cpu": cpu_name(), "gemm_backend": gemm, "rounds": args.rounds, "per_round": args.per_round,
            "median_step_s": medians, "step_times_s": times,
            "x_pytorch_eager": {n: m / ref for n, m in medians.items()},
            "x_torch_compile": {n: m / comp for n, m in medians.items()} if comp else None,
