@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--patch-size", type=int, default=16, help="vit: patch side in pixels")
     train.add_argument("--route", choices=["auto", "fused", "eager", "streaming"], default="auto",
                        help="training route; auto estimates each against --memory-limit before step 1 and takes "
-                            "fused if it fits, else streaming (mlp, vit)")
+                            "fused if it fits, else streaming (simcse has no streaming route: fused if it fits)")
     train.add_argument("--memory-limit", metavar="SIZE", default=None,
                        help="memory budget, e.g. 2G or 512M (default: the cgroup limit or available RAM, minus a "
                             "margin)")
