@@ -136,13 +136,32 @@ def load_batch(plan: "StepPlan", x: Any, y: Any) -> None:
 
 
 def second_batch(a: np.ndarray) -> np.ndarray:
-    """The checking passes' second batch B, made from the batch A: rolled by one along the last axis, so every
-    value moves; floats then scaled and shifted (x 1.5 + 0.25), integers with their smallest and largest
-    values swapped. Rolling alone keeps every statistic that ignores order (a mean, a std, how many ids are
-    padding or targets ignored), so a number the step computed from one of them would have been frozen
-    into the recording unseen; the change of values moves them (test_captured_replay shows a std)."""
-    b = np.roll(a, 1, axis=-1) if a.ndim else a.copy()  # the one copy: the rest is in place (a batch-sized
-    if b.dtype.kind == "f":                              # temporary stays in the heap's RSS after it is freed)
+    """The checking passes' second batch B, made from the batch A: its values moved and changed.
+
+    Rolling alone keeps every statistic that ignores order (a mean, a std, how many ids are padding or
+    targets ignored), so a number the step computed from one of them would have been frozen into the
+    recording unseen; the change of values moves them (test_captured_replay shows a std).
+    - Floats and 1-D integers: rolled by one along the last axis, so every value moves; floats then scaled
+      and shifted (x 1.5 + 0.25), integers with their smallest and largest values swapped.
+    - Integers of 2 or more dimensions: rolled by one along the batch axis (0), and the smallest and largest
+      values of each last-axis column swapped. Such an input may pack columns that index different tables
+      (token ids up to 30000 beside type ids 0..1): moved across columns, a value would index past the
+      smaller table, and the capture be refused for nothing (tests/test_captured_second_batch.py). If
+      that leaves B equal to A (a batch of one row, constant columns), B is made as for 1-D integers
+      (over the whole array) instead, so the check is not weakened.
+    """
+    if a.dtype.kind in "iu" and a.ndim >= 2 and a.size:
+        # One copy, the rest in place (a batch-sized temporary stays in the heap's RSS after it is freed).
+        b = np.roll(a, 1, axis=0)
+        leading = tuple(range(a.ndim - 1))
+        low, high = b.min(axis=leading), b.max(axis=leading)  # (k,): each column's own smallest and largest
+        was_low = b == low
+        np.copyto(b, low, where=b == high)  # low and high broadcast over the leading axes
+        np.copyto(b, high, where=was_low)
+        if not np.array_equal(b, a):
+            return b
+    b = np.roll(a, 1, axis=-1) if a.ndim else a.copy()  # the copy; the rest in place, as above
+    if b.dtype.kind == "f":
         b *= b.dtype.type(1.5)
         b += b.dtype.type(0.25)
     elif b.dtype.kind in "iu" and b.size:
