@@ -135,6 +135,40 @@ def available() -> bool:
     return _mkl_is_the_backend() and _gemm._mkl.bf16_fn is not None
 
 
+def _cpu_info() -> tuple[str, set[str]]:
+    """(vendor_id, flags) of this machine's first CPU in /proc/cpuinfo; ("", set()) where it cannot be read."""
+    vendor, flags = "", set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "vendor_id" and not vendor:
+                    vendor = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    return vendor, flags
+
+
+def slow_here() -> str:
+    """Why MKL's bf16 GEMM is likely slower than its float32 one on this CPU, or "" where it should be faster.
+
+    MKL picks its bf16 kernels by Intel CPU features (AMX-BF16, AVX512-BF16). On an AMD EPYC with
+    AVX512-BF16 it still ran a block of ViT-Tiny's linear products in 1.16x its float32 time, 1.47x
+    with our rounding of the operands (`python bench/gemm_bf16.py`; on an Intel Emerald Rapids: 0.53x).
+    """
+    vendor, flags = _cpu_info()
+    if vendor == "GenuineIntel" and flags & {"amx_bf16", "avx512_bf16"}:
+        return ""
+    what = f"{vendor or 'an unknown vendor'}'s CPU" + ("" if flags & {"amx_bf16", "avx512_bf16"} else
+                                                       " without bfloat16 units")
+    return (f"MKL has fast bfloat16 GEMMs only for Intel CPUs with AMX-BF16 or AVX512-BF16, and this is {what}: "
+            f"expect bfloat16 products to be slower than float32 ones here (an AMD EPYC measured 1.16x float32's "
+            f"time, 1.47x with the rounding; bench/gemm_bf16.py)")
+
+
 def in_kernels() -> bool:
     """Whether Numba kernels can call the bf16 GEMM by name (kernels.mkl_numba): attention's slice path
     (kernels.attention_heads) needs it for its bfloat16 products."""

@@ -44,6 +44,11 @@ def bf16_products(dtype) -> bool:
     if not _asked(dtype):
         return False
     if gemm_bf16.available():
+        if not _warned:  # bfloat16 was asked for, and runs; but where it costs time, say so once
+            _warned = True
+            slow = gemm_bf16.slow_here()
+            if slow:
+                log.warning("float32 matmul precision is 'bfloat16' and products run in bfloat16, but %s", slow)
         return True
     if not _warned:
         _warned = True
