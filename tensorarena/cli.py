@@ -37,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="model to train: mlp on digits, vit-* on generated images, simcse fine-tunes MiniLM")
     train.add_argument("--hidden", type=_int_tuple, default=(256, 256), help="hidden layer widths, comma-separated")
     train.add_argument("--activation", choices=["relu", "gelu", "tanh"], default="relu", help="hidden activation")
-    train.add_argument("--dropout", type=float, default=0.0, help="dropout probability after each hidden layer")
+    train.add_argument("--dropout", type=float, default=0.0,
+                       help="dropout probability: mlp after each hidden layer, vit on embeddings and in each block, "
+                            "simcse in the encoder (0: the checkpoint's own, 0.1)")
     train.add_argument("--steps", type=int, default=None, help="optimizer steps to run (default: the model's, mlp 400)")
     train.add_argument("--batch-size", type=int, default=None, help="examples per step (default: the model's, mlp 128)")
     train.add_argument("--optimizer", choices=["adamw", "adam", "sgd"], default="adamw", help="optimizer")
@@ -171,10 +173,38 @@ def train_mlp(args) -> dict:
     return finish(summary, json_path=args.json, saved_line=f"  checkpoint        {args.save}" if args.save else None, rate_digits=1)
 
 
+# Options of `tensorarena train` that only some models read: given to another model, they used to be
+# ignored without a word (--hidden 512 with --model vit-tiny trained the preset's widths).
+_VIT = {"vit-tiny", "vit-small", "vit-base"}
+MODEL_OPTIONS = {"hidden": {"mlp"}, "activation": {"mlp"}, "image_size": _VIT, "patch_size": _VIT,
+                 "train_size": {"mlp"} | _VIT, "test_size": {"mlp"} | _VIT, "seq_len": {"simcse"},
+                 "temperature": {"simcse"}, "store_dir": {"mlp"} | _VIT}
+
+
+def _given_options(argv: list[str] | None) -> set[str]:
+    """The `train` options the command line sets itself (not left to their defaults), by dest name."""
+    parser = build_parser()
+    train = parser._subparsers._group_actions[0].choices["train"]
+    for action in train._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv))) - {"command"}
+
+
+def check_model_options(model: str, given: set[str]) -> None:
+    """SystemExit naming an option given for a model that does not read it, and the models that do."""
+    for dest in sorted(given):
+        models = MODEL_OPTIONS.get(dest)
+        if models is not None and model not in models:
+            flag = "--" + dest.replace("_", "-")
+            raise SystemExit(f"tensorarena train: {flag} does not apply to --model {model}; it is read by "
+                             f"--model {' / '.join(sorted(models))} only")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `tensorarena` command."""
     args = build_parser().parse_args(argv)
     if args.command == "train":
+        check_model_options(args.model, _given_options(argv))
         cmd_train(args)
     elif args.command == "plan":
         from .train.plan_job import cmd_plan

@@ -246,6 +246,41 @@ def test_cli_train_says_when_no_route_fits_the_memory_limit(capsys):
     assert "chosen: none" in capsys.readouterr().err  # the plan's table, printed before step 1
 
 
+@pytest.mark.parametrize("argv,message", [
+    (["--model", "vit-tiny", "--hidden", "64"], "--hidden does not apply to --model vit-tiny; it is read by --model mlp only"),
+    (["--model", "simcse", "--image-size", "64"], "--image-size does not apply to --model simcse"),
+    (["--temperature", "0.1"], "--temperature does not apply to --model mlp; it is read by --model simcse only"),
+    (["--model", "vit-small", "--seq-len", "32"], "--seq-len does not apply to --model vit-small"),
+    (["--model", "simcse", "--train-size", "10"], "--train-size does not apply to --model simcse"),
+])
+def test_cli_train_refuses_an_option_the_model_does_not_read(argv, message):
+    # These used to be ignored without a word: --hidden 64 with --model vit-tiny trained the preset's widths.
+    from tensorarena.cli import main
+
+    with pytest.raises(SystemExit, match=message):
+        main(["train", "--steps", "1", "--no-progress"] + argv)
+
+
+def test_cli_options_left_to_their_defaults_are_not_given():
+    from tensorarena.cli import _given_options, check_model_options
+
+    given = _given_options(["train", "--model", "vit-tiny", "--dropout", "0.1", "--image-size", "32"])
+    assert given == {"model", "dropout", "image_size"}
+    check_model_options("vit-tiny", given)  # all read by ViT: no error
+
+
+def test_cli_vit_takes_dropout():
+    from tensorarena.cli import build_parser
+    from tensorarena.train.vit_job import build_vit
+
+    args = build_parser().parse_args(["train", "--model", "vit-tiny", "--dropout", "0.1", "--image-size", "32"])
+    model = build_vit(args)
+    assert model.config.dropout == 0.1 and model.pos_drop.p == 0.1
+    args.dropout = 1.0
+    with pytest.raises(SystemExit, match=r"--dropout must be in \[0, 1\), got 1.0"):
+        build_vit(args)
+
+
 def test_step_rate_leaves_out_step_one():
     from tensorarena.train.summary import step_rate
 

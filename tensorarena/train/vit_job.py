@@ -39,8 +39,11 @@ def build_vit(args):
     if args.image_size % args.patch_size:
         raise SystemExit(f"tensorarena train: --image-size {args.image_size} must be a multiple of "
                          f"--patch-size {args.patch_size}")
+    dropout = getattr(args, "dropout", 0.0)  # `tensorarena plan` builds the model without one
+    if not 0 <= dropout < 1:
+        raise SystemExit(f"tensorarena train: --dropout must be in [0, 1), got {dropout}")
     config = getattr(ViTConfig, preset)(image_size=args.image_size, patch_size=args.patch_size,
-                                        num_classes=NUM_CLASSES)
+                                        num_classes=NUM_CLASSES, dropout=dropout)
     return ViT(config, rng=np.random.default_rng(args.seed))
 
 
