@@ -23,7 +23,7 @@ import numpy as np
 
 from ..nn import Dropout, Embedding, LayerNorm, Linear, Module, TransformerBlock, init
 from ..nn.module import _as_array
-from ..ops._base import new
+from ..ops._base import count_up, new
 from ..tape import host
 from ..tensor import Tensor
 
@@ -99,10 +99,6 @@ class BertConfig:
         return out
 
 
-def _count_up(out: np.ndarray) -> None:
-    out[...] = np.arange(out.shape[0])
-
-
 class BertEmbeddings(Module):
     """word + position + token-type embeddings, LayerNorm, dropout. Shape: int (B, T) -> (B, T, hidden)."""
 
@@ -119,7 +115,7 @@ class BertEmbeddings(Module):
         T = input_ids.shape[1]
         x = self.word_embeddings(input_ids)  # (B, T, hidden)
         positions = new((T,), np.int64)  # an arena buffer, not a heap array: a captured fused step reads it too
-        host(_count_up, positions)
+        host(count_up, positions)
         x = x + self.position_embeddings(positions)  # (T, hidden), broadcast over the batch
         x = x + self.token_type_embeddings(token_type_ids)
         return self.drop(self.norm(x))

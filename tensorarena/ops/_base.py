@@ -50,6 +50,11 @@ def new(shape: tuple[int, ...], dtype) -> np.ndarray:
     return empty(tuple(shape), dtype)
 
 
+def count_up(out: np.ndarray) -> None:
+    """out[i] = i for a 1-D array: with tape.host, index arrays (positions, labels) a captured step writes itself."""
+    out[...] = np.arange(out.shape[0])
+
+
 def grad_out(parent: Tensor | None, shape: tuple[int, ...], dtype) -> np.ndarray:
     """Buffer for `parent`'s gradient: its persistent .grad buffer when autograd allows a
     direct write (a parameter used once), else a transient one from the arena. The backward
