@@ -1,14 +1,17 @@
-"""A captured fused step follows changes of kernel dispatch made between steps, as the Python replay does.
+"""A fused step follows changes of kernel dispatch made between steps, on both replays.
 
-A recording calls the kernels handed out when it was made (tape.recorded); kernels.generation() counts
-the changes of dispatch, and a captured step whose generation is stale records its step again
-(compile/captured.changed). Without that, a switch to the reference kernels, to NumPy's GEMMs or off the
-GEMM jobs was silently ignored by the captured replay. Shown to fail without the fix: with
-compile/captured.changed made to ignore the generation,
-`python -m pytest -q -p no:cacheprovider tests/test_captured_dispatch.py` gave 4 failed, 1 passed: the
-captured steps under each switch went on calling the fused kernels (gemm, gelu, dropout, adam) or the
-'one_core' GEMM route, and on three of the switches their losses parted from the Python replay's (by
-1.2e-7) at the first step where the recorded kernels rounded differently.
+A recording calls the kernels handed out when it was made (tape.recorded), and a plan traced under one
+dispatch may ask for other scratch buffers under another (attention's reference twin does). So plans
+are keyed by kernels.dispatch_key(): a switch traces and records a plan of its own, and a switch back
+finds the first plan with its recording (compile/step.py plan_for). Shown to fail without it:
+- with the captured recordings unaware of the switch (compile/captured.changed ignoring the dispatch,
+  plans keyed by batch signature alone), the four MLP cases failed: the captured steps under each
+  switch went on calling the fused kernels (gemm, gelu, dropout, adam) or the 'one_core' GEMM route, and
+  on three of the switches their losses parted from the Python replay's (by 1.2e-7);
+- with plans keyed by batch signature alone (`key = (sig, ())` in plan_for), all five cases failed, the
+  ViT one on the Python replay too, with a PlanMismatchError at the first step under the switch
+  ("the trace had ops.linalg.linear -> (8, 17, 32) float32, this step asked for (8, 4, 17, 8)"); so did
+  `python bench/gemm.py --steps tiny`, which switches GEMM backends between steps.
 """
 
 from __future__ import annotations
@@ -26,13 +29,11 @@ from tensorarena.kernels import gemm_jobs as J
 from tensorarena.models import MLP, MLPConfig
 from tensorarena.nn.functional import cross_entropy
 from tensorarena.train.trainer import Trainer
-from test_captured_replay import _assert_same, _mlp, _rows
+from test_captured_replay import _assert_same, _images, _mlp, _rows, _vit
 
 
 def _gelu_mlp():
-    # More kernels than _mlp's: gelu and dropout. (Not a ViT: its attention's fused and reference kernels
-    # take different scratch buffers, so the plan traced under one does not replay under the other, on
-    # either replay: a PlanMismatchError at the first step after the switch.)
+    # More kernels than _mlp's: gelu and dropout.
     config = MLPConfig(in_features=12, hidden=(16, 16), out_features=4, activation="gelu", dropout=0.1)
     return MLP(config, rng=np.random.default_rng(0))
 
@@ -101,6 +102,9 @@ CASES = {
     "use_reference": (_mlp, lambda: _rows(3), _reference_forced, _reference_only, _fused_again),
     "gemm_use_backend_numpy": (_mlp, lambda: _rows(3), _numpy_gemms, _numpy_gemm_only, _fused_again),
     "gemm_jobs_off": (_mlp, lambda: _rows(3), _no_gemm_jobs, _threads_only, _jobs_again),
+    # attention's reference twin asks for other scratch buffers than its fused kernel: a plan of its own
+    "vit_using_reference": (_vit, lambda: _images(3), lambda: kernels.using("reference"), _reference_only,
+                            _fused_again),
 }
 
 
@@ -138,8 +142,12 @@ def test_a_captured_step_follows_a_switch_of_kernel_dispatch(case, caplog):
     under(counts[1])
     after(counts[2])
     assert [c[("fused_replay", "captured")] for c in counts] == [3, 3, 3]  # never fell back to the Python replay
-    assert all(c.tape is not None for c in captures) and len({id(c) for c in captures}) == 3  # recorded anew twice
-    assert caplog.text.count("the kernel dispatch changed since its step was recorded") == 2
+    # under the switch: a plan of its own, recorded; after it: the first plan, and its recording, again
+    assert all(c.tape is not None for c in captures) and captures[0] is captures[2] is not captures[1]
+    trainer = captured[1]
+    assert trainer.fused.traces == 2 and len(trainer.fused.plans) == 2
+    assert caplog.text.count("the kernel dispatch changed since") == 1
+    assert "recording it again" not in caplog.text
     # the same switches on the Python replay: the same calls on the same buffers, so bit for bit
     _assert_same(python[:3], captured[:3])
 

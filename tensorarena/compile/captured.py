@@ -37,9 +37,10 @@ Ops keep their array work inside kernels or `tape.host` calls (ops/_base.py, ari
 reduce.py, index.py, loss.py, shape.py, nn_ops.py, attention.py, autograd's gradient accumulation).
 
 A recording holds the kernels handed out when it was made, and the modules' state it was made under.
-Before each captured step, `changed` compares both (kernels.generation, ModelState): after a switch
-that the Python replay would follow (kernels.use_reference, gemm.use_backend, ...; a dropout
-probability set anew), the plan records its step again.
+A switch of kernel dispatch (kernels.use_reference, gemm.use_backend, ...) gives the step a plan of its
+own (FusedStep.plan_for keys plans by kernels.dispatch_key), recorded anew; before each captured step,
+`changed` compares the dispatch again (a safety net) and the modules' state (ModelState: e.g. a dropout
+probability set anew), and the plan records its step again after a change.
 
 On ViT, the MLP and BERT the recording passes the checks and trains bit for bit as the Python
 replay (tests/test_captured_replay.py, tests/test_captured_ops.py).
@@ -87,7 +88,7 @@ class Capture:
     prepared: dict = field(default_factory=dict)
     prepared_generation: int = 0
     state: "ModelState | None" = None  # the model's state when recorded: a replay after a change records again
-    dispatch: int = 0  # kernels.generation() when recorded: the recorded calls are the kernels handed out then
+    dispatch: tuple = ()  # kernels.dispatch_key() when recorded: the recorded calls are the kernels handed out then
 
 
 class GradSink:
@@ -257,11 +258,13 @@ class ModelState:
 
 def changed(capture: Capture) -> str | None:
     """Why `capture` no longer does what the Python replay would, or None: the kernel dispatch changed
-    (kernels.generation: the recording calls the kernels handed out when it was made, where the Python
-    replay asks kernels.kernel each step), or the model's state did (ModelState)."""
+    (kernels.dispatch_key: the recording calls the kernels handed out when it was made, where the Python
+    replay asks kernels.kernel each step; plans are keyed by it, so this is a safety net), or the model's
+    state did (ModelState)."""
     if capture.tape is None:
         return None
-    if capture.dispatch != kernels.generation():  # an int compare: this runs before every captured step
+    now = kernels.dispatch_key()  # cached between changes: this runs before every captured step
+    if capture.dispatch is not now and capture.dispatch != now:
         return ("the kernel dispatch changed since its step was recorded (kernels.use_reference or using, "
                 "kernels.register, gemm.use_backend or gemm_jobs.use_jobs)")
     if capture.state is not None and capture.state.changed():
@@ -278,7 +281,7 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
         return _refused("the second batch made from this one (second_batch) equals it, so the recording "
                         "cannot be checked against a second batch")
     sink = step.grad_sink
-    dispatch = kernels.generation()  # the kernels the recording will hold are the ones handed out now
+    dispatch = kernels.dispatch_key()  # the kernels the recording will hold are the ones handed out now
     saved = _rng_states(step.model)  # every pass starts from these states, and the real steps after them
     tape = Tape()
     try:

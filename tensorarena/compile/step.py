@@ -46,7 +46,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import autograd, tape
+from .. import autograd, kernels, tape
 from ..kernels import calls
 from ..memory.arena import Arena
 from ..memory.meter import format_bytes
@@ -203,7 +203,7 @@ class FusedStep:
                  if self.update_in_backward else "flat gradients, one update kernel per group after backward "
                  f"({'clip_grad_norm needs every gradient first' if clip_grad_norm is not None else 'asked for'})")
         self.flat = FlatState(model, optimizer, keep_grads=not self.update_in_backward)
-        self.plans: OrderedDict[Signature, StepPlan] = OrderedDict()
+        self.plans: OrderedDict[tuple, StepPlan] = OrderedDict()  # (signature, kernels.dispatch_key()) -> plan
         self.traces = 0  # how many times a step was traced (first signature + every retrace)
         self.replays = 0
 
@@ -219,18 +219,26 @@ class FusedStep:
         return self.plan.memory_report()
 
     def plan_for(self, inputs: Any, targets: Any) -> StepPlan:
-        """The plan for this batch's signature, tracing it (and evicting the least recently used) if new."""
+        """The plan for this batch's signature under the kernel dispatch in force (kernels.dispatch_key),
+        tracing it (and evicting the least recently used) if new."""
         sig = batch_signature(inputs, targets)
-        plan = self.plans.get(sig)
+        # Kernel dispatch is part of the key: a switch (kernels.use_reference, gemm.use_backend, ...) may
+        # change which scratch buffers the step asks for, so the plan traced before it would not replay
+        # (PlanMismatchError). Such a switch traces a plan of its own; switching back finds the first.
+        key = (sig, kernels.dispatch_key())
+        plan = self.plans.get(key)
         if plan is not None:
-            self.plans.move_to_end(sig)
+            self.plans.move_to_end(key)
             return plan
-        if self.plans:
+        if any(cached == sig for cached, _ in self.plans):
+            log.info("fused route: the kernel dispatch changed since %s was traced (kernels.use_reference, "
+                     "gemm.use_backend, ...); tracing it under the new one (%d plan(s) cached)", sig, len(self.plans))
+        elif self.plans:
             log.info("fused route: new batch signature %s, retracing (%d plan(s) cached)", sig, len(self.plans))
         plan = self._trace(inputs, targets, sig)
-        self.plans[sig] = plan
+        self.plans[key] = plan
         while len(self.plans) > self.max_plans:
-            old, _ = self.plans.popitem(last=False)
+            (old, _), _ = self.plans.popitem(last=False)
             log.info("fused route: evicted the plan for %s (max_plans=%d)", old, self.max_plans)
         return plan
 

@@ -8,9 +8,10 @@ can assert the route that actually ran.
 
 `generation()` counts the changes of dispatch (use_reference to the other value, register replacing
 or adding an implementation once the kernel files are loaded, unregister, gemm.use_backend,
-gemm_jobs.use_jobs): a captured fused step keeps calling the functions it recorded, so it compares the
-generation it was recorded under before each step and records again after a change
-(compile/captured.changed).
+gemm_jobs.use_jobs), and `dispatch_key()` says what the dispatch is now. A fused step keys its plans by
+the key, so a switch traces a plan of its own (the old one may ask for other scratch buffers) and a
+captured recording, which keeps calling the functions it recorded, is made for the new plan
+(compile/step.py plan_for, compile/captured.changed).
 """
 
 from __future__ import annotations
@@ -57,6 +58,30 @@ def dispatch_changed() -> None:
     """Note that the kernel a name hands out (or how it runs, e.g. gemm_jobs.use_jobs) changed."""
     global _generation
     _generation += 1
+
+
+_key_cache: tuple[int, tuple] | None = None  # (generation, dispatch_key() at that generation)
+
+
+def dispatch_key() -> tuple:
+    """The kernels a step is handed now, as one hashable value: whether the reference twins are forced,
+    whether products may run as gemm_jobs, and the function each kernel name hands out (the objects
+    themselves, so an id is never reused while a key holds it). A fused step keys its plans by it: a
+    plan traced under one dispatch may ask for other scratch buffers under another (attention's
+    reference twin does), so a switch traces a plan of its own, and a switch back finds the first one
+    with its recording. Rebuilt only after dispatch_changed(); otherwise two compares."""
+    global _key_cache
+    if _key_cache is None or _key_cache[0] != _generation:
+        _load()
+        from . import gemm_jobs
+
+        chosen = []
+        for name in sorted(_registry):
+            if _registry[name]:  # every implementation unregistered: nothing to hand out
+                impl = choose(name)
+                chosen.append((name, impl, _registry[name][impl]))
+        _key_cache = (_generation, (_force_reference, gemm_jobs.enabled(), tuple(chosen)))
+    return _key_cache[1]
 
 
 def register(name: str, impl: str, fn: Callable) -> Callable:

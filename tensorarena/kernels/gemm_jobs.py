@@ -79,6 +79,11 @@ def column_bands(job: tuple[int, ...], parts: int, itemsize: int) -> list[tuple[
             for lo, hi in zip(cuts, cuts[1:]) if hi > lo]
 
 
+def enabled() -> bool:
+    """Whether these routes are on (`use_jobs`); part of kernels.dispatch_key."""
+    return _enabled
+
+
 def use_jobs(flag: bool) -> None:
     """Turn these routes on (default) or off, process-wide: off, every product is one call on MKL's
     threads, as before they existed (`python bench/gemm.py --steps base --routes` alternates the two)."""
