@@ -83,6 +83,10 @@ def record_calls(trainer, xs, ys, names=None) -> list:
         for impl, fn in impls.items():
             kernels.register(name, impl, watch(name, fn))
     try:
+        # The watchers are a change of kernel dispatch, under which a fused trainer traces a plan of its
+        # own (kernels.dispatch_key): that first step is the trace, the one recorded is a replay of it.
+        trainer.step(xs, ys)
+        seen.clear()
         trainer.step(xs, ys)
     finally:
         for name, impls in originals.items():
