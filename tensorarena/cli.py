@@ -136,8 +136,12 @@ def cmd_train(args) -> dict:
     except MemoryError as err:
         # The Trainer's message names the budget, what the run needs and what to change (a --memory-limit
         # no route fits, or an out-of-memory the streaming route could not absorb): the user's error, said
-        # as one, without a traceback.
-        raise SystemExit(f"tensorarena train: {err}") from None
+        # as one, without a traceback. With --route auto the job printed the route table before step 1,
+        # so the message's own copy of it is left out.
+        text = str(err)
+        if args.route == "auto" and text.startswith("no training route fits"):
+            text = text.split("\n", 1)[0]
+        raise SystemExit(f"tensorarena train: {text}") from None
 
 
 MLP_DEFAULTS = {"steps": 400, "batch_size": 128, "lr": 2e-3, "warmup": 20}
