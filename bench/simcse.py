@@ -110,7 +110,18 @@ def _run_ours(route: str, replay: str = "auto") -> dict:
     trainer = Trainer(model, optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY), _model_loss,
                       route=route, fused_replay=replay)
     ids = _tokens()["input_ids"]  # SimCSE rebuilds the mask from [PAD] ids; token types are all 0
+    if route != "fused":
+        return time_trainer(trainer, ids, None, warmup=WARMUP, steps=_steps())
+    # As bench/vit.py checks ViT's: the RSS the run adds against the plan's prediction, made before step 1.
+    from tensorarena.kernels.warmup import compile_all
+    from tensorarena.memory.meter import rss_bytes
+
+    compile_all()
+    baseline = rss_bytes()
+    report = trainer.compile(ids, None).memory_report()
     result = time_trainer(trainer, ids, None, warmup=WARMUP, steps=_steps())
+    result.update(predicted_growth_bytes=report["predicted_growth"], measured_growth_bytes=rss_bytes() - baseline)
+    result["prediction_ratio"] = result["measured_growth_bytes"] / report["predicted_growth"]
     if route == "fused":
         ran = fused_replay(trainer)
         if not ran.startswith("python" if replay == "python" else "captured"):
@@ -214,6 +225,10 @@ if __name__ == "__main__":
     print_table(title, results)
     v = verdict(results, slope_bar=False)
     print_verdict(v)
+    for name, r in results.items():
+        if "prediction_ratio" in r:
+            print(f"{name}: measured RSS growth / memory_report() predicted growth = {r['prediction_ratio']:.3f} "
+                  f"({r['measured_growth_bytes'] / 2**20:.1f} / {r['predicted_growth_bytes'] / 2**20:.1f} MiB)")
     for r in results.values():
         r.pop("step_times_s", None)
     summary.update({"title": title, "steps": args.steps, "flops_per_step": flops, "results": results, "verdict": v,
