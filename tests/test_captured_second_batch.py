@@ -3,7 +3,7 @@
 The second checking batch used to roll an integer input along its last axis and swap the batch's global
 smallest and largest values, moving ids of one column into another: the Python pass on it indexed past
 the smaller table, and the capture was refused (safely, but the step then kept the slower Python replay).
-Now each value stays within its own last-axis column's values. Shown to fail before the change:
+Now each value stays within the values its own position held over the batch. Shown to fail before the change:
 `python -m pytest -q -p no:cacheprovider tests/test_captured_second_batch.py` gave 2 failed, 1 passed
 (the two-table model's capture was refused with "replaying the recording failed (IndexError: embedding:
 index 36 is out of range for num_embeddings=2 ...)", and the unit test's columns took each other's values).
@@ -78,6 +78,19 @@ def test_second_batch_keeps_each_integer_column_within_its_own_values():
     assert not np.array_equal(d, c)
     for j in range(2):
         assert set(np.unique(d[..., j])) <= set(np.unique(c[..., j]))
+    # (B, 2, T): ids and mask packed along a middle axis (test_captured_replay's _MaskedBert). Taking the
+    # ranges over the whole array but the last axis put ids into the mask's channel.
+    e = np.stack([rng.integers(1, 40, (4, 7)), rng.integers(0, 2, (4, 7))], axis=1)
+    f = second_batch(e)
+    assert not np.array_equal(f, e)
+    assert set(np.unique(f[:, 1])) <= {0, 1} and set(np.unique(f[:, 0])) <= set(np.unique(e[:, 0]))
+
+
+def test_second_batch_of_two_rows_still_changes_within_columns():
+    # Two rows: rolled, they swap; swapping each column's smallest and largest swaps them back. The swap
+    # alone changes them, each column keeping its own values (before: the global change mixed them).
+    a = np.array([[41, 1], [7, 0]])
+    np.testing.assert_array_equal(second_batch(a), [[7, 0], [41, 1]])
 
 
 def test_second_batch_falls_back_to_the_global_change_when_columns_cannot_change():

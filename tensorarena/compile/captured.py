@@ -144,23 +144,25 @@ def second_batch(a: np.ndarray) -> np.ndarray:
     recording unseen; the change of values moves them (test_captured_replay shows a std).
     - Floats and 1-D integers: rolled by one along the last axis, so every value moves; floats then scaled
       and shifted (x 1.5 + 0.25), integers with their smallest and largest values swapped.
-    - Integers of 2 or more dimensions: rolled by one along the batch axis (0), and the smallest and largest
-      values of each last-axis column swapped. Such an input may pack columns that index different tables
-      (token ids up to 30000 beside type ids 0..1): moved across columns, a value would index past the
-      smaller table, and the capture be refused for nothing (tests/test_captured_second_batch.py). If
-      that leaves B equal to A (a batch of one row, constant columns), B is made as for 1-D integers
-      (over the whole array) instead, so the check is not weakened.
+    - Integers of 2 or more dimensions: rolled by one along the batch axis (0), and at every position
+      along the other axes the smallest and largest values over the batch swapped. Such an input may pack
+      columns that index different tables (token ids up to 30000 beside type ids 0..1, on the last axis
+      or a middle one, as (B, 2, T) ids and mask): moved across them, a value would index past the
+      smaller table, and the capture be refused for nothing (tests/test_captured_second_batch.py). With
+      a batch of two rows the roll and the swap undo each other, so the swap alone is tried next; if B
+      still equals A (a batch of one row, constant positions), B is made as for 1-D integers (over the
+      whole array) instead, so the check is not weakened.
     """
     if a.dtype.kind in "iu" and a.ndim >= 2 and a.size:
-        # One copy, the rest in place (a batch-sized temporary stays in the heap's RSS after it is freed).
-        b = np.roll(a, 1, axis=0)
-        leading = tuple(range(a.ndim - 1))
-        low, high = b.min(axis=leading), b.max(axis=leading)  # (k,): each column's own smallest and largest
-        was_low = b == low
-        np.copyto(b, low, where=b == high)  # low and high broadcast over the leading axes
-        np.copyto(b, high, where=was_low)
-        if not np.array_equal(b, a):
-            return b
+        for rolled in (True, False):
+            # One copy, the rest in place (a batch-sized temporary stays in the heap's RSS after it is freed).
+            b = np.roll(a, 1, axis=0) if rolled else a.copy()
+            low, high = b.min(axis=0), b.max(axis=0)  # each position's own smallest and largest, over the batch
+            was_low = b == low
+            np.copyto(b, low, where=b == high)  # low and high broadcast over the batch axis
+            np.copyto(b, high, where=was_low)
+            if not np.array_equal(b, a):
+                return b
     b = np.roll(a, 1, axis=-1) if a.ndim else a.copy()  # the copy; the rest in place, as above
     if b.dtype.kind == "f":
         b *= b.dtype.type(1.5)
