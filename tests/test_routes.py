@@ -192,6 +192,24 @@ def test_plan_command_estimates_the_fused_gradients_as_train_would_hold_them(cap
     assert fused["0"]["total"] < fused["1.0"]["total"] - fused["1.0"]["parts"]["grads"] / 2
 
 
+def test_plan_command_plans_simcse_as_its_train_job_does(capsys):
+    # `tensorarena plan` knew only mlp and vit; `tensorarena train --model simcse` plans with route=auto too.
+    from tensorarena.text import locate_minilm
+
+    try:
+        locate_minilm()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    main(["plan", "--model", "simcse", "--batch", "2", "--seq-len", "8", "--memory-limit", "4G", "--json"])
+    out = capsys.readouterr().out
+    assert out.startswith("simcse, batch 2 x 8 tokens, adamw, 22,565,376 parameters")
+    estimates = json.loads(out.strip().splitlines()[-1])
+    assert estimates["chosen"] == "fused" and set(estimates["estimates"]) == {"fused", "eager"}  # no stream_stages()
+    assert estimates["estimates"]["fused"]["parts"]["activations (slab)"] > 0
+    with pytest.raises(SystemExit, match="simcse needs --batch >= 2"):
+        main(["plan", "--model", "simcse", "--batch", "1"])
+
+
 # -- stores ---------------------------------------------------------------------------------------------
 
 def test_an_unwritable_store_dir_fails_before_step_1(tmp_path):

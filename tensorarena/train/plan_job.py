@@ -22,12 +22,13 @@ def add_plan_parser(sub) -> None:
     plan = sub.add_parser(
         "plan", help="estimate each training route's memory and pick one",
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    plan.add_argument("--model", choices=["mlp", "vit-tiny", "vit-small", "vit-base"], default="vit-base")
-    plan.add_argument("--batch", type=int, default=8, help="examples per step")
+    plan.add_argument("--model", choices=["mlp", "vit-tiny", "vit-small", "vit-base", "simcse"], default="vit-base")
+    plan.add_argument("--batch", type=int, default=8, help="examples per step (simcse: sentences, each run twice)")
     plan.add_argument("--memory-limit", metavar="SIZE", default=None,
                       help="budget, e.g. 2G (default: the cgroup limit or available RAM, minus a margin)")
     plan.add_argument("--image-size", type=int, default=NATIVE_IMAGE, help="vit: image side")
     plan.add_argument("--patch-size", type=int, default=16, help="vit: patch side")
+    plan.add_argument("--seq-len", type=int, default=64, help="simcse: tokens per sentence")
     plan.add_argument("--optimizer", choices=["adamw", "adam", "sgd"], default="adamw")
     plan.add_argument("--clip", type=float, default=1.0,
                       help="global gradient-norm clip, as `tensorarena train --clip` (0: none, so the fused step "
@@ -36,6 +37,9 @@ def add_plan_parser(sub) -> None:
 
 
 def _model_and_batch(args):
+    """(model, inputs, targets, loss function) of the job `tensorarena train --model args.model` runs."""
+    from ..nn.functional import cross_entropy
+
     rng = np.random.default_rng(0)
     if args.model == "mlp":
         from ..data.digits import NUM_CLASSES, SIZE
@@ -43,34 +47,57 @@ def _model_and_batch(args):
 
         model = MLP(MLPConfig(in_features=SIZE * SIZE, hidden=(256, 256), out_features=NUM_CLASSES), rng=rng)
         x = np.zeros((args.batch, SIZE * SIZE), np.float32)
-        return model, x, np.zeros(args.batch, np.int64)
+        return model, x, np.zeros(args.batch, np.int64), cross_entropy
+    if args.model == "simcse":
+        return _simcse_and_batch(args)
     from .vit_job import build_vit
 
     args.seed = 0
     model = build_vit(args)
     x = np.zeros((args.batch, 3, args.image_size, args.image_size), np.float32)
-    return model, x, np.zeros(args.batch, np.int64)
+    return model, x, np.zeros(args.batch, np.int64), cross_entropy
+
+
+def _simcse_and_batch(args):
+    """SimCSE over all-MiniLM-L6-v2, as `tensorarena train --model simcse` builds it, and a batch of
+    args.batch unpadded sentences of args.seq_len tokens (the job pads every batch to that length)."""
+    from ..models.bert import BertModel
+    from ..models.simcse import SimCSE
+    from ..text import locate_minilm
+    from .simcse_job import _model_loss
+
+    if args.batch < 2:
+        raise SystemExit("tensorarena plan: simcse needs --batch >= 2 (the other sentences are the negatives)")
+    try:
+        encoder = BertModel.from_pretrained(locate_minilm(), rng=np.random.default_rng(0))
+    except FileNotFoundError as e:
+        raise SystemExit(f"tensorarena plan: {e}") from None
+    if not 3 <= args.seq_len <= encoder.config.max_position_embeddings:
+        raise SystemExit(f"tensorarena plan: --seq-len must be in [3, {encoder.config.max_position_embeddings}], "
+                         f"got {args.seq_len}")
+    ids = np.full((args.batch, args.seq_len), encoder.config.pad_token_id + 1, np.int64)  # no padding
+    return SimCSE(encoder, pad_id=encoder.config.pad_token_id), ids, None, _model_loss
 
 
 def cmd_plan(args) -> dict:
     from .. import optim
     from ..memory.budget import resolve_budget
-    from ..nn.functional import cross_entropy
     from .route_plan import plan_routes
 
     if args.batch <= 0:
         raise SystemExit(f"tensorarena plan: --batch must be positive, got {args.batch}")
-    model, x, y = _model_and_batch(args)
+    model, x, y, loss_fn = _model_and_batch(args)
     params = model.parameters()
     opt = {"adamw": optim.AdamW, "adam": optim.Adam}.get(args.optimizer, lambda p: optim.SGD(p, momentum=0.9))(params)
     budget = resolve_budget(args.memory_limit)
     # As the Trainer resolves update_in_backward: clipping needs every gradient, so flat gradients.
-    plan = plan_routes(model, opt, cross_entropy, x, y, budget, routes=("fused", "eager", "streaming"),
+    plan = plan_routes(model, opt, loss_fn, x, y, budget, routes=("fused", "eager", "streaming"),
                        fused_keeps_grads=bool(args.clip))
-    # route="auto" chooses between fused and streaming; eager is shown for comparison.
-    auto = next((r for r in ("fused", "streaming") if plan.estimates[r].fits), None)
-    print(f"{args.model}, batch {args.batch}" + (f", {args.image_size}x{args.image_size}" if args.model != "mlp" else "")
-          + f", {args.optimizer}, {model.num_parameters():,} parameters")
+    # route="auto" chooses between fused and streaming; eager is shown for comparison. A model without
+    # stream_stages() (simcse) has no streaming estimate.
+    auto = next((r for r in ("fused", "streaming") if r in plan.estimates and plan.estimates[r].fits), None)
+    shape = {"mlp": "", "simcse": f" x {args.seq_len} tokens"}.get(args.model, f", {args.image_size}x{args.image_size}")
+    print(f"{args.model}, batch {args.batch}{shape}, {args.optimizer}, {model.num_parameters():,} parameters")
     print(plan.format().replace(f"chosen: {plan.chosen}", f"chosen by route=auto: {auto}", 1)
           if plan.chosen != auto else plan.format())
     if args.json:
