@@ -94,7 +94,7 @@ def _run_ours(route: str, replay: str = "auto") -> dict:
     from tensorarena.models.bert import BertModel
     from tensorarena.models.simcse import SimCSE
     from tensorarena.random import manual_seed
-    from tensorarena.train.classifier_job import fused_replay
+    from tensorarena.train.summary import fused_replay
     from tensorarena.train.simcse_job import _model_loss
     from tensorarena.train.trainer import Trainer
 

@@ -11,7 +11,7 @@ from ..data.loader import BatchLoader
 from ..memory.meter import peak_rss_bytes, rss_bytes
 from ..nn.functional import cross_entropy
 from ..nn.module import Module
-from .summary import bf16_products_since, step_rate
+from .summary import bf16_products_since, plan_before_step_1, print_fused_lines, route_summary, step_rate
 from .trainer import Trainer
 
 
@@ -39,11 +39,8 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
     rss_before = rss_bytes()
     products_before = bf16_products_since()
     remaining = max(args.steps - trainer.step_count, 0)
-    planning = None
-    if route == "auto" and remaining:  # the choice, and why, before step 1 (shapes are all it needs)
-        planned = time.perf_counter()  # traces the step: the kernels compile (or load from cache) here
-        print(trainer.plan(x_train[:loader.batch_size], y_train[:loader.batch_size]).format(), file=sys.stderr)
-        planning = time.perf_counter() - planned
+    # The choice, and why, before step 1 (shapes are all it needs).
+    planning = plan_before_step_1(trainer, x_train[:loader.batch_size], y_train[:loader.batch_size]) if remaining else None
     started = time.perf_counter()
     bar = tqdm(total=remaining, disable=args.no_progress, unit="step", file=sys.stderr)
     for _ in range(remaining):
@@ -61,43 +58,16 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
     high_waters = [r.arena_high_water for r in reports]
     return {
         "model": args.model, "route": last.route if last else trainer.route, "steps": trainer.step_count,
-        "memory_budget_bytes": trainer.budget.nbytes, "memory_budget_source": trainer.budget.source,
-        "route_plan": trainer.route_plan.format() if trainer.route_plan else None,
-        "route_switches": trainer.route_switches,
-        "fused_update": fused_update(trainer), "fused_replay": fused_replay(trainer),
+        **route_summary(trainer, planning),
         "matmul_precision": trainer.matmul_precision, "bf16_products": bf16_products_since(products_before),
         "first_loss": first.loss if first else None, "final_loss": last.loss if last else None,
         "test_loss": held_out["loss"], "test_accuracy": held_out["accuracy"],
-        **step_rate([r.seconds for r in reports], elapsed), "route_planning_seconds": planning,
+        **step_rate([r.seconds for r in reports], elapsed),
         "peak_rss_bytes": peak_rss_bytes(), "rss_growth_bytes": rss_bytes() - rss_before,
         "arena_high_water_bytes": max(high_waters, default=0), "parameters": model.num_parameters(),
         # Per step, so callers can check the arena invariant (flat after warm-up) and the loss curve.
         "step_losses": [r.loss for r in reports], "step_arena_high_water_bytes": high_waters,
     }
-
-
-def fused_update(trainer: Trainer) -> str | None:
-    """Where the fused step applied the optimizer update (None if no fused step ran), in words."""
-    if trainer.fused is None or not trainer.fused.replays:
-        return None
-    if trainer.fused.update_in_backward:
-        return "inside backward, each parameter as its gradient completes (no gradient buffer)"
-    why = "clip_grad_norm reads every gradient first" if trainer.clip_grad_norm is not None else "asked for"
-    return f"after backward, one kernel per group over flat gradients ({why})"
-
-
-def fused_replay(trainer: Trainer) -> str | None:
-    """Which replay the fused step's latest plan runs, and why, in words (None if no fused step ran)."""
-    fused = trainer.fused
-    if fused is None or not fused.replays:
-        return None
-    capture = fused.plan.capture
-    if fused.replay == "python":
-        return f"python: the model's ops re-run each step ({fused.replay_reason})"
-    if capture is None or capture.tape is None:
-        return f"python: {capture.note.removeprefix('python: ') if capture else 'not captured yet'}"
-    return (f"captured: each step replays {len(capture.tape.entries)} recorded calls, checked against the Python "
-            f"replay on two batches ({fused.replay_reason})")
 
 
 def print_classifier_result(summary: dict, header: str, *, test_note: str = "", accuracy_note: str = "") -> None:
@@ -108,7 +78,4 @@ def print_classifier_result(summary: dict, header: str, *, test_note: str = "", 
         print(f"  train loss        {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}")
     print(f"  held-out loss     {summary['test_loss']:.4f}{test_note}")
     print(f"  held-out accuracy {summary['test_accuracy']:.2%}{accuracy_note}")
-    if summary.get("fused_update"):
-        print(f"  fused update      {summary['fused_update']}")
-    if summary.get("fused_replay"):
-        print(f"  fused replay      {summary['fused_replay']}")
+    print_fused_lines(summary)

@@ -22,8 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..memory.meter import peak_rss_bytes, rss_bytes
-from .classifier_job import fused_replay, fused_update
-from .summary import bf16_products_since, finish, step_rate
+from .summary import bf16_products_since, finish, plan_before_step_1, print_fused_lines, route_summary, step_rate
 
 SIMCSE_DEFAULTS = {"steps": 30, "batch_size": 16, "lr": 3e-5, "warmup": 3}
 PROBE_SIZE = 32  # held-out sentences scored before and after training
@@ -146,11 +145,7 @@ def train_simcse(args) -> dict:
     reports = []
     rss_before = rss_bytes()
     products_before = bf16_products_since()
-    planning = None
-    if route == "auto":  # the choice, and why, before step 1 (as the classifier jobs print it)
-        planned = time.perf_counter()
-        print(trainer.plan(train_ids[:args.batch_size], None).format(), file=sys.stderr)
-        planning = time.perf_counter() - planned
+    planning = plan_before_step_1(trainer, train_ids[:args.batch_size], None)
     started = time.perf_counter()
     bar = tqdm(total=args.steps, disable=args.no_progress, unit="step", file=sys.stderr)
     for _ in range(args.steps):
@@ -170,10 +165,7 @@ def train_simcse(args) -> dict:
     head, tail = losses[:3], losses[-3:]
     summary = {
         "model": args.model, "route": reports[-1].route if reports else trainer.route, "steps": trainer.step_count,
-        "memory_budget_bytes": trainer.budget.nbytes, "memory_budget_source": trainer.budget.source,
-        "route_plan": trainer.route_plan.format() if trainer.route_plan else None,
-        "route_switches": trainer.route_switches, "route_planning_seconds": planning,
-        "fused_update": fused_update(trainer), "fused_replay": fused_replay(trainer),
+        **route_summary(trainer, planning),
         "batch_size": args.batch_size, "seq_len": args.seq_len, "temperature": args.temperature, "lr": args.lr,
         "corpus_sentences": len(train_sentences),
         "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else None,
@@ -196,7 +188,5 @@ def train_simcse(args) -> dict:
               f"{summary['first3_mean_loss']:.3e} -> {summary['last3_mean_loss']:.3e})")
     print(f"  probe loss        {probe_before:.3e} -> {probe_after:.3e}  ({len(probe_ids)} held-out sentences, "
           f"fixed dropout masks)")
-    for key, label in (("fused_update", "fused update"), ("fused_replay", "fused replay")):
-        if summary[key]:
-            print(f"  {label:<17} {summary[key]}")
+    print_fused_lines(summary)
     return finish(summary, json_path=args.json, saved_line=(f"  model directory   {args.save}  (tensorarena embed --model-dir {args.save} ...)" if args.save else None), rate_digits=2)

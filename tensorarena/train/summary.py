@@ -1,8 +1,11 @@
-"""The common end of every `tensorarena train` job: speed and memory lines, then --json."""
+"""The common parts of every `tensorarena train` job: the route table before step 1, the route and fused-step
+entries of the summary, speed and memory lines, then --json."""
 
 from __future__ import annotations
 
 import json
+import sys
+import time
 
 from ..memory.meter import format_bytes
 
@@ -24,6 +27,55 @@ def step_rate(step_seconds: list[float], elapsed: float) -> dict:
     after_first = n > 1 and rest > 0
     return {"steps_per_second": (n - 1) / rest if after_first else n / elapsed, "first_step_seconds": first,
             "steps_per_second_after_first": after_first}
+
+
+def fused_update(trainer) -> str | None:
+    """Where the fused step applied the optimizer update (None if no fused step ran), in words."""
+    if trainer.fused is None or not trainer.fused.replays:
+        return None
+    if trainer.fused.update_in_backward:
+        return "inside backward, each parameter as its gradient completes (no gradient buffer)"
+    why = "clip_grad_norm reads every gradient first" if trainer.clip_grad_norm is not None else "asked for"
+    return f"after backward, one kernel per group over flat gradients ({why})"
+
+
+def fused_replay(trainer) -> str | None:
+    """Which replay the fused step's latest plan runs, and why, in words (None if no fused step ran)."""
+    fused = trainer.fused
+    if fused is None or not fused.replays:
+        return None
+    capture = fused.plan.capture
+    if fused.replay == "python":
+        return f"python: the model's ops re-run each step ({fused.replay_reason})"
+    if capture is None or capture.tape is None:
+        return f"python: {capture.note.removeprefix('python: ') if capture else 'not captured yet'}"
+    return (f"captured: each step replays {len(capture.tape.entries)} recorded calls, checked against the Python "
+            f"replay on two batches ({fused.replay_reason})")
+
+
+def plan_before_step_1(trainer, inputs, targets) -> float | None:
+    """With route="auto": print the route table (each route's estimate, the choice and why) before step 1,
+    as every train job does; returns the seconds it took (it traces the step), None on a chosen route."""
+    if trainer.route != "auto":
+        return None
+    started = time.perf_counter()  # traces the step: the kernels compile (or load from cache) here
+    print(trainer.plan(inputs, targets).format(), file=sys.stderr)
+    return time.perf_counter() - started
+
+
+def route_summary(trainer, planning: float | None) -> dict:
+    """The summary entries every train job reports about its route: budget, plan, switches, fused step."""
+    return {"memory_budget_bytes": trainer.budget.nbytes, "memory_budget_source": trainer.budget.source,
+            "route_plan": trainer.route_plan.format() if trainer.route_plan else None,
+            "route_switches": trainer.route_switches, "route_planning_seconds": planning,
+            "fused_update": fused_update(trainer), "fused_replay": fused_replay(trainer)}
+
+
+def print_fused_lines(summary: dict) -> None:
+    """The fused update and replay lines of a job's report, where a fused step ran."""
+    for key, label in (("fused_update", "fused update"), ("fused_replay", "fused replay")):
+        if summary.get(key):
+            print(f"  {label:<17} {summary[key]}")
 
 
 def finish(summary: dict, *, json_path: str | None, saved_line: str | None = None, rate_digits: int = 1) -> dict:
