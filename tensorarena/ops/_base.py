@@ -75,18 +75,33 @@ def new_like(a: np.ndarray) -> np.ndarray:
     return empty(a.shape, a.dtype)
 
 
-def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """Sum `grad` over the axes that broadcasting added or stretched to reach `shape`."""
+def unbroadcast(grad: np.ndarray, shape: tuple[int, ...], dtype=None) -> np.ndarray:
+    """Sum `grad` over the axes that broadcasting added or stretched to reach `shape`, into `dtype`.
+
+    `dtype` (default grad's) is the parent's: after promotion (float32 + float64) a parent gets its
+    gradient in its own dtype, as in torch. The sum runs in grad's precision and rounds once into the
+    result; `grad` itself comes back, no copy, when neither the shape nor the dtype changes.
+    """
+    dtype = grad.dtype if dtype is None else np.dtype(dtype)
     if grad.shape == shape:
-        return grad
+        return as_dtype(grad, dtype)
     lead = grad.ndim - len(shape)
     axes = tuple(range(lead)) + tuple(
         lead + i for i, n in enumerate(shape) if n == 1 and grad.shape[lead + i] != 1
     )
-    out = new(shape, grad.dtype)
-    # keepdims keeps the leading axes as size 1, so a reshape of `out` is a valid target.
-    host(np.sum, grad, axis=axes, keepdims=True, out=out.reshape((1,) * lead + tuple(shape)))
+    out = new(shape, dtype)
+    # keepdims keeps the leading axes as size 1, so a reshape of `out` is a valid target. NumPy would sum
+    # in out's dtype: a cast names grad's, so the sum keeps its precision and rounds once at the end.
+    precision = {} if dtype == grad.dtype else {"dtype": grad.dtype}
+    host(np.sum, grad, axis=axes, keepdims=True, out=out.reshape((1,) * lead + tuple(shape)), **precision)
     return out
+
+
+def grad_dtype(g: np.ndarray, shape: tuple[int, ...], dtype) -> np.dtype:
+    """Dtype of the full-size buffer an elementwise backward writes a parent's gradient into, before
+    `unbroadcast(buf, shape, dtype)`: the parent's own when no sum follows (NumPy rounds each element
+    as it writes it, so no cast copy is needed), else g's, for the sum to run in g's precision."""
+    return np.dtype(dtype) if g.shape == shape else g.dtype
 
 
 def normalize_axes(axis, ndim: int) -> tuple[int, ...]:

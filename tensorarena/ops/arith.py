@@ -7,7 +7,7 @@ import numpy as np
 from ..kernels import elementwise
 from ..tape import host
 from ..tensor import Tensor
-from ._base import as_tensor, new, new_like, result_dtype, unbroadcast
+from ._base import as_tensor, grad_dtype, new, new_like, result_dtype, unbroadcast
 
 
 def _binary_out(a: Tensor, b: Tensor) -> np.ndarray:
@@ -19,15 +19,19 @@ def _binary_out(a: Tensor, b: Tensor) -> np.ndarray:
     return new(shape, result_dtype(a, b))
 
 
+# Every binary op's backward hands each parent its gradient in the parent's own dtype (unbroadcast's
+# `dtype`), as torch does: after float32 + float64 promotes, the float32 side still gets a float32
+# gradient, which its own backward (a float32 GEMM) needs. When the dtypes agree nothing is cast.
+
 def add(a, b) -> Tensor:
     """a + b, broadcasting."""
     a, b = _pair(a, b)
     out = _binary_out(a, b)
     elementwise.add(a.data, b.data, out)
-    a_shape, b_shape = a.shape, b.shape  # not a, b: the closure would keep their memory alive
+    a_meta, b_meta = _meta(a), _meta(b)  # not a, b: the closure would keep their memory alive
 
     def backward(g):
-        return unbroadcast(g, a_shape), unbroadcast(g, b_shape)
+        return unbroadcast(g, *a_meta), unbroadcast(g, *b_meta)
 
     return Tensor._make(out, (a, b), backward)
 
@@ -37,15 +41,15 @@ def sub(a, b) -> Tensor:
     a, b = _pair(a, b)
     out = _binary_out(a, b)
     host(np.subtract, a.data, b.data, out=out)
-    a_shape, b_shape, b_needs_grad = a.shape, b.shape, b.requires_grad
+    a_meta, b_meta, b_needs_grad = _meta(a), _meta(b), b.requires_grad
 
     def backward(g):
         gb = None
         if b_needs_grad:
-            gb = new_like(g)
+            gb = new(g.shape, grad_dtype(g, *b_meta))
             host(np.negative, g, out=gb)
-            gb = unbroadcast(gb, b_shape)
-        return unbroadcast(g, a_shape), gb
+            gb = unbroadcast(gb, *b_meta)
+        return unbroadcast(g, *a_meta), gb
 
     return Tensor._make(out, (a, b), backward)
 
@@ -56,20 +60,20 @@ def mul(a, b) -> Tensor:
     out = _binary_out(a, b)
     host(np.multiply, a.data, b.data, out=out)
     # Keep only what backward reads: b for a's gradient, a for b's (a * constant keeps no a).
-    a_shape, b_shape = a.shape, b.shape
+    a_meta, b_meta = _meta(a), _meta(b)
     ad = a.data if b.requires_grad else None
     bd = b.data if a.requires_grad else None
 
     def backward(g):
         ga = gb = None
         if bd is not None:
-            ga = new(g.shape, g.dtype)
+            ga = new(g.shape, grad_dtype(g, *a_meta))
             host(np.multiply, g, bd, out=ga)
-            ga = unbroadcast(ga, a_shape)
+            ga = unbroadcast(ga, *a_meta)
         if ad is not None:
-            gb = new(g.shape, g.dtype)
+            gb = new(g.shape, grad_dtype(g, *b_meta))
             host(np.multiply, g, ad, out=gb)
-            gb = unbroadcast(gb, b_shape)
+            gb = unbroadcast(gb, *b_meta)
         return ga, gb
 
     return Tensor._make(out, (a, b), backward)
@@ -82,19 +86,20 @@ def div(a, b) -> Tensor:
     bd = b.data
     host(np.divide, a.data, bd, out=out)
     # Backward never reads a; it reads the quotient only for b's gradient.
-    a_shape, b_shape, a_needs_grad = a.shape, b.shape, a.requires_grad
+    a_meta, b_meta, a_needs_grad = _meta(a), _meta(b), a.requires_grad
     quotient = out if b.requires_grad else None
 
     def backward(g):
         ga = gb = None
         if a_needs_grad:
-            ga = new(g.shape, g.dtype)
+            ga = new(g.shape, grad_dtype(g, *a_meta))
             host(np.divide, g, bd, out=ga)
-            ga = unbroadcast(ga, a_shape)
+            ga = unbroadcast(ga, *a_meta)
         if quotient is not None:
+            # Three in-place steps: in g's dtype, so a narrower b's gradient is rounded once, at the end.
             gb = new(g.shape, g.dtype)
             host(_div_grad_b, g, quotient, bd, gb)
-            gb = unbroadcast(gb, b_shape)
+            gb = unbroadcast(gb, *b_meta)
         return ga, gb
 
     return Tensor._make(out, (a, b), backward)
@@ -121,17 +126,20 @@ def pow(a, exponent) -> Tensor:  # noqa: A001 - torch's name
     out = _binary_out(a, b)
     ad, bd = a.data, b.data
     host(np.power, ad, bd, out=out)
+    a_meta, b_meta = _meta(a), _meta(b)  # not a, b: the closure would keep their memory alive
+    a_needs_grad, b_needs_grad = a.requires_grad, b.requires_grad
 
     def backward(g):
+        # Each gradient is computed in g's dtype (several in-place steps) and rounded once into its parent's.
         ga = gb = None
-        if a.requires_grad:
+        if a_needs_grad:
             ga = new(g.shape, g.dtype)
             host(_pow_grad_a, ad, bd, g, ga)
-            ga = unbroadcast(ga, a.shape)
-        if b.requires_grad:
+            ga = unbroadcast(ga, *a_meta)
+        if b_needs_grad:
             gb = new(g.shape, g.dtype)
             host(_pow_grad_b, ad, bd, g, out, gb)
-            gb = unbroadcast(gb, b.shape)
+            gb = unbroadcast(gb, *b_meta)
         return ga, gb
 
     return Tensor._make(out, (a, b), backward)
@@ -151,6 +159,11 @@ def _pow_scalar(a: Tensor, p: float) -> Tensor:
         return (ga,)
 
     return Tensor._make(out, (a,), backward)
+
+
+def _meta(t: Tensor) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) of an input: what unbroadcast needs to hand it its gradient."""
+    return t.shape, t.dtype
 
 
 def _pair(a, b) -> tuple[Tensor, Tensor]:

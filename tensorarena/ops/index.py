@@ -9,7 +9,7 @@ from ..kernels import kernel
 from ..compile.trace import unsupported
 from ..tape import host
 from ..tensor import Tensor
-from ._base import as_dtype, as_tensor, contiguous, new, reshaped, unbroadcast
+from ._base import as_tensor, contiguous, new, reshaped, unbroadcast
 
 
 def _normalize_index(index) -> tuple:
@@ -128,11 +128,11 @@ def where(condition, a, b) -> Tensor:
         if a_meta is not None:
             full = new(g.shape, g.dtype)
             host(_where_grad, g, cond, full, taken=True)
-            ga = as_dtype(unbroadcast(full, a_meta[0]), a_meta[1])
+            ga = unbroadcast(full, *a_meta)  # summed and cast in one pass
         if b_meta is not None:
             full = new(g.shape, g.dtype)
             host(_where_grad, g, cond, full, taken=False)
-            gb = as_dtype(unbroadcast(full, b_meta[0]), b_meta[1])
+            gb = unbroadcast(full, *b_meta)  # summed and cast in one pass
         return ga, gb
 
     return Tensor._make(out, (a, b), backward)
