@@ -193,18 +193,21 @@ def bias_gelu_linear(x: Tensor, bias: Tensor, weight: Tensor, out_bias: Tensor |
     b_leaf, b_needs = leaf_or_none(bias), bias.requires_grad
     w_leaf, w_needs = leaf_or_none(weight), weight.requires_grad
     ob_leaf, ob_needs = (leaf_or_none(out_bias), out_bias.requires_grad) if out_bias is not None else (None, False)
+    # Each bias gets its gradient in its own dtype (the kernels round into that buffer: no cast copy);
+    # the weight shares the products' dtype, which the GEMM already requires.
+    b_dtype, ob_dtype = bias.dtype, out_bias.dtype if out_bias is not None else None
     parents = (x, bias, weight) if out_bias is None else (x, bias, weight, out_bias)
 
     def backward(g):
         g2 = contiguous(g, dtype).reshape(-1, d)  # (N, D)
         gw = gob = None
         if ob_needs:
-            gob = grad_out(ob_leaf, (d,), dtype)
+            gob = grad_out(ob_leaf, (d,), ob_dtype)
             elementwise.column_sum(g2, gob)
         gs = rounded(g2) if in_bf16 else g2
         dx = new(pre.shape, dtype)
         product(gs, wd, dx)  # d act, turned into d x in place below
-        db = grad_out(b_leaf, (m,), dtype) if b_needs else new((m,), dtype)
+        db = grad_out(b_leaf, (m,), b_dtype) if b_needs else new((m,), dtype)
         if w_needs:
             # One pass evaluates erf once for both: the activation (recomputed, not kept since
             # forward) for the weight's gradient, and GELU's derivative for dx.

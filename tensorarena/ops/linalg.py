@@ -128,6 +128,9 @@ def linear(x, weight, bias=None) -> Tensor:
     x_shape, x_needs_grad = xd.shape, x.requires_grad
     w_leaf, w_needs_grad = leaf_or_none(weight), weight.requires_grad
     b_leaf, b_needs_grad = (leaf_or_none(bias), bias.requires_grad) if bias is not None else (None, False)
+    # A bias of another dtype (torch refuses one; here it is added in the output's dtype) still gets its
+    # gradient in its own dtype: column_sum rounds into that buffer, no cast copy.
+    b_dtype = bias.dtype if bias is not None else None
     has_bias = bias is not None
     in_bf16 = x2.dtype != out.dtype
     x2 = x2 if w_needs_grad else None
@@ -145,7 +148,7 @@ def linear(x, weight, bias=None) -> Tensor:
             gw = grad_out(w_leaf, wd.shape, g.dtype)
             product(gs.T, x2, gw)
         if b_needs_grad:
-            gbias = grad_out(b_leaf, (wd.shape[0],), g.dtype)
+            gbias = grad_out(b_leaf, (wd.shape[0],), b_dtype)
             elementwise.column_sum(g2, gbias)
         return (gx, gw) if not has_bias else (gx, gw, gbias)
 
