@@ -21,8 +21,16 @@ draws its seed inside one, tensorarena.random.Seed, so a replay draws a new one 
 pass starts from the same generator states, and the recording must leave them where the Python
 pass did), when a recorded call reads an array outside the plan's buffers, the flat state and the
 model's own arrays (e.g. a mask the step computed with NumPy from the batch), when a leaf the
-optimizer does not own gets a gradient, or when the second batch equals the batch (nothing to tell
-the passes apart). A refusal is logged, and the plan keeps the Python replay.
+optimizer does not own gets a gradient, or when replaying the recording fails. A refusal is logged,
+and the plan keeps the Python replay.
+
+Some batches cannot check a recording, though the next of the signature may: the second batch equals
+the batch, both give the same loss and gradients (every target ignored), or a loss is not finite (a
+NaN pixel). That is no verdict: the step runs the Python replay (which skips or raises as it would),
+a warning says so, and the plan's next step records and checks again, up to _MAX_UNCHECKED batches
+before the plan keeps the Python replay for good. And an exception from the Python passes (the model's
+own code on the batch: a bad label, a MemoryError, an interrupt) is no verdict either: it propagates
+as the Python replay would raise it, nothing updated, and the next step records again.
 
 What the checks cannot see: a branch on the data's values that both checking batches take the same
 way, or an argument computed from the data that happens to be equal for both. Like a captured CUDA
@@ -55,6 +63,7 @@ import enum
 import functools
 import hashlib
 import logging
+import math
 import operator
 import types
 from dataclasses import dataclass, field
@@ -204,6 +213,8 @@ def _python_pass(step: "FusedStep", plan: "StepPlan", sink: GradSink, x, y, tape
             for p in [*params, *others]:  # the others get theirs back below; None tells who got one
                 p.grad = None
             loss = step.loss_fn(step.model(Tensor(plan.inputs)), plan.targets)
+            if not math.isfinite(float(loss.data)):  # gradients of nan everywhere check nothing: no backward
+                return {"finite": False, "loss_value": float(loss.data)}
             forward_end = len(tape.entries) if tape is not None else 0
             if step.update_in_backward:
                 autograd.backward(loss, on_leaf_grad=on_leaf_grad)
@@ -220,8 +231,8 @@ def _python_pass(step: "FusedStep", plan: "StepPlan", sink: GradSink, x, y, tape
             p.grad = None
         for p, grad in others.items():  # a checking pass leaves no gradient behind
             p.grad = grad
-    return {"loss": _digest(loss_buffer), "grads": grads, "loss_buffer": loss_buffer, "forward_end": forward_end,
-            "complete": complete, "foreign": foreign}
+    return {"finite": True, "loss": _digest(loss_buffer), "grads": grads, "loss_buffer": loss_buffer,
+            "forward_end": forward_end, "complete": complete, "foreign": foreign}
 
 
 def _tape_pass(step: "FusedStep", plan: "StepPlan", sink: GradSink, capture: Capture, x, y) -> dict:
@@ -446,14 +457,31 @@ def changed(capture: Capture) -> str | None:
     return None
 
 
-def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> Capture:
+@dataclass
+class _Unchecked:
+    """A recording this batch could not check, though another batch of the signature may: no verdict."""
+
+    reason: str
+
+
+# How many batches of a plan may fail to check its recording (_Unchecked) before the plan keeps the Python
+# replay for good; counted on the plan (StepPlan.<_TRIES_ATTR>), reset when a recording passes.
+_MAX_UNCHECKED = 3
+_TRIES_ATTR = "captured_unchecked_tries"
+
+
+def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> Capture | _Unchecked:
+    """The recording and its four checks (module docstring). An exception from the Python passes (the model
+    on the batch: a bad batch, a MemoryError, an interrupt) propagates, as the Python replay would raise it,
+    with nothing updated and the generators where they were; a failure of the recording's own passes (3
+    and 4) is a refusal; a batch that cannot tell the passes apart is _Unchecked."""
     from .step import _restore_rng, _rng_states
 
     x, y = _data(inputs), _data(targets)
     xb, yb = second_batch(x), None if y is None else second_batch(y)
     if np.array_equal(xb, x):
-        return _refused("the second batch made from this one (second_batch) equals it, so the recording "
-                        "cannot be checked against a second batch")
+        return _Unchecked("the second batch made from this one (second_batch) equals it, so the recording "
+                          "cannot be checked against a second batch")
     sink = step.grad_sink
     dispatch = kernels.dispatch_key()  # the kernels the recording will hold are the ones handed out now
     saved = _rng_states(step.model)  # every pass starts from these states, and the real steps after them
@@ -461,6 +489,9 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
     try:
         with float32_matmul_precision(step.matmul_precision):
             first = _python_pass(step, plan, sink, x, y, tape)
+            if not first["finite"]:
+                return _Unchecked(f"the loss on this batch is {first['loss_value']}, so its gradients cannot "
+                                  f"check the recording")
             drawn = _rng_states(step.model, [g for g, _ in saved])  # where the step leaves the generators
             _restore_rng(saved)
             if first["foreign"]:
@@ -473,27 +504,35 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
                 return _refused(f"a recorded call reads an array made outside the plan's buffers ({stray.shape} "
                                 f"{stray.dtype}), e.g. a mask computed with NumPy from the batch, which a replay "
                                 f"would not compute again")
-            second = _python_pass(step, plan, sink, xb, yb, None)
+            try:
+                second = _python_pass(step, plan, sink, xb, yb, None)
+            except MemoryError:
+                raise
+            except Exception as exc:  # the second batch is made up: its failure says nothing of the real one
+                return _Unchecked(f"the Python replay failed on the second batch ({type(exc).__name__}: {exc})")
             _restore_rng(saved)
+            if not second["finite"]:
+                return _Unchecked(f"the loss on the second batch is {second['loss_value']}, so its gradients "
+                                  f"cannot check the recording")
             if (first["loss"], first["grads"]) == (second["loss"], second["grads"]):
-                return _refused("the batch and the second batch give the same loss and gradients, so the "
-                                "recording cannot be checked")
+                return _Unchecked("the batch and the second batch give the same loss and gradients, so the "
+                                  "recording cannot be checked")
             result = Capture(tape, first["loss_buffer"], first["forward_end"], state=ModelState(step.model),
                              dispatch=dispatch)
-            again = _tape_pass(step, plan, sink, result, x, y)
-            # Draws made through recorded calls (random.Seed: dropout) happen again on a replay; any other
-            # draw would not, and leaves the generators elsewhere than the Python pass did.
-            if not all(_same_state(g.bit_generator.state, s) for g, s in drawn):
-                return _refused("the step draws random numbers outside its recorded calls (an rng used in "
-                                "the model's Python rather than through tensorarena.random.Seed), which a "
-                                "recording would not draw again")
-            _restore_rng(saved)
-            other = _tape_pass(step, plan, sink, result, xb, yb)
-    except Exception as exc:  # a recorded call that cannot run again, e.g.: the Python replay goes on
-        return _refused(f"replaying the recording failed ({type(exc).__name__}: {exc})")
+            try:
+                again, other, random_outside = _tape_passes(step, plan, sink, result, (x, y), (xb, yb), saved,
+                                                            drawn)
+            except MemoryError:
+                raise
+            except Exception as exc:  # a recorded call that cannot run again, e.g.: the Python replay goes on
+                return _refused(f"replaying the recording failed ({type(exc).__name__}: {exc})")
     finally:
         _restore_rng(saved)  # the first real step draws what the Python replay's first step would
         sink.mode = "update"
+    if random_outside:
+        return _refused("the step draws random numbers outside its recorded calls (an rng used in the model's "
+                        "Python rather than through tensorarena.random.Seed), which a recording would not draw "
+                        "again")
     for name, got, want in (("the batch", again, first), ("the second batch", other, second)):
         if not got["complete"]:
             return _refused(f"on {name}, the recording's calls asked for fewer scratch buffers than recorded")
@@ -507,14 +546,50 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
     return result
 
 
-def capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> Capture:
-    """Record `plan`'s step on this batch and check the recording (module docstring); nothing is updated."""
+def _tape_passes(step: "FusedStep", plan: "StepPlan", sink: GradSink, result: Capture, batch: tuple,
+                 second: tuple, saved: list, drawn: list) -> tuple[dict, dict | None, bool]:
+    """Passes 3 and 4: the recording on the batch and on the second batch; and whether pass 3 left the
+    generators elsewhere than the Python pass did (then pass 4 is not run: None)."""
+    from .step import _restore_rng
+
+    again = _tape_pass(step, plan, sink, result, *batch)
+    # Draws made through recorded calls (random.Seed: dropout) happen again on a replay; any other
+    # draw would not, and leaves the generators elsewhere than the Python pass did.
+    if not all(_same_state(g.bit_generator.state, s) for g, s in drawn):
+        return again, None, True
+    _restore_rng(saved)
+    return again, _tape_pass(step, plan, sink, result, *second), False
+
+
+def capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> Capture | None:
+    """Record `plan`'s step on this batch and check the recording (module docstring); nothing is updated.
+
+    None when this batch could not check the recording (_Unchecked: a non-finite loss, a second batch that
+    cannot be told from it): this step runs the Python replay, and the plan's next step records and checks
+    again, up to _MAX_UNCHECKED batches, after which the plan keeps the Python replay for good."""
     try:
-        return _capture(step, plan, inputs, targets)
+        verdict = _capture(step, plan, inputs, targets)
     finally:
         # The second batch and the checking passes' temporaries are freed by now, but glibc keeps such
         # pages resident: 6 MiB on ViT-Tiny, which the step's memory prediction does not count.
         return_freed_memory()
+    if isinstance(verdict, _Unchecked):
+        return _unchecked(plan, verdict.reason)
+    if verdict.tape is not None:
+        setattr(plan, _TRIES_ATTR, 0)  # a later recording (after a change) gets its own tries
+    return verdict
+
+
+def _unchecked(plan: "StepPlan", reason: str) -> Capture | None:
+    """No verdict on this batch: None (record again at the plan's next step), or the refusal once the plan
+    has had _MAX_UNCHECKED such batches."""
+    tries = getattr(plan, _TRIES_ATTR, 0) + 1
+    setattr(plan, _TRIES_ATTR, tries)  # StepPlan is a plain dataclass: the count goes with its plan
+    if tries >= _MAX_UNCHECKED:
+        return _refused(f"{tries} batches of this signature could not check the recording; the last: {reason}")
+    log.warning("fused route: this step of %s runs the Python replay: %s; the next step records and checks "
+                "again (%d of %d tries)", plan.signature, reason, tries, _MAX_UNCHECKED)
+    return None
 
 
 def _regions(step: "FusedStep", plan: "StepPlan") -> list[tuple[int, int]]:
