@@ -693,6 +693,12 @@ def replay(step: "FusedStep", plan: "StepPlan", capture: Capture, index: int, on
             if not sink.updated:
                 raise
             raise partly_applied(index, sink.updated, len(params), exc) from exc
+        except BaseException as exc:  # an interrupt: let it through as itself, but say what it left behind
+            if sink.updated:
+                exc.add_note(f"step {index} was interrupted inside backward after {sink.updated} of {len(params)} "
+                             f"parameters were already updated (update_in_backward): the step is partly "
+                             f"applied. Restore the last checkpoint")
+            raise
         if arena.cursor != len(capture.tape.allocations):
             raise PlanMismatchError(f"step {index}'s captured replay asked for {arena.cursor} scratch buffers, its "
                                     f"recording {len(capture.tape.allocations)}")
