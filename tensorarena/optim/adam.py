@@ -54,7 +54,26 @@ class Adam(Optimizer):
     def prepare_flat(self, group: dict[str, Any], param: np.ndarray, grad: np.ndarray,
                      state: dict[str, np.ndarray]) -> Callable[[float], None]:
         """Optimizer.prepare_flat with the fused kernel bound to the arrays once (kernels.adam.bind_adam):
-        the ~30 us of checks and lookups per parameter and step that update_flat makes are left out."""
+        the ~30 us of checks and lookups per parameter and step that update_flat makes are left out.
+
+        What the binding fixes (the kernel group["fused"] picks, and whether amsgrad's running max is
+        passed) is looked up on every call, so a choice set in the group mid-run is followed: each choice
+        is bound once, on the first step that makes it."""
+        self._check_flat("Adam", param, grad, state, self.state_init(group))
+        bound: dict[tuple, Callable[[float], None]] = {}
+
+        def step_update(step: float) -> None:
+            choice = (group.get("fused"), group["amsgrad"])
+            update = bound.get(choice)
+            if update is None:
+                update = bound[choice] = self._bind(group, param, grad, state)
+            update(step)
+        return step_update
+
+    def _bind(self, group: dict[str, Any], param: np.ndarray, grad: np.ndarray,
+              state: dict[str, np.ndarray]) -> Callable[[float], None]:
+        """The update for the group's current kernel choice and amsgrad setting: the fused kernel bound to
+        these arrays, or (the reference kernel, or a fused one that cannot bind) update_flat on every call."""
         self._check_flat("Adam", param, grad, state, self.state_init(group))
         update, impl = lookup("adam", self._impl(group))
         bind = getattr(update, "bind", None)
@@ -88,7 +107,7 @@ def adam(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], exp_avgs: Se
          steps: Sequence[np.ndarray], *, amsgrad: bool, beta1: float, beta2: float, lr: float, weight_decay: float,
          eps: float, maximize: bool, decoupled_weight_decay: bool = False,
          scratch: Sequence[tuple[np.ndarray, np.ndarray]] | None = None, fused: bool | None = None) -> None:
-    """Functional Adam(W) over lists of arrays; increments each 0-d `steps[i]` in place.
+    """Functional Adam(W) over lists of arrays; increments each 0-d `steps[i]` in place once its update ran.
 
     fused=None runs the fused (Numba, one pass per tensor) kernel unless the reference
     kernels are forced (TENSORARENA_KERNELS=reference); True/False pick explicitly.
@@ -96,8 +115,9 @@ def adam(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], exp_avgs: Se
     """
     update = kernel("adam", None if fused is None else ("fused" if fused else "reference"))
     for i, p in enumerate(params):
-        np.add(steps[i], 1, out=steps[i])
-        update(p, grads[i], exp_avgs[i], exp_avg_sqs[i], max_exp_avg_sqs[i] if amsgrad else None,
-               step=float(steps[i]), lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
-               maximize=maximize, decoupled_weight_decay=decoupled_weight_decay,
+        count = float(steps[i]) + 1.0
+        update(p, grads[i], exp_avgs[i], exp_avg_sqs[i],
+               max_exp_avg_sqs[i] if amsgrad else None, step=count, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+               weight_decay=weight_decay, maximize=maximize, decoupled_weight_decay=decoupled_weight_decay,
                scratch=scratch[i] if scratch else None)
+        steps[i][...] = count  # after the update: one that raised leaves the count as it was

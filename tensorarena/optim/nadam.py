@@ -4,9 +4,9 @@ Dozat 2016, "Incorporating Nesterov Momentum into Adam". Besides the moments, to
 per-parameter scalar, mu_product: the product of the momentum schedule
 mu_t = beta1 (1 - 0.5 * 0.96^(t * momentum_decay)) over the steps taken. It lives here as a
 0-d float64 entry "mu_product" beside "step" (`scalar_state_init`), and `update_flat`
-multiplies this step's mu into it in place before the kernel reads it. Every caller (the eager
-step, a fused route holding one mu_product per flat group) passes it in `state` and so keeps it
-the same way; a flat group shares one step count, hence one mu_product.
+hands the kernel the product with this step's mu and stores it in place once the kernel ran.
+Every caller (the eager step, a fused route holding one mu_product per flat group) passes it in
+`state` and so keeps it the same way; a flat group shares one step count, hence one mu_product.
 """
 
 from __future__ import annotations
@@ -52,9 +52,10 @@ class NAdam(Optimizer):
         update, reference = self._kernel("nadam", group)
         beta1, beta2 = group["betas"]
         mu, mu_next = (beta1 * (1.0 - 0.5 * 0.96 ** (t * group["momentum_decay"])) for t in (step, step + 1))
-        mu_product = state["mu_product"]
-        np.multiply(mu_product, mu, out=mu_product)
+        mu_product = float(state["mu_product"]) * mu
         update(param, grad, state["exp_avg"], state["exp_avg_sq"], step=step, lr=group["lr"], beta1=beta1,
                beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"], mu=mu, mu_next=mu_next,
-               mu_product=float(mu_product), decoupled_weight_decay=group["decoupled_weight_decay"],
+               mu_product=mu_product, decoupled_weight_decay=group["decoupled_weight_decay"],
                maximize=group["maximize"], scratch=self._scratch_like(param, 2) if reference else None)
+        # Stored once the kernel ran, as the caller stores the step count: a kernel that raised leaves both.
+        state["mu_product"][...] = mu_product

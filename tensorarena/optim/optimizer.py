@@ -14,10 +14,13 @@ mu_product; "step" is always there and is not listed), and
 `update_flat(group, param, grad, state, step, segments)` applies one update in
 place with exactly one kernel call and no array allocation. A caller of
 `update_flat` owns: creating the state (arrays filled per state_init, 0-d float64
-scalars per scalar_state_init, a 0-d float64 step at 0), incrementing the step
-before each call, and passing `state` with exactly the state_init and
-scalar_state_init keys. `update_flat` advances scalar state itself (in place), so
-the eager step and a flat route keep it the same way.
+scalars per scalar_state_init, a 0-d float64 step at `initial_step`), passing
+the stored step count plus one and storing that count only once the call
+returned, and passing `state` with exactly the state_init and scalar_state_init
+keys. `update_flat` advances scalar state itself (in place, after its kernel
+ran), so the eager step and a flat route keep it the same way. Either way an
+update that raises leaves the counts as they were: an out-of-memory redo of the
+step then uses the bias correction of the first try.
 """
 
 from __future__ import annotations
@@ -77,7 +80,8 @@ class Optimizer:
         """Apply one update in place to `param` (any shape, or a flat concatenation of the group's parameters).
 
         `state` holds the state_init arrays (shaped like `param`) and the scalar_state_init 0-d
-        arrays, updated in place; `step` is the already-incremented step count. `segments` is None
+        arrays, updated in place; `step` is the count this update makes (the stored count plus one, which the
+        caller stores once this returned). `segments` is None
         for one tensor, or int64 offsets (length n+1) of the n parameters inside a flat `param`:
         only optimizers with per-tensor quantities (LAMB) read it. Runs exactly one kernel and
         allocates no arrays.
@@ -141,8 +145,8 @@ class Optimizer:
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Update the parameters once from their `.grad`; returns closure() if given.
 
-        The same path a fused route takes, one parameter at a time: lazy state, step += 1
-        in place, then `update_flat` on the parameter's own arrays.
+        The same path a fused route takes, one parameter at a time: lazy state, `update_flat`
+        on the parameter's own arrays with step + 1, then step += 1 (only once the update ran).
         """
         loss = self._run_closure(closure)
         for group in self.param_groups:
@@ -153,15 +157,20 @@ class Optimizer:
                     continue
                 state = self._init_state(p, group)
                 step = state["step"]
-                np.add(step, 1.0, out=step)
-                self.update_flat(group, p.data, g, {k: state[k] for k in keys}, float(step), None)
+                count = float(step) + 1.0
+                self.update_flat(group, p.data, g, {k: state[k] for k in keys}, count, None)
+                step[...] = count
         return loss
+
+    def initial_step(self, state: dict[str, Any]) -> float:
+        """The step count of a parameter whose state has no "step" entry (0: no step taken yet)."""
+        return 0.0
 
     def _init_state(self, p: Tensor, group: dict[str, Any]) -> dict[str, Any]:
         """`self.state[p]` with every entry `update_flat` needs (missing ones created: lazily, on the heap)."""
         state = self.state[p]
         if state.get("step") is None:
-            state["step"] = np.array(0.0, dtype=np.float64)
+            state["step"] = np.array(self.initial_step(state), dtype=np.float64)
         for key, fill in self.state_init(group).items():
             if state.get(key) is None:  # torch-format dicts may carry None for an absent buffer
                 # Persistent state: plain heap arrays, never from the (possibly open) step arena.
@@ -194,7 +203,11 @@ class Optimizer:
         if grad.shape != param.shape:
             raise ValueError(f"{name}: grad shape {grad.shape} differs from param shape {param.shape}")
         for key in keys:
-            array = state[key]
+            array = state.get(key)
+            if array is None:
+                raise KeyError(f"{name}: the state has no {key!r} array, which the param group's settings now "
+                               f"ask for (e.g. momentum or amsgrad switched on after the state was laid out); "
+                               f"got {sorted(state)}")
             if array.shape != param.shape or array.dtype != param.dtype:
                 raise ValueError(f"{name}: state {key!r} is {array.dtype}{list(array.shape)} but param is "
                                  f"{param.dtype}{list(param.shape)}")

@@ -40,13 +40,10 @@ class SGD(Optimizer):
         """A momentum buffer only with momentum (torch keeps none without)."""
         return {"momentum_buffer": 0.0} if group["momentum"] != 0 else {}
 
-    def _init_state(self, p, group: dict[str, Any]) -> dict[str, Any]:
-        state = self.state[p]
-        if state.get("step") is None and state.get("momentum_buffer") is not None:
-            # A buffer loaded without a step (torch's SGD keeps none) is past its first step:
-            # counting from 1 keeps the next update from mistaking it for a fresh buffer.
-            state["step"] = np.array(1.0, dtype=np.float64)
-        return super()._init_state(p, group)
+    def initial_step(self, state: dict[str, Any]) -> float:
+        # A buffer loaded without a step (torch's SGD keeps none) is past its first step:
+        # counting from 1 keeps the next update from mistaking it for a fresh buffer.
+        return 1.0 if state.get("momentum_buffer") is not None else 0.0
 
     def update_flat(self, group: dict[str, Any], param: np.ndarray, grad: np.ndarray, state: dict[str, np.ndarray],
                     step: float, segments: np.ndarray | None = None) -> None:
@@ -58,8 +55,8 @@ class SGD(Optimizer):
         result too unless dampening != 0.)
         """
         momentum = group["momentum"]
+        self._check_flat("SGD", param, grad, state, ("momentum_buffer",) if momentum != 0 else ())
         buf = state["momentum_buffer"] if momentum != 0 else None
-        self._check_flat("SGD", param, grad, state, ("momentum_buffer",) if buf is not None else ())
         update, reference = self._kernel("sgd", group)
         update(param, grad, buf, lr=group["lr"], momentum=momentum, dampening=group["dampening"],
                weight_decay=group["weight_decay"], nesterov=group["nesterov"], maximize=group["maximize"],
