@@ -12,11 +12,23 @@ no flat gradient buffer:
 the step updates each parameter (`update_param`, the same kernel on its own pieces, as the
 eager optimizer does) the moment backward completes its gradient, which then dies in the
 step's slab. That saves one parameter-sized buffer (327 MiB on ViT-Base).
+
+Only parameters that require grad are laid out (a frozen one keeps its values and optimizer
+state where they are and is not updated, as torch's optimizers skip a parameter without a
+gradient), and each optimizer group is split into FlatGroups of parameters whose scalar state
+(the "step" count, NAdam's mu_product) is equal: a parameter unfrozen mid-run goes on with its
+own, smaller count. A layout describes the optimizer as it was when built; `FlatState.stale()`
+says when it no longer does (a group added, a parameter frozen, momentum switched on), and a
+new FlatState built then takes the values over from the old one's buffers.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import itertools
+import logging
+import operator
+import weakref
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -26,7 +38,29 @@ from ..optim.optimizer import Optimizer
 from ..tensor import Tensor
 
 
+log = logging.getLogger(__name__)
+
 _RELEASE_EVERY = 64 << 20  # bytes of replaced arrays between malloc_trim calls while binding
+# Every FlatGroup alive: a new FlatState copies values out of an older layout's buffers (see _let_go).
+_LIVE: "weakref.WeakSet[FlatGroup]" = weakref.WeakSet()
+# FlatState.generation values, unique across FlatStates: a new layout never reuses an old one's, so
+# what was prepared against the old layout (captured.Capture.prepared) cannot pass for current.
+_GENERATIONS = itertools.count(1)
+_requires_grad = operator.attrgetter("requires_grad")
+
+
+def _no_step_taken(state: dict) -> float:
+    return 0.0
+
+
+def _start_value(state: dict | None, kind: str, init: dict[str, float],
+                 initial_step: Callable[[dict], float]) -> float:
+    """A parameter's scalar state `kind` as the layout adopts it: its current value, or (none yet) the
+    optimizer's starting value, as Optimizer._init_state would create it."""
+    current = state.get(kind) if state else None
+    if current is not None:
+        return float(current)
+    return initial_step(state or {}) if kind == "step" else init[kind]
 
 
 def _aligned_zeros(count: int, dtype) -> np.ndarray:
@@ -64,6 +98,7 @@ class FlatGroup:
         self.scalar_init = {"step": 0.0, **scalar_init}
         self.scalars = {kind: np.full(len(params), fill, np.float64) for kind, fill in self.scalar_init.items()}
         self.steps = self.scalars["step"]
+        self.uniform = True  # every scalar kind equal over the parameters (bind checks it)
         self._param_views = [self._piece(self.param, i) for i in range(len(params))]
         self._grad_views = [self._piece(self.grad, i) if keep_grads else None for i in range(len(params))]
         self._state_views = {kind: [self._piece(flat, i) for i in range(len(params))]
@@ -88,11 +123,12 @@ class FlatGroup:
         out.update({f"state.{kind}": flat.nbytes for kind, flat in self.state.items()})
         return out
 
-    def bind(self, optimizer_state: dict) -> None:
+    def bind(self, optimizer_state: dict, initial_step: Callable[[dict], float] = _no_step_taken) -> None:
         """Copy current values into the flat pieces (where they are not there already) and point everything at them.
 
         The replaced arrays go back to the operating system every ~64 MiB, so flattening never
-        holds much more than one copy of the model and its state.
+        holds much more than one copy of the model and its state. `initial_step(state)`: the step
+        count of a parameter whose state has none (Optimizer.initial_step).
         """
         released = 0
         for i, p in enumerate(self.params):
@@ -106,6 +142,8 @@ class FlatGroup:
                 p.data = view
             p._grad_buffer = self._grad_views[i]
             state = optimizer_state[p]
+            # Read before the state arrays are bound: SGD's starting step depends on whether a buffer was there.
+            start = {kind: _start_value(state, kind, self.scalar_init, initial_step) for kind in self._scalar_views}
             for kind, views in self._state_views.items():
                 current = state.get(kind)
                 if current is not views[i]:
@@ -116,22 +154,23 @@ class FlatGroup:
                         views[i].fill(self.state_fill[kind])  # fresh state
                     state[kind] = views[i]
             for kind, views in self._scalar_views.items():
-                current = state.get(kind)
-                if current is not views[i]:
-                    views[i][...] = self.scalar_init[kind] if current is None else float(current)
+                if state.get(kind) is not views[i]:
+                    views[i][...] = start[kind]
                     state[kind] = views[i]
-        for kind, flat in self.scalars.items():
-            if flat.size and not np.all(flat == flat[0]):
-                raise ValueError(
-                    f"the parameters of one group have different {kind!r} values {sorted(set(flat.tolist()))[:4]}; "
-                    f"the fused optimizer updates a group as one. Some parameters missed updates on the eager "
-                    f"route (no gradient): keep training them with route='eager'")
+        # The layout split the group by these values; a rebinding (a loaded state dict) may bring unequal ones.
+        self.uniform = all(not flat.size or bool(np.all(flat == flat[0])) for flat in self.scalars.values())
+
+    def uneven_kinds(self) -> list[str]:
+        """The scalar kinds whose values differ between this group's parameters."""
+        return [kind for kind, flat in self.scalars.items() if flat.size and not np.all(flat == flat[0])]
 
     def update_param(self, i: int, optimizer: Optimizer, grad: np.ndarray) -> None:
-        """Parameter i's update from its complete gradient: step += 1, then one kernel on its own pieces."""
+        """Parameter i's update from its complete gradient: one kernel on its own pieces with step + 1, then
+        step += 1 (not before: a kernel that raises leaves the count as it was)."""
         step = self._scalar_views["step"][i]
-        np.add(step, 1.0, out=step)
-        optimizer.update_flat(self.group, self._param_views[i], grad, self._param_states[i], float(step), None)
+        count = float(step) + 1.0
+        optimizer.update_flat(self.group, self._param_views[i], grad, self._param_states[i], count, None)
+        step[()] = count
 
     def prepare_param(self, i: int, optimizer: Optimizer, grad: np.ndarray) -> Callable[[], None]:
         """`update_param(i, optimizer, grad)` on this very grad array, prepared once (Optimizer.prepare_flat):
@@ -140,9 +179,25 @@ class FlatGroup:
         update = optimizer.prepare_flat(self.group, self._param_views[i], grad, self._param_states[i])
 
         def run() -> None:
-            np.add(step, 1.0, out=step)
-            update(float(step))
+            count = float(step) + 1.0
+            update(count)
+            step[()] = count  # only once the kernel ran, as update_param
         return run
+
+    def update(self, optimizer: Optimizer) -> None:
+        """The whole group's update: one kernel over the flat buffers with step + 1, then the counts stored
+        (all equal: the group was laid out so, and `uniform` says they still are)."""
+        count = float(self.steps[0]) + 1.0
+        optimizer.update_flat(self.group, self.param, self.grad, self.update_state, count, self.segments)
+        self.steps.fill(count)
+        for kind, flat in self.scalars.items():
+            if kind != "step":
+                flat[1:] = flat[0]  # parameter 0's scalar was the group's; keep every entry equal
+
+    def buffers(self) -> list[np.ndarray]:
+        """Every array this group owns."""
+        out = [self.param, *self.state.values(), *self.scalars.values()]
+        return out + [self.grad] if self.grad is not None else out
 
     def is_bound(self, optimizer_state: dict) -> bool:
         for i, p in enumerate(self.params):
@@ -161,39 +216,127 @@ class FlatGroup:
 class FlatState:
     """Every parameter group of `optimizer` laid out flat; see the module docstring."""
 
-    def __init__(self, model: Module, optimizer: Optimizer, *, keep_grads: bool = True) -> None:
+    def __init__(self, model: Module, optimizer: Optimizer, *, keep_grads: bool = True,
+                 leave_out: Iterable[Tensor] = ()) -> None:
+        """`leave_out`: parameters not to lay out although they require grad (as frozen ones are not), e.g.
+        those a traced step gave no gradient (the eager optimizer skips them too)."""
         for method in ("state_init", "scalar_state_init", "update_flat"):
             if not callable(getattr(optimizer, method, None)):
                 raise TypeError(f"{type(optimizer).__name__} has no {method}(); the fused route needs an optimizer "
                                 f"with a flat-buffer update (every tensorarena.optim optimizer has one)")
         self.optimizer = optimizer
-        names = {id(p): name for name, p in model.named_parameters()}
-        self.groups: list[FlatGroup] = []
-        self._group_index: list[int] = []  # each FlatGroup's position in optimizer.param_groups
-        for index, group in enumerate(optimizer.param_groups):
-            params = list(group["params"])
-            if not params:
-                continue
-            self.groups.append(FlatGroup(group, params, [names.get(id(p), "<not in model>") for p in params],
-                                         optimizer.state_init(group), optimizer.scalar_state_init(group),
-                                         keep_grads))
-            self._group_index.append(index)
-        # Counts every rebinding (ensure_bound): what was prepared against the old binding is stale after one.
-        self.generation = 0
         self.keep_grads = keep_grads
-        self._params = [p for g in self.groups for p in g.params]
+        self._initial_step = getattr(optimizer, "initial_step", _no_step_taken)
+        self._names = {id(p): name for name, p in model.named_parameters()}
+        left_out = {id(p) for p in leave_out}
+        superseded = _live_bounds()  # an older layout of these values, if any: copied out of below
+        self.groups: list[FlatGroup] = []
+        self._group_index: list[int] = []  # each FlatGroup's position in optimizer.param_groups (several may share one)
+        for index, group in enumerate(optimizer.param_groups):
+            state_init = optimizer.state_init(group)
+            scalar_init = optimizer.scalar_state_init(group)
+            trainable = [p for p in group["params"] if p.requires_grad and id(p) not in left_out]
+            for params in self._split_by_scalars(trainable, scalar_init):
+                self.groups.append(FlatGroup(group, params, [self._name(p) for p in params], state_init,
+                                             scalar_init, keep_grads))
+                self._group_index.append(index)
+        self._layout = [self._describe(group) for group in optimizer.param_groups]
+        # Changes with every rebinding (ensure_bound): what was prepared against the old binding is stale after one.
+        self.generation = next(_GENERATIONS)
         self._where = {id(p): (g, i) for g in self.groups for i, p in enumerate(g.params)}
+        self._params = [p for group in optimizer.param_groups for p in group["params"] if id(p) in self._where]
         self.bind()
+        _LIVE.update(self.groups)
+        self._let_go(superseded, model)
         return_freed_memory()
+
+    def _name(self, p: Tensor) -> str:
+        return self._names.get(id(p), "<not in model>")
+
+    def _split_by_scalars(self, params: list[Tensor], scalar_init: dict[str, float]) -> list[list[Tensor]]:
+        """`params` in runs of equal scalar state ("step", ...), in order of first appearance: one kernel
+        call updates a FlatGroup with one step count. Unequal counts come from parameters that missed
+        steps (frozen, or added to the optimizer later), which torch's optimizers count on their own."""
+        init = {"step": 0.0, **scalar_init}
+        runs: dict[tuple[float, ...], list[Tensor]] = {}
+        for p in params:
+            state = self.optimizer.state.get(p)
+            key = tuple(_start_value(state, kind, init, self._initial_step) for kind in init)
+            runs.setdefault(key, []).append(p)
+        return list(runs.values())
+
+    def _describe(self, group: dict) -> tuple:
+        """What the layout of `group` depends on, as `stale` compares it: its parameters, which of them
+        require grad, and its state kinds (arrays and scalars)."""
+        params = group["params"]
+        return (tuple(map(id, params)), tuple(map(_requires_grad, params)), self._kinds(group))
+
+    def _kinds(self, group: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        return tuple(self.optimizer.state_init(group)), tuple(self.optimizer.scalar_state_init(group))
+
+    def stale(self) -> str | None:
+        """Why this layout no longer matches the optimizer (a reason for a log line), or None if it does.
+
+        Checked before every fused step; a reason means: build a new FlatState (it takes the values over)
+        and trace again. About 10 us for ViT-Base's 152 parameters in two groups (tests/test_flat_layout.py)."""
+        groups = self.optimizer.param_groups
+        if len(groups) != len(self._layout):
+            return (f"the optimizer has {len(groups)} param groups, {len(self._layout)} when its state was laid "
+                    f"out (add_param_group)")
+        for index, (group, (ids, trainable, kinds)) in enumerate(zip(groups, self._layout)):
+            params = group["params"]
+            if tuple(map(id, params)) != ids:
+                return f"the parameters of param group {index} changed"
+            if tuple(map(_requires_grad, params)) != trainable:
+                changed = [f"{self._name(p)} ({'unfrozen' if p.requires_grad else 'frozen'})"
+                           for p, was in zip(params, trainable) if p.requires_grad != was]
+                return f"requires_grad changed for {', '.join(changed[:5])}{'...' if len(changed) > 5 else ''}"
+            now = self._kinds(group)
+            if now != kinds:
+                return (f"param group {index}'s optimizer state is now {list(now[0] + now[1])}, was "
+                        f"{list(kinds[0] + kinds[1])} (a setting such as momentum or amsgrad changed, or a state "
+                        f"dict with other settings was loaded)")
+        uneven = [(i, g.uneven_kinds()) for i, g in enumerate(self.groups) if not g.uniform]
+        if uneven:
+            return (f"the parameters of flat group {uneven[0][0]} no longer share their {uneven[0][1]} values (a "
+                    f"loaded or edited optimizer state)")
+        return None
+
+    def _let_go(self, superseded: list[tuple[int, int]], model: Module) -> None:
+        """Copy whatever still lives in an older layout's buffers out of them, so those buffers can go once
+        their FlatState does: a frozen parameter's values and state, a state kind this layout dropped
+        (momentum switched off: kept, as the eager optimizer keeps it), gradients."""
+        if not superseded:
+            return
+        params = {id(p): p for p in [*model.parameters(), *(q for g in self.optimizer.param_groups
+                                                              for q in g["params"])]}
+        for p in params.values():
+            if _inside(p._data, superseded):
+                p.data = p._data.copy()
+            if p._grad_buffer is not None and _inside(p._grad_buffer, superseded):
+                p._grad_buffer = None  # a reusable buffer only: autograd makes another when needed
+            if p.grad is not None and _inside(p.grad, superseded):
+                own = p._grad_buffer if id(p) in self._where and p._grad_buffer is not None else None
+                if own is not None:
+                    np.copyto(own, p.grad)
+                    p.grad = own
+                else:
+                    p.grad = p.grad.copy()
+            state = self.optimizer.state.get(p)
+            for kind, value in (state or {}).items():
+                if isinstance(value, np.ndarray) and _inside(value, superseded):
+                    state[kind] = value.copy()
 
     def bind(self) -> None:
         for g in self.groups:
-            g.bind(self.optimizer.state)
+            g.bind(self.optimizer.state, self._initial_step)
 
     def ensure_bound(self) -> bool:
         """Re-adopt values someone rebound (e.g. optimizer.load_state_dict replaced step arrays, and its
         param-group dicts, where schedules now write the lr); True if it had to."""
         groups = self.optimizer.param_groups
+        if len(groups) != len(self._layout):
+            raise RuntimeError(f"the flat layout is stale ({self.stale()}); build a new FlatState")
         regrouped = False
         for g, index in zip(self.groups, self._group_index):
             if g.group is not groups[index]:
@@ -201,11 +344,11 @@ class FlatState:
         if not regrouped and all(g.is_bound(self.optimizer.state) for g in self.groups):
             return False
         self.bind()
-        self.generation += 1
+        self.generation = next(_GENERATIONS)
         return True
 
     def params(self) -> list[Tensor]:
-        """Every flattened parameter, in group order (the same list each call)."""
+        """Every flattened parameter, in the optimizer's order (the same list each call)."""
         return self._params
 
     def missing_grads(self, received: set[int] | None = None) -> list[str]:
@@ -233,14 +376,42 @@ class FlatState:
             return lambda: self.update_param(p, grad)
         return group.prepare_param(i, self.optimizer, grad)
 
-    def update(self) -> None:
-        """The optimizer step: one `update_flat` kernel call per group over its flat buffers."""
-        for g in self.groups:
-            np.add(g.steps, 1.0, out=g.steps)
-            self.optimizer.update_flat(g.group, g.param, g.grad, g.update_state, float(g.steps[0]), g.segments)
-            for kind, flat in g.scalars.items():
-                if kind != "step":
-                    flat[1:] = flat[0]  # parameter 0's scalar was the group's; keep every entry equal
+    def update(self, index: int | None = None) -> None:
+        """The optimizer step: one `update_flat` kernel call per group over its flat buffers.
+
+        A group whose parameters' step counts came apart after the layout (a loaded state, see `stale`)
+        is updated parameter by parameter, each with its own count. If an update fails after another
+        one succeeded, the step is partly applied: the error says so (a RuntimeError, so that the
+        out-of-memory fallback does not redo the step on top of it; a BaseException such as
+        KeyboardInterrupt goes on as itself with a note). `index`: the step's number, for the message."""
+        done = updated = 0
+        try:
+            for g in self.groups:
+                if g.uniform:
+                    g.update(self.optimizer)
+                    updated += len(g.params)
+                else:
+                    log.warning("fused route: flat group %d's parameters have unequal %s; updating them one "
+                                "kernel call each until the state is laid out again", done, g.uneven_kinds())
+                    for i in range(len(g.params)):
+                        g.update_param(i, self.optimizer, g._grad_views[i])
+                        updated += 1
+                done += 1
+        except BaseException as exc:
+            if not updated:
+                raise
+            message = self._partly_applied(index, done, updated, exc)
+            if not isinstance(exc, Exception):
+                exc.add_note(message)
+                raise
+            raise RuntimeError(message) from exc
+
+    def _partly_applied(self, index: int | None, done: int, updated: int, exc: BaseException) -> str:
+        """compile/step.py partly_applied's wording, for a failure between the flat update's kernel calls."""
+        step = "this step" if index is None else f"step {index}"
+        return (f"{step} failed in the optimizer update after {done} of {len(self.groups)} flat groups "
+                f"({updated} of {len(self._params)} parameters) were already updated: the step is partly "
+                f"applied, so it is not redone. Restore the last checkpoint; {type(exc).__name__}: {exc}")
 
     def nbytes(self) -> dict[str, int]:
         """Persistent bytes by kind (params, grads, steps, state.<kind>) summed over groups."""
@@ -249,3 +420,16 @@ class FlatState:
             for kind, n in g.nbytes.items():
                 total[kind] = total.get(kind, 0) + n
         return total
+
+
+def _live_bounds() -> list[tuple[int, int]]:
+    """(first byte, end) of every buffer of every FlatGroup alive."""
+    return [(a.ctypes.data, a.ctypes.data + a.nbytes) for g in list(_LIVE) for a in g.buffers() if a.size]
+
+
+def _inside(a: Any, bounds: list[tuple[int, int]]) -> bool:
+    """Whether array `a` starts inside one of `bounds` (a view of such a buffer)."""
+    if not isinstance(a, np.ndarray) or not a.size:
+        return False
+    start = a.ctypes.data
+    return any(lo <= start < hi for lo, hi in bounds)
