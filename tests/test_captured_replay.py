@@ -438,7 +438,7 @@ def test_a_number_computed_from_the_batch_is_still_refused(caplog):
 
 def test_a_change_to_the_model_after_the_recording_records_the_step_again(caplog):
     # A dropout probability changed between steps: the Python replay follows it, and so must the captured
-    # one (it records again: compile/captured.ModelState). Before, it went on dropping at the old rate.
+    # one (compile/captured.ModelState). Before, the captured replay went on dropping at the old rate.
     from tensorarena.nn import Dropout
 
     batch = _images(1)[0]
@@ -455,4 +455,7 @@ def test_a_change_to_the_model_after_the_recording_records_the_step_again(caplog
             reports += [trainer.step(*batch) for _ in range(3)]
         runs.append((model, trainer, reports))
     _assert_same(*runs)
-    assert "state changed since its step" in caplog.text and runs[1][1].fused.plan.capture.tape is not None
+    # The plan is traced again (FusedStep.plan_for), on both replays, and the captured one records it again.
+    assert "the model's state changed since" in caplog.text and "Dropout.p" in caplog.text
+    assert [trainer.fused.traces for _, trainer, _ in runs] == [2, 2]
+    assert runs[1][1].fused.plan.capture.tape is not None

@@ -381,12 +381,23 @@ def test_data_dependent_control_flow_is_caught_on_replay():
         trainer.step(-x, y)
 
 
-def test_a_parameter_without_gradient_is_a_clear_error():
-    model = _vit()
-    unused = ta.nn.Parameter(np.zeros(3, np.float32))
-    opt = optim.AdamW(list(model.parameters()) + [unused], lr=1e-3)
-    with pytest.raises(UnsupportedOpError, match="no gradient"):
-        compile_step(model, cross_entropy, opt, _batches(1)[0])
+def test_a_parameter_without_gradient_is_left_out_as_the_eager_optimizer_skips_it():
+    # An optimizer parameter the step never uses: eager's optimizer (as torch's) skips it, weight decay too, and
+    # the fused step leaves it out of its layout. Before, compile_step refused with "received no gradient".
+    def run(route):
+        model = _vit()
+        unused = ta.nn.Parameter(np.ones(3, np.float32))
+        opt = optim.AdamW(list(model.parameters()) + [unused], lr=1e-3, weight_decay=0.5)
+        trainer = Trainer(model, opt, cross_entropy, route=route)
+        losses = [trainer.step(*batch).loss for batch in _batches(3)]
+        return model, unused, losses, trainer
+
+    eager, eager_unused, eager_losses, _ = run("eager")
+    fused, fused_unused, fused_losses, trainer = run("fused")
+    np.testing.assert_array_equal(fused_unused.data, np.ones(3, np.float32))
+    np.testing.assert_array_equal(eager_unused.data, np.ones(3, np.float32))
+    np.testing.assert_allclose(fused_losses, eager_losses, rtol=1e-5)
+    assert trainer.fused.left_out == {id(fused_unused): fused_unused} and trainer.fused.traces == 1
 
 
 # -- checkpoints across routes ---------------------------------------------------------------------

@@ -237,7 +237,7 @@ class FlatState:
             scalar_init = optimizer.scalar_state_init(group)
             trainable = [p for p in group["params"] if p.requires_grad and id(p) not in left_out]
             for params in self._split_by_scalars(trainable, scalar_init):
-                self.groups.append(FlatGroup(group, params, [self._name(p) for p in params], state_init,
+                self.groups.append(FlatGroup(group, params, [self.name(p) for p in params], state_init,
                                              scalar_init, keep_grads))
                 self._group_index.append(index)
         self._layout = [self._describe(group) for group in optimizer.param_groups]
@@ -250,7 +250,8 @@ class FlatState:
         self._let_go(superseded, model)
         return_freed_memory()
 
-    def _name(self, p: Tensor) -> str:
+    def name(self, p: Tensor) -> str:
+        """`p`'s name in the model, or "<not in model>"."""
         return self._names.get(id(p), "<not in model>")
 
     def _split_by_scalars(self, params: list[Tensor], scalar_init: dict[str, float]) -> list[list[Tensor]]:
@@ -288,7 +289,7 @@ class FlatState:
             if tuple(map(id, params)) != ids:
                 return f"the parameters of param group {index} changed"
             if tuple(map(_requires_grad, params)) != trainable:
-                changed = [f"{self._name(p)} ({'unfrozen' if p.requires_grad else 'frozen'})"
+                changed = [f"{self.name(p)} ({'unfrozen' if p.requires_grad else 'frozen'})"
                            for p, was in zip(params, trainable) if p.requires_grad != was]
                 return f"requires_grad changed for {', '.join(changed[:5])}{'...' if len(changed) > 5 else ''}"
             now = self._kinds(group)

@@ -67,14 +67,52 @@ log = logging.getLogger("tensorarena")
 Signature = tuple
 
 
+def input_array(inputs: Any) -> np.ndarray:
+    """The array the model reads for `inputs`, by Tensor's own rules (as the eager route's Tensor(inputs)):
+    Python floats and float16 become float32, a big-endian float32 a native one. The plan's input buffer
+    has this dtype, so a replay never converts the batch into a heap copy."""
+    return inputs.data if isinstance(inputs, Tensor) else Tensor(inputs).data
+
+
+def target_array(targets: Any) -> np.ndarray | None:
+    """The one array the plan keeps for `targets` (None stays None); TypeError for targets that are not one
+    array (a tuple of arrays, a dict, a number beside an array), which the eager route hands to loss_fn
+    untouched but a plan cannot hold in its one persistent target buffer."""
+    if targets is None:
+        return None
+    if isinstance(targets, Tensor):
+        return targets.data
+    if isinstance(targets, np.ndarray):
+        return targets
+    problem = None
+    if _holds_arrays(targets):
+        problem = f"a {type(targets).__name__} holding arrays"
+    else:
+        try:
+            array = np.asarray(targets)
+        except ValueError as exc:  # ragged nesting
+            problem = f"a {type(targets).__name__} NumPy cannot make one array of ({exc})"
+        else:
+            if array.dtype != object:
+                return array
+            problem = f"a {type(targets).__name__} of Python objects"
+    raise TypeError(f"the fused route needs the targets as one array (or Tensor, or None), got {problem}. "
+                    f"Pack them into one array (e.g. np.stack of same-shape columns) and unpack it in loss_fn, "
+                    f"or train with route='eager', which hands the targets to loss_fn as they are")
+
+
+def _holds_arrays(x: Any) -> bool:
+    """A dict, or a list or tuple with an array, Tensor or dict somewhere inside."""
+    if isinstance(x, dict):
+        return True
+    return isinstance(x, (list, tuple)) and any(isinstance(v, (np.ndarray, Tensor)) or _holds_arrays(v) for v in x)
+
+
 def batch_signature(inputs: Any, targets: Any) -> Signature:
-    """What a plan is specialised on: shape and dtype of inputs and of targets."""
-    def one(x):
-        if x is None:
-            return None
-        a = x.data if isinstance(x, Tensor) else np.asarray(x)
-        return (a.shape, a.dtype.str)
-    return (one(inputs), one(targets))
+    """What a plan is specialised on: shape and dtype of the inputs as the model reads them, and of targets."""
+    def one(a):
+        return None if a is None else (a.shape, a.dtype.str)
+    return (one(input_array(inputs)), one(target_array(targets)))
 
 
 @dataclass
@@ -92,6 +130,7 @@ class StepPlan:
     persistent: dict[str, int] = field(default_factory=dict)  # filled by FusedStep: params, grads, state...
     matmul_precision: str = "float32"  # of float32 products, traced and replayed (tensorarena.precision)
     capture: Any = None  # replay="captured": its recording or why there is none (compile/captured.py)
+    model_state: Any = None  # captured.ModelState read after the trace: a change retraces (FusedStep.plan_for)
 
     @property
     def program(self) -> list[tuple[str, str, str]]:
@@ -140,13 +179,14 @@ class PlannedArena(Arena):
         if i >= len(buffers):
             raise PlanMismatchError(
                 f"this step asked for more buffers than its trace ({len(buffers)}): buffer #{i} {tuple(shape)} "
-                f"{np.dtype(dtype)}. The step's control flow depends on the data; use route='eager' for it.")
+                f"{np.dtype(dtype)}. The step's control flow depends on the data (or on Python state outside "
+                f"the model's modules); use route='eager' for it.")
         b = buffers[i]
         if b.shape != tuple(shape) or b.dtype != np.dtype(dtype):
             raise PlanMismatchError(
                 f"this step diverged from its trace at buffer #{i}: the trace had {b.op} -> {b.shape} {b.dtype}, "
                 f"this step asked for {tuple(shape)} {np.dtype(dtype)}. The step's control flow depends on "
-                f"the data; use route='eager' for it.")
+                f"the data (or on Python state outside the model's modules); use route='eager' for it.")
         self.cursor = i + 1
         self.stats.allocations += 1
         recording = tape.active()
@@ -205,6 +245,8 @@ class FusedStep:
         self.flat = FlatState(model, optimizer, keep_grads=not self.update_in_backward)
         self.plans: OrderedDict[tuple, StepPlan] = OrderedDict()  # (signature, kernels.dispatch_key()) -> plan
         self.traces = 0  # how many times a step was traced (first signature + every retrace)
+        self.layouts = 1  # flat layouts built: 1 + one per change of the optimizer's groups or trainable set
+        self.left_out: dict[int, Tensor] = {}  # id -> optimizer parameter a trace gave no gradient (not laid out)
         self.replays = 0
 
     # -- plans ------------------------------------------------------------------
@@ -222,11 +264,23 @@ class FusedStep:
         """The plan for this batch's signature under the kernel dispatch in force (kernels.dispatch_key),
         tracing it (and evicting the least recently used) if new."""
         sig = batch_signature(inputs, targets)
+        stale = self.flat.stale()
+        if stale is not None:
+            self._lay_out_again(stale)
         # Kernel dispatch is part of the key: a switch (kernels.use_reference, gemm.use_backend, ...) may
         # change which scratch buffers the step asks for, so the plan traced before it would not replay
         # (PlanMismatchError). Such a switch traces a plan of its own; switching back finds the first.
         key = (sig, kernels.dispatch_key())
         plan = self.plans.get(key)
+        if plan is not None and plan.model_state is not None and plan.model_state.changed():
+            self.model.train()  # steps train: a model left in eval mode (compile_step's own user) is no change
+        if plan is not None and plan.model_state is not None and plan.model_state.changed():
+            # A module attribute the forward may branch on (a flag, a dropout probability) changed since the
+            # trace: replaying the old trace would diverge from it (or, captured, train the old forward).
+            log.info("fused route: the model's state changed since %s was traced (%s); tracing it again",
+                     sig, plan.model_state.describe_change())
+            del self.plans[key]
+            plan = None
         if plan is not None:
             self.plans.move_to_end(key)
             return plan
@@ -242,16 +296,44 @@ class FusedStep:
             log.info("fused route: evicted the plan for %s (max_plans=%d)", old, self.max_plans)
         return plan
 
+    def _lay_out_again(self, reason: str) -> None:
+        """A new flat layout (FlatState) for a changed optimizer or set of trainable parameters, and no plans:
+        each was traced against the old layout. The values move over; the next step traces again."""
+        log.info("fused route: %s; laying the parameters and optimizer state out again and tracing anew", reason)
+        self.flat = FlatState(self.model, self.optimizer, keep_grads=not self.update_in_backward,
+                              leave_out=self.left_out.values())
+        self.plans.clear()
+        self.grad_sink = captured.GradSink(self)
+        self.layouts += 1
+
     def _trace(self, inputs: Any, targets: Any, sig: Signature) -> StepPlan:
-        with float32_matmul_precision(self.matmul_precision):
-            return self._trace_step(inputs, targets, sig)
+        for attempt in range(2):
+            try:
+                with float32_matmul_precision(self.matmul_precision):
+                    plan = self._trace_step(inputs, targets, sig)
+                break
+            except _GradientsMoved as moved:
+                if attempt:  # a second trace under the new layout saw other gradients again: not a layout matter
+                    raise UnsupportedOpError(f"the traced step's gradients changed between two traces ({moved}); "
+                                             f"use route='eager' for this model") from None
+                for p in moved.no_grad:
+                    self.left_out[id(p)] = p
+                for p in moved.regained:
+                    del self.left_out[id(p)]
+                self._lay_out_again(str(moved))
+        # Read after the trace: a forward may set attributes (ViT's last_block_route), and each replay
+        # compares against the state the previous step left.
+        plan.model_state = captured.ModelState(self.model)
+        return plan
 
     def _trace_step(self, inputs: Any, targets: Any, sig: Signature) -> StepPlan:
-        x = np.array(inputs.data if isinstance(inputs, Tensor) else inputs, copy=True)
-        y = None if targets is None else np.array(targets.data if isinstance(targets, Tensor) else targets, copy=True)
+        x = np.array(input_array(inputs), copy=True)
+        y = None if targets is None else np.array(target_array(targets), copy=True)
         params = self.flat.params()
         saved_rng = _rng_states(self.model)
-        others = {p: p.grad for p in self.model.parameters() if not self.flat.owns(p)}  # the trace changes no .grad
+        # Every other leaf's .grad is kept (the trace changes none): the model's parameters outside the layout
+        # and those left out of it for having had no gradient, which may sit outside the model.
+        others = {p: p.grad for p in [*self.model.parameters(), *self.left_out.values()] if not self.flat.owns(p)}
         tracer = TracingArena(name=f"tracing arena ({sig})")
         self.model.train()
         try:
@@ -265,10 +347,16 @@ class FusedStep:
                     seen: set[int] = set()
                     # The trace updates nothing: it notes who got a gradient and lets it die as a replay would.
                     autograd.backward(loss, on_leaf_grad=self._leaf_hook(seen, update=False))
-                    missing = self.flat.missing_grads(seen)
                 else:
                     loss.backward()
-                    missing = self.flat.missing_grads()
+                    seen = {id(p) for p in params if p.grad is not None}
+                # The layout holds exactly the parameters that get a gradient: the eager optimizer skips one
+                # without (unused, cut off by detach, a branch the config turned off), so it is left out.
+                no_grad = [p for p in params if id(p) not in seen]
+                regained = [p for p in self.left_out.values() if p.grad is not None]
+                if no_grad or regained:
+                    raise _GradientsMoved(self.flat, no_grad, regained)
+                if not self.update_in_backward:
                     outside = [name for name, p in self.model.named_parameters()
                                if p.grad is not None and not self.flat.owns(p)]
                     if outside:
@@ -280,11 +368,6 @@ class FusedStep:
                             f"fused route needs every such parameter in it. Add them to the optimizer, freeze them "
                             f"(requires_grad=False), or use route='eager'")
                 del loss
-            if missing:
-                raise UnsupportedOpError(
-                    f"parameters {missing[:5]}{'...' if len(missing) > 5 else ''} received no gradient in the traced "
-                    f"step; the fused optimizer updates every parameter of a group each step. Freeze them "
-                    f"(requires_grad=False, and leave them out of the optimizer) or use route='eager'")
         finally:
             _restore_rng(saved_rng)
             for p in params:
@@ -354,12 +437,12 @@ class FusedStep:
         grad_norm = None
         arena = PlannedArena(plan, name=f"fused step {index} arena")
         with arena:  # closed before any exception below propagates
-            for p in params:
-                p.grad = None
             loss = self.loss_fn(self.model(Tensor(plan.inputs)), plan.targets)
             value = loss.item()
             if skip_non_finite(value, index, on_nonfinite):
-                return value, None, True, arena
+                return value, None, True, arena  # the .grad of the last good step stay, as on eager
+            for p in params:
+                p.grad = None
             if self.update_in_backward:
                 updated: set[int] = set()
                 try:
@@ -368,6 +451,10 @@ class FusedStep:
                     if not updated:
                         raise
                     raise partly_applied(index, len(updated), len(params), exc) from exc
+                except BaseException as exc:  # KeyboardInterrupt: not turned into an error, but told
+                    if updated:
+                        exc.add_note(partly_applied_note(index, len(updated), len(params)))
+                    raise
                 missing = self.flat.missing_grads(updated)
             else:
                 loss.backward()
@@ -376,7 +463,8 @@ class FusedStep:
             partly = " (the parameters that did get one are already updated)" if self.update_in_backward else ""
             if arena.cursor != len(plan.buffers):
                 raise PlanMismatchError(f"this step used {arena.cursor} buffers but its trace used "
-                                        f"{len(plan.buffers)}; the step's control flow depends on the data{partly}")
+                                        f"{len(plan.buffers)}; the step's control flow depends on the data (or on Python "
+                                        f"state outside the model's modules){partly}")
             if missing:
                 raise PlanMismatchError(f"parameters {missing[:5]} got no gradient in this step but did in its "
                                         f"trace{partly}")
@@ -393,6 +481,23 @@ class FusedStep:
         if self.scheduler is not None:
             self.scheduler.step()
         return grad_norm
+
+
+class _GradientsMoved(Exception):
+    """A trace's gradients do not match the flat layout: parameters of it got none, or left-out ones got one.
+    FusedStep._trace lays the state out again and traces once more; nothing was updated."""
+
+    def __init__(self, flat: FlatState, no_grad: list[Tensor], regained: list[Tensor]) -> None:
+        self.no_grad, self.regained = no_grad, regained
+        parts = []
+        if no_grad:
+            names = [flat.name(p) for p in no_grad]
+            parts.append(f"parameters {names[:5]}{'...' if len(names) > 5 else ''} got no gradient in the traced step "
+                         f"and are left out of the fused update (the eager optimizer skips them too)")
+        if regained:
+            names = [flat.name(p) for p in regained]
+            parts.append(f"parameters {names[:5]}{'...' if len(names) > 5 else ''} left out before now get a gradient")
+        super().__init__("; ".join(parts))
 
 
 def skip_non_finite(value: float, index: int, on_nonfinite: str) -> bool:
@@ -415,6 +520,12 @@ def partly_applied(index: int, updated: int, total: int, exc: Exception) -> Runt
         f"step {index} failed inside backward after {updated} of {total} parameters were already updated "
         f"(update_in_backward): the step is partly applied, so it is not redone. Restore the last checkpoint; "
         f"{type(exc).__name__}: {exc}")
+
+
+def partly_applied_note(index: int, updated: int, total: int) -> str:
+    """The note added to a KeyboardInterrupt (any BaseException) that stopped backward after `updated` updates."""
+    return (f"tensorarena: step {index} stopped inside backward after {updated} of {total} parameters were "
+            f"already updated (update_in_backward): the step is partly applied. Restore the last checkpoint")
 
 
 def resolve_update_in_backward(update_in_backward: bool | None, clip_grad_norm: float | None) -> bool:
