@@ -114,15 +114,16 @@ class Trainer:
         check_step_options(clip_grad_norm, on_nonfinite)
         from ..compile.step import resolve_update_in_backward
 
-        # Resolved (and checked) now, not at the first fused step.
+        # Resolved (and checked) now, not at the first fused step; asked kept for a later clip_grad_norm change.
+        self._update_in_backward_asked = update_in_backward
         self.update_in_backward = resolve_update_in_backward(update_in_backward, clip_grad_norm)
         self.matmul_precision = (normalize_precision(matmul_precision) if matmul_precision is not None
                                  else get_float32_matmul_precision())
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
-        self.scheduler = scheduler
-        self.clip_grad_norm = clip_grad_norm
+        self._clip_grad_norm = clip_grad_norm
+        self._scheduler = scheduler
         self.route = route
         self.on_nonfinite = on_nonfinite
         from ..stream.store import IO_MODES
@@ -132,7 +133,6 @@ class Trainer:
         self.stream_io = stream_io
         self.pool = pool
         self.step_count = 0  # applied or skipped steps so far
-        self._params = [p for p in model.parameters() if p.requires_grad]
         self.fallback_to_eager = fallback_to_eager
         self.fallback_reason: str | None = None
         self.max_plans = max_plans
@@ -146,6 +146,43 @@ class Trainer:
         self.stream = None  # the StreamingRoute once training streams
         self.route_switches: list[dict] = []  # out-of-memory fallbacks: step, from, to, error
         self._generators = None  # the RNGs a step draws from, snapshot per step for the fallback
+
+    # -- options a user may change between steps, as in a hand-written PyTorch loop ------
+    @property
+    def clip_grad_norm(self) -> float | None:
+        return self._clip_grad_norm
+
+    @clip_grad_norm.setter
+    def clip_grad_norm(self, value: float | None) -> None:
+        """Takes effect at the next step on every route. Switching clipping on or off changes where the fused
+        step updates (flat gradients or inside backward, see compile/step.py), so its step is built again."""
+        from ..compile.step import resolve_update_in_backward
+
+        check_step_options(value, self.on_nonfinite)
+        in_backward = resolve_update_in_backward(self._update_in_backward_asked, value)  # ValueError if it cannot
+        self._clip_grad_norm = value
+        if in_backward != self.update_in_backward:
+            self.update_in_backward = in_backward
+            if self.fused is not None:
+                log.info("clip_grad_norm %s: the fused step is built again with %s", value,
+                         "updates inside backward" if in_backward else "flat gradients")
+                self.fused = None  # the parameters are views of its flat buffers: the new one copies them over
+        if self.fused is not None:
+            self.fused.clip_grad_norm = value
+        if self.stream is not None:
+            self.stream.clip_grad_norm = value
+
+    @property
+    def scheduler(self):
+        return self._scheduler
+
+    @scheduler.setter
+    def scheduler(self, value) -> None:
+        """A new schedule (or None) steps from the next step on, on every route."""
+        self._scheduler = value
+        for route in (self.fused, self.stream):
+            if route is not None:
+                route.scheduler = value
 
     # -- routes ------------------------------------------------------------------------
     def plan(self, inputs: Any, targets: Any, routes: tuple[str, ...] = ("fused", "streaming")):
@@ -216,11 +253,11 @@ class Trainer:
         from ..stream.stages import StreamingUnsupportedError
 
         source = self.route
+        _restore_rng(rng_snapshot)  # the redo must draw the same dropout masks as the failed step; no redo, none
         if not callable(getattr(self.model, "stream_stages", None)):
             raise MemoryError(f"step {index} on the {source} route ran out of memory ({err}); the streaming "
                               f"fallback needs a model with stream_stages(), which {type(self.model).__name__} "
                               f"does not have. Lower the batch size or raise the memory limit") from err
-        _restore_rng(rng_snapshot)  # the redo must draw the same dropout masks as the failed step
         try:
             self._start_streaming(redo_after_oom=True)
         except StreamingUnsupportedError as exc:
@@ -251,7 +288,7 @@ class Trainer:
             return self._step(inputs, targets)
 
     def _step(self, inputs: Any, targets: Any) -> StepReport:
-        from ..compile.step import _rng_states, rng_generators
+        from ..compile.step import _restore_rng, _rng_states, rng_generators
 
         if self.route == "auto":
             self._choose_route(inputs, targets)
@@ -260,7 +297,10 @@ class Trainer:
         # Generators found once (walking every module each step would be hot-path work for nothing).
         if self._generators is None:
             self._generators = rng_generators(self.model)
-        rng_snapshot = _rng_states(self.model, self._generators) if self.oom_fallback else None
+        # A failed step leaves the generators where they were before it, on every route: eager's forward
+        # draws its dropout masks before a bad label fails the loss, a fused trace restores what it drew, and
+        # the out-of-memory redo must draw the failed step's masks again.
+        rng_snapshot = _rng_states(self.model, self._generators)
         try:
             if self.route == "fused":
                 report = self._fused_step(inputs, targets)
@@ -269,8 +309,12 @@ class Trainer:
             return self._eager_step(inputs, targets)
         except MemoryError as err:  # ArenaOutOfMemory too; the step arena is already closed
             if not self.oom_fallback:
+                _restore_rng(rng_snapshot)
                 raise
             self._switch_after_oom(err, self.step_count + 1, rng_snapshot)
+        except BaseException:
+            _restore_rng(rng_snapshot)
+            raise
         return self._streaming_step(inputs, targets)
 
     def _eager_step(self, inputs: Any, targets: Any) -> StepReport:
@@ -297,7 +341,10 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 if self.clip_grad_norm is not None:
-                    grad_norm = float(clip_grad_norm_(self._params, self.clip_grad_norm))
+                    # The optimizer's parameters read now, as the fused route clips them: one unfrozen
+                    # since the Trainer was built is clipped too.
+                    params = [p for group in self.optimizer.param_groups for p in group["params"]]
+                    grad_norm = float(clip_grad_norm_(params, self.clip_grad_norm))
                 self.optimizer.step()
                 if self.scheduler is not None:
                     self.scheduler.step()
@@ -316,15 +363,18 @@ class Trainer:
         self.model.train()
         lr = float(self.optimizer.param_groups[0]["lr"])
         try:
-            self.compile(inputs, targets)
+            if self.fused is None:
+                self.compile(inputs, targets)
+            # Traces (a new signature, a changed model or optimizer) happen inside, before any update: an
+            # UnsupportedOpError leaves nothing applied.
+            loss_value, grad_norm, skipped, arena = self.fused.step(inputs, targets, index=index,
+                                                                    on_nonfinite=self.on_nonfinite)
         except UnsupportedOpError as err:
             if not self.fallback_to_eager:
                 raise
             self.route, self.fallback_reason = "eager", str(err)
             log.warning("fused route unavailable, training on the eager route: %s", err)
             return None
-        loss_value, grad_norm, skipped, arena = self.fused.step(inputs, targets, index=index,
-                                                                on_nonfinite=self.on_nonfinite)
         self.step_count = index
         return StepReport(step=index, loss=loss_value, route="fused", seconds=time.perf_counter() - start,
                           arena_high_water=arena.stats.high_water, rss=rss_bytes(), lr=lr, grad_norm=grad_norm,
