@@ -34,6 +34,15 @@ model's modules and the loss are all tensorarena's (kept free of such branches) 
 Python replay for a step that runs the user's own forward or loss (captured.choose_replay).
 The trace itself does not update anything: no step is taken, and RNG states are restored, so
 `memory_report()` is known before step 1 and step 1 is the first replay.
+
+Between steps a user may change what a hand-written PyTorch loop lets them change. Hyperparameters in
+`param_groups` are read live by every update. A change to the layout's inputs (requires_grad set or
+cleared, `add_param_group`, a setting that adds optimizer state such as momentum, a loaded state dict
+with other settings: `FlatState.stale`) builds a new flat layout, which takes the values over, and
+traces again. A module attribute the forward may branch on (`captured.ModelState`) changed since a
+plan's trace retraces that plan. A parameter the traced step gives no gradient (unused, cut off by
+`detach`) is left out of the layout, as the eager optimizer skips it. The Trainer passes a new
+`clip_grad_norm` or scheduler on.
 """
 
 from __future__ import annotations
