@@ -486,3 +486,33 @@ def test_models_without_stages_and_unsupported_setups_are_refused(tmp_path):
     bad = Incomplete(_config(), rng=np.random.default_rng(0))
     with pytest.raises(StreamingUnsupportedError, match=r"leaves trainable parameters out.*norm.weight"):
         StreamingRoute.from_memory(bad, optim.SGD(bad.parameters(), lr=0.1), cross_entropy, tmp_path)
+
+
+def test_a_failed_streaming_update_kernel_leaves_the_step_counts_alone(monkeypatch):
+    # optim_state.update used to add 1 to a parameter's step before its update_flat kernel ran, so an
+    # out-of-memory error inside the kernel left the count advanced, and the redo's bias correction used
+    # step + 2 (the eager and fused optimizers had the same order: fixed in 03d7c82 and 05237f1). Now the
+    # count moves only after the kernel ran; on the previous order this test fails at the first assert.
+    from tensorarena.stream import optim_state
+
+    p = ta.nn.Parameter(np.ones(4, np.float32))
+    p.grad = np.full(4, 0.5, np.float32)
+    opt = optim.AdamW([p], lr=0.1)
+    kinds = optim_state.state_kinds(opt)
+    group = opt.param_groups[0]
+    arrays = [{k: np.zeros(4, np.float32) for k in kinds.arrays}]
+    scalars = [np.zeros(len(kinds.scalars), np.float64)]
+    real = type(opt).update_flat
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError("simulated OOM in the update kernel")
+
+    monkeypatch.setattr(type(opt), "update_flat", out_of_memory)
+    with pytest.raises(MemoryError):
+        optim_state.update(kinds, opt, group, [p], arrays, scalars)
+    assert scalars[0][0] == 0.0 and np.array_equal(p.data, np.ones(4, np.float32))
+    monkeypatch.setattr(type(opt), "update_flat", real)
+    optim_state.update(kinds, opt, group, [p], arrays, scalars)
+    assert scalars[0][0] == 1.0
+    # The first AdamW step (bias correction at step 1) moves each weight by lr (less decay) against the gradient.
+    np.testing.assert_allclose(p.data, np.ones(4) * (1 - 0.1 * 0.01) - 0.1, rtol=1e-5)

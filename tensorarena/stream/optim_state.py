@@ -104,18 +104,19 @@ def update(kinds: StateKinds, optimizer: Optimizer, group: dict[str, Any], param
     """One update of each of `params` (all of `group`, each with a .grad) in place, on the store views.
 
     `arrays[i]` and `scalars[i]` are parameter i's state views in the slot; the step runs as
-    Optimizer.step's loop body: step += 1 in place, then update_flat with the group's
-    current hyperparameters (a scheduler's lr included).
+    Optimizer.step's loop body: update_flat with step + 1 and the group's current hyperparameters (a
+    scheduler's lr included), then step += 1 in place, only once the kernel ran (a MemoryError inside it
+    leaves the count where it was, for the out-of-memory redo).
     """
     array_keys = tuple(optimizer.state_init(group))
     scalar_keys = tuple(optimizer.scalar_state_init(group))
     positions = [kinds.scalars.index(k) for k in scalar_keys]
     for p, state_arrays, row in zip(params, arrays, scalars):
         step = row[0:1].reshape(())  # 0-d view into the slot
-        np.add(step, 1.0, out=step)
         state = {k: state_arrays[k] for k in array_keys}
         state.update({k: row[j:j + 1].reshape(()) for k, j in zip(scalar_keys, positions)})
-        optimizer.update_flat(group, p.data, optimizer._grad_of(p), state, float(step), None)
+        optimizer.update_flat(group, p.data, optimizer._grad_of(p), state, float(step) + 1.0, None)
+        np.add(step, 1.0, out=step)
 
 
 __all__ = ["StateKinds", "state_kinds", "read_state", "write_state", "update"]
