@@ -176,6 +176,19 @@ def test_nonfinite_loss_raises_naming_the_step_and_keeps_weights():
     assert ta.current_arena() is None  # the step arena was closed on the way out
 
 
+@pytest.mark.parametrize("route", ["eager", "fused"])
+def test_an_empty_batch_says_so(route):
+    # The mean loss over no rows is NaN; the error said only "lower the learning rate or check the batch".
+    model, opt, _, _, loader = _setup(hidden=(16,))
+    trainer = Trainer(model, opt, cross_entropy, route=route)
+    x, y = loader.next()
+    trainer.step(x, y)
+    with np.errstate(invalid="ignore"), pytest.raises(NonFiniteLossError, match=r"step 2.*batch is empty: inputs of "
+                                                                                   r"shape \(0, 256\)"):
+        trainer.step(x[:0], y[:0])
+    assert trainer.step_count == 1
+
+
 def test_nonfinite_loss_can_be_skipped():
     model, opt, sched, trainer, loader = _setup(hidden=(16,))
     trainer.on_nonfinite = "skip"

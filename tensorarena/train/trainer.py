@@ -312,6 +312,13 @@ class Trainer:
                 _restore_rng(rng_snapshot)
                 raise
             self._switch_after_oom(err, self.step_count + 1, rng_snapshot)
+        except NonFiniteLossError as err:
+            _restore_rng(rng_snapshot)
+            shape = np.shape(inputs.data if isinstance(inputs, Tensor) else inputs)
+            if shape[:1] == (0,):  # the mean loss of no rows is NaN: say why, not "lower the learning rate"
+                raise NonFiniteLossError(f"{err} The batch is empty: inputs of shape {shape}; check the data "
+                                         f"loader (its last batch?)") from None
+            raise
         except BaseException:
             _restore_rng(rng_snapshot)
             raise
