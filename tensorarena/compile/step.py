@@ -387,8 +387,8 @@ class FusedStep:
         self.traces += 1
         memory = plan_memory(tracer.lifetimes())
         slab = aligned_bytes(max(memory.slab_bytes, 1))  # persistent: owned by the plan; offsets are ALIGN multiples
-        views = [slab[memory.offsets[str(b.index)]:memory.offsets[str(b.index)] + b.nbytes].view(b.dtype).reshape(b.shape)
-                 for b in buffers]
+        views = [slab[memory.offsets[str(b.index)]:memory.offsets[str(b.index)] + b.nbytes]
+                 .view(b.dtype).reshape(b.shape) for b in buffers]
         name = type(self.optimizer).__name__
         if self.update_in_backward:
             host = [f"backward, each parameter updated as its gradient completes ({name}.update_flat on its pieces)"]
@@ -472,8 +472,8 @@ class FusedStep:
             partly = " (the parameters that did get one are already updated)" if self.update_in_backward else ""
             if arena.cursor != len(plan.buffers):
                 raise PlanMismatchError(f"this step used {arena.cursor} buffers but its trace used "
-                                        f"{len(plan.buffers)}; the step's control flow depends on the data (or on Python "
-                                        f"state outside the model's modules){partly}")
+                                        f"{len(plan.buffers)}; the step's control flow depends on the data (or on "
+                                        f"Python state outside the model's modules){partly}")
             if missing:
                 raise PlanMismatchError(f"parameters {missing[:5]} got no gradient in this step but did in its "
                                         f"trace{partly}")
