@@ -1,12 +1,13 @@
 """The batches a data loader really hands over, on the fused Trainer (both replays) against the eager route.
 
-12 of these 83 tests failed on d412136, before the fixes (all under a "Regression" comment). With this file copied
+15 of these 86 tests failed on d412136, before the fixes (all under a "Regression" comment). With this file copied
 into a worktree of d412136 (git worktree add /tmp/old d412136), run in /tmp/old:
 `NUMBA_NUM_THREADS=1 timeout 900 python -m pytest -q -p no:cacheprovider tests/test_fused_batches.py`.
 
 A last smaller batch and back, batch size 1, inputs of another dtype, non-contiguous / read-only / memory-mapped
 arrays, one array object reused and overwritten by the loader, reports kept across steps, empty and broken
-batches, targets that are not one array (a loss_fn taking more than (output, labels)) and SimCSE's targets=None.
+batches, targets that are not one array (tuples and dicts of arrays and numbers, for a loss_fn taking more than
+(output, labels)) and SimCSE's targets=None.
 """
 
 from __future__ import annotations
@@ -485,25 +486,58 @@ STRUCTURED = {
 # Tensor]), but the fused route forced them into ONE ndarray without saying so: a tuple (labels, scale) failed
 # inside NumPy ("setting an array element with a sequence ... inhomogeneous shape"), (int64 labels, float32
 # weights) was stacked into one float64 array that reached cross_entropy as float labels ("target must hold class
-# indices"), and a dict became a 0-d object array ("only integers, slices ... are valid indices"). Now every kind
-# here gets the clear-error outcome: the first fused step raises a TypeError ("the fused route needs the targets as
-# one array ...") that says to pack them into one array or use route='eager', and nothing is trained.
+# indices"), and a dict became a 0-d object array ("only integers, slices ... are valid indices"). Now the plan
+# holds each array of the targets in a buffer of its own inside the same structure (compile/targets.py), and the
+# captured replay records the step as for one array.
 @pytest.mark.parametrize("replay", REPLAYS)
 @pytest.mark.parametrize("kind", list(STRUCTURED))
-def test_targets_that_are_not_one_array_train_as_on_eager_or_fail_clearly(replay, kind):
+def test_structured_targets_train_as_on_eager(replay, kind):
     loss_fn, make = STRUCTURED[kind]
-    batches = [(x, make(y)) for x, y in _rows(3)]
+    batches = [(x, make(y)) for x, y in _rows(4)]
     eager = _trainer("eager", loss_fn=loss_fn)
     want = [eager.step(*b).loss for b in batches]
     fused = _trainer("fused", replay, loss_fn=loss_fn)
-    try:
-        got = [fused.step(*b).loss for b in batches]
-    except (TypeError, ValueError) as err:
-        clear = "targets" in str(err) and ("fused" in str(err) or "route" in str(err))
-        assert clear, f"unclear error for {kind} targets: {type(err).__name__}: {err}"
-        assert fused.step_count == 0
-        return
+    got = [fused.step(*b).loss for b in batches]
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    for a, b in zip(eager.model.parameters(), fused.model.parameters()):
+        np.testing.assert_allclose(b.data, a.data, rtol=RTOL, atol=ATOL)
+    assert fused.fused.traces == 1
+    capture = fused.fused.plan.capture
+    assert (capture is not None and capture.tape is not None) == (replay == "captured")
+
+
+def test_route_auto_plans_with_structured_targets():
+    # The route plan before step 1 traces the step with the same targets (train/route_plan.py), and counts
+    # every array of them as inputs.
+    loss_fn, make = STRUCTURED["tuple_with_row_weights"]
+    (x, y), = _rows(1)
+    targets = make(y)
+    auto = _trainer("auto", loss_fn=loss_fn)
+    plan = auto.plan(x, targets)
+    assert plan.chosen == "fused"
+    assert plan.estimates["fused"].parts["inputs"] == x.nbytes + y.nbytes + targets[1].nbytes
+    np.testing.assert_allclose(auto.step(x, targets).loss, _trainer("eager", loss_fn=loss_fn).step(x, targets).loss,
+                               rtol=RTOL)
+
+
+def test_a_constant_in_the_targets_is_part_of_the_signature():
+    # (labels, 2.0) then (labels, 3.0): a number the loss reads in Python is baked into the trace, so another
+    # value is another plan; going back to 2.0 finds the first one.
+    batches = _rows(3)
+    scales = [2.0, 3.0, 2.0]
+    eager = _trainer("eager", loss_fn=_weighted)
+    fused = _trainer("fused", "captured", loss_fn=_weighted)
+    for (x, y), scale in zip(batches, scales):
+        np.testing.assert_allclose(fused.step(x, (y, scale)).loss, eager.step(x, (y, scale)).loss, rtol=RTOL)
+    assert fused.fused.traces == 2 and len(fused.fused.plans) == 2
+
+
+def test_targets_holding_something_else_than_arrays_and_numbers_are_a_clear_error():
+    x, y = _rows(1)[0]
+    fused = _trainer("fused", loss_fn=_keyed)
+    with pytest.raises(TypeError, match=r"targets\['extra'\] is of type object.*route='eager'"):
+        fused.step(x, {"labels": y, "extra": object()})
+    assert fused.step_count == 0
 
 
 @pytest.mark.parametrize("replay", REPLAYS)

@@ -81,6 +81,7 @@ from ..ops._base import is_constant
 from ..precision import float32_matmul_precision
 from ..tape import Tape, host
 from ..tensor import Tensor
+from . import targets as target_layout
 from .trace import PlanMismatchError
 
 if TYPE_CHECKING:
@@ -156,14 +157,25 @@ class SecondOf:
 
 
 def load_batch(plan: "StepPlan", x: Any, y: Any) -> None:
-    """Copy a batch (arrays or Tensors, or SecondOf one) into the plan's persistent inputs, as every replay starts."""
-    for value, buffer in ((x, plan.inputs), (y, plan.targets)):
-        if buffer is None:
-            continue
-        if isinstance(value, SecondOf):
-            value.into(buffer)
+    """Copy a batch (arrays or Tensors, or SecondOf one) into the plan's persistent inputs, as every replay
+    starts. Targets may be a structure of arrays (compile/targets.py): each array goes to its own buffer."""
+    _load(x, [plan.inputs], whole=True)
+    if plan.target_buffers:
+        _load(y, plan.target_buffers, whole=False)
+
+
+def _load(value: Any, buffers: list[np.ndarray], *, whole: bool) -> None:
+    second = isinstance(value, SecondOf)
+    source = value.a if second else value
+    if whole or isinstance(source, np.ndarray):
+        leaves = [source]
+    else:
+        leaves = target_layout.flatten(source)[1]
+    for leaf, buffer in zip(leaves, buffers, strict=True):
+        if second:
+            second_batch(np.asarray(leaf), out=buffer)
         else:
-            np.copyto(buffer, _data(value))
+            np.copyto(buffer, _data(leaf))
 
 
 def second_batch(a: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
@@ -508,7 +520,7 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
     and 4) is a refusal; a batch that cannot tell the passes apart is _Unchecked."""
     from .step import _restore_rng, _rng_states
 
-    x, y = _data(inputs), _data(targets)
+    x, y = _data(inputs), targets  # the targets as given: one array or a structure of them (load_batch)
     xb, yb = SecondOf(x), None if y is None else SecondOf(y)
     load_batch(plan, xb, yb)  # compared where it is made: neither a copy of the batch nor a boolean mask
     if _digest(plan.inputs) == _digest(np.asarray(x, plan.inputs.dtype)):
@@ -626,7 +638,7 @@ def _unchecked(plan: "StepPlan", reason: str) -> Capture | None:
 
 def _regions(step: "FusedStep", plan: "StepPlan") -> list[tuple[int, int]]:
     """Memory a replay may read and write: the slab, the plan's inputs, the flat state, the model's own arrays."""
-    arrays = [plan.slab, plan.inputs, plan.targets]
+    arrays = [plan.slab, plan.inputs, *plan.target_buffers]
     for g in step.flat.groups:
         arrays += [g.param, g.grad, *g.state.values(), *g.scalars.values()]
     arrays += [p.data for p in step.model.parameters()]

@@ -67,6 +67,7 @@ from ..precision import float32_matmul_precision, get_float32_matmul_precision
 from ..precision import normalize as normalize_precision
 from ..tensor import Tensor
 from . import captured
+from . import targets as target_layout
 from .flat import FlatState
 from .planner import MemoryPlan, plan_memory
 from .trace import PlanMismatchError, TracedBuffer, TracingArena, UnsupportedOpError
@@ -83,45 +84,16 @@ def input_array(inputs: Any) -> np.ndarray:
     return inputs.data if isinstance(inputs, Tensor) else Tensor(inputs).data
 
 
-def target_array(targets: Any) -> np.ndarray | None:
-    """The one array the plan keeps for `targets` (None stays None); TypeError for targets that are not one
-    array (a tuple of arrays, a dict, a number beside an array), which the eager route hands to loss_fn
-    untouched but a plan cannot hold in its one persistent target buffer."""
-    if targets is None:
-        return None
-    if isinstance(targets, Tensor):
-        return targets.data
-    if isinstance(targets, np.ndarray):
-        return targets
-    problem = None
-    if _holds_arrays(targets):
-        problem = f"a {type(targets).__name__} holding arrays"
-    else:
-        try:
-            array = np.asarray(targets)
-        except ValueError as exc:  # ragged nesting
-            problem = f"a {type(targets).__name__} NumPy cannot make one array of ({exc})"
-        else:
-            if array.dtype != object:
-                return array
-            problem = f"a {type(targets).__name__} of Python objects"
-    raise TypeError(f"the fused route needs the targets as one array (or Tensor, or None), got {problem}. "
-                    f"Pack them into one array (e.g. np.stack of same-shape columns) and unpack it in loss_fn, "
-                    f"or train with route='eager', which hands the targets to loss_fn as they are")
-
-
-def _holds_arrays(x: Any) -> bool:
-    """A dict, or a list or tuple with an array, Tensor or dict somewhere inside."""
-    if isinstance(x, dict):
-        return True
-    return isinstance(x, (list, tuple)) and any(isinstance(v, (np.ndarray, Tensor)) or _holds_arrays(v) for v in x)
-
-
 def batch_signature(inputs: Any, targets: Any) -> Signature:
-    """What a plan is specialised on: shape and dtype of the inputs as the model reads them, and of targets."""
-    def one(a):
-        return None if a is None else (a.shape, a.dtype.str)
-    return (one(input_array(inputs)), one(target_array(targets)))
+    """What a plan is specialised on: shape and dtype of the inputs as the model reads them, and of the
+    targets (one array's, or the structure's: compile/targets.py, whose constants are part of it too)."""
+    x = input_array(inputs)
+    if targets is None:
+        return ((x.shape, x.dtype.str), None)
+    if isinstance(targets, np.ndarray):  # the common case, without the walk
+        return ((x.shape, x.dtype.str), (targets.shape, targets.dtype.str))
+    spec, _ = target_layout.flatten(targets)
+    return ((x.shape, x.dtype.str), spec[1:] if spec[0] == "array" else spec)
 
 
 @dataclass
@@ -134,12 +106,17 @@ class StepPlan:
     slab: np.ndarray
     views: list[np.ndarray]  # views[i]: traced buffer i inside the slab
     inputs: np.ndarray
-    targets: np.ndarray | None
+    targets: Any  # what loss_fn gets: one buffer, None, or the caller's structure around target_buffers
     host_calls: list[str]
     persistent: dict[str, int] = field(default_factory=dict)  # filled by FusedStep: params, grads, state...
     matmul_precision: str = "float32"  # of float32 products, traced and replayed (tensorarena.precision)
     capture: Any = None  # replay="captured": its recording or why there is none (compile/captured.py)
     model_state: Any = None  # captured.ModelState read after the trace: a change retraces (FusedStep.plan_for)
+    target_buffers: list[np.ndarray] = field(default_factory=list)  # each array of the targets, in order
+
+    def __post_init__(self) -> None:
+        if not self.target_buffers and isinstance(self.targets, np.ndarray):
+            self.target_buffers = [self.targets]
 
     @property
     def program(self) -> list[tuple[str, str, str]]:
@@ -152,7 +129,7 @@ class StepPlan:
         """Bytes by kind, known before step 1: persistent (params, grads, state.*, inputs), slab, the predicted
         peak (everything training holds) and predicted growth (what it adds to a process that has the model)."""
         report = dict(self.persistent)
-        report["inputs"] = self.inputs.nbytes + (self.targets.nbytes if self.targets is not None else 0)
+        report["inputs"] = self.inputs.nbytes + sum(b.nbytes for b in self.target_buffers)
         persistent = sum(report.values())
         report["persistent_total"] = persistent
         report["slab"] = self.memory.slab_bytes
@@ -337,7 +314,12 @@ class FusedStep:
 
     def _trace_step(self, inputs: Any, targets: Any, sig: Signature) -> StepPlan:
         x = np.array(input_array(inputs), copy=True)
-        y = None if targets is None else np.array(target_array(targets), copy=True)
+        target_buffers: list[np.ndarray] = []
+        y = None
+        if targets is not None:
+            spec, leaves = target_layout.flatten(targets)
+            target_buffers = [np.array(leaf, copy=True) for leaf in leaves]
+            y = target_layout.build(spec, target_buffers)
         params = self.flat.params()
         saved_rng = _rng_states(self.model)
         # Every other leaf's .grad is kept (the trace changes none): the model's parameters outside the layout
@@ -400,7 +382,8 @@ class FusedStep:
         if self.scheduler is not None:
             host.append(f"{type(self.scheduler).__name__}.step()")
         persistent = {k: v for k, v in self.flat.nbytes().items()}
-        plan = StepPlan(sig, buffers, memory, slab, views, x, y, host, persistent, self.matmul_precision)
+        plan = StepPlan(sig, buffers, memory, slab, views, x, y, host, persistent, self.matmul_precision,
+                        target_buffers=target_buffers)
         log.info("fused route: traced %s (float32 products in %s)", memory.summary(), self.matmul_precision)
         return plan
 

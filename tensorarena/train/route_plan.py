@@ -225,10 +225,16 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
     `fused_keeps_grads`: whether the fused step keeps flat gradients (the Trainer's resolved
     `not update_in_backward`: True only with clip_grad_norm or when asked); False is its default.
     """
-    x = np.asarray(inputs.data if isinstance(inputs, Tensor) else inputs)
-    y = None if targets is None else np.asarray(targets.data if isinstance(targets, Tensor) else targets)
+    from ..compile.step import input_array
+    from ..compile.targets import build, flatten
+
+    x = input_array(inputs)  # as the model reads it (Tensor's dtype rules), as the fused plan holds it
+    y, target_bytes = None, 0
+    if targets is not None:  # one array, or a structure of them (compile/targets.py)
+        spec, leaves = flatten(targets)
+        y, target_bytes = build(spec, leaves), sum(leaf.nbytes for leaf in leaves)
     persistent = persistent_bytes(optimizer)
-    inputs_bytes = x.nbytes + (y.nbytes if y is not None else 0)
+    inputs_bytes = x.nbytes + target_bytes
     has_stages = callable(getattr(model, "stream_stages", None))
     details: dict[str, Any] = {}
     if has_stages:
