@@ -138,7 +138,8 @@ class StepPlan:
         report["predicted_peak"] = persistent + self.memory.slab_bytes
         # The parameters existed before: flattening moves them (the old arrays are freed and
         # returned), so what training adds to the process is the peak less one copy of them.
-        report["predicted_growth"] = report["predicted_peak"] - report["params"]
+        report["predicted_growth"] = (report["predicted_peak"] - report["params"]
+                                      - report.get("params_not_trained", 0))
         return report
 
     def format_report(self) -> str:
@@ -244,7 +245,17 @@ class FusedStep:
         return next(reversed(self.plans.values()))
 
     def memory_report(self) -> dict[str, int]:
-        return self.plan.memory_report()
+        """The most recent plan's report (StepPlan.memory_report), plus "other_plans": the slabs and input
+        buffers of the other plans this step keeps (a last, smaller batch of an epoch: up to max_plans),
+        which training holds too."""
+        report = self.plan.memory_report()
+        others = [p for p in self.plans.values() if p is not self.plan]
+        if others:
+            extra = sum(p.slab.nbytes + p.inputs.nbytes + sum(b.nbytes for b in p.target_buffers) for p in others)
+            report["other_plans"] = extra
+            report["predicted_peak"] += extra
+            report["predicted_growth"] += extra
+        return report
 
     def plan_for(self, inputs: Any, targets: Any) -> StepPlan:
         """The plan for this batch's signature under the kernel dispatch in force (kernels.dispatch_key),
@@ -304,6 +315,11 @@ class FusedStep:
                                              f"use route='eager' for this model") from None
                 for p in moved.no_grad:
                     self.left_out[id(p)] = p
+                    state = self.optimizer.state.get(p)
+                    if state and float(state.get("step", 0.0)) == 0.0:
+                        # Made by the first layout (bind fills fresh state) for a parameter never updated: the
+                        # eager optimizer, as torch's, makes none for a parameter without a gradient.
+                        del self.optimizer.state[p]
                 for p in moved.regained:
                     del self.left_out[id(p)]
                 self._lay_out_again(str(moved))
@@ -381,11 +397,23 @@ class FusedStep:
             host += [f"{name}.update_flat(group {i})" for i in range(len(self.flat.groups))]
         if self.scheduler is not None:
             host.append(f"{type(self.scheduler).__name__}.step()")
-        persistent = {k: v for k, v in self.flat.nbytes().items()}
+        persistent = {**self.flat.nbytes(), **self._untrained_bytes()}
         plan = StepPlan(sig, buffers, memory, slab, views, x, y, host, persistent, self.matmul_precision,
                         target_buffers=target_buffers)
         log.info("fused route: traced %s (float32 products in %s)", memory.summary(), self.matmul_precision)
         return plan
+
+    def _untrained_bytes(self) -> dict[str, int]:
+        """What training holds outside the flat layout: parameters it does not train (frozen ones, which the
+        forward still reads; those left out for having no gradient) and optimizer state they keep (a
+        parameter frozen mid-run keeps its moments, as in torch). Empty when every parameter is trained."""
+        outside = {id(p): p for p in [*self.model.parameters(),
+                                      *(q for group in self.optimizer.param_groups for q in group["params"])]
+                   if not self.flat.owns(p)}
+        params = sum(p._data.nbytes for p in outside.values())
+        state = sum(v.nbytes for p in outside.values() for v in self.optimizer.state.get(p, {}).values()
+                    if isinstance(v, np.ndarray))
+        return {k: v for k, v in (("params_not_trained", params), ("state_not_trained", state)) if v}
 
     def _leaf_hook(self, received: set[int], *, update: bool) -> Callable:
         """update_in_backward's on_leaf_grad: for each flattened parameter, record that its gradient came
