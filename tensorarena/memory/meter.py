@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import os
 import resource
 import sys
@@ -41,3 +43,12 @@ def format_bytes(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.2f} {unit}"
     return f"{int(n)} B"
+
+
+def format_bytes_up(n: float) -> str:
+    """format_bytes rounded up, never down: for advice ("raise the limit to at least ..."), which must be
+    enough when followed to the letter."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{math.ceil(n / size * 100) / 100:.2f} {unit}"
+    return f"{math.ceil(n)} B"

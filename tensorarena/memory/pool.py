@@ -32,7 +32,7 @@ class ArenaOutOfMemory(MemoryError):
             f"arena out of memory: requested {_fmt(requested)} but the budget is "
             f"{_fmt(budget)} with {_fmt(in_use)} in use by open arenas "
             f"({_fmt(cached)} cached and evictable). Raise the budget "
-            f"(BlockPool.set_budget / Trainer(memory_limit=...)), lower the batch size, "
+            f"(BlockPool.set_budget), lower the batch size, "
             f"or close arenas you no longer need."
         )
 
