@@ -143,6 +143,8 @@ class Trainer:
             _check_store_dir(store_dir)  # before step 1, not when a fallback needs it mid-run
         self.oom_fallback = oom_fallback
         self.route_plan = None  # RoutePlan from plan(): every route's estimate and the choice
+        self._route_plan_batch = None  # (batch signature, routes) route_plan was made for
+        self._limit_to_check = memory_limit is not None  # a limit the user set is checked on any route, once
         self.stream = None  # the StreamingRoute once training streams
         self.route_switches: list[dict] = []  # out-of-memory fallbacks: step, from, to, error
         self._generators = None  # the RNGs a step draws from, snapshot per step for the fallback
@@ -189,17 +191,43 @@ class Trainer:
         """Estimate the routes for this batch against the budget (before step 1); returns the RoutePlan."""
         from .route_plan import plan_routes
 
+        from ..compile.step import batch_signature
+
         with float32_matmul_precision(self.matmul_precision):  # its traces hold the bfloat16 buffers too
             self.route_plan = plan_routes(self.model, self.optimizer, self.loss_fn, inputs, targets, self.budget,
                                           routes=routes, fused_keeps_grads=not self.update_in_backward)
+        self._route_plan_batch = (batch_signature(inputs, targets), routes)
         return self.route_plan
 
+    def _planned_for(self, inputs: Any, targets: Any, routes: tuple[str, ...]):
+        """The route plan for this batch: the one plan() made before step 1 if it was for this batch's shapes
+        (a preview on a smaller batch is not), else a new one."""
+        from ..compile.step import batch_signature
+
+        if self.route_plan is not None and self._route_plan_batch == (batch_signature(inputs, targets), routes):
+            return self.route_plan
+        if self.route_plan is not None:
+            log.info("route plan: step 1's batch %s is not the one planned before, planning again",
+                     batch_signature(inputs, targets))
+        return self.plan(inputs, targets, routes)
+
     def _choose_route(self, inputs: Any, targets: Any) -> None:
-        plan = self.route_plan or self.plan(inputs, targets)  # plan() may have run before step 1 already
+        plan = self._planned_for(inputs, targets, ("fused", "streaming"))
         if plan.chosen is None:
             raise MemoryError(f"no training route fits before step 1: {plan.reason}\n{plan.format()}")
         self.route = plan.chosen
         log.info("route auto -> %s: %s", plan.chosen, plan.reason)
+
+    def _check_the_limit(self, inputs: Any, targets: Any) -> None:
+        """Before step 1 on a route the user chose (eager or fused) with a memory_limit: that route's estimate
+        against it, a MemoryError naming both if it does not fit (the limit is not ignored)."""
+        plan = self._planned_for(inputs, targets, (self.route,))
+        estimate = plan.estimates[self.route]
+        if not estimate.fits:
+            raise MemoryError(f"route {self.route!r} does not fit memory_limit: {plan.reason}. Use route='auto' "
+                              f"(streams when fused does not fit), raise memory_limit or lower the batch size\n"
+                              f"{plan.format()}")
+        log.info("route %s fits memory_limit: %s", self.route, plan.reason)
 
     def _start_streaming(self, *, redo_after_oom: bool = False) -> None:
         import tempfile
@@ -292,6 +320,9 @@ class Trainer:
 
         if self.route == "auto":
             self._choose_route(inputs, targets)
+        elif self._limit_to_check and self.route in ("eager", "fused"):
+            self._check_the_limit(inputs, targets)
+            self._limit_to_check = False  # checked once, at the first step
         if self.route == "streaming":
             return self._streaming_step(inputs, targets)
         # Generators found once (walking every module each step would be hot-path work for nothing).
