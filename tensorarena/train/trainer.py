@@ -323,26 +323,16 @@ class Trainer:
         elif self._limit_to_check and self.route in ("eager", "fused"):
             self._check_the_limit(inputs, targets)
             self._limit_to_check = False  # checked once, at the first step
-        if self.route == "streaming":
-            return self._streaming_step(inputs, targets)
         # Generators found once (walking every module each step would be hot-path work for nothing).
         if self._generators is None:
             self._generators = rng_generators(self.model)
         # A failed step leaves the generators where they were before it, on every route: eager's forward
-        # draws its dropout masks before a bad label fails the loss, a fused trace restores what it drew, and
-        # the out-of-memory redo must draw the failed step's masks again.
+        # draws its dropout masks before a bad label fails the loss, a fused trace restores what it drew, a
+        # streamed forward draws stage by stage, and the out-of-memory redo must draw the failed step's masks
+        # again.
         rng_snapshot = _rng_states(self.model, self._generators)
         try:
-            if self.route == "fused":
-                report = self._fused_step(inputs, targets)
-                if report is not None:
-                    return report
-            return self._eager_step(inputs, targets)
-        except MemoryError as err:  # ArenaOutOfMemory too; the step arena is already closed
-            if not self.oom_fallback:
-                _restore_rng(rng_snapshot)
-                raise
-            self._switch_after_oom(err, self.step_count + 1, rng_snapshot)
+            return self._route_step(inputs, targets, rng_snapshot)
         except NonFiniteLossError as err:
             _restore_rng(rng_snapshot)
             shape = np.shape(inputs.data if isinstance(inputs, Tensor) else inputs)
@@ -353,6 +343,21 @@ class Trainer:
         except BaseException:
             _restore_rng(rng_snapshot)
             raise
+
+    def _route_step(self, inputs: Any, targets: Any, rng_snapshot) -> StepReport:
+        """The step on the current route; an out-of-memory eager or fused step moves to streaming and is redone."""
+        if self.route == "streaming":
+            return self._streaming_step(inputs, targets)
+        try:
+            if self.route == "fused":
+                report = self._fused_step(inputs, targets)
+                if report is not None:
+                    return report
+            return self._eager_step(inputs, targets)
+        except MemoryError as err:  # ArenaOutOfMemory too; the step arena is already closed
+            if not self.oom_fallback:
+                raise
+            self._switch_after_oom(err, self.step_count + 1, rng_snapshot)
         return self._streaming_step(inputs, targets)
 
     def _eager_step(self, inputs: Any, targets: Any) -> StepReport:
