@@ -85,7 +85,15 @@ class LRScheduler:
         self._step_count += 1
         self._update_lr()
 
+    def _adopt_added_groups(self) -> None:
+        """Param groups added since (optimizer.add_param_group) join the schedule with their own lr as their
+        base lr: the same closed form from the current epoch. Before, the next step updated every parameter
+        and then failed here (zip of more groups than base lrs), half-applied."""
+        for group in self.optimizer.param_groups[len(self.base_lrs):]:
+            self.base_lrs.append(group.setdefault("initial_lr", group["lr"]))
+
     def _update_lr(self, epoch: int | None = None) -> None:
+        self._adopt_added_groups()
         self.last_epoch = self.last_epoch + 1 if epoch is None else epoch
         for group, lr in zip(self.optimizer.param_groups, self.get_lr(), strict=True):
             group["lr"] = lr
