@@ -47,8 +47,9 @@ def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm
     if not grads:
         return 0.0
     # Overflow to inf and inf * 0 -> NaN are legitimate outcomes here (torch returns them too);
-    # error_if_nonfinite is the switch for raising on them.
-    with np.errstate(over="ignore", invalid="ignore"):
+    # error_if_nonfinite is the switch for raising on them. Scaling a tiny gradient into subnormals is
+    # legitimate too (torch does it silently); under np.seterr(all="raise") it raised.
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
         norms = [_norm(g, norm_type) for g in grads]
         if norm_type == math.inf:
             total = max(norms) if not any(math.isnan(n) for n in norms) else math.nan
