@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 
 from ..random import default_generator
+from . import optim_state
+from .follow import group_map, grow_state_kinds
 from ..train.checkpoint import FORMAT, VERSION, _atomic_write, _generators, _jsonable, read_metadata
 
 _DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float64): "F64", np.dtype(np.int64): "I64"}
@@ -69,7 +71,11 @@ def _meta(route, step: int, extra: dict | None) -> dict:
 
 
 def save_streaming_checkpoint(route, path: str | os.PathLike, *, step: int, extra: dict | None = None) -> None:
-    """Write the run's checkpoint from the store, one stage in memory at a time, atomically."""
+    """Write the run's checkpoint from the store, one stage in memory at a time, atomically.
+
+    Refused (StoreError) while a failed step left the store half-written: the file would mix two steps.
+    """
+    route._check_usable()
     store = route.store
     store.drain()
     rows = _entries(route)
@@ -107,50 +113,57 @@ def save_streaming_checkpoint(route, path: str | os.PathLike, *, step: int, extr
 
 
 def load_into_streaming(route, path: str | os.PathLike) -> dict:
-    """Fill the route's store from a checkpoint of any route, stage by stage; returns its metadata."""
+    """Fill the route's store from a checkpoint of any route, stage by stage; returns its metadata.
+
+    As `load_checkpoint` on the eager route: parameters, optimizer state (a parameter without state in the
+    file has none after: the fill values of its group, step 0), hyperparameters, schedule, RNG and step
+    count. Everything that can be checked without writing is checked first (a failure then changes
+    nothing); the stage writes are journaled (ParamStore.begin_rewrite), so a load interrupted half-way
+    leaves a store that refuses to open and a route that refuses to train until a load completes. A
+    completed load also recovers a route a failed step left half-written.
+    """
     from safetensors import safe_open
 
+    route._check_open()
     meta = read_metadata(path)
     saved = meta.get("optimizer")
     if saved is None:
         raise ValueError(f"{path} holds no optimizer state, which the streaming store needs")
-    if saved["class"] != type(route.optimizer).__name__:
-        raise ValueError(f"{path} holds {saved['class']} state but the optimizer is {type(route.optimizer).__name__}")
-    rows = _entries(route)
+    optimizer = route.optimizer
+    if saved["class"] != type(optimizer).__name__:
+        raise ValueError(f"{path} holds {saved['class']} state but the optimizer is {type(optimizer).__name__}")
+    groups = _loaded_groups(optimizer, saved["param_groups"], path)
+    index = _saved_index(optimizer, saved["param_groups"])
     store = route.store
     store.drain()
     with safe_open(str(path), framework="numpy") as f:
         names = set(f.keys())
-        # Parameters must all be there; optimizer state may be absent (never updated): fill values stay.
-        missing = sorted(name for _, name, what, _ in rows if what == "param" and name not in names)
-        if missing:
-            raise ValueError(f"{path} lacks {len(missing)} parameters this model needs, e.g. {missing[:4]}")
-        by_stage: dict[int, list] = {}
-        for row in rows:
-            by_stage.setdefault(row[0], []).append(row)
-        for k, stage_rows in by_stage.items():
-            store.read(k, 0).result()  # start from what the store holds (fill values for absent state)
-            views = store.views(0, k)
-            target = None
-            for _, name, what, key in stage_rows:
-                if name not in names:
-                    continue  # e.g. optimizer state of a parameter never updated: keep the fill value
-                value = f.get_tensor(name)
-                if what == "param":
-                    target = views.params[key]
-                elif what == "state":
-                    target = views.state[key[0]][key[1]]
-                else:
-                    views.scalars[key[0], key[1]] = float(value)
-                    continue
-                if value.shape != target.shape:
-                    raise ValueError(f"{path}: {name} has shape {value.shape} but the model needs {target.shape}")
-                np.copyto(target, value)
-            views = target = None  # io="map": the write unmaps the slot (store._release)
-            store.write(k, 0, None).result()
+        _check_arrays(route, f, names, index, path)
+        # The checkpoint's settings may need state kinds the store lacks (momentum on): lay it out first.
+        group_of = group_map(route)
+        grow_state_kinds(route, optim_state.state_kinds(optimizer, groups), groups, group_of)
+        token = store.begin_rewrite(f"loading the checkpoint {path}")
+        try:
+            for k, (stage, param_names) in enumerate(zip(route.stages, route._names)):
+                store.read(k, 0).result()
+                views = store.views(0, k)
+                for i, (p, name) in enumerate(zip(stage.params, param_names)):
+                    np.copyto(views.params[i], f.get_tensor(f"model.{name}"), casting="same_kind")
+                    gi, j = group_of.get(id(p)), index.get(id(p))
+                    state = {} if j is None else _saved_state(f, names, saved, j, route.kinds)
+                    optim_state.put_state(route.kinds, optimizer, groups[gi] if gi is not None else None, state,
+                                          views.state[i], views.scalars[i])
+                views = None  # io="map": the write unmaps the slot (store._release)
+                store.write(k, 0, None).result()
+        except BaseException as exc:
+            route._broken = (f"loading the checkpoint {path} failed ({type(exc).__name__}: {exc}) while it "
+                             f"was written into the store, which now holds a mix of it and the run")
+            exc.add_note(route._refusal())
+            raise
     # Hyperparameters, schedule and RNG, then one commit: the store now holds `step`.
-    for group, entries in zip(route.optimizer.param_groups, saved["param_groups"]):
-        group.update({k: tuple(v) if k == "betas" else v for k, v in entries.items() if k != "params"})
+    optimizer.param_groups[:] = groups
+    for p in route._staged.values():  # the checkpoint's state replaces any in memory, as on eager
+        optimizer.state.pop(p, None)
     if route.scheduler is not None and "scheduler" in meta:
         route.scheduler.load_state_dict(meta["scheduler"]["state"])
     generators = _generators(route.model)
@@ -161,5 +174,71 @@ def load_into_streaming(route, path: str | os.PathLike) -> dict:
         default_generator().bit_generator.state = meta["rng_default"]
     step = int(meta["step"])
     route.step_count = step
-    store.commit(**route._progress(step, step))
+    route._group_of = group_of
+    store.commit(param_groups_of=route._groups_of_params(), rewrite=token, **route._progress(step, step))
+    store.end_rewrite()
+    route._broken = None  # every stage holds the checkpoint now: whatever failed before is overwritten
     return meta
+
+
+def _loaded_groups(optimizer, saved_groups: list[dict], path) -> list[dict]:
+    """The optimizer's groups with the checkpoint's hyperparameters (new dicts, same parameter lists),
+    checked as Optimizer.load_state_dict checks them; a ValueError before anything changed."""
+    if len(saved_groups) != len(optimizer.param_groups):
+        raise ValueError(f"{path} holds {len(saved_groups)} parameter groups but the optimizer has "
+                         f"{len(optimizer.param_groups)}")
+    groups = []
+    for gi, (saved, group) in enumerate(zip(saved_groups, optimizer.param_groups)):
+        if len(saved["params"]) != len(group["params"]):
+            raise ValueError(f"parameter group {gi} of {path} has {len(saved['params'])} parameters but the "
+                             f"optimizer's group {gi} has {len(group['params'])}")
+        merged = dict(group)
+        merged.update({k: tuple(v) if k == "betas" else v for k, v in saved.items() if k != "params"})
+        optimizer._check_hyperparams(merged)
+        groups.append(merged)
+    return groups
+
+
+def _saved_index(optimizer, saved_groups: list[dict]) -> dict[int, int]:
+    """id(param) -> its index in the checkpoint's optimizer state (the saved groups' "params", by position)."""
+    return {id(p): int(j) for saved, group in zip(saved_groups, optimizer.param_groups)
+            for j, p in zip(saved["params"], group["params"])}
+
+
+def _check_arrays(route, f, names: set[str], index: dict[int, int], path) -> None:
+    """Every streamed parameter in the file, it and its optimizer state arrays with its shape (read from
+    the header, no data loaded)."""
+    missing, wrong = [], []
+    state_keys: dict[int, list[str]] = {}
+    for name in names:
+        if name.startswith("optim."):
+            state_keys.setdefault(int(name.split(".")[1]), []).append(name)
+
+    def check(key: str, shape: tuple) -> None:
+        got = tuple(f.get_slice(key).get_shape())
+        if got != shape:
+            wrong.append(f"{key} has shape {got} but the model needs {shape}")
+
+    for stage, param_names in zip(route.stages, route._names):
+        for p, name in zip(stage.params, param_names):
+            key = f"model.{name}"
+            if key not in names:
+                missing.append(key)
+                continue
+            check(key, tuple(p.shape))
+            for state_key in state_keys.get(index.get(id(p), -1), []):
+                if f.get_slice(state_key).get_shape():  # a 0-d entry is a scalar (step, ...)
+                    check(state_key, tuple(p.shape))
+    if missing:
+        raise ValueError(f"{path} lacks {len(missing)} parameters this model needs, e.g. {missing[:4]}")
+    if wrong:
+        raise ValueError(f"{path}: " + "; ".join(wrong[:4]))
+
+
+def _saved_state(f, names: set[str], saved: dict, j: int, kinds) -> dict[str, Any]:
+    """Parameter j's optimizer state in the checkpoint (tensors and JSON scalars), the store's kinds only."""
+    state: dict[str, Any] = dict(saved.get("scalar_state", {}).get(str(j), {}))
+    for kind in (*kinds.arrays, *kinds.scalars):
+        if f"optim.{j}.{kind}" in names:
+            state[kind] = f.get_tensor(f"optim.{j}.{kind}")
+    return {k: v for k, v in state.items() if k in kinds.arrays or k in kinds.scalars}

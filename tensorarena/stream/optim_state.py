@@ -29,8 +29,9 @@ class StateKinds:
     scalars: tuple[str, ...]  # per-parameter float64 numbers; "step" first
 
 
-def state_kinds(optimizer: Optimizer) -> StateKinds:
-    """The state kinds of `optimizer`; a clear error for one without the per-array update API."""
+def state_kinds(optimizer: Optimizer, groups: Sequence[dict[str, Any]] | None = None) -> StateKinds:
+    """The state kinds of `optimizer` (of `groups`, its param groups by default); a clear error for one
+    without the per-array update API."""
     kind = type(optimizer)
     flat = getattr(kind, "update_flat", None)
     if not isinstance(optimizer, Optimizer) or flat is None or flat is Optimizer.__dict__.get("update_flat"):
@@ -41,7 +42,7 @@ def state_kinds(optimizer: Optimizer) -> StateKinds:
                         f"parameter, which is what the streaming route runs; use the eager route for it")
     arrays: dict[str, None] = {}
     scalars: dict[str, None] = {"step": None}
-    for group in optimizer.param_groups:
+    for group in optimizer.param_groups if groups is None else groups:
         arrays.update(dict.fromkeys(optimizer.state_init(group)))
         scalars.update(dict.fromkeys(optimizer.scalar_state_init(group)))
     return StateKinds(kind.__name__, tuple(arrays), tuple(scalars))
@@ -52,14 +53,20 @@ def read_state(kinds: StateKinds, optimizer: Optimizer, p, group: dict[str, Any]
     """Copy `optimizer.state[p]` into the store views `arrays` (kind -> array) and `scalars` (one row).
 
     A parameter without state yet stores what `Optimizer._init_state` would create before its
-    first update (fill values, step 0); one with state is first completed by `_init_state`
-    itself, so the optimizer's own rules (e.g. SGD's step for a loaded buffer) apply.
+    first update (fill values, step 0); one with state is completed by the same rules (see put_state).
     """
+    put_state(kinds, optimizer, group, optimizer.state.get(p) or {}, arrays, scalars)
+
+
+def put_state(kinds: StateKinds, optimizer: Optimizer, group: dict[str, Any] | None, state: dict[str, Any],
+              arrays: dict[str, np.ndarray], scalars: np.ndarray) -> None:
+    """Store one parameter's optimizer `state` (possibly partial or empty) in its views, completed as
+    `Optimizer._init_state` completes it: a missing (or None) array or scalar gets `group`'s fill value (0
+    without a group), a missing step the optimizer's `initial_step(state)` (e.g. SGD's 1 for a loaded buffer).
+    Nothing in `optimizer.state` is created or changed."""
     init = optimizer.state_init(group) if group is not None else {}
     scalar_init = optimizer.scalar_state_init(group) if group is not None else {}
-    state = optimizer.state.get(p) or {}
-    if state and group is not None:
-        state = optimizer._init_state(p, group)
+    state = {k: v for k, v in state.items() if v is not None}
     for kind in kinds.arrays:
         value = state.get(kind)
         if value is None:
@@ -68,7 +75,12 @@ def read_state(kinds: StateKinds, optimizer: Optimizer, p, group: dict[str, Any]
             np.copyto(arrays[kind], np.asarray(value), casting="same_kind")
     for j, kind in enumerate(kinds.scalars):
         value = state.get(kind)
-        scalars[j] = float(np.asarray(value).reshape(())) if value is not None else scalar_init.get(kind, 0.0)
+        if value is not None:
+            scalars[j] = float(np.asarray(value).reshape(()))
+        elif kind == "step":
+            scalars[j] = optimizer.initial_step(state) if state else 0.0
+        else:
+            scalars[j] = scalar_init.get(kind, 0.0)
 
 
 def write_state(kinds: StateKinds, optimizer: Optimizer, p, group: dict[str, Any], arrays: dict[str, np.ndarray],
@@ -119,4 +131,4 @@ def update(kinds: StateKinds, optimizer: Optimizer, group: dict[str, Any], param
         np.add(step, 1.0, out=step)
 
 
-__all__ = ["StateKinds", "state_kinds", "read_state", "write_state", "update"]
+__all__ = ["StateKinds", "state_kinds", "read_state", "put_state", "write_state", "update"]

@@ -28,6 +28,12 @@ Global-norm gradient clipping needs every gradient before the first update. With
 `clip_grad_norm=` the route runs backward twice: a first sweep computes the gradients only
 for their norm (parameters only are read), a second one recomputes them, scales and updates.
 That costs one more backward (and recompute) per step; the result equals eager clipping.
+
+Between steps the user may change the optimizer as in a PyTorch loop (add_param_group, momentum or
+amsgrad switched on, load_state_dict): each step first brings the store in line (stream/follow.py).
+To read or change parameters themselves, to_memory() brings everything back into memory; the next
+step (or predict, or a checkpoint) moves it into the store again. A step that fails after updating
+some stages leaves the route refusing to go on (the error says so) until a checkpoint is loaded.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..autograd import enable_grad, no_grad
-from ..memory.arena import Arena
+from ..memory.arena import Arena, StaleTensorError
 from ..memory.pool import BlockPool, aligned_bytes
 from ..nn.module import Module
 from ..optim.clip import _norm
@@ -51,6 +57,7 @@ from ..tensor import Tensor
 from ..train.checkpoint import _generators, _jsonable
 from ..train.report import NonFiniteLossError, check_step_options
 from . import optim_state
+from .follow import follow_user_changes, group_map
 from .stages import Stage, model_stages
 from .store import ArraySpec, ParamStore, StageLayout, StageSpec, StoreError, StoreSpec
 
@@ -61,14 +68,26 @@ STARTS = ("auto", "memory", "resume")
 class _OnDisk:
     """Stands in for the arena of a parameter the store holds, so reading it raises a clear error.
 
-    Tensor.data compares the arena's generation with the tensor's and raises StaleTensorError
-    naming the arena; -1 never matches, and the name says what to do.
+    Tensor.data reads the arena's generation to compare it with the tensor's; here that read raises,
+    with a message of its own: the stale-arena one ("its memory now belongs to other tensors") would be
+    wrong, and would not say what to do.
     """
 
-    generation = -1
     closed = True
-    name = ("the streaming store: this parameter lives on disk while a StreamingRoute trains it. Call "
-            "route.to_memory() (after close: StreamingRoute.resume(...).to_memory()) to read it. The store")
+    name = "the streaming store"
+
+    @property
+    def generation(self) -> int:
+        raise StaleTensorError(ON_DISK_MESSAGE)
+
+
+ON_DISK_MESSAGE = (
+    "this parameter lives on disk, in the store of a StreamingRoute that trains it, so it cannot be read or "
+    "changed in place (a forward outside the route, model.load_state_dict, ...). Bring the training state back "
+    "into memory first with trainer.stream.to_memory() (a route of your own: route.to_memory(); after "
+    "route.close(): StreamingRoute.resume(...).to_memory()); read or change it there, and the next training "
+    "step moves it into the store again. To restore a checkpoint, trainer.load(path) writes it into the store "
+    "directly.")
 
 
 _ON_DISK = _OnDisk()
@@ -130,6 +149,9 @@ class StreamingRoute:
         self.on_nonfinite = on_nonfinite
         self.release = release
         self.pool = pool
+        self._store_options = {"durable": durable, "io": io}  # to open the store again after to_memory()
+        self._in_memory = False  # to_memory() ran: the next step moves the state back into the store
+        self._outside_warned = 0
         self.kinds = optim_state.state_kinds(optimizer)
         self.stages: list[Stage] = model_stages(model)
         self._index_params(model, optimizer)
@@ -138,7 +160,7 @@ class StreamingRoute:
         self._broken: str | None = None
         self._kept: dict[int, np.ndarray] = {}
         self._kept_state: dict[int, dict] = {}
-        self.store = ParamStore(store_dir, self._spec(), durable=durable, io=io)
+        self.store = ParamStore(store_dir, self._spec(self.kinds), durable=durable, io=io)
         try:
             if start == "auto":
                 start = "resume" if self.store.has_manifest() else "memory"
@@ -195,7 +217,8 @@ class StreamingRoute:
         names = {id(p): name for name, p in model.named_parameters()}
         self._names = [[names.get(id(p), f"{s.name}.{i}") for i, p in enumerate(s.params)] for s in self.stages]
         self._group_of: dict[int, int] = {}
-        staged = {id(p) for s in self.stages for p in s.params}
+        self._staged = {id(p): p for s in self.stages for p in s.params}
+        staged = self._staged
         for gi, group in enumerate(optimizer.param_groups):
             for p in group["params"]:
                 if id(p) not in staged:
@@ -205,10 +228,10 @@ class StreamingRoute:
         self._placeholder = {id(p): np.broadcast_to(np.zeros((), p.dtype), p.shape)
                              for s in self.stages for p in s.params}
 
-    def _spec(self) -> StoreSpec:
+    def _spec(self, kinds: optim_state.StateKinds) -> StoreSpec:
         stages = tuple(StageSpec(s.name, tuple(ArraySpec(n, tuple(p.shape), p.dtype.str) for n, p in zip(names, s.params)))
                        for s, names in zip(self.stages, self._names))
-        return StoreSpec(stages, self.kinds.optimizer, self.kinds.arrays, self.kinds.scalars)
+        return StoreSpec(stages, kinds.optimizer, kinds.arrays, kinds.scalars)
 
     def _groups_of_params(self) -> list[list[int]]:
         return [[self._group_of.get(id(p), -1) for p in s.params] for s in self.stages]
@@ -240,7 +263,7 @@ class StreamingRoute:
             del views  # no array over the slot may outlive its write (io="map" unmaps it there)
             store.write(k, 0, None).result()
         self.step_count = step
-        store.commit(signature=self._spec().signature(),
+        store.commit(signature=self._spec(self.kinds).signature(),
                      optimizer={"class": self.kinds.optimizer, "state_arrays": list(self.kinds.arrays),
                                 "state_scalars": list(self.kinds.scalars)},
                      param_groups_of=self._groups_of_params(),
@@ -264,6 +287,9 @@ class StreamingRoute:
     def _resume(self) -> None:
         manifest = self.store.open()
         where = self.store.directory
+        # The store's state kinds: this optimizer's, or more (momentum switched on mid-run, see store._adopt).
+        self.kinds = optim_state.StateKinds(self.kinds.optimizer, self.store.spec.state_arrays,
+                                            self.store.spec.state_scalars)
         if manifest.get("param_groups_of") != self._groups_of_params():
             raise StoreError(f"the optimizer's parameter groups differ from the ones the store {where} was trained "
                              f"with; build the optimizer with the same groups (or delete the directory)")
@@ -333,6 +359,7 @@ class StreamingRoute:
         start = time.perf_counter()
         index = self.step_count + 1
         read0, written0 = self.store.bytes_read, self.store.bytes_written
+        follow_user_changes(self)  # before the step's I/O: a refusal there changes nothing
         self.model.train()
         lr = float(self.optimizer.param_groups[0]["lr"])
         gens = {id(g): g for g in _generators(self.model).values()}
@@ -416,24 +443,52 @@ class StreamingRoute:
         return loss, None, True, max(stage_hw, sweep.high_water)
 
     def _abort(self, index: int, exc: BaseException) -> None:
-        """After a failed step: finish I/O, leave parameters on disk, and mark the route broken if it wrote."""
-        try:
-            self.store.drain()
-        except BaseException:  # noqa: BLE001 - the original error is the one to report
-            pass
+        """After a failed step: finish I/O, leave parameters on disk and no stage mapped, and mark the route
+        broken if it wrote (the error then says so too)."""
         for k in range(len(self.stages)):
             self._detach(k)
+        try:
+            self.store.release_slots()
+        except BaseException:  # noqa: BLE001 - the original error is the one to report
+            pass
         if self._writes and not isinstance(exc, NonFiniteLossError):
             self._broken = (f"step {index} failed ({type(exc).__name__}: {exc}) after updating {self._writes} of "
-                            f"{len(self.stages)} stages, so the store holds two different steps")
+                            f"{len(self.stages)} stages: the step is partly applied, so the store holds two "
+                            f"different steps")
+            exc.add_note(self._refusal())
+
+    def _refusal(self) -> str:
+        """What a broken route says, and what to do."""
+        return (f"{self._broken}. Do not train on: load the last checkpoint (trainer.load(path), or "
+                f"tensorarena.stream.checkpoint.load_into_streaming(route, path)), or delete "
+                f"{self.store.directory} and resume from a checkpoint")
+
+    def _check_open(self) -> None:
+        """Refuse a closed route; after to_memory(), move the in-memory state back into the store first."""
+        if self._in_memory:
+            self._reenter()
+        if self.store.closed:
+            raise StoreError("this StreamingRoute is closed (close() ended it; the parameters stay in its store); "
+                             "continue training with StreamingRoute.resume(...)")
 
     def _check_usable(self) -> None:
-        if self.store.closed:
-            raise StoreError("this StreamingRoute is closed (to_memory() or close() ended it); continue training "
-                             "with StreamingRoute.resume(...) or, from the in-memory state, StreamingRoute.from_memory(...)")
+        self._check_open()
         if self._broken:
-            raise StoreError(f"{self._broken}. Do not train on: delete {self.store.directory} and resume from a "
-                             f"checkpoint")
+            raise StoreError(self._refusal())
+
+    def _reenter(self) -> None:
+        """After to_memory(): the training state, maybe changed in memory, goes into a new store in the same
+        directory (as from_memory(..., overwrite=True) would), and the route goes on from there."""
+        self.kinds = optim_state.state_kinds(self.optimizer)
+        self._group_of = group_map(self)
+        self.store = ParamStore(self.store.directory, self._spec(self.kinds), **self._store_options)
+        try:
+            self._move_in(self.step_count, overwrite=True)
+        except BaseException:
+            self.store.close()
+            raise
+        self._in_memory = False
+        self._broken = None
 
     # -- outside the step -------------------------------------------------------------
     @property
@@ -486,6 +541,7 @@ class StreamingRoute:
                                             views.state[i], views.scalars[i], self._kept_state.pop(id(p), None))
                 p._data, p._arena, p._generation = array, None, 0
         self.close()
+        self._in_memory = True
 
     def close(self) -> None:
         """Finish I/O and release the store (parameters stay on disk unless to_memory() ran)."""
@@ -595,19 +651,19 @@ class _Sweep:
             self.high_water = max(self.high_water, inner.stats.high_water)
             del out, xin  # their graph saw the slot's parameters
             if update:
-                route.store.begin_write(k, route.step_count + 1)  # io="map": the update changes the file
-                route._writes += 1
-                self._update(k, views, coef)
+                changed = self._update(k, views, coef)
                 del views
                 route._detach(k)  # before the write: io="map" unmaps the slot there
-                route.store.write(k, slot, route.step_count + 1)
+                # Journaled only if it changed: a stage nothing updated (frozen) still holds the last step.
+                route.store.write(k, slot, route.step_count + 1 if changed else None)
             else:
                 self.norms.extend(_norm(p.grad, 2.0) for p in stage.params if p.grad is not None)
                 del views
                 route._detach(k)
         return loss, True
 
-    def _update(self, k: int, views, coef: float | None) -> None:
+    def _update(self, k: int, views, coef: float | None) -> bool:
+        """Update stage k's parameters that have a group and a gradient; whether anything changed."""
         route = self.route
         stage = route.stages[k]
         by_group: dict[int, list[int]] = {}
@@ -615,6 +671,12 @@ class _Sweep:
             gi = route._group_of.get(id(p))
             if p.grad is not None and gi is not None:
                 by_group.setdefault(gi, []).append(i)
+        if not by_group:
+            return False
+        # Counted (and, io="map", journaled "writing": the update changes the file itself) just before the
+        # stage changes, so a failure earlier in the step leaves the route usable.
+        route.store.begin_write(k, route.step_count + 1)
+        route._writes += 1
         for gi, members in by_group.items():
             params = [stage.params[i] for i in members]
             if coef is not None:
@@ -622,6 +684,7 @@ class _Sweep:
                     np.multiply(p.grad, coef, out=p.grad)
             optim_state.update(route.kinds, route.optimizer, route.optimizer.param_groups[gi], params,
                                [views.state[i] for i in members], [views.scalars[i] for i in members])
+        return True
 
     def total_norm(self) -> float:
         """The global 2-norm of the gradients the last sweep saw (as clip_grad_norm_ computes it)."""

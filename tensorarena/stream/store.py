@@ -44,10 +44,18 @@ A journal for a step later than the manifest's says how far that step got, so op
 store tells a finished run (no stage of a later step written) from an interrupted one (a
 stage being written, or some stages at step s and the others at s - 1), and refuses the
 latter rather than mixing two steps' weights.
+
+Outside a step (a checkpoint loaded, optimizer state moved in, stream/follow.py):
+
+  rewrite: journal {"rewrite": token} -> the stages' data -> manifest carrying the same token
+           (a journal token the manifest lacks = interrupted: refused) -> empty journal
+  relayout (more state kinds, e.g. momentum switched on): every stage written to a new file
+           (stage-NNNN.gG.bin) -> manifest naming the new files, one rename -> old files removed
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import json
@@ -180,35 +188,40 @@ class ParamStore:
         if io not in IO_MODES:
             raise ValueError(f"io must be one of {IO_MODES}, got {io!r}")
         self.directory = Path(directory)
-        self.spec = spec
         self.durable = durable
         self.io = io
-        self.layouts = [StageLayout(s, spec) for s in spec.stages]
-        self.files = [f"stage-{i:04d}.bin" for i in range(len(spec.stages))]
+        self.files = [_stage_file(i, 0) for i in range(len(spec.stages))]
         self.manifest: dict[str, Any] | None = None
         self._journal: dict[str, Any] = {}
         self.bytes_read = 0
         self.bytes_written = 0
-        self._fds: list[int | None] = [None] * len(self.layouts)
+        self._fds: list[int | None] = [None] * len(spec.stages)
         self._lock_fd: int | None = None
         self._manifest_lock = threading.Lock()
         self._journal_lock = threading.Lock()  # io="map": begin_write (caller) and _write (I/O thread)
         self._pending: list[Future] = []
         self._io: ThreadPoolExecutor | None = None
         self.closed = False
+        self._maps: list[tuple[int, mmap.mmap, int] | None] = [None, None]
+        self._set_spec(spec)
         self._check_writable()
         self._take_lock()
-        self.slot_bytes = max(layout.total_bytes for layout in self.layouts)
-        # Two slots: one stage computes in one while the next stage is read into the other.
-        # io="copy": two buffers. io="map": per slot (stage index, mmap, mapped bytes) or None.
-        self.slots = [aligned_bytes(self.slot_bytes), aligned_bytes(self.slot_bytes)] if io == "copy" else None
-        self._maps: list[tuple[int, mmap.mmap, int] | None] = [None, None]
         # Mappings that still had arrays over them when their slot was released: they unmap when the
         # last such array goes. Stays 0 in a healthy step (the route drops its views first; tested).
         self.late_unmaps = 0
         # How a stage about to be updated gets its pages (io="map", see _map): "write" (prefaulted
         # writable on the I/O thread) or "faults" (this kernel refused; logged once). None: io="copy".
         self.populate = "write" if io == "map" else None
+
+    def _set_spec(self, spec: StoreSpec) -> None:
+        """Hold `spec`: its layouts and two slots sized for its largest stage (no slot may be in use)."""
+        self.spec = spec
+        self.layouts = [StageLayout(s, spec) for s in spec.stages]
+        self.slot_bytes = max(layout.total_bytes for layout in self.layouts)
+        # Two slots: one stage computes in one while the next stage is read into the other.
+        # io="copy": two buffers. io="map": per slot (stage index, mmap, mapped bytes) or None.
+        self.slots = ([aligned_bytes(self.slot_bytes), aligned_bytes(self.slot_bytes)] if self.io == "copy"
+                      else None)
 
     # -- construction checks ----------------------------------------------------
     def _check_writable(self) -> None:
@@ -267,11 +280,26 @@ class ParamStore:
         if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
             raise StoreError(f"{path} is not a {FORMAT} v{VERSION} manifest (format {manifest.get('format')!r}, "
                              f"version {manifest.get('version')!r}); point store_dir at a streaming store")
+        self._adopt(manifest)
         self._check_signature(manifest)
         self._check_files()
         self._check_steps(manifest, self._read_journal())
         self.manifest = manifest
         return manifest
+
+    def _adopt(self, manifest: dict[str, Any]) -> None:
+        """Take from the manifest what a run may have changed since the optimizer was built: the stage files
+        (laid out again by `relayout`) and the state kinds when they include this optimizer's (momentum or
+        amsgrad switched on mid-run: resuming restores that setting too, from the manifest's param groups)."""
+        files = [s.get("file") for s in manifest.get("stages", [])]
+        if len(files) == len(self.files) and all(isinstance(f, str) and f == Path(f).name for f in files):
+            self.files = files
+        opt = manifest.get("optimizer", {})
+        arrays, scalars = tuple(opt.get("state_arrays", ())), tuple(opt.get("state_scalars", ()))
+        if (opt.get("class") == self.spec.optimizer and (arrays, scalars) != (self.spec.state_arrays,
+                                                                             self.spec.state_scalars)
+                and set(self.spec.state_arrays) <= set(arrays) and set(self.spec.state_scalars) <= set(scalars)):
+            self._set_spec(dataclasses.replace(self.spec, state_arrays=arrays, state_scalars=scalars))
 
     def _check_signature(self, manifest: dict[str, Any]) -> None:
         mine, theirs = self.spec.signature(), manifest.get("signature")
@@ -317,6 +345,14 @@ class ParamStore:
         names = [s["name"] for s in manifest.get("stages", [])]
         data_step = manifest.get("data_step")
         at = {name: s.get("step") for name, s in zip(names, manifest.get("stages", []))}
+        rewrite = journal.get("rewrite")
+        if rewrite is not None:
+            if rewrite != manifest.get("rewrite"):
+                raise StoreError(
+                    f"the streaming store {self.directory} was interrupted while {journal.get('what', 'rewriting')}:"
+                    f" its stages may hold a mix of the old and the new state. Delete the directory and resume "
+                    f"from a checkpoint")
+            journal = {}  # the manifest committed that rewrite: nothing is in flight
         step = journal.get("step")
         if step is not None and data_step is not None and step > data_step:  # a step that never committed
             writing = journal.get("writing")
@@ -407,6 +443,117 @@ class ParamStore:
             else:
                 writing.append(index)
             self._replace(JOURNAL, journal)
+
+    def begin_rewrite(self, what: str) -> str:
+        """Journal that stages are about to be rewritten outside a step (`what`: e.g. "loading a checkpoint");
+        returns the token the manifest commit that completes the rewrite must carry (`commit(rewrite=token)`).
+
+        Until that commit, opening the store refuses it (`_check_steps`): the stages may hold a mix of the
+        old and the new state. The journal of any step before is replaced: the rewrite supersedes it.
+        """
+        self.drain()
+        token = os.urandom(8).hex()
+        with self._journal_lock:
+            self._journal = {"rewrite": token, "what": what}
+            self._replace(JOURNAL, self._journal)
+        return token
+
+    def end_rewrite(self) -> None:
+        """After the commit of a rewrite: an empty journal (the next step starts its own)."""
+        with self._journal_lock:
+            self._journal = {}
+            self._replace(JOURNAL, self._journal)
+
+    def release_slots(self) -> None:
+        """Wait for queued I/O and unmap both slots (io="map"), e.g. after a failed step."""
+        try:
+            self.drain()
+        finally:
+            for slot in range(len(self._maps)):
+                self._release(slot)
+
+    def relayout(self, spec: StoreSpec, fill) -> None:
+        """Lay every stage out again for `spec`: the same stages, more state kinds (momentum or amsgrad
+        switched on mid-run). `fill(stage, param)` -> ({array kind: value}, {scalar kind: value}) for the
+        kinds the store did not hold; every other byte is copied.
+
+        New files (the next layout generation) are written next to the old ones, then one manifest commit
+        switches to them, then the old ones go: a kill at any point leaves the old store or the new one. A
+        failure before the commit (e.g. no room on the disk, checked first) leaves the old store as it was.
+        Holds two copies of one stage in memory at a time (old and new), as the two slots would.
+        """
+        if self.manifest is None:
+            raise StoreError("relayout needs a committed store")
+        self.release_slots()
+        layouts = [StageLayout(stage, spec) for stage in spec.stages]
+        generation = int(self.manifest.get("layout_generation", 0)) + 1
+        files = [_stage_file(i, generation) for i in range(len(layouts))]
+        need = sum(layout.total_bytes for layout in layouts)
+        free = shutil.disk_usage(self.directory).free
+        if free < need:
+            raise StoreError(f"laying the streaming store out again for the optimizer state kinds {spec.state_arrays}"
+                             f" needs {_fmt(need)} on disk next to the current files, but {self.directory} has "
+                             f"{_fmt(free)} free; nothing was changed. Free space, or switch the setting back")
+        try:
+            for k, (layout, name) in enumerate(zip(layouts, files)):
+                self._relayout_stage(k, layout, spec, self.directory / name, fill)
+            if self.durable:
+                _fsync_dir(self.directory)
+            manifest = json.loads(json.dumps(self.manifest))  # a copy: self.manifest changes only once committed
+            manifest["optimizer"].update(state_arrays=list(spec.state_arrays), state_scalars=list(spec.state_scalars))
+            for entry, name in zip(manifest["stages"], files):
+                entry["file"] = name
+            manifest["layout_generation"] = generation
+            with self._manifest_lock:
+                self._replace(MANIFEST, manifest)
+                self.manifest = manifest
+        except BaseException:
+            for name in files:
+                (self.directory / name).unlink(missing_ok=True)
+            raise
+        old = self.files
+        for i, fd in enumerate(self._fds):
+            if fd is not None:
+                os.close(fd)
+                self._fds[i] = None
+        self.files = files
+        self._set_spec(spec)
+        for name in old:
+            (self.directory / name).unlink(missing_ok=True)
+
+    def _relayout_stage(self, k: int, layout: StageLayout, spec: StoreSpec, path: Path, fill) -> None:
+        old_layout, stage = self.layouts[k], self.layouts[k].stage
+        old = np.empty(old_layout.total_bytes, np.uint8)
+        with open(self.directory / self.files[k], "rb") as f:
+            if f.readinto(old) != old.nbytes:
+                raise StoreError(f"{self.directory / self.files[k]} is shorter than its layout: the store is "
+                                 f"damaged; delete it and resume from a checkpoint")
+        new = np.zeros(layout.total_bytes, np.uint8)
+        new[:layout.params_bytes] = old[:old_layout.params_bytes]  # parameters come first in both layouts
+        n = len(stage.params)
+        old_scalars = old[old_layout.scalar_offset:old_layout.scalar_offset + 8 * n * old_layout.n_scalars]
+        old_scalars = old_scalars.view(np.float64).reshape(n, old_layout.n_scalars)
+        new_scalars = new[layout.scalar_offset:layout.scalar_offset + 8 * n * layout.n_scalars]
+        new_scalars = new_scalars.view(np.float64).reshape(n, layout.n_scalars)
+        for i, a in enumerate(stage.params):
+            array_fill, scalar_fill = fill(k, i)
+            for kind, offset in ((kind, offsets[i]) for kind, offsets in layout.state_offsets.items()):
+                target = new[offset:offset + a.nbytes]
+                if kind in old_layout.state_offsets:
+                    start = old_layout.state_offsets[kind][i]
+                    target[:] = old[start:start + a.nbytes]
+                else:
+                    target.view(a.dtype).fill(array_fill[kind])
+            for j, kind in enumerate(spec.state_scalars):
+                if kind in self.spec.state_scalars:
+                    new_scalars[i, j] = old_scalars[i, self.spec.state_scalars.index(kind)]
+                else:
+                    new_scalars[i, j] = scalar_fill[kind]
+        with open(path, "wb") as f:
+            f.write(memoryview(new))
+            if self.durable:
+                f.flush()
+                os.fsync(f.fileno())
 
     def begin_write(self, index: int, step: int) -> None:
         """Call before changing stage `index`'s arrays for `step`: io="map" changes the file itself, so
@@ -588,6 +735,11 @@ class ParamStore:
             self.close()
         except Exception:  # noqa: BLE001 - nothing useful to do at garbage collection
             pass
+
+
+def _stage_file(index: int, generation: int) -> str:
+    """Stage `index`'s file name in layout generation `generation` (a `relayout` makes the next one)."""
+    return f"stage-{index:04d}.bin" if generation == 0 else f"stage-{index:04d}.g{generation}.bin"
 
 
 def _signature_diff(theirs: list, mine: list) -> str:
