@@ -24,17 +24,26 @@ from . import register
 _quiet_underflow = np.errstate(under="ignore")
 
 
-def _check(logits: np.ndarray, target: np.ndarray, ignore_index: int) -> np.ndarray:
-    """Validate shapes and class indices; returns the mask of counted rows (N,) bool."""
+def _check_layout(logits: np.ndarray, target: np.ndarray) -> None:
+    """Validate shapes and the target dtype (no arrays: the fused twins call this on every replay)."""
     if logits.ndim != 2 or target.shape != logits.shape[:1]:
         raise ValueError(f"cross_entropy wants logits (N, C) and target (N,); got {logits.shape} and {target.shape}")
     if target.dtype.kind not in "iu":
         raise TypeError(f"cross_entropy target must hold integer class indices, got dtype {target.dtype}")
+
+
+def _raise_bad_target(value: int, num_classes: int, ignore_index: int) -> None:
+    raise IndexError(f"cross_entropy target {int(value)} is out of range for {num_classes} classes "
+                     f"(and is not ignore_index={ignore_index})")
+
+
+def _check(logits: np.ndarray, target: np.ndarray, ignore_index: int) -> np.ndarray:
+    """Validate shapes and class indices; returns the mask of counted rows (N,) bool (the NumPy reference's way)."""
+    _check_layout(logits, target)
     counted = target != ignore_index
     bad = counted & ((target < 0) | (target >= logits.shape[1]))
     if bad.any():
-        raise IndexError(f"cross_entropy target {int(target[bad][0])} is out of range for {logits.shape[1]} classes "
-                         f"(and is not ignore_index={ignore_index})")
+        _raise_bad_target(target[bad][0], logits.shape[1], ignore_index)
     return counted
 
 
@@ -73,9 +82,17 @@ def cross_entropy_backward_reference(logits: np.ndarray, target: np.ndarray, lse
     np.copyto(dlogits, d, casting="same_kind")
 
 
+# The fused twins check the targets inside their row loops rather than with NumPy: `target != ignore_index`,
+# the range tests and the count are each an (N,) temporary, and a replayed step promises to allocate no array
+# (a per-token loss has B * T rows). Each loop returns the index of the first counted row whose target is out
+# of range (n if none) and the Python wrapper raises, as Numba cannot format the message.
+
 @numba.njit(cache=True, parallel=True, fastmath=False)
 def _forward(x, target, ignore_index, eps, losses, lse):
+    """Writes losses and lse; returns (counted rows, first bad row or n). A bad row's loss is left 0."""
     n, c = x.shape
+    counted = 0
+    first_bad = n
     for r in numba.prange(n):
         mx = -np.inf
         for j in range(c):
@@ -91,40 +108,58 @@ def _forward(x, target, ignore_index, eps, losses, lse):
         t = target[r]
         if t == ignore_index:
             losses[r] = 0.0
+        elif t < 0 or t >= c:  # x[r, t] would read outside the row
+            losses[r] = 0.0
+            first_bad = min(first_bad, r)
         else:
+            counted += 1
             losses[r] = (1.0 - eps) * (l - x[r, t]) + eps * (l - xsum / c)
+    return counted, first_bad
 
 
 @numba.njit(cache=True, parallel=True, fastmath=False)
 def _backward(x, target, lse, ignore_index, eps, scale, dx):
+    """Writes dx; returns the first bad row or n (a bad target matches no class: its row is not used)."""
     n, c = x.shape
+    first_bad = n
     for r in numba.prange(n):
         t = target[r]
         if t == ignore_index:
             for j in range(c):
                 dx[r, j] = 0.0
         else:
+            if t < 0 or t >= c:
+                first_bad = min(first_bad, r)
             l = float(lse[r])
             for j in range(c):
                 d = math.exp(x[r, j] - l) - eps / c
                 if j == t:
                     d -= 1.0 - eps
                 dx[r, j] = scale * d
+    return first_bad
 
 
 def cross_entropy_forward_fused(logits: np.ndarray, target: np.ndarray, ignore_index: int,
                                 label_smoothing: float, losses: np.ndarray, lse: np.ndarray) -> int:
-    """Same contract as `cross_entropy_forward_reference`, one parallel pass per row."""
-    counted = _check(logits, target, ignore_index)
-    _forward(logits, target, np.int64(ignore_index), float(label_smoothing), losses, lse)
-    return int(counted.sum())
+    """Same contract as `cross_entropy_forward_reference`, one parallel pass per row; it checks the targets in
+    that pass, so on a bad target `losses` and `lse` are already (partly) written when it raises."""
+    _check_layout(logits, target)
+    counted, first_bad = _forward(logits, target, np.int64(ignore_index), float(label_smoothing), losses, lse)
+    if first_bad < target.shape[0]:
+        _raise_bad_target(target[first_bad], logits.shape[1], ignore_index)
+    return int(counted)
 
 
 def cross_entropy_backward_fused(logits: np.ndarray, target: np.ndarray, lse: np.ndarray, ignore_index: int,
                                  label_smoothing: float, scale: float, dlogits: np.ndarray) -> None:
-    """Same contract as `cross_entropy_backward_reference`, one parallel pass per row."""
-    _check(logits, target, ignore_index)
-    _backward(logits, target, lse, np.int64(ignore_index), float(label_smoothing), float(scale), dlogits)
+    """Same contract as `cross_entropy_backward_reference`, one parallel pass per row; it checks the targets in
+    that pass (the forward on the same targets already did: this costs one compare per row and keeps a direct
+    call from returning a wrong gradient), so on a bad target `dlogits` is already written when it raises."""
+    _check_layout(logits, target)
+    first_bad = _backward(logits, target, lse, np.int64(ignore_index), float(label_smoothing), float(scale),
+                          dlogits)
+    if first_bad < target.shape[0]:
+        _raise_bad_target(target[first_bad], logits.shape[1], ignore_index)
 
 
 register("cross_entropy_forward", "reference", cross_entropy_forward_reference)
