@@ -27,6 +27,7 @@ import numpy as np
 
 from . import fastmath as fm
 from . import register
+from .elementwise_fused import partial_rows, sum_partials
 from .erf import erf_reference
 from .softmax import copy_back, rows_in, rows_out
 
@@ -203,6 +204,7 @@ def _bias_backward(pre, g, dx, part, nchunks, tanh):
     for c in numba.prange(nchunks):  # one partial dbias row per chunk: no two threads share a slot
         lo, hi = _chunk(c, n, nchunks)
         acc = part[c]
+        acc[:] = 0.0  # the rows are the arena's, uninitialised (partial_rows)
         for r in range(lo, hi):
             dxr, gr, pr = dx[r], g[r], pre[r]
             if tanh:
@@ -245,6 +247,7 @@ def _bias_backward_recompute(pre, gdx, act, part, nchunks, tanh):
     for c in numba.prange(nchunks):
         lo, hi = _chunk(c, n, nchunks)
         acc = part[c]
+        acc[:] = 0.0  # the rows are the arena's, uninitialised (partial_rows)
         for r in range(lo, hi):
             dxr, pr, ar = gdx[r], pre[r], act[r]
             if tanh:  # one loop per form, each with one inlined exp (more in one loop trips Numba's inliner)
@@ -286,13 +289,12 @@ def bias_gelu_forward_fused(x: np.ndarray, bias: np.ndarray, pre: np.ndarray, ou
 @_quiet_underflow
 def bias_gelu_backward_fused(pre: np.ndarray, g: np.ndarray, dx: np.ndarray, dbias: np.ndarray,
                              approximate: str = "none") -> None:
-    """Same contract as `bias_gelu_backward_reference`; dbias via per-chunk partial rows."""
+    """Same contract as `bias_gelu_backward_reference`; dbias via per-chunk float64 partial rows
+    (elementwise_fused.partial_rows: the step arena's, planned on the fused route)."""
     tanh = _tanh_flag(approximate)
-    n, d = pre.shape
-    nchunks = max(1, min(n, numba.get_num_threads()))
-    part = np.zeros((nchunks, d))  # float64, one row per thread
-    _bias_backward(pre, g, dx, part, nchunks, tanh)
-    np.copyto(dbias, part.sum(axis=0), casting="same_kind")
+    part = partial_rows(*pre.shape)
+    _bias_backward(pre, g, dx, part, part.shape[0], tanh)
+    sum_partials(part, dbias)
 
 
 @_quiet_underflow
@@ -301,13 +303,11 @@ def bias_gelu_backward_recompute_fused(pre: np.ndarray, g: np.ndarray, dx: np.nd
     """Same contract as `bias_gelu_backward_recompute_reference`: one pass, one erf per element
     for both outputs (bias_gelu_linear's backward ran gelu_forward and bias_gelu_backward, two)."""
     tanh = _tanh_flag(approximate)
-    n, d = pre.shape
-    nchunks = max(1, min(n, numba.get_num_threads()))
-    part = np.zeros((nchunks, d))  # float64, one row per thread
     if dx is not g:
         np.copyto(dx, g)  # the kernel works in place (see _bias_backward_recompute)
-    _bias_backward_recompute(pre, dx, act, part, nchunks, tanh)
-    np.copyto(dbias, part.sum(axis=0), casting="same_kind")
+    part = partial_rows(*pre.shape)
+    _bias_backward_recompute(pre, dx, act, part, part.shape[0], tanh)
+    sum_partials(part, dbias)
 
 
 register("gelu_forward", "reference", gelu_forward_reference)
