@@ -19,19 +19,15 @@ import pytest
 
 from tensorarena import kernels, optim
 from tensorarena.data.loader import BatchLoader
-from tensorarena.models import MLP, MLPConfig
 from tensorarena.models.vit import ViT, ViTConfig
 from tensorarena.nn.functional import cross_entropy
 from tensorarena.tensor import Tensor
 from tensorarena.train.report import NonFiniteLossError
 from tensorarena.train.trainer import Trainer
+from mlp_cases import labelled_rows as _rows, small_mlp as _mlp
 
 REPLAYS = ("python", "captured")
 RTOL, ATOL = 1e-5, 1e-6  # float32, eager against fused
-
-
-def _mlp(seed=0):
-    return MLP(MLPConfig(in_features=12, hidden=(16,), out_features=4), rng=np.random.default_rng(seed))
 
 
 def _vit(seed=0):
@@ -44,15 +40,6 @@ def _trainer(route, replay="python", *, model=None, loss_fn=cross_entropy, **kw)
     model = model if model is not None else _mlp()
     return Trainer(model, optim.Adam(model.parameters(), lr=1e-2), loss_fn, route=route, fused_replay=replay, **kw)
 
-
-def _rows(n, batch=16, seed=2):
-    """`n` MLP batches (x float32 (batch, 12), y int64 (batch,)) whose labels follow from x."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(n):
-        x = rng.standard_normal((batch, 12)).astype(np.float32)
-        out.append((x, x[:, :4].argmax(axis=1).astype(np.int64)))
-    return out
 
 
 def _images(n, batch=4, seed=3):

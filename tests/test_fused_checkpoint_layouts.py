@@ -28,24 +28,11 @@ from tensorarena.nn import Parameter
 from tensorarena.nn.functional import cross_entropy
 from tensorarena.random import manual_seed
 from tensorarena.train.trainer import Trainer
+from mlp_cases import labelled_rows as _rows, small_mlp as _mlp
 
 TOL = 1e-5  # float32
 SAVED_ON = ("python", "captured")  # the fused replays a checkpoint is taken on
 RESUMED_ON = ("eager", "python", "captured")  # eager, or the fused route with that replay
-
-
-def _mlp(seed=0, dropout=0.0, dtype=np.float32):
-    return MLP(MLPConfig(in_features=12, hidden=(16,), out_features=4, dropout=dropout, dtype=dtype),
-               rng=np.random.default_rng(seed))
-
-
-def _rows(n=4, batch=16, seed=2):
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(n):
-        x = rng.standard_normal((batch, 12)).astype(np.float32)
-        out.append((x, x[:, :4].argmax(axis=1).astype(np.int64)))
-    return out
 
 
 BATCHES = _rows()

@@ -24,21 +24,13 @@ from tensorarena.nn import Embedding, LayerNorm, Linear, Module, Parameter
 from tensorarena.nn.functional import cross_entropy, linear, relu
 from tensorarena.ops import sqrt
 from tensorarena.train.trainer import Trainer
+from mlp_cases import labelled_rows as _rows
 
 TOL = {np.float32: 1e-5, np.float64: 1e-10}
 REPLAYS = ("python", "captured", "auto")
 
 
 # -- helpers ---------------------------------------------------------------------------------------
-
-def _rows(n, batch=16, features=12, classes=4, dtype=np.float32, seed=2):
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(n):
-        x = rng.standard_normal((batch, features)).astype(dtype)
-        out.append((x, x[:, :classes].argmax(axis=1).astype(np.int64)))
-    return out
-
 
 def _tokens(n, batch=8, length=5, vocab=20, seed=4):
     rng = np.random.default_rng(seed)

@@ -31,7 +31,6 @@ from tensorarena import optim
 from tensorarena.compile.step import rng_generators
 from tensorarena.kernels import gemm_bf16 as K
 from tensorarena.memory.pool import default_pool
-from tensorarena.models import MLP, MLPConfig
 from tensorarena.models.bert import BertConfig, BertModel
 from tensorarena.models.simcse import SimCSE
 from tensorarena.models.vit import ViT, ViTConfig
@@ -39,6 +38,7 @@ from tensorarena.nn import Linear, Module
 from tensorarena.nn.functional import cross_entropy
 from tensorarena.train.simcse_job import _model_loss
 from tensorarena.train.trainer import Trainer
+from mlp_cases import labelled_rows, small_mlp
 
 from test_fused import OPTIMIZERS  # every optimizer and its options, over two param groups
 
@@ -49,17 +49,11 @@ needs_bf16_gemm = pytest.mark.skipif(not K.available(), reason=f"no fast bfloat1
 # -- models and batches --------------------------------------------------------------------------------
 
 def _mlp(dtype=np.float32, dropout=0.3, hidden=(16,)):
-    return MLP(MLPConfig(in_features=12, hidden=hidden, out_features=4, dropout=dropout, dtype=dtype),
-               rng=np.random.default_rng(0))
+    return small_mlp(0, dropout, dtype, hidden)
 
 
 def _rows(n, batch=16, dtype=np.float32, seed=2):
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(n):
-        x = rng.standard_normal((batch, 12)).astype(dtype)
-        out.append((x, x[:, :4].argmax(axis=1).astype(np.int64)))
-    return out
+    return labelled_rows(n, batch, dtype=dtype, seed=seed)
 
 
 def _vit(dtype=np.float32, **options):

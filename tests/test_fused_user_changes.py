@@ -20,28 +20,14 @@ import pytest
 
 from tensorarena import kernels, optim
 from tensorarena.autograd import no_grad
-from tensorarena.models import MLP, MLPConfig
 from tensorarena.nn.functional import cross_entropy
 from tensorarena.optim import clip_grad_norm_
 from tensorarena.tensor import Tensor
 from tensorarena.train.trainer import Trainer
+from mlp_cases import labelled_rows as _rows, small_mlp as _mlp
 
 TOL = 1e-5  # float32
 REPLAYS = ("python", "captured")
-
-
-def _mlp(seed=0, dropout=0.0):
-    return MLP(MLPConfig(in_features=12, hidden=(16,), out_features=4, dropout=dropout),
-               rng=np.random.default_rng(seed))
-
-
-def _rows(n=4, batch=16, seed=2):
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(n):
-        x = rng.standard_normal((batch, 12)).astype(np.float32)
-        out.append((x, x[:, :4].argmax(axis=1).astype(np.int64)))
-    return out
 
 
 BATCHES = _rows()
