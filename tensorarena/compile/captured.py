@@ -47,8 +47,8 @@ reduce.py, index.py, loss.py, shape.py, nn_ops.py, attention.py, autograd's grad
 A recording holds the kernels handed out when it was made, and the modules' state it was made under.
 A switch of kernel dispatch (kernels.use_reference, gemm.use_backend, ...) gives the step a plan of its
 own (FusedStep.plan_for keys plans by kernels.dispatch_key), recorded anew; before each captured step,
-`changed` compares the dispatch again (a safety net) and the modules' state (ModelState: e.g. a dropout
-probability set anew), and the plan records its step again after a change.
+`changed` compares the dispatch again (a safety net). A change of the modules' state (ModelState: e.g. a
+dropout probability set anew) makes FusedStep.plan_for trace the plan again, so it is recorded anew too.
 
 On ViT, the MLP and BERT the recording passes the checks and trains bit for bit as the Python
 replay (tests/test_captured_replay.py, tests/test_captured_ops.py).
@@ -102,7 +102,6 @@ class Capture:
     # under the flat state's binding `prepared_generation` (FlatState.generation), emptied after a rebinding
     prepared: dict = field(default_factory=dict)
     prepared_generation: int = 0
-    state: "ModelState | None" = None  # the model's state when recorded: a replay after a change records again
     dispatch: tuple = ()  # kernels.dispatch_key() when recorded: the recorded calls are the kernels handed out then
 
 
@@ -487,16 +486,14 @@ class ModelState:
 def changed(capture: Capture) -> str | None:
     """Why `capture` no longer does what the Python replay would, or None: the kernel dispatch changed
     (kernels.dispatch_key: the recording calls the kernels handed out when it was made, where the Python
-    replay asks kernels.kernel each step; plans are keyed by it, so this is a safety net), or the model's
-    state did (ModelState)."""
+    replay asks kernels.kernel each step; plans are keyed by it, so this is a safety net). A change of the
+    model's state (ModelState) is FusedStep.plan_for's to see: it traces the plan again, recording and all."""
     if capture.tape is None:
         return None
     now = kernels.dispatch_key()  # cached between changes: this runs before every captured step
     if capture.dispatch is not now and capture.dispatch != now:
         return ("the kernel dispatch changed since its step was recorded (kernels.use_reference or using, "
                 "kernels.register, gemm.use_backend or gemm_jobs.use_jobs)")
-    if capture.state is not None and capture.state.changed():
-        return "the model's state changed since its step was recorded (a module attribute or a requires_grad)"
     return None
 
 
@@ -561,8 +558,7 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
             if (first["loss"], first["grads"]) == (second["loss"], second["grads"]):
                 return _Unchecked("the batch and the second batch give the same loss and gradients, so the "
                                   "recording cannot be checked")
-            result = Capture(tape, first["loss_buffer"], first["forward_end"], state=ModelState(step.model),
-                             dispatch=dispatch)
+            result = Capture(tape, first["loss_buffer"], first["forward_end"], dispatch=dispatch)
             try:
                 again, other, random_outside = _tape_passes(step, plan, sink, result, (x, y), (xb, yb), saved,
                                                             drawn)
