@@ -271,13 +271,13 @@ class FusedStep:
         plan = self.plans.get(key)
         if plan is not None and plan.model_state is not None and plan.model_state.changed():
             self.model.train()  # steps train: a model left in eval mode (compile_step's own user) is no change
-        if plan is not None and plan.model_state is not None and plan.model_state.changed():
-            # A module attribute the forward may branch on (a flag, a dropout probability) changed since the
-            # trace: replaying the old trace would diverge from it (or, captured, train the old forward).
-            log.info("fused route: the model's state changed since %s was traced (%s); tracing it again",
-                     sig, plan.model_state.describe_change())
-            del self.plans[key]
-            plan = None
+            if plan.model_state.changed():
+                # A module attribute the forward may branch on (a flag, a dropout probability) changed since the
+                # trace: replaying the old trace would diverge from it (or, captured, train the old forward).
+                log.info("fused route: the model's state changed since %s was traced (%s); tracing it again",
+                         sig, plan.model_state.describe_change())
+                del self.plans[key]
+                plan = None
         if plan is not None:
             self.plans.move_to_end(key)
             return plan
