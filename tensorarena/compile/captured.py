@@ -745,7 +745,7 @@ def replay(step: "FusedStep", plan: "StepPlan", capture: Capture, index: int, on
         if not step.update_in_backward:
             for p in params:  # as after the Python replay's backward: .grad is the flat gradient
                 p.grad = p._grad_buffer
-        grad_norm = step.after_backward(params)
+        grad_norm = step.after_backward(params, index)
     calls[("fused_replay", "captured")] += 1
     step.replays += 1
     return value, grad_norm, False, arena

@@ -488,16 +488,16 @@ class FusedStep:
             if missing:
                 raise PlanMismatchError(f"parameters {missing[:5]} got no gradient in this step but did in its "
                                         f"trace{partly}")
-            grad_norm = self.after_backward(params)
+            grad_norm = self.after_backward(params, index)
         self.replays += 1
         return value, grad_norm, False, arena
 
-    def after_backward(self, params: list[Tensor]) -> float | None:
+    def after_backward(self, params: list[Tensor], index: int | None = None) -> float | None:
         """The host calls after backward, on either replay: clipping, the flat update, the schedule.
         Returns the gradient norm before clipping (None without clipping)."""
         grad_norm = float(clip_grad_norm_(params, self.clip_grad_norm)) if self.clip_grad_norm is not None else None
         if not self.update_in_backward:
-            self.flat.update()
+            self.flat.update(index)  # a failure after some groups names the step as partly applied
         if self.scheduler is not None:
             self.scheduler.step()
         return grad_norm
