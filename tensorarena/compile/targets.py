@@ -35,6 +35,8 @@ def is_container(x: Any) -> bool:
 def flatten(targets: Any) -> tuple[tuple, list[np.ndarray]]:
     """(spec, array leaves in order); TypeError naming what a plan cannot hold (an object of another kind)."""
     leaves: list[np.ndarray] = []
+    if isinstance(targets, _CONSTANTS):  # a lone number: one 0-d array, as np.asarray made it before
+        targets = np.asarray(targets)
     spec = _flatten(targets, leaves, "targets")
     return spec, leaves
 
@@ -49,10 +51,8 @@ def _flatten(x: Any, leaves: list[np.ndarray], where: str) -> tuple:
         return ("dict", keys, tuple(_flatten(x[k], leaves, f"{where}[{k!r}]") for k in keys))
     if isinstance(x, (tuple, list)):
         return (type(x).__name__, tuple(_flatten(v, leaves, f"{where}[{i}]") for i, v in enumerate(x)))
-    if isinstance(x, _CONSTANTS) and where != "targets":
+    if isinstance(x, _CONSTANTS):
         return ("constant", x)
-    if where == "targets":  # a lone number: one 0-d array, as before
-        return _flatten(np.asarray(x), leaves, where) if isinstance(x, _CONSTANTS) else _refuse(x, where)
     return _refuse(x, where)
 
 
