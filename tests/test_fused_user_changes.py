@@ -1,6 +1,7 @@
 """What a PyTorch user changes between steps, on the fused route (both replays) against the eager route.
 
-22 of these 54 tests failed on d412136, before the fixes (all under a "Regression" comment). With this file copied
+22 of these 55 tests failed on d412136, before the fixes (all under a "Regression" comment), and the thread-count
+one on 4139106. With this file copied
 into a worktree of d412136 (git worktree add /tmp/old d412136), run in /tmp/old:
 `NUMBA_NUM_THREADS=1 timeout 900 python -m pytest -q -p no:cacheprovider tests/test_fused_user_changes.py`.
 
@@ -567,3 +568,36 @@ def test_replacing_trainer_scheduler_mid_run_takes_effect():
     runs = _compare_all(lambda m: optim.SGD(m.parameters(), lr=0.1), scenario)
     for replay in REPLAYS:
         assert runs[replay][3] == runs["eager"][3] == 0.1 * 0.5 ** 3
+
+
+def _tiny_vit():
+    from tensorarena.models import ViT, ViTConfig
+
+    return ViT(ViTConfig(image_size=16, patch_size=4, num_classes=4, dim=32, depth=2, num_heads=4),
+               rng=np.random.default_rng(0))
+
+
+# Regression (failed on 4139106): numba.set_num_threads between steps changes how many per-core partial rows
+# (bias and LayerNorm gradients) and attention tiles a kernel asks for, so the plan traced under 2 threads
+# diverged at its first such buffer: "step 3 failed inside backward after 2 of 32 parameters were already
+# updated ... partly applied", on both replays. Plans are now keyed by the thread count as well.
+@pytest.mark.skipif(__import__("numba").config.NUMBA_NUM_THREADS < 2, reason="needs 2 Numba threads to switch from")
+def test_the_kernel_thread_count_changed_between_steps_traces_its_own_plan():
+    import numba
+
+    rng = np.random.default_rng(1)
+    images = [(rng.standard_normal((8, 3, 16, 16)).astype(np.float32), rng.integers(0, 4, 8)) for _ in range(6)]
+
+    def scenario(model, opt, trainer):
+        before = numba.get_num_threads()
+        try:
+            for threads, batch in zip((2, 2, 1, 1, 2, 2), images):
+                numba.set_num_threads(threads)
+                trainer.step(*batch)
+        finally:
+            numba.set_num_threads(before)
+        return trainer.fused.traces if trainer.fused is not None else None
+
+    runs = _compare_all(lambda m: optim.AdamW(m.parameters(), lr=1e-3), scenario, make_model=_tiny_vit)
+    for replay in REPLAYS:
+        assert runs[replay][3] == 2  # one plan per thread count; switching back finds the first

@@ -53,6 +53,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numba
 import numpy as np
 
 from .. import autograd, kernels, tape
@@ -230,7 +231,7 @@ class FusedStep:
                  if self.update_in_backward else "flat gradients, one update kernel per group after backward "
                  f"({'clip_grad_norm needs every gradient first' if clip_grad_norm is not None else 'asked for'})")
         self.flat = FlatState(model, optimizer, keep_grads=not self.update_in_backward)
-        self.plans: OrderedDict[tuple, StepPlan] = OrderedDict()  # (signature, kernels.dispatch_key()) -> plan
+        self.plans: OrderedDict[tuple, StepPlan] = OrderedDict()  # (signature, dispatch_key(), threads) -> plan
         self.traces = 0  # how many times a step was traced (first signature + every retrace)
         self.layouts = 1  # flat layouts built: 1 + one per change of the optimizer's groups or trainable set
         self.left_out: dict[int, Tensor] = {}  # id -> optimizer parameter a trace gave no gradient (not laid out)
@@ -267,7 +268,9 @@ class FusedStep:
         # Kernel dispatch is part of the key: a switch (kernels.use_reference, gemm.use_backend, ...) may
         # change which scratch buffers the step asks for, so the plan traced before it would not replay
         # (PlanMismatchError). Such a switch traces a plan of its own; switching back finds the first.
-        key = (sig, kernels.dispatch_key())
+        # So is the kernels' thread count (numba.set_num_threads, per calling thread): per-core partial
+        # rows, attention's tiles and product splits are shaped by it.
+        key = (sig, kernels.dispatch_key(), numba.get_num_threads())
         plan = self.plans.get(key)
         if plan is not None and plan.model_state is not None and plan.model_state.changed():
             self.model.train()  # steps train: a model left in eval mode (compile_step's own user) is no change
@@ -281,15 +284,16 @@ class FusedStep:
         if plan is not None:
             self.plans.move_to_end(key)
             return plan
-        if any(cached == sig for cached, _ in self.plans):
-            log.info("fused route: the kernel dispatch changed since %s was traced (kernels.use_reference, "
-                     "gemm.use_backend, ...); tracing it under the new one (%d plan(s) cached)", sig, len(self.plans))
+        if any(cached == sig for cached, _, _ in self.plans):
+            log.info("fused route: the kernel dispatch or thread count changed since %s was traced "
+                     "(kernels.use_reference, gemm.use_backend, numba.set_num_threads, ...); tracing it under the "
+                     "new one (%d plan(s) cached)", sig, len(self.plans))
         elif self.plans:
             log.info("fused route: new batch signature %s, retracing (%d plan(s) cached)", sig, len(self.plans))
         plan = self._trace(inputs, targets, sig)
         self.plans[key] = plan
         while len(self.plans) > self.max_plans:
-            (old, _), _ = self.plans.popitem(last=False)
+            (old, _, _), _ = self.plans.popitem(last=False)
             log.info("fused route: evicted the plan for %s (max_plans=%d)", old, self.max_plans)
         return plan
 
