@@ -34,6 +34,10 @@ class Tensor:
         if array.dtype.kind == "c" or (dtype is not None and np.dtype(dtype).kind == "c"):
             raise TypeError(f"complex tensors are not supported (got {array.dtype}); pass real and "
                             f"imaginary parts as separate float tensors")
+        if not array.dtype.isnative:
+            # A big-endian array (np.load of a file from a big-endian machine) holds the same values as the
+            # native one; compared as it is, ">f8" is not float64 and would be rounded to float32 below.
+            array = array.astype(array.dtype.newbyteorder("="))
         if dtype is not None:
             array = array.astype(dtype, copy=False)
         elif array.dtype.kind == "f" and array.dtype not in SUPPORTED_FLOATS:
