@@ -25,7 +25,7 @@ class Tensor:
     """An n-dimensional array that can record the ops that produced it."""
 
     __slots__ = ("_data", "requires_grad", "grad", "_grad_buffer", "_node", "_arena", "_generation",
-                 "__weakref__")
+                 "_converted_from", "__weakref__")
     _parents: tuple = ()  # in the graph a tensor is always a leaf node (autograd.graph_node)
     __array_priority__ = 1000  # make `ndarray + Tensor` defer to Tensor.__radd__
 
@@ -38,9 +38,12 @@ class Tensor:
             # A big-endian array (np.load of a file from a big-endian machine) holds the same values as the
             # native one; compared as it is, ">f8" is not float64 and would be rounded to float32 below.
             array = array.astype(array.dtype.newbyteorder("="))
+        # The dtype the caller gave when it is not the one the tensor holds, for errors (ops.linalg names it).
+        self._converted_from = getattr(data, "_converted_from", None) if isinstance(data, Tensor) else None
         if dtype is not None:
             array = array.astype(dtype, copy=False)
         elif array.dtype.kind == "f" and array.dtype not in SUPPORTED_FLOATS:
+            self._converted_from = array.dtype
             array = array.astype(DEFAULT_DTYPE)
         elif array.dtype.kind in "iub" and requires_grad:
             raise TypeError(f"only floating-point tensors can require grad, got dtype {array.dtype}")
@@ -103,6 +106,12 @@ class Tensor:
     @property
     def dtype(self) -> np.dtype:
         return self._data.dtype
+
+    def dtype_description(self) -> str:
+        """The dtype as the caller gave it, for an error: "float16 (converted to float32)" for a tensor made
+        from a float16 array, else just the dtype. Tensors ops make say only their own dtype."""
+        source = getattr(self, "_converted_from", None)  # not set on op outputs (_make)
+        return str(self._data.dtype) if source is None else f"{source} (converted to {self._data.dtype})"
 
     @property
     def ndim(self) -> int:

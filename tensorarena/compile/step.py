@@ -85,6 +85,14 @@ def input_array(inputs: Any) -> np.ndarray:
     return inputs.data if isinstance(inputs, Tensor) else Tensor(inputs).data
 
 
+def _input_tensor(buffer: np.ndarray, source: Tensor) -> Tensor:
+    """The traced step's input over the plan's buffer, naming the dtype the batch came in as its source does:
+    a dtype error then says "float16 (converted to float32)", as on the eager route, not float32."""
+    x = Tensor(buffer)
+    x._converted_from = getattr(source, "_converted_from", None)
+    return x
+
+
 def batch_signature(inputs: Any, targets: Any) -> Signature:
     """What a plan is specialised on: shape and dtype of the inputs as the model reads them, and of the
     targets (one array's, or the structure's: compile/targets.py, whose constants are part of it too)."""
@@ -333,7 +341,8 @@ class FusedStep:
         return plan
 
     def _trace_step(self, inputs: Any, targets: Any, sig: Signature) -> StepPlan:
-        x = np.array(input_array(inputs), copy=True)
+        source = inputs if isinstance(inputs, Tensor) else Tensor(inputs)
+        x = np.array(source.data, copy=True)
         target_buffers: list[np.ndarray] = []
         y = None
         if targets is not None:
@@ -351,7 +360,7 @@ class FusedStep:
             with tracer:
                 for p in [*params, *others]:  # the others get theirs back below; None tells who got one
                     p.grad = None
-                loss = self.loss_fn(self.model(Tensor(x)), y)
+                loss = self.loss_fn(self.model(_input_tensor(x, source)), y)
                 if loss.data.size != 1:
                     raise ValueError(f"loss_fn must return a scalar, got shape {loss.shape}")
                 if self.update_in_backward:

@@ -34,12 +34,15 @@ def _matmul_shape(a_shape: tuple[int, ...], b_shape: tuple[int, ...], what: str 
     return out
 
 
-def _check_float_pair(a, b, what: str, a_name: str, b_name: str) -> None:
+def _check_float_pair(a: Tensor, b: Tensor, what: str, a_name: str, b_name: str) -> None:
     # Like torch, refuse to mix dtypes in a matrix product: a silent float64 promotion would
     # double the memory and time of everything downstream of one stray float64 batch.
-    if a != b or a.kind != "f":
+    if a.dtype != b.dtype or a.dtype.kind != "f":
+        # Named as the caller gave them: a float16 batch is "float16 (converted to float32)", not a float32
+        # array the user never had.
         raise TypeError(
-            f"{what}: {a_name} is {a} but {b_name} is {b}; both must be the same float dtype. "
+            f"{what}: {a_name} is {a.dtype_description()} but {b_name} is {b.dtype_description()}; both must "
+            f"be the same float dtype. "
             f"Convert the data (e.g. x.astype(np.float32)) or the model (model.double() / model.float())."
         )
 
@@ -68,7 +71,7 @@ def matmul(a, b) -> Tensor:
     a = as_tensor(a)
     b = as_tensor(b, like=a)
     out_shape = _matmul_shape(a.shape, b.shape)
-    _check_float_pair(a.dtype, b.dtype, "matmul", "the left operand", "the right operand")
+    _check_float_pair(a, b, "matmul", "the left operand", "the right operand")
     ad, bd = a.data, b.data
     dtype = np.result_type(ad.dtype, bd.dtype)
     out = new(out_shape, dtype)
@@ -107,7 +110,7 @@ def linear(x, weight, bias=None) -> Tensor:
             f"linear: input shape {x.shape} does not match weight shape {weight.shape} "
             f"(last input dim {x.shape[-1] if x.ndim else None} must equal in_features {weight.shape[1]})"
         )
-    _check_float_pair(x.dtype, weight.dtype, "linear", "the input", "the weight")
+    _check_float_pair(x, weight, "linear", "the input", "the weight")
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ValueError(f"linear: bias shape {bias.shape} must be ({weight.shape[0]},) for weight {weight.shape}")
     xd, wd = x.data, weight.data
