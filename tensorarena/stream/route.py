@@ -657,7 +657,10 @@ class _Sweep:
                 # Journaled only if it changed: a stage nothing updated (frozen) still holds the last step.
                 route.store.write(k, slot, route.step_count + 1 if changed else None)
             else:
-                self.norms.extend(_norm(p.grad, 2.0) for p in stage.params if p.grad is not None)
+                # Only the optimizer's parameters, as eager clips them: a trainable parameter in no group
+                # (fine-tuning the head only) gets a gradient here but is neither clipped nor updated.
+                self.norms.extend(_norm(p.grad, 2.0) for p in stage.params
+                                  if p.grad is not None and id(p) in route._group_of)
                 del views
                 route._detach(k)
         return loss, True
