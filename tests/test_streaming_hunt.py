@@ -566,6 +566,25 @@ def test_a_stage_without_parameters_streams_as_eager_trains(tmp_path, io):
     _same_state(o1, opt, m1, model, 1e-10)
 
 
+def test_a_store_with_an_empty_stage_is_durable_and_resumes(tmp_path):
+    # durable=True flushes each mapped stage at its write; the empty stage has no mapping to flush. Its 0-byte
+    # file must also pass the size check when the store is opened again.
+    batches = _batches(4)
+    model = _frozen_embed_model()
+    opt = optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.05, momentum=0.9)
+    with StreamingRoute.from_memory(model, opt, cross_entropy, tmp_path / "s", durable=True) as route:
+        losses = [route.step(x, y) for x, y in batches[:2]]
+    assert (tmp_path / "s" / "stage-0000.bin").stat().st_size == 0
+    with StreamingRoute.resume(model, opt, cross_entropy, tmp_path / "s", durable=True) as route:
+        losses += [route.step(x, y) for x, y in batches[2:]]
+        route.to_memory()
+    m1, _, l1, _, _ = _train("eager", lambda m: optim.SGD([p for p in m.parameters() if p.requires_grad],
+                                                          lr=0.05, momentum=0.9),
+                             batches, tmp_path, "e", model=_frozen_embed_model())
+    np.testing.assert_allclose(losses, l1, rtol=0, atol=1e-10)
+    assert _max_diff(m1, model) <= 1e-10
+
+
 def _frozen_embed_trainer(route, tmp_path, tag, seed=0):
     model = _frozen_embed_model(seed)
     opt = optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)

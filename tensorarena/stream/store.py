@@ -219,7 +219,8 @@ class ParamStore:
         self.layouts = [StageLayout(s, spec) for s in spec.stages]
         self.slot_bytes = max(layout.total_bytes for layout in self.layouts)
         # Two slots: one stage computes in one while the next stage is read into the other.
-        # io="copy": two buffers. io="map": per slot (stage index, mmap, mapped bytes) or None.
+        # io="copy": two buffers. io="map": per slot (stage index, mmap, mapped bytes) or None; the mmap is
+        # None for a stage of 0 bytes (see _read).
         self.slots = ([aligned_bytes(self.slot_bytes), aligned_bytes(self.slot_bytes)] if self.io == "copy"
                       else None)
 
@@ -573,7 +574,7 @@ class ParamStore:
             if held is None or held[0] != index:
                 raise StoreError(f"slot {slot} holds {'nothing' if held is None else f'stage {held[0]}'}, not stage "
                                  f"{index}: read(index={index}, slot={slot}) it first")
-            buf = np.frombuffer(held[1], np.uint8)
+            buf = np.frombuffer(held[1], np.uint8) if held[1] is not None else _NOTHING
 
         def at(offset: int, a: ArraySpec) -> np.ndarray:
             return buf[offset:offset + a.nbytes].view(a.dtype).reshape(a.shape)
@@ -620,7 +621,9 @@ class ParamStore:
     def _read(self, index: int, slot: int, nbytes: int) -> None:
         if self.io == "map":
             self._release(slot)
-            self._maps[slot] = (index, self._map(index, nbytes), nbytes)
+            # A stage without parameters (a frozen embedding left out of its stage, a pooling stage) has a
+            # 0-byte file, which mmap refuses: it holds nothing, so the slot holds no mapping either.
+            self._maps[slot] = (index, self._map(index, nbytes) if nbytes else None, nbytes)
             self.bytes_read += nbytes
             return
         view = memoryview(self.slots[slot])[:nbytes]
@@ -639,7 +642,7 @@ class ParamStore:
             self._mark(step, index, done=False)  # with io="map", begin_write did this already
         if self.io == "map":
             held = self._maps[slot]
-            if self.durable:
+            if self.durable and held[1] is not None:
                 held[1].flush()  # msync: the pages are the file's, so this is its write to disk
             self._release(slot)
             self.bytes_written += nbytes
@@ -684,7 +687,7 @@ class ParamStore:
     def _release(self, slot: int) -> None:
         """Unmap slot `slot` (io="map"); if arrays over it are still alive it unmaps when they go."""
         held, self._maps[slot] = self._maps[slot], None
-        if held is not None:
+        if held is not None and held[1] is not None:
             try:
                 held[1].close()
             except BufferError:
@@ -735,6 +738,9 @@ class ParamStore:
             self.close()
         except Exception:  # noqa: BLE001 - nothing useful to do at garbage collection
             pass
+
+
+_NOTHING = np.empty(0, np.uint8)  # the slot buffer of a stage that holds no bytes (io="map")
 
 
 def _stage_file(index: int, generation: int) -> str:
