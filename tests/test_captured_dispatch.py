@@ -162,8 +162,15 @@ def test_the_generation_counts_only_real_changes_of_dispatch():
     with kernels.using("default"):
         pass
     assert kernels.generation() == start
+    # A using() block overrides the choice in its own thread only: the process-wide dispatch does not move,
+    # but the thread's dispatch_key does (so a plan traced inside the block is a plan of its own).
+    outside = kernels.dispatch_key()
     with kernels.using("reference" if not saved else "fused"):
-        assert kernels.generation() == start + 1
+        assert kernels.generation() == start and kernels.dispatch_key() != outside
+    assert kernels.dispatch_key() is outside
+    kernels.use_reference(not saved)
+    assert kernels.generation() == start + 1
+    kernels.use_reference(saved)
     assert kernels.generation() == start + 2  # and back
     J.use_jobs(J._enabled)
     assert kernels.generation() == start + 2

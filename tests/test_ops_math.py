@@ -27,8 +27,10 @@ KERNEL_OPS = {"gelu", "gelu_tanh", "softmax"}  # ops that run on kernels with re
 
 @pytest.fixture
 def restore_kernel_choice():
-    with kernels.using("default"):
-        yield
+    # use_reference is process-wide: a using() block overrides it in its own thread but does not undo it
+    saved = kernels._force_reference
+    yield
+    kernels.use_reference(saved)
 
 
 def with_impls(names):

@@ -23,8 +23,10 @@ IMPLS = ["fused", "reference"]  # layer_norm and cross_entropy run on kernels wi
 
 @pytest.fixture
 def restore_kernel_choice():
-    with kernels.using("default"):
-        yield
+    # use_reference is process-wide: a using() block overrides it in its own thread but does not undo it
+    saved = kernels._force_reference
+    yield
+    kernels.use_reference(saved)
 
 
 # -- dropout ---------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections import Counter
 from typing import Callable, Iterator
 
@@ -60,7 +61,9 @@ def dispatch_changed() -> None:
     _generation += 1
 
 
-_key_cache: tuple[int, tuple] | None = None  # (generation, dispatch_key() at that generation)
+# forced -> (generation, dispatch_key() at that generation): one per value of _forced(), since a using()
+# block in one thread must not hand its key to another.
+_key_cache: dict[bool, tuple[int, tuple]] = {}
 
 
 def dispatch_key() -> tuple:
@@ -70,18 +73,21 @@ def dispatch_key() -> tuple:
     plan traced under one dispatch may ask for other scratch buffers under another (attention's
     reference twin does), so a switch traces a plan of its own, and a switch back finds the first one
     with its recording. Rebuilt only after dispatch_changed(); otherwise two compares."""
-    global _key_cache
-    if _key_cache is None or _key_cache[0] != _generation:
+    forced = _forced()
+    cached = _key_cache.get(forced)
+    if cached is None or cached[0] != _generation:
         _load()
         from . import gemm_jobs
 
+        generation_now = _generation
         chosen = []
         for name in sorted(_registry):
             if _registry[name]:  # every implementation unregistered: nothing to hand out
                 impl = choose(name)
                 chosen.append((name, impl, _registry[name][impl]))
-        _key_cache = (_generation, (_force_reference, gemm_jobs.enabled(), tuple(chosen)))
-    return _key_cache[1]
+        cached = (generation_now, (forced, gemm_jobs.enabled(), tuple(chosen)))
+        _key_cache[forced] = cached
+    return cached[1]
 
 
 def register(name: str, impl: str, fn: Callable) -> Callable:
@@ -113,18 +119,31 @@ def use_reference(flag: bool = True) -> None:
     _force_reference = bool(flag)
 
 
+# `using` blocks override the process-wide choice in their own thread only. Saving and restoring the global
+# flag instead raced: thread A in using("reference"), B in using("fused") saving A's value, A leaving, B
+# leaving and restoring A's "reference" for every later step of every model (tests/test_threads_hunt.py).
+_local = threading.local()  # .force: True/False inside a using() block of this thread, absent outside
+
+
+def _forced() -> bool:
+    """Whether reference twins are forced in this thread: its innermost using() block, else use_reference."""
+    override = getattr(_local, "force", None)
+    return _force_reference if override is None else override
+
+
 @contextlib.contextmanager
 def using(impl: str) -> Iterator[None]:
-    """Run a block on "fused" or forced "reference" kernels ("default" leaves the choice), then restore it."""
+    """Run a block of this thread on "fused" or forced "reference" kernels ("default" leaves the choice), then
+    restore what the thread had. Other threads keep their own choice."""
     if impl not in ("fused", "reference", "default"):
         raise ValueError(f"impl must be 'fused', 'reference' or 'default', got {impl!r}")
-    saved = _force_reference
+    saved = getattr(_local, "force", None)
     if impl != "default":
-        use_reference(impl == "reference")
+        _local.force = impl == "reference"
     try:
         yield
     finally:
-        use_reference(saved)
+        _local.force = saved
 
 
 def choose(name: str, impl: str | None = None) -> str:
@@ -138,7 +157,7 @@ def choose(name: str, impl: str | None = None) -> str:
     if not impls:
         raise KeyError(f"no kernel named {name!r}; known: {sorted(_registry)}")
     if impl is None:
-        impl = "reference" if _force_reference or "fused" not in impls else "fused"
+        impl = "reference" if _forced() or "fused" not in impls else "fused"
     return impl
 
 
@@ -167,17 +186,29 @@ def implementations(name: str) -> list[str]:
     return sorted(_registry.get(name, {}))
 
 
-_loaded = False
+_loaded = False  # set when _load starts, so a kernel file asking for a kernel while it loads does not recurse
+# Held while the kernel files load. Without it, a second thread's first kernel lookup saw _loaded set by the
+# first thread, skipped the imports and read a half-filled registry: KeyError("no kernel named
+# 'cross_entropy_forward'") (tests/test_threads_hunt.py). Re-entrant: the loading thread itself may recurse.
+_load_lock = threading.RLock()
 
 
 def _load() -> None:
     # Kernel files register themselves on import; import lazily so `import tensorarena`
     # does not pay Numba's start-up cost until a kernel is first needed.
     global _loaded, _ready
-    if not _loaded:
+    if _ready:
+        return
+    with _load_lock:
+        if _loaded:  # finished by another thread while this one waited, or this thread recursing
+            return
         _loaded = True
-        from . import cpu  # noqa: F401 - first: it sets the vector width before Numba builds its compiler
-        from . import (adagrad, adam, attention, cross_entropy, dropout, elementwise_fused, embedding, erf, gelu,  # noqa: F401
-                       gemm, gemm_bf16, lamb, layer_norm, lion, nadam, rmsprop, sgd, softmax)
+        try:
+            from . import cpu  # noqa: F401 - first: it sets the vector width before Numba builds its compiler
+            from . import (adagrad, adam, attention, cross_entropy, dropout, elementwise_fused, embedding, erf,  # noqa: F401
+                           gelu, gemm, gemm_bf16, lamb, layer_norm, lion, nadam, rmsprop, sgd, softmax)
+        except BaseException:
+            _loaded = False  # a failed import (or an interrupt) leaves the next call to try again, not a half registry
+            raise
         _ready = True
 
