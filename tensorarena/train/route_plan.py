@@ -15,7 +15,14 @@ stages once; otherwise the whole step is traced. From the traced buffers:
   (counting them too overestimated by 11% once ViT's last block shrank to one token);
 - streaming: the route's resident buffers (two slots of the largest stage's parameters and
   state, one stage's gradients; stream.StreamingRoute.estimate), the largest stage's traced
-  slab, and one boundary activation per stage.
+  slab, the boundary activations the step arena keeps (every stage's output but the last's,
+  which lives in its stage's slab) and the two gradient buffers per boundary shape that
+  _Sweep._io_grad alternates between, each padded as the arena pads it. That is the step's
+  measured transient peak exactly (tests/test_streaming_hunt.py).
+
+A model that cannot stream (no stream_stages(), or stages model_stages refuses: a shared block,
+tied weights across stages) is traced as a whole step, and streaming is left out of the plan
+with the reason (`RoutePlan.unavailable`, logged, and in the reason when nothing fits).
 
 With update_in_backward the fused route holds no gradient buffer, only about the largest
 parameter's gradient in flight.
@@ -26,6 +33,7 @@ the budget and picks fused if it fits, else streaming (eager when asked and it f
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -35,11 +43,13 @@ from ..compile.planner import plan_memory
 from ..compile.trace import TracingArena
 from ..memory.budget import MemoryBudget
 from ..memory.meter import format_bytes, format_bytes_up, rss_bytes
+from ..memory.pool import ALIGN
 from ..nn.module import Module
 from ..optim.optimizer import Optimizer
 from ..tensor import Tensor
 
 ROUTE_ORDER = ("fused", "eager", "streaming")
+log = logging.getLogger("tensorarena")
 
 
 @dataclass
@@ -65,6 +75,7 @@ class RoutePlan:
     process_other_bytes: int
     activation_source: str
     details: dict[str, Any] = field(default_factory=dict)
+    unavailable: dict[str, str] = field(default_factory=dict)  # asked routes not estimated -> why
 
     def format(self) -> str:
         parts = sorted({k for e in self.estimates.values() for k in e.parts}, key=_part_order)
@@ -86,12 +97,14 @@ class RoutePlan:
                                                   for r in routes))
         lines.append(f"{'fits':<26}" + "".join(f"{'yes' if self.estimates[r].fits else 'NO':>{width}}"
                                                for r in routes))
+        lines.extend(f"{route}: not possible: {why}" for route, why in self.unavailable.items())
         lines.append(f"chosen: {self.chosen or 'none'} ({self.reason})")
         return "\n".join(lines)
 
 
 def _part_order(name: str) -> tuple:
-    order = ["params", "grads", "optimizer", "inputs", "activations", "stream buffers", "boundary activations"]
+    order = ["params", "grads", "optimizer", "inputs", "activations", "stream buffers", "boundary activations",
+             "boundary gradients"]
     for i, prefix in enumerate(order):
         if name.startswith(prefix):
             return (i, name)
@@ -129,6 +142,7 @@ class TracedStage:
     slab: int  # the stage's own liveness plan (its peak)
     live_peak: int  # the most bytes alive at once (what the eager arena, reusing dead memory, holds)
     output_bytes: int
+    output_key: tuple | None = None  # (shape, dtype str) of a stage's output; None for a whole step
 
 
 def _trace(run: Callable[[], Any], params: list[Tensor], model: Module) -> tuple[TracedStage, Any]:
@@ -187,6 +201,7 @@ def trace_stages(model: Module, loss_fn: Callable, inputs: np.ndarray, targets: 
             return np.zeros(out.shape, out.dtype), out.data.nbytes
 
         stats, nxt = _trace(run, list(stage.params), model)
+        stats.output_key = (nxt.shape, nxt.dtype.str)
         cache[key] = (stats, nxt.shape, nxt.dtype)
         out_stats.append(stats)
         x = nxt
@@ -242,10 +257,12 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
         y, target_bytes = build(spec, leaves), sum(leaf.nbytes for leaf in leaves)
     persistent = persistent_bytes(optimizer)
     inputs_bytes = x.nbytes + target_bytes
-    has_stages = callable(getattr(model, "stream_stages", None))
     details: dict[str, Any] = {}
-    if has_stages:
-        traced = trace_stages(model, loss_fn, x, y)
+    traced, no_streaming = _stage_traces(model, loss_fn, x, y)
+    if no_streaming is not None:
+        log.info("route plan: streaming is not possible (%s); activations are traced over the whole step%s",
+                 no_streaming, ", and streaming is left out of the plan" if "streaming" in routes else "")
+    if traced is not None:
         source = f"traced stage by stage at batch {x.shape[0] if x.ndim else 1} ({len(traced)} stages)"
         fused_act = _backward_peak(traced, "slab")
         eager_act = _backward_peak(traced, "live_peak")
@@ -254,7 +271,6 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
         whole = trace_whole(model, loss_fn, x, y)
         source = f"traced whole step at batch {x.shape[0] if x.ndim else 1}"
         fused_act, eager_act = whole.slab, whole.live_peak
-        traced = [whole]
     if process_other_bytes is None:
         # Measured after tracing: the kernels are compiled (or loaded from the cache) by now, and
         # that code is part of what the process holds whatever the route.
@@ -279,17 +295,19 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
         add("fused", fused_parts, "" if fused_keeps_grads else "parameters updated inside backward")
     if "eager" in routes:
         add("eager", dict(base, **{"activations (arena)": eager_act}))
+    unavailable: dict[str, str] = {}
     if "streaming" in routes:
-        if has_stages:
+        if no_streaming is None:
             from ..stream.route import StreamingRoute
 
             stream = StreamingRoute.estimate(model, optimizer)
-            add("streaming", {"inputs": inputs_bytes, "stream buffers": stream["resident_bytes"],
-                              "activations (one stage)": max(s.slab for s in traced),
-                              "boundary activations": sum(s.output_bytes for s in traced)},
+            add("streaming", dict({"inputs": inputs_bytes, "stream buffers": stream["resident_bytes"],
+                                   "activations (one stage)": max(s.slab for s in traced)}, **_boundaries(traced)),
                 note=f"{stream['stages']} stages, largest {stream['largest_stage']}; "
                      f"{format_bytes(stream['disk_bytes'])} on disk")
             details["streaming"] = stream
+        else:
+            unavailable["streaming"] = no_streaming
     chosen, reason = None, ""
     for route in routes:
         est = estimates.get(route)
@@ -302,8 +320,48 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
                                      if r in estimates)))
             break
     if chosen is None:
-        smallest = min(estimates.values(), key=lambda e: e.required)
-        reason = (f"nothing fits: the smallest, {smallest.route}, needs {format_bytes(smallest.required)} but the "
-                  f"budget is {format_bytes(budget.nbytes)} ({budget.source}); raise the limit to at least "
-                  f"{format_bytes_up(smallest.required + budget.margin)} or lower the batch size")
-    return RoutePlan(budget, estimates, chosen, reason, process_other_bytes, source, details)
+        reason = _nothing_fits(estimates, unavailable, budget)
+    return RoutePlan(budget, estimates, chosen, reason, process_other_bytes, source, details, unavailable)
+
+
+def _stage_traces(model: Module, loss_fn: Callable, x: np.ndarray, y: Any) -> tuple[list[TracedStage] | None,
+                                                                                     str | None]:
+    """The model's stages traced one by one, or None and why the model cannot stream (then no route streams
+    it, and the caller traces the whole step: a route that never streams must still be planned)."""
+    from ..stream.stages import StreamingUnsupportedError
+
+    if not callable(getattr(model, "stream_stages", None)):
+        return None, (f"{type(model).__name__} has no stream_stages() to cut it into blocks "
+                      f"(see tensorarena/stream/stages.py)")
+    try:
+        return trace_stages(model, loss_fn, x, y), None
+    except StreamingUnsupportedError as exc:  # model_stages refused the stages, before anything was traced
+        return None, str(exc)
+
+
+def _padded(nbytes: int) -> int:
+    """Bytes an arena takes for an array of `nbytes` (memory/arena.py rounds up to ALIGN, at least one)."""
+    return (nbytes + ALIGN - 1) // ALIGN * ALIGN or ALIGN
+
+
+def _boundaries(traced: list[TracedStage]) -> dict[str, int]:
+    """What the streaming step arena holds across stages: the kept output of every stage but the last
+    (the last's lives in its own stage arena, counted in its slab), and two input-gradient buffers per
+    distinct boundary (shape, dtype), which stage k and k + 1 alternate between (stream/route.py _io_grad)."""
+    kept = traced[:-1]
+    shapes = {s.output_key: s.output_bytes for s in kept}
+    return {"boundary activations": sum(_padded(s.output_bytes) for s in kept),
+            "boundary gradients": 2 * sum(_padded(nbytes) for nbytes in shapes.values())}
+
+
+def _nothing_fits(estimates: dict[str, RouteEstimate], unavailable: dict[str, str], budget: MemoryBudget) -> str:
+    """Why no route was chosen: the smallest estimate against the budget, and any asked route that was not
+    possible (so "train anyway by streaming" is not silently missing)."""
+    why_not = "; ".join(f"{route} is not possible: {why}" for route, why in unavailable.items())
+    if not estimates:
+        return f"no route could be planned: {why_not}"
+    smallest = min(estimates.values(), key=lambda e: e.required)
+    reason = (f"nothing fits: the smallest, {smallest.route}, needs {format_bytes(smallest.required)} but the "
+              f"budget is {format_bytes(budget.nbytes)} ({budget.source}); raise the limit to at least "
+              f"{format_bytes_up(smallest.required + budget.margin)} or lower the batch size")
+    return f"{reason}; {why_not}" if why_not else reason
