@@ -41,8 +41,9 @@ cleared, `add_param_group`, a setting that adds optimizer state such as momentum
 with other settings: `FlatState.stale`) builds a new flat layout, which takes the values over, and
 traces again. A module attribute the forward may branch on (`captured.ModelState`) changed since a
 plan's trace retraces that plan. A parameter the traced step gives no gradient (unused, cut off by
-`detach`) is left out of the layout, as the eager optimizer skips it. The Trainer passes a new
-`clip_grad_norm` or scheduler on.
+`detach`) is left out of the layout, as the eager optimizer skips it. A new `matmul_precision` traces (or
+finds) a plan of its own, as a new kernel dispatch does. The Trainer passes a new `clip_grad_norm` or
+scheduler on.
 """
 
 from __future__ import annotations
@@ -229,9 +230,9 @@ class FusedStep:
         self.replay, self.replay_reason = captured.choose_replay(replay, model, loss_fn)
         log.info("fused route: %s replay (%s)", self.replay, self.replay_reason)
         self.grad_sink = captured.GradSink(self)
-        # Fixed for the life of the plans: every trace and replay runs under it (tensorarena.precision).
-        self.matmul_precision = (normalize_precision(matmul_precision) if matmul_precision is not None
-                                 else get_float32_matmul_precision())
+        # Every trace and replay runs under it (tensorarena.precision); settable between steps (the property).
+        self._matmul_precision = (normalize_precision(matmul_precision) if matmul_precision is not None
+                                  else get_float32_matmul_precision())
         self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
         self.scheduler, self.clip_grad_norm, self.max_plans = scheduler, clip_grad_norm, max_plans
         self.update_in_backward = resolve_update_in_backward(update_in_backward, clip_grad_norm)
@@ -239,11 +240,28 @@ class FusedStep:
                  if self.update_in_backward else "flat gradients, one update kernel per group after backward "
                  f"({'clip_grad_norm needs every gradient first' if clip_grad_norm is not None else 'asked for'})")
         self.flat = FlatState(model, optimizer, keep_grads=not self.update_in_backward)
-        self.plans: OrderedDict[tuple, StepPlan] = OrderedDict()  # (signature, dispatch_key(), threads) -> plan
+        # (signature, dispatch_key(), threads, matmul precision) -> plan
+        self.plans: OrderedDict[tuple, StepPlan] = OrderedDict()
         self.traces = 0  # how many times a step was traced (first signature + every retrace)
         self.layouts = 1  # flat layouts built: 1 + one per change of the optimizer's groups or trainable set
         self.left_out: dict[int, Tensor] = {}  # id -> optimizer parameter a trace gave no gradient (not laid out)
         self.replays = 0
+
+    @property
+    def matmul_precision(self) -> str:
+        """The precision of float32 products ("float32" or "bfloat16") the next step traces and replays under."""
+        return self._matmul_precision
+
+    @matmul_precision.setter
+    def matmul_precision(self, name: str) -> None:
+        """Takes effect at the next step: plans are keyed by the precision (plan_for), so the next step finds or
+        traces one under the new precision; a plan traced under the old one stays cached for a switch back.
+        A name tensorarena.precision does not know is a ValueError now, not at the next step."""
+        wanted = normalize_precision(name)
+        if wanted != self._matmul_precision:
+            log.info("fused route: float32 products in %s from the next step on (were %s)", wanted,
+                     self._matmul_precision)
+        self._matmul_precision = wanted
 
     # -- plans ------------------------------------------------------------------
     @property
@@ -267,8 +285,8 @@ class FusedStep:
         return report
 
     def plan_for(self, inputs: Any, targets: Any) -> StepPlan:
-        """The plan for this batch's signature under the kernel dispatch in force (kernels.dispatch_key),
-        tracing it (and evicting the least recently used) if new."""
+        """The plan for this batch's signature under the kernel dispatch in force (kernels.dispatch_key), the
+        thread count and this step's matmul precision, tracing it (and evicting the least recently used) if new."""
         sig = batch_signature(inputs, targets)
         stale = self.flat.stale()
         if stale is not None:
@@ -277,8 +295,9 @@ class FusedStep:
         # change which scratch buffers the step asks for, so the plan traced before it would not replay
         # (PlanMismatchError). Such a switch traces a plan of its own; switching back finds the first.
         # So is the kernels' thread count (numba.set_num_threads, per calling thread): per-core partial
-        # rows, attention's tiles and product splits are shaped by it.
-        key = (sig, kernels.dispatch_key(), numba.get_num_threads())
+        # rows, attention's tiles and product splits are shaped by it. And the float32 matmul precision
+        # (a new one set between steps): bfloat16 products round their operands into buffers of their own.
+        key = (sig, kernels.dispatch_key(), numba.get_num_threads(), self._matmul_precision)
         plan = self.plans.get(key)
         if plan is not None and plan.model_state is not None and plan.model_state.changed():
             self.model.train()  # steps train: a model left in eval mode (compile_step's own user) is no change
@@ -292,16 +311,16 @@ class FusedStep:
         if plan is not None:
             self.plans.move_to_end(key)
             return plan
-        if any(cached == sig for cached, _, _ in self.plans):
-            log.info("fused route: the kernel dispatch or thread count changed since %s was traced "
-                     "(kernels.use_reference, gemm.use_backend, numba.set_num_threads, ...); tracing it under the "
-                     "new one (%d plan(s) cached)", sig, len(self.plans))
+        if any(cached == sig for cached, *_ in self.plans):
+            log.info("fused route: the kernel dispatch, thread count or matmul precision changed since %s was "
+                     "traced (kernels.use_reference, gemm.use_backend, numba.set_num_threads, matmul_precision, "
+                     "...); tracing it under the new one (%d plan(s) cached)", sig, len(self.plans))
         elif self.plans:
             log.info("fused route: new batch signature %s, retracing (%d plan(s) cached)", sig, len(self.plans))
         plan = self._trace(inputs, targets, sig)
         self.plans[key] = plan
         while len(self.plans) > self.max_plans:
-            (old, _, _), _ = self.plans.popitem(last=False)
+            (old, *_), _ = self.plans.popitem(last=False)
             log.info("fused route: evicted the plan for %s (max_plans=%d)", old, self.max_plans)
         return plan
 
@@ -583,7 +602,8 @@ def compile_step(model: Module, loss_fn: Callable, optimizer: Optimizer, example
 
     The result's `memory_report()` gives the step's memory before step 1; `step(x, y)` trains.
     `matmul_precision` ("float32" or "bfloat16", see tensorarena.precision; default: this thread's
-    setting now) is the precision of the plan's float32 products, for this step object's life.
+    setting now) is the precision of the plans' float32 products; setting the result's `matmul_precision`
+    changes it from the next step on.
     """
     fused = FusedStep(model, loss_fn, optimizer, scheduler=scheduler, clip_grad_norm=clip_grad_norm,
                       max_plans=max_plans, update_in_backward=update_in_backward, matmul_precision=matmul_precision,
