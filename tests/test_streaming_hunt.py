@@ -644,6 +644,28 @@ def test_loading_into_streaming_restores_the_parameters_outside_every_stage(tmp_
     np.testing.assert_allclose(losses, expected, rtol=0, atol=1e-10)
 
 
+def test_a_streaming_checkpoint_of_weights_tied_inside_a_stage_loads_on_eager(tmp_path):
+    # model.state_dict() keeps one key per path of a tied parameter (norm1.weight and norm2.weight), so the
+    # eager loader asks for both; the streaming writer walks the stages' parameters, one name each.
+    batches = _batches(4)
+    make = lambda m: optim.AdamW(m.parameters(), lr=1e-2)  # noqa: E731
+    straight = _tied_inside_a_block()
+    straight_trainer = Trainer(straight, make(straight), cross_entropy)
+    expected = [straight_trainer.step(x, y).loss for x, y in batches]
+    first_model = _tied_inside_a_block()
+    first = Trainer(first_model, make(first_model), cross_entropy, route="streaming", store_dir=tmp_path / "s")
+    losses = [first.step(x, y).loss for x, y in batches[:2]]
+    first.save(tmp_path / "ckpt.safetensors")
+    model = _vit(seed=3)
+    for block in model.blocks:
+        block.norm2.weight = block.norm1.weight
+    second = Trainer(model, make(model), cross_entropy)
+    second.load(tmp_path / "ckpt.safetensors")
+    losses += [second.step(x, y).loss for x, y in batches[2:]]
+    np.testing.assert_allclose(losses, expected, rtol=0, atol=1e-10)
+    assert _max_diff(model, straight) <= 1e-10
+
+
 # -- dropout variants and predict ---------------------------------------------------------------------------
 def test_residual_dropout_with_a_cls_only_last_block_matches_eager(tmp_path):
     def model_fn():

@@ -6,7 +6,9 @@ so saving never holds more than one stage: the eager writer builds the whole fil
 which a model that had to stream cannot afford. `load_into_streaming` does the reverse into a
 route's store. Both use exactly the names and metadata `save_checkpoint` uses
 (`model.<param>`, `optim.<index>.<key>`, JSON under "tensorarena"), so a checkpoint from any
-route resumes on any other (tests/test_checkpoint_routes.py).
+route resumes on any other (tests/test_checkpoint_routes.py). Like model.state_dict(), the file also holds
+the state in no stage (frozen parameters a model leaves out of its stages, persistent buffers: in memory
+during the run, written and loaded directly) and one key per path of a parameter tied inside a stage.
 
 safetensors layout (from its format description): 8 bytes little-endian header length, the
 JSON header (name -> dtype, shape, data_offsets; "__metadata__" -> str -> str) padded with
@@ -24,11 +26,13 @@ from typing import Any
 import numpy as np
 
 from ..random import default_generator
+from ..tensor import Tensor
 from . import optim_state
 from .follow import group_map, grow_state_kinds
 from ..train.checkpoint import FORMAT, VERSION, _atomic_write, _generators, _jsonable, read_metadata
 
-_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float64): "F64", np.dtype(np.int64): "I64"}
+_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float64): "F64", np.dtype(np.float16): "F16",
+           np.dtype(np.int64): "I64", np.dtype(np.int32): "I32", np.dtype(np.uint8): "U8", np.dtype(np.bool_): "BOOL"}
 
 
 def _optimizer_index(optimizer) -> dict[int, int]:
@@ -40,13 +44,33 @@ def _optimizer_index(optimizer) -> dict[int, int]:
     return index
 
 
-def _entries(route) -> list[tuple[int, str, str, Any]]:
-    """(stage, tensor name, what, key) for every tensor of the file, in file order."""
+def _outside_stages(route) -> list[tuple[str, Any]]:
+    """(state_dict key, Tensor or array) of the model's state that is in no stage: parameters stages.py lets a
+    model leave out of every stage (frozen ones) and persistent buffers. They stay in memory while the run
+    streams, and the eager checkpoint (model.state_dict()) holds them, so this one must too."""
+    return [(key, value) for key, value in route.model.state_dict(keep_vars=True).items()
+            if id(value) not in route._staged]
+
+
+def _in_memory(value: Any) -> np.ndarray:
+    """The array behind a state_dict value (a Tensor, or a buffer kept as a plain array)."""
+    return value.data if isinstance(value, Tensor) else np.asarray(value)
+
+
+def _entries(route) -> list[tuple[int | None, str, str, Any]]:
+    """(stage, tensor name, what, key) for every tensor of the file, in file order: first the state outside
+    every stage (stage None, key the Tensor or array), then stage by stage."""
     index = _optimizer_index(route.optimizer)
-    rows = []
+    rows: list[tuple[int | None, str, str, Any]] = [(None, f"model.{key}", "memory", value)
+                                                    for key, value in _outside_stages(route)]
+    # A parameter at two paths (tied inside a stage) has one key per path in model.state_dict(), as in torch.
+    aliases: dict[int, list[str]] = {}
+    for key, value in route.model.state_dict(keep_vars=True).items():
+        aliases.setdefault(id(value), []).append(key)
     for k, (stage, names) in enumerate(zip(route.stages, route._names)):
         for i, (p, name) in enumerate(zip(stage.params, names)):
             rows.append((k, f"model.{name}", "param", i))
+            rows.extend((k, f"model.{alias}", "param", i) for alias in aliases.get(id(p), []) if alias != name)
             if id(p) in index:
                 j = index[id(p)]
                 for kind in route.kinds.arrays:
@@ -83,8 +107,17 @@ def save_streaming_checkpoint(route, path: str | os.PathLike, *, step: int, extr
     header: dict[str, Any] = {}
     offset = 0
     for k, name, what, key in rows:
-        spec = store.layouts[k].stage.params[key if what == "param" else key[0]]
-        shape, dtype = (tuple(spec.shape), np.dtype(spec.dtype)) if what != "scalar" else ((), np.dtype(np.float64))
+        if what == "memory":
+            shape, dtype = tuple(_in_memory(key).shape), _in_memory(key).dtype
+        elif what == "scalar":
+            shape, dtype = (), np.dtype(np.float64)
+        else:
+            spec = store.layouts[k].stage.params[key if what == "param" else key[0]]
+            shape, dtype = tuple(spec.shape), np.dtype(spec.dtype)
+        if dtype not in _DTYPES:
+            raise ValueError(f"{name} is {dtype}, which the streaming checkpoint writer does not handle "
+                             f"({sorted(map(str, _DTYPES))}); bring the run into memory (trainer.stream.to_memory()) "
+                             f"and save there")
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         header[name] = {"dtype": _DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
@@ -97,6 +130,10 @@ def save_streaming_checkpoint(route, path: str | os.PathLike, *, step: int, extr
         f.write(raw)
         loaded = views = array = None
         for k, name, what, key in rows:
+            if what == "memory":
+                array = np.ascontiguousarray(_in_memory(key))
+                f.write(array.tobytes() if array.ndim == 0 else memoryview(array).cast("B"))
+                continue
             if loaded != k:
                 views = array = None  # io="map": no view of the slot may outlive this read (store._release)
                 store.read(k, 0).result()
@@ -138,7 +175,8 @@ def load_into_streaming(route, path: str | os.PathLike) -> dict:
     store.drain()
     with safe_open(str(path), framework="numpy") as f:
         names = set(f.keys())
-        _check_arrays(route, f, names, index, path)
+        outside = _outside_stages(route)
+        _check_arrays(route, f, names, index, path, outside)
         # The checkpoint's settings may need state kinds the store lacks (momentum on): lay it out first.
         group_of = group_map(route)
         grow_state_kinds(route, optim_state.state_kinds(optimizer, groups), groups, group_of)
@@ -155,6 +193,8 @@ def load_into_streaming(route, path: str | os.PathLike) -> dict:
                                           views.state[i], views.scalars[i])
                 views = None  # io="map": the write unmaps the slot (store._release)
                 store.write(k, 0, None).result()
+            for key, value in outside:  # in memory: copied in place, as model.load_state_dict does
+                np.copyto(_in_memory(value), f.get_tensor(f"model.{key}"), casting="same_kind")
         except BaseException as exc:
             route._broken = (f"loading the checkpoint {path} failed ({type(exc).__name__}: {exc}) while it "
                              f"was written into the store, which now holds a mix of it and the run")
@@ -205,9 +245,9 @@ def _saved_index(optimizer, saved_groups: list[dict]) -> dict[int, int]:
             for j, p in zip(saved["params"], group["params"])}
 
 
-def _check_arrays(route, f, names: set[str], index: dict[int, int], path) -> None:
-    """Every streamed parameter in the file, it and its optimizer state arrays with its shape (read from
-    the header, no data loaded)."""
+def _check_arrays(route, f, names: set[str], index: dict[int, int], path, outside: list[tuple[str, Any]]) -> None:
+    """Every streamed parameter in the file, it and its optimizer state arrays with its shape, and the state
+    outside every stage (`outside`) with its shape (read from the header, no data loaded)."""
     missing, wrong = [], []
     state_keys: dict[int, list[str]] = {}
     for name in names:
@@ -229,6 +269,11 @@ def _check_arrays(route, f, names: set[str], index: dict[int, int], path) -> Non
             for state_key in state_keys.get(index.get(id(p), -1), []):
                 if f.get_slice(state_key).get_shape():  # a 0-d entry is a scalar (step, ...)
                     check(state_key, tuple(p.shape))
+    for key, value in outside:
+        if f"model.{key}" not in names:
+            missing.append(f"model.{key}")
+        else:
+            check(f"model.{key}", tuple(_in_memory(value).shape))
     if missing:
         raise ValueError(f"{path} lacks {len(missing)} parameters this model needs, e.g. {missing[:4]}")
     if wrong:
