@@ -15,9 +15,10 @@ step's slab. That saves one parameter-sized buffer (327 MiB on ViT-Base).
 
 Only parameters that require grad are laid out (a frozen one keeps its values and optimizer
 state where they are and is not updated, as torch's optimizers skip a parameter without a
-gradient), and each optimizer group is split into FlatGroups of parameters whose scalar state
-(the "step" count, NAdam's mu_product) is equal: a parameter unfrozen mid-run goes on with its
-own, smaller count. A layout describes the optimizer as it was when built; `FlatState.stale()`
+gradient), and each optimizer group is split into FlatGroups of parameters of one dtype whose scalar
+state (the "step" count, NAdam's mu_product) is equal: a parameter unfrozen mid-run goes on with its
+own, smaller count, and a float64 layer in a float32 model's one group gets a flat group of its own.
+A layout describes the optimizer as it was when built; `FlatState.stale()`
 says when it no longer does (a group added, a parameter frozen, momentum switched on), and a
 new FlatState built then takes the values over from the old one's buffers.
 """
@@ -63,6 +64,16 @@ def _start_value(state: dict | None, kind: str, init: dict[str, float],
     return initial_step(state or {}) if kind == "step" else init[kind]
 
 
+def _names_by_dtype(params: list[Tensor], names: list[str]) -> str:
+    """"float32 (a, b, ...) and float64 (c)": each dtype with its parameters, the fewest first (the odd ones)."""
+    by_dtype: dict[str, list[str]] = {}
+    for p, name in zip(params, names):
+        by_dtype.setdefault(str(p.dtype), []).append(name)
+    parts = [f"{dtype} ({', '.join(group[:3])}{', ...' if len(group) > 3 else ''})"
+             for dtype, group in sorted(by_dtype.items(), key=lambda item: len(item[1]))]
+    return " and ".join(parts)
+
+
 def _aligned_zeros(count: int, dtype) -> np.ndarray:
     out = aligned_empty(count, dtype)
     out.fill(0)
@@ -75,9 +86,9 @@ class FlatGroup:
     def __init__(self, group: dict, params: list[Tensor], names: list[str], state_init: dict[str, float],
                  scalar_init: dict[str, float], keep_grads: bool = True) -> None:
         dtypes = {p.dtype for p in params}
-        if len(dtypes) != 1:
-            raise TypeError(f"a fused param group must hold one dtype, got {sorted(map(str, dtypes))} in the "
-                            f"group with {names[:3]}...; put float32 and float64 parameters in separate groups")
+        if len(dtypes) != 1:  # FlatState splits a group by dtype; this guards a FlatGroup built by hand
+            raise TypeError(f"a flat group must hold one dtype, got {_names_by_dtype(params, names)}; lay each "
+                            f"dtype out as a flat group of its own")
         self.group = group
         self.params = params
         self.names = names
@@ -236,7 +247,7 @@ class FlatState:
             state_init = optimizer.state_init(group)
             scalar_init = optimizer.scalar_state_init(group)
             trainable = [p for p in group["params"] if p.requires_grad and id(p) not in left_out]
-            for params in self._split_by_scalars(trainable, scalar_init):
+            for params in self._split(index, trainable, scalar_init):
                 self.groups.append(FlatGroup(group, params, [self.name(p) for p in params], state_init,
                                              scalar_init, keep_grads))
                 self._group_index.append(index)
@@ -254,16 +265,22 @@ class FlatState:
         """`p`'s name in the model, or "<not in model>"."""
         return self._names.get(id(p), "<not in model>")
 
-    def _split_by_scalars(self, params: list[Tensor], scalar_init: dict[str, float]) -> list[list[Tensor]]:
-        """`params` in runs of equal scalar state ("step", ...), in order of first appearance: one kernel
-        call updates a FlatGroup with one step count. Unequal counts come from parameters that missed
-        steps (frozen, or added to the optimizer later), which torch's optimizers count on their own."""
+    def _split(self, index: int, params: list[Tensor], scalar_init: dict[str, float]) -> list[list[Tensor]]:
+        """Param group `index`'s `params` in runs of one dtype and equal scalar state ("step", ...), in order of
+        first appearance: one kernel call updates a FlatGroup, over one flat array with one step count.
+        Unequal counts come from parameters that missed steps (frozen, or added to the optimizer later),
+        which torch's optimizers count on their own; a group of float32 and float64 parameters (which the
+        eager optimizer, as torch's, updates each in its own dtype) takes one kernel call per dtype."""
         init = {"step": 0.0, **scalar_init}
-        runs: dict[tuple[float, ...], list[Tensor]] = {}
+        runs: dict[tuple, list[Tensor]] = {}
         for p in params:
             state = self.optimizer.state.get(p)
-            key = tuple(_start_value(state, kind, init, self._initial_step) for kind in init)
+            key = (p.dtype.str, *(_start_value(state, kind, init, self._initial_step) for kind in init))
             runs.setdefault(key, []).append(p)
+        dtypes = {key[0] for key in runs}
+        if len(dtypes) > 1:
+            log.info("fused route: param group %d holds %s: laid out as one flat group per dtype (one update "
+                     "kernel call each)", index, _names_by_dtype(params, [self.name(p) for p in params]))
         return list(runs.values())
 
     def _describe(self, group: dict) -> tuple:
