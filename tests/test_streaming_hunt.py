@@ -506,6 +506,17 @@ def test_a_temporary_store_the_trainer_made_is_removed_when_the_trainer_goes(tmp
         shutil.rmtree(made, ignore_errors=True)  # do not leak it from the test run itself
 
 
+def test_a_temporary_store_for_a_refused_model_is_not_left_behind(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where mkdtemp makes it, to look for it
+    model = _shared_blocks_model()
+    trainer = Trainer(model, optim.SGD(model.parameters(), lr=0.05), cross_entropy, route="streaming")
+    with pytest.raises(StreamingUnsupportedError):
+        trainer.step(*_batches(1)[0])
+    assert trainer.store_dir is None and not list(tmp_path.glob("tensorarena-store-*"))
+
+
 # -- checkpoints across routes ------------------------------------------------------------------------------
 def _ckpt_trainer(route, tmp_path, tag, seed=0):
     model = _vit(seed=seed)

@@ -162,6 +162,11 @@ class StreamingRoute:
         self._kept_state: dict[int, dict] = {}
         self.store = ParamStore(store_dir, self._spec(self.kinds), durable=durable, io=io)
         try:
+            # Before the state moves in (parameters come first in every layout, so resuming's state kinds do
+            # not change it): nothing after the move may fail, or a caller could not tell whether the store
+            # now holds the only copy of the parameters.
+            grad_bytes = max(layout.params_bytes for layout in self.store.layouts)
+            self._grads = aligned_bytes(max(grad_bytes, 1))  # one stage's parameter gradients, reused
             if start == "auto":
                 start = "resume" if self.store.has_manifest() else "memory"
             if start == "memory":
@@ -171,8 +176,6 @@ class StreamingRoute:
         except BaseException:
             self.store.close()
             raise
-        grad_bytes = max(layout.params_bytes for layout in self.store.layouts)
-        self._grads = aligned_bytes(max(grad_bytes, 1))  # one stage's parameter gradients, reused
 
     @classmethod
     def from_memory(cls, model: Module, optimizer: Optimizer, loss_fn: LossFn, store_dir: str | Path, *,

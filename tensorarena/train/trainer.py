@@ -75,8 +75,9 @@ class Trainer:
         pool: block pool for step arenas (default: the process-wide pool).
         memory_limit: the memory budget ("2G", bytes); default: the smaller of the cgroup limit and
             the RAM available, minus a margin (`budget.source` says which). route="auto" picks by it.
-        route="streaming" keeps parameters and optimizer state in files under `store_dir` (a new
-            temporary directory by default) and trains stage by stage (stream/route.py);
+        route="streaming" keeps parameters and optimizer state in files under `store_dir` (kept; by
+            default a new temporary directory, removed when the trainer's route goes: call
+            trainer.stream.to_memory() or save a checkpoint first) and trains stage by stage (stream/route.py);
             route="auto" estimates every route before step 1 (`route_plan`, train/route_plan.py)
             and takes fused if it fits the budget, else streaming.
         oom_fallback: when an eager or fused step runs out of memory (MemoryError, ArenaOutOfMemory),
@@ -230,18 +231,33 @@ class Trainer:
         log.info("route %s fits memory_limit: %s", self.route, plan.reason)
 
     def _start_streaming(self, *, redo_after_oom: bool = False) -> None:
+        import shutil
         import tempfile
+        import weakref
 
         from ..stream.route import StreamingRoute
 
+        made = None
         if self.store_dir is None:
-            self.store_dir = tempfile.mkdtemp(prefix="tensorarena-store-")
-            log.info("streaming store: %s", self.store_dir)
+            made = self.store_dir = tempfile.mkdtemp(prefix="tensorarena-store-")
+            log.info("streaming store: %s (temporary: removed when this trainer's route goes; pass store_dir= "
+                     "to keep it)", made)
         start = "memory" if redo_after_oom else "auto"
-        self.stream = StreamingRoute(self.model, self.optimizer, self.loss_fn, self.store_dir,
-                                     scheduler=self.scheduler, clip_grad_norm=self.clip_grad_norm,
-                                     on_nonfinite=self.on_nonfinite, start=start, step=self.step_count,
-                                     overwrite=redo_after_oom, io=self.stream_io, pool=self.pool)
+        try:
+            self.stream = StreamingRoute(self.model, self.optimizer, self.loss_fn, self.store_dir,
+                                         scheduler=self.scheduler, clip_grad_norm=self.clip_grad_norm,
+                                         on_nonfinite=self.on_nonfinite, start=start, step=self.step_count,
+                                         overwrite=redo_after_oom, io=self.stream_io, pool=self.pool)
+        except BaseException:
+            if made is not None:  # nothing moved into it (the route refuses before it offloads anything)
+                shutil.rmtree(made, ignore_errors=True)
+                self.store_dir = None
+            raise
+        if made is not None:
+            # A directory with a random name no later run can resume, holding a copy of the whole training
+            # state: removed, as tempfile.TemporaryDirectory does, once the route that reads it is gone (with
+            # the trainer, or at exit), never before, so checkpoints and to_memory() still find it.
+            weakref.finalize(self.stream, shutil.rmtree, made, ignore_errors=True)
         self.step_count = self.stream.step_count
         self.fused = None  # its flat buffers and slab held the state the store now has; let them go
         self.route = "streaming"
