@@ -664,6 +664,30 @@ def test_converting_the_model_dtype_between_fused_steps_trains_like_eager(route,
     np.testing.assert_allclose(results[route][1], results["eager"][1], rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("route", ["python", "captured"])
+def test_converting_the_model_dtype_between_fused_steps_casts_the_optimizer_state_and_keeps_its_step(route):
+    # The new layout takes Adam's moments over in the new dtype and goes on counting. The eager optimizer
+    # refuses float32 moments for a float64 parameter, so its reference casts them by hand.
+    results = {}
+    for r in ("eager", route):
+        model = _mlp(F32)
+        opt = optim.Adam(model.parameters(), lr=1e-2)
+        trainer = _trainer(model, opt, r)
+        for b in _mlp_batches(F32)[:3]:
+            trainer.step(*b)
+        model.double()
+        if r == "eager":
+            for state in opt.state.values():
+                state.update({k: v.astype(F64) for k, v in state.items() if k != "step"})
+        losses = [trainer.step(*b).loss for b in _mlp_batches(F64)[:3]]
+        for p in model.parameters():
+            assert p.dtype == F64 and float(opt.state[p]["step"]) == 6.0
+            assert {v.dtype for k, v in opt.state[p].items() if k != "step"} == {np.dtype(F64)}
+        results[r] = [p.data.copy() for p in model.parameters()], losses
+    assert _max_diff(results["eager"][0], results[route][0]) == 0.0
+    assert results[route][1] == results["eager"][1]
+
+
 # BUG (lost trained state): after trainer.stream.to_memory() (the documented way to edit the model) and
 # model.double(), the next streaming step moves the float64 state into a new store (StreamingRoute._reenter,
 # stream/route.py:479-491) but keeps the gradient buffer sized for the float32 layout (self._grads, sized once
