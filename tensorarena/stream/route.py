@@ -16,8 +16,8 @@ the ParamStore keeps every stage's parameters and optimizer state in files. One 
             io="map"; io="copy" reads it into a slot buffer: store.py)
 
 Memory: two stage-sized slots + one stage of gradients + the largest stage's activations
-(in a nested arena closed per stage) + the boundary activations. Nothing grows with depth
-but the boundary activations (batch x tokens x dim per stage). Every step runs inside its own
+(in a nested arena closed per stage) + the boundary activations and two gradient buffers per
+boundary shape (_Sweep._io_grad). Nothing grows with depth but the boundary activations (batch x tokens x dim per stage). Every step runs inside its own
 `Arena`, closed in `finally` (the `with` block), each stage's work in a nested one.
 
 The update is the eager update: the same functional kernels (optim.adam.adam, optim.sgd.sgd)
@@ -198,7 +198,8 @@ class StreamingRoute:
         parameters + optimizer state, and its gradients), independent of depth. disk_bytes: the
         store's files. read/written_bytes_per_step: the I/O of one step (clipping reads the
         parameters once more). Activations are not included: they depend on the batch (the largest
-        stage's recompute + backward, plus one boundary activation per stage).
+        stage's recompute + backward, one boundary activation per stage but the last, and two gradient
+        buffers per boundary shape: train/route_plan.py adds them).
         """
         kinds = optim_state.state_kinds(optimizer)
         stages = model_stages(model)
