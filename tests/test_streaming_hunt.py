@@ -5,7 +5,8 @@ stages by the user, memory promises, the store directory and checkpoints across 
 Each test compares against route="eager" (float64: 1e-10, float32: 1e-5), torch, or an exact value.
 Tiny models only: ViT image 16, patch 4, dim 32, depth 2, 4 heads; BERT hidden 32, 2 layers.
 
-Before the fixes, 14 of its 50 tests failed on commit 4139106 (each marked BUG below). To see it:
+Before the fixes, 14 of its first 50 tests failed on commit 4139106 (each marked BUG below; 4 tests added with
+the fixes). To see it:
     git worktree add /tmp/old 4139106 && cp tests/test_streaming_hunt.py /tmp/old/tests/ && cd /tmp/old && \
         NUMBA_NUM_THREADS=1 python -m pytest -q -p no:cacheprovider tests/test_streaming_hunt.py"""
 
