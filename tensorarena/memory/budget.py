@@ -4,11 +4,16 @@ The budget is for the whole process (RSS), because that is what a cgroup or
 the OOM killer measures. The default is the smaller of the cgroup limit (v2
 `memory.max`, v1 `memory.limit_in_bytes`) and what this process has plus the
 RAM still available, minus a safety margin; `MemoryBudget.source` says which
-number it came from, so a report can tell the user why.
+number it came from, so a report can tell the user why. A number the user gives
+is capped by the cgroup limit (less the same margin): the kernel enforces the
+cgroup whatever the user believes, and a budget above it ends in the OOM killer.
+
+Sizes are binary: 2G, 2Gi and 2GiB all mean 2 x 2**30 bytes.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -18,6 +23,7 @@ from .meter import format_bytes, rss_bytes
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _NO_LIMIT = 1 << 60  # v1 reports "unlimited" as a huge page-rounded number
+log = logging.getLogger("tensorarena")
 
 
 @dataclass(frozen=True)
@@ -34,14 +40,14 @@ class MemoryBudget:
 
 
 def parse_size(text: str | int) -> int:
-    """Bytes from 2G, 512M, 1.5GiB, 4096 or an int."""
+    """Bytes from 2G, 2Gi, 512M, 1.5GiB, 4096 or an int; the units are binary (G = Gi = GiB = 2**30)."""
     if isinstance(text, int):
         value = text
     else:
-        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgtKMGT]?)(i?[bB])?\s*", str(text))
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(?:([kmgtKMGT])i?)?[bB]?\s*", str(text))
         if not match:
-            raise ValueError(f"cannot read a memory size from {text!r}; use e.g. 2G, 512M, 1.5GiB or a byte count")
-        value = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+            raise ValueError(f"cannot read a memory size from {text!r}; use e.g. 2G, 2Gi, 512M, 1.5GiB or a byte count")
+        value = int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
     if value <= 0:
         raise ValueError(f"a memory size must be positive, got {text!r}")
     return value
@@ -103,21 +109,45 @@ def available_ram() -> int:
     return psutil.virtual_memory().available
 
 
+def _margin(limit: int, margin_fraction: float, min_margin: int) -> int:
+    return max(min_margin, int(limit * margin_fraction))
+
+
 def resolve_budget(user: str | int | None = None, *, margin_fraction: float = 0.05,
                    min_margin: int = 128 << 20) -> MemoryBudget:
-    """The budget for this process: `user` if given, else min(cgroup, RSS + free RAM) minus a margin."""
+    """The budget for this process: `user` if given (but never above the cgroup limit minus its margin),
+    else min(cgroup, RSS + free RAM) minus a margin."""
     if user is not None:
-        return MemoryBudget(parse_size(user), "set by the user")
+        return _user_budget(parse_size(user), margin_fraction, min_margin)
     ram = rss_bytes() + available_ram()
     limit, source = ram, "this process's RSS plus the RAM still available"
     cgroup = cgroup_limit()
     if cgroup is not None and cgroup[0] < limit:
         limit, source = cgroup
-    margin = max(min_margin, int(limit * margin_fraction))
+    margin = _margin(limit, margin_fraction, min_margin)
     if limit <= margin:
         raise MemoryError(f"only {format_bytes(limit)} is available ({source}); that is below the "
                           f"{format_bytes(margin)} safety margin, so no training can run here")
     return MemoryBudget(limit - margin, source, margin)
+
+
+def _user_budget(asked: int, margin_fraction: float, min_margin: int) -> MemoryBudget:
+    """The user's number, unless the cgroup (less its margin) allows less: the kernel kills the process at
+    the cgroup limit whatever the user set, so the smaller one is the real budget (with a warning)."""
+    cgroup = cgroup_limit()
+    if cgroup is None:
+        return MemoryBudget(asked, "set by the user")
+    limit, source = cgroup
+    margin = _margin(limit, margin_fraction, min_margin)
+    if asked <= limit - margin:
+        return MemoryBudget(asked, "set by the user")
+    if limit <= margin:
+        raise MemoryError(f"only {format_bytes(limit)} is available ({source}); that is below the "
+                          f"{format_bytes(margin)} safety margin, so no training can run here")
+    log.warning("memory limit %s is above this process's %s, %s less a %s margin: the budget is %s",
+                format_bytes(asked), source, format_bytes(limit), format_bytes(margin),
+                format_bytes(limit - margin))
+    return MemoryBudget(limit - margin, f"{source}, smaller than the {format_bytes(asked)} asked for", margin)
 
 
 def describe_environment() -> str:
