@@ -89,6 +89,20 @@ def test_a_limit_below_the_streaming_minimum_fails_before_step_1():
     assert all(np.array_equal(p.data, b) for p, b in zip(model.parameters(), before))
 
 
+# Regression (failed on 4139106): route="streaming" ignored memory_limit (only eager and fused were checked), so a
+# limit the streamed step cannot keep was found out mid-run, if at all.
+def test_a_limit_too_small_for_the_streaming_route_asked_for_fails_before_step_1(tmp_path):
+    model, trainer = _trainer("streaming", memory_limit="1M", store_dir=tmp_path / "store")
+    before = [p.numpy() for p in model.parameters()]
+    with pytest.raises(MemoryError, match=r"route 'streaming' does not fit memory_limit: .*Raise memory_limit or "
+                                          r"lower the batch size"):
+        trainer.step(*_batches(1)[0])
+    assert trainer.step_count == 0 and trainer.stream is None  # nothing moved to a store
+    assert all(np.array_equal(p.data, b) for p, b in zip(model.parameters(), before))
+    roomy = _trainer("streaming", memory_limit="8G", store_dir=tmp_path / "store2")[1]
+    assert [roomy.step(*b).route for b in _batches(2)] == ["streaming"] * 2
+
+
 # -- out-of-memory fallback ---------------------------------------------------------------------------
 
 def _inject_oom(model, trainer, at_step):

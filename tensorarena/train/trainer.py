@@ -10,8 +10,10 @@ which is exactly the leak DESIGN.md was written about.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import threading
 import time
 from typing import Any, Callable
 
@@ -149,6 +151,8 @@ class Trainer:
         self.stream = None  # the StreamingRoute once training streams
         self.route_switches: list[dict] = []  # out-of-memory fallbacks: step, from, to, error
         self._generators = None  # the RNGs a step draws from, snapshot per step for the fallback
+        self._busy = threading.Lock()  # held by step/save/load (_one_at_a_time)
+        self._busy_with: str | None = None
 
     # -- options a user may change between steps, as in a hand-written PyTorch loop ------
     @property
@@ -220,13 +224,22 @@ class Trainer:
         log.info("route auto -> %s: %s", plan.chosen, plan.reason)
 
     def _check_the_limit(self, inputs: Any, targets: Any) -> None:
-        """Before step 1 on a route the user chose (eager or fused) with a memory_limit: that route's estimate
-        against it, a MemoryError naming both if it does not fit (the limit is not ignored)."""
+        """Before step 1 on a route the user chose (eager, fused or streaming) with a memory_limit: that route's
+        estimate against it, a MemoryError naming both if it does not fit (the limit is not ignored)."""
+        if self.route == "streaming" and self.stream is not None:
+            return  # already streaming (resumed from a store): its buffers are allocated, nothing to plan
         plan = self._planned_for(inputs, targets, (self.route,))
-        estimate = plan.estimates[self.route]
+        estimate = plan.estimates.get(self.route)
+        if estimate is None:  # streaming a model without stages: StreamingRoute's own error says why, next
+            log.info("route %s not checked against memory_limit: %s", self.route,
+                     plan.unavailable.get(self.route, plan.reason))
+            return
         if not estimate.fits:
-            raise MemoryError(f"route {self.route!r} does not fit memory_limit: {plan.reason}. Use route='auto' "
-                              f"(streams when fused does not fit), raise memory_limit or lower the batch size\n"
+            # Streaming is the smallest route there is: only a bigger limit or a smaller batch helps it.
+            advice = ("Raise memory_limit or lower the batch size" if self.route == "streaming" else
+                      "Use route='auto' (streams when fused does not fit), raise memory_limit or lower the batch "
+                      "size")
+            raise MemoryError(f"route {self.route!r} does not fit memory_limit: {plan.reason}. {advice}\n"
                               f"{plan.format()}")
         log.info("route %s fits memory_limit: %s", self.route, plan.reason)
 
@@ -327,16 +340,33 @@ class Trainer:
         return self.fused
 
     def step(self, inputs: Any, targets: Any) -> StepReport:
-        """One training step on a batch; returns its report."""
-        with float32_matmul_precision(self.matmul_precision):
+        """One training step on a batch; returns its report. One step at a time: a second thread calling it
+        while a step runs gets a RuntimeError (the model, its flat buffers and slab are shared, unguarded)."""
+        with self._one_at_a_time("step"), float32_matmul_precision(self.matmul_precision):
             return self._step(inputs, targets)
+
+    @contextlib.contextmanager
+    def _one_at_a_time(self, what: str):
+        """Refuse, at once and clearly, a step/save/load while another thread is inside one. Two threads
+        stepping one Trainer raised nothing before: steps were lost, step numbers repeated and, fused, both
+        wrote into one slab (tests/test_threads_hunt.py)."""
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError(f"Trainer.{what}() called in thread {threading.current_thread().name!r} while "
+                               f"{self._busy_with} runs in another thread: a Trainer is not thread-safe. Give each "
+                               f"thread its own model and Trainer, or take turns with a lock of your own")
+        self._busy_with = f"Trainer.{what}() in thread {threading.current_thread().name!r}"
+        try:
+            yield
+        finally:
+            self._busy_with = None
+            self._busy.release()
 
     def _step(self, inputs: Any, targets: Any) -> StepReport:
         from ..compile.step import _restore_rng, _rng_states, rng_generators
 
         if self.route == "auto":
             self._choose_route(inputs, targets)
-        elif self._limit_to_check and self.route in ("eager", "fused"):
+        elif self._limit_to_check and self.route in ("eager", "fused", "streaming"):
             self._check_the_limit(inputs, targets)
             self._limit_to_check = False  # checked once, at the first step
         # Generators found once (walking every module each step would be hot-path work for nothing).
@@ -460,8 +490,13 @@ class Trainer:
     def save(self, path, *, extra: dict | None = None) -> None:
         """Write model, optimizer, schedule, RNG states and step count atomically to `path`.
 
-        The same file on every route; a streaming run writes it stage by stage from its store.
+        The same file on every route; a streaming run writes it stage by stage from its store. Not while
+        another thread steps this trainer (a torn checkpoint): that is a RuntimeError.
         """
+        with self._one_at_a_time("save"):
+            self._save(path, extra)
+
+    def _save(self, path, extra: dict | None) -> None:
         from .checkpoint import save_checkpoint
 
         if self.stream is not None:
@@ -477,6 +512,10 @@ class Trainer:
 
         On route="streaming" the checkpoint goes into the store stage by stage, never whole into memory.
         """
+        with self._one_at_a_time("load"):
+            return self._load(path)
+
+    def _load(self, path) -> dict:
         from .checkpoint import load_checkpoint
 
         if self.route == "streaming":
