@@ -311,10 +311,14 @@ class FusedStep:
         if plan is not None:
             self.plans.move_to_end(key)
             return plan
-        if any(cached == sig for cached, *_ in self.plans):
-            log.info("fused route: the kernel dispatch, thread count or matmul precision changed since %s was "
-                     "traced (kernels.use_reference, gemm.use_backend, numba.set_num_threads, matmul_precision, "
-                     "...); tracing it under the new one (%d plan(s) cached)", sig, len(self.plans))
+        same_sig = [cached for cached in self.plans if cached[0] == sig]
+        if same_sig and all(cached[1:3] == key[1:3] for cached in same_sig):
+            log.info("fused route: no plan for %s in float32 products in %s yet (matmul_precision set); tracing it "
+                     "(%d plan(s) cached)", sig, self._matmul_precision, len(self.plans))
+        elif same_sig:
+            log.info("fused route: the kernel dispatch or thread count changed since %s was traced "
+                     "(kernels.use_reference, gemm.use_backend, numba.set_num_threads, ...); tracing it under the "
+                     "new one (%d plan(s) cached)", sig, len(self.plans))
         elif self.plans:
             log.info("fused route: new batch signature %s, retracing (%d plan(s) cached)", sig, len(self.plans))
         plan = self._trace(inputs, targets, sig)
