@@ -704,3 +704,20 @@ def test_predict_of_a_streamed_bert_is_the_eval_forward(tmp_path):
     with ta.no_grad():
         expected = model(x).numpy()
     np.testing.assert_allclose(streamed, expected, rtol=0, atol=1e-12)
+
+
+def test_after_converting_the_model_dtype_the_streamed_parameters_report_the_new_dtype(tmp_path):
+    """to_memory(), model.double(), step: the route re-enters with float64 layouts; its gradient buffer and the
+    placeholders of the parameters on disk follow (they were sized once, for float32, and the step died after
+    updating one stage)."""
+    model = _vit(dtype=np.float32)
+    route = StreamingRoute.from_memory(model, optim.SGD(model.parameters(), lr=0.05), cross_entropy, tmp_path / "s")
+    x, y = _batches(1, dtype=np.float32)[0]
+    route.step(x, y)
+    route.to_memory()
+    model.double()
+    route.step(x.astype(np.float64), y)
+    assert {p.dtype for p in model.parameters()} == {np.dtype(np.float64)}  # on disk, as placeholders
+    assert route.resident_bytes == StreamingRoute.estimate(model, route.optimizer)["resident_bytes"]
+    route.to_memory()
+    assert {p.data.dtype for p in model.parameters()} == {np.dtype(np.float64)}

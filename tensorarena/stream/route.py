@@ -165,8 +165,7 @@ class StreamingRoute:
             # Before the state moves in (parameters come first in every layout, so resuming's state kinds do
             # not change it): nothing after the move may fail, or a caller could not tell whether the store
             # now holds the only copy of the parameters.
-            grad_bytes = max(layout.params_bytes for layout in self.store.layouts)
-            self._grads = aligned_bytes(max(grad_bytes, 1))  # one stage's parameter gradients, reused
+            self._grads = _grad_buffer(self.store)
             if start == "auto":
                 start = "resume" if self.store.has_manifest() else "memory"
             if start == "memory":
@@ -229,8 +228,11 @@ class StreamingRoute:
                     raise ValueError(f"the optimizer updates a parameter of shape {p.shape} that is in no stage of "
                                      f"{type(model).__name__}.stream_stages(); the streaming route cannot update it")
                 self._group_of[id(p)] = gi
-        self._placeholder = {id(p): np.broadcast_to(np.zeros((), p.dtype), p.shape)
-                             for s in self.stages for p in s.params}
+        self._placeholder = self._placeholders()
+
+    def _placeholders(self) -> dict[int, np.ndarray]:
+        """What an offloaded parameter points at: no memory, but its shape and dtype (p.dtype stays true)."""
+        return {id(p): np.broadcast_to(np.zeros((), p.dtype), p.shape) for s in self.stages for p in s.params}
 
     def _spec(self, kinds: optim_state.StateKinds) -> StoreSpec:
         stages = tuple(StageSpec(s.name, tuple(ArraySpec(n, tuple(p.shape), p.dtype.str) for n, p in zip(names, s.params)))
@@ -402,6 +404,9 @@ class StreamingRoute:
         if self.clip_grad_norm is not None:
             plan += [(k, True) for k in reversed(range(n))]
         plan += [(k, False) for k in reversed(range(n))]
+        # Every stage's gradient views, made before any stage is read or updated: a buffer that does not fit
+        # a stage's layout fails here, with the store untouched, not after some stages took the step.
+        grad_views = [self._grad_views(k) for k in range(n)]
         loads = _Loads(self.store, plan)
         stage_hw = 0
         try:
@@ -419,7 +424,7 @@ class StreamingRoute:
                     acts[k + 1] = keep
             rng_before[n - 1] = self._rng_snapshot()
             io_grads: dict[tuple, list[np.ndarray]] = {}
-            sweep = _Sweep(self, arena, loads, acts, rng_before, targets, io_grads)
+            sweep = _Sweep(self, arena, loads, acts, rng_before, targets, io_grads, grad_views)
             grad_norm = scale = None
             if self.clip_grad_norm is not None:
                 loss, finite = sweep.run(update=False)
@@ -487,6 +492,10 @@ class StreamingRoute:
         self._group_of = group_map(self)
         self.store = ParamStore(self.store.directory, self._spec(self.kinds), **self._store_options)
         try:
+            # The user may have changed dtypes (model.double()) or shapes in memory: everything sized from the
+            # parameters is sized again from the new layouts, before the state moves in (as in __init__).
+            self._grads = _grad_buffer(self.store)
+            self._placeholder = self._placeholders()
             self._move_in(self.step_count, overwrite=True)
         except BaseException:
             self.store.close()
@@ -600,9 +609,10 @@ class _Sweep:
     """One backward pass over the stages, last to first; see StreamingRoute's module docstring."""
 
     def __init__(self, route: StreamingRoute, arena: Arena, loads: _Loads, acts: list, rng_before: list,
-                 targets: Any, io_grads: dict) -> None:
+                 targets: Any, io_grads: dict, grad_views: list[list[np.ndarray]]) -> None:
         self.route, self.arena, self.loads, self.acts = route, arena, loads, acts
         self.rng_before, self.targets, self.io_grads = rng_before, targets, io_grads
+        self.grad_views = grad_views  # per stage, over the route's one gradient buffer
         self.rng_after = None
         self.norms: list[float] = []
         self.high_water = 0
@@ -629,8 +639,7 @@ class _Sweep:
             slot = self.loads.get(k)
             views = route._attach(k, slot)
             route._rng_restore(self.rng_before[k])
-            grads = route._grad_views(k)
-            for p, g in zip(stage.params, grads):
+            for p, g in zip(stage.params, self.grad_views[k]):
                 p.grad, p._grad_buffer = None, g
             last = k == n - 1
             with Arena(pool=route.pool, name=f"stage {stage.name!r} backward arena") as inner:
@@ -703,6 +712,12 @@ class _Sweep:
             if any(math.isnan(v) for v in self.norms):
                 total = math.nan
         return total
+
+
+def _grad_buffer(store: ParamStore) -> np.ndarray:
+    """One stage's parameter gradients, reused by every stage: as large as the largest stage's parameters."""
+    grad_bytes = max(layout.params_bytes for layout in store.layouts)
+    return aligned_bytes(max(grad_bytes, 1))
 
 
 def _as_tensor(value: Any, name: str) -> Tensor:
