@@ -287,21 +287,14 @@ def test_bf16_products_give_bit_identical_training_on_every_route(kind, route, t
     assert sum(f32_counts) == 0 and _max_diff(f32, want) > 1e-4
 
 
-# BUG: trainer.matmul_precision set between steps takes effect on the eager and streaming routes (Trainer.step
-# enters float32_matmul_precision(self.matmul_precision) each step) but the fused route silently keeps the
-# precision its FusedStep was built with (compile/step.py:225 fixes FusedStep.matmul_precision, step.py:441
-# replays under it, trainer.py:120 is a plain attribute never passed on; plans are not keyed by it), on both replays: float32 -> bfloat16
-# runs no bfloat16 product at all, bfloat16 -> float32 keeps rounding.
-# FusedStep.matmul_precision is settable (compile/step.py); the Trainer must pass a new value on to it.
-_NEEDS_TRAINER_SETTER = pytest.mark.xfail(
-    reason="needs Trainer.matmul_precision as a property whose setter passes the value to self.fused in trainer.py",
-    strict=True)
-
-
+# Regression (failed on 4139106): trainer.matmul_precision set between steps took effect on the eager and streaming
+# routes (Trainer.step enters float32_matmul_precision(self.matmul_precision) each step) but the fused route silently
+# kept the precision its FusedStep was built with, on both replays: float32 -> bfloat16 ran no bfloat16 product at
+# all, bfloat16 -> float32 kept rounding. Now Trainer.matmul_precision is a property passing the value to the
+# FusedStep, whose plans are keyed by it.
 @needs_bf16_gemm
 @pytest.mark.parametrize("start,switch_to", [("float32", "bfloat16"), ("bfloat16", "float32")])
-@pytest.mark.parametrize("route", [pytest.param("python", marks=_NEEDS_TRAINER_SETTER),
-                                   pytest.param("captured", marks=_NEEDS_TRAINER_SETTER), "streaming"])
+@pytest.mark.parametrize("route", ["python", "captured", "streaming"])
 def test_changing_trainer_matmul_precision_between_steps_takes_effect_like_eager(route, start, switch_to, tmp_path):
     kind = "vit" if route == "streaming" else "mlp"
     want, want_losses, want_counts = _bf16_run(kind, "eager", tmp_path, precision=start, switch_to=switch_to)

@@ -120,8 +120,8 @@ class Trainer:
         # Resolved (and checked) now, not at the first fused step; asked kept for a later clip_grad_norm change.
         self._update_in_backward_asked = update_in_backward
         self.update_in_backward = resolve_update_in_backward(update_in_backward, clip_grad_norm)
-        self.matmul_precision = (normalize_precision(matmul_precision) if matmul_precision is not None
-                                 else get_float32_matmul_precision())
+        self._matmul_precision = (normalize_precision(matmul_precision) if matmul_precision is not None
+                                  else get_float32_matmul_precision())
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
@@ -178,6 +178,18 @@ class Trainer:
             self.fused.clip_grad_norm = value
         if self.stream is not None:
             self.stream.clip_grad_norm = value
+
+    @property
+    def matmul_precision(self) -> str:
+        return self._matmul_precision
+
+    @matmul_precision.setter
+    def matmul_precision(self, value: str) -> None:
+        """Takes effect at the next step on every route: eager and streaming read it each step, the fused step
+        traces (or finds) a plan under it. An unknown name is a ValueError now, not at the next step."""
+        self._matmul_precision = normalize_precision(value)
+        if self.fused is not None:
+            self.fused.matmul_precision = self._matmul_precision
 
     @property
     def scheduler(self):
