@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 import logging
 import operator
+import threading
 import weakref
 from typing import Any, Callable, Iterable
 
@@ -44,6 +45,9 @@ log = logging.getLogger(__name__)
 _RELEASE_EVERY = 64 << 20  # bytes of replaced arrays between malloc_trim calls while binding
 # Every FlatGroup alive: a new FlatState copies values out of an older layout's buffers (see _let_go).
 _LIVE: "weakref.WeakSet[FlatGroup]" = weakref.WeakSet()
+# Guards _LIVE's update and its snapshot: a layout built in one thread while another thread's was read raised
+# "RuntimeError: Set changed size during iteration" (tests/test_threads_hunt.py).
+_LIVE_LOCK = threading.Lock()
 # FlatState.generation values, unique across FlatStates: a new layout never reuses an old one's, so
 # what was prepared against the old layout (captured.Capture.prepared) cannot pass for current.
 _GENERATIONS = itertools.count(1)
@@ -265,7 +269,8 @@ class FlatState:
         self._where = {id(p): (g, i) for g in self.groups for i, p in enumerate(g.params)}
         self._params = [p for group in optimizer.param_groups for p in group["params"] if id(p) in self._where]
         self.bind()
-        _LIVE.update(self.groups)
+        with _LIVE_LOCK:
+            _LIVE.update(self.groups)
         self._let_go(superseded, model)
         return_freed_memory()
 
@@ -461,7 +466,9 @@ class FlatState:
 
 def _live_bounds() -> list[tuple[int, int]]:
     """(first byte, end) of every buffer of every FlatGroup alive."""
-    return [(a.ctypes.data, a.ctypes.data + a.nbytes) for g in list(_LIVE) for a in g.buffers() if a.size]
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    return [(a.ctypes.data, a.ctypes.data + a.nbytes) for g in live for a in g.buffers() if a.size]
 
 
 def _inside(a: Any, bounds: list[tuple[int, int]]) -> bool:
