@@ -533,7 +533,12 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
             if not first["finite"]:
                 return _Unchecked(f"the loss on this batch is {first['loss_value']}, so its gradients cannot "
                                   f"check the recording")
-            drawn = _rng_states(step.model, [g for g, _ in saved])  # where the step leaves the generators
+            # Where the step leaves the generators: the default one only if this pass was handed it, else another
+            # thread drawing from it meanwhile would look like a draw outside the recorded calls.
+            from ..random import default_asks, peek_default_generator
+
+            used = [g for g, _ in saved if g is not peek_default_generator() or default_asks() != saved.asks]
+            drawn = _rng_states(step.model, used)
             _restore_rng(saved)
             if first["foreign"]:
                 return _refused(f"{len(first['foreign'])} leaf tensor(s) the optimizer does not own received a "

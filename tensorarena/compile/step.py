@@ -618,18 +618,35 @@ def compile_step(model: Module, loss_fn: Callable, optimizer: Optimizer, example
 
 def rng_generators(model: Module) -> list[np.random.Generator]:
     """Every generator a step may draw from: the default one and any a module holds, each once."""
-    from ..random import default_generator
+    from ..random import peek_default_generator
     from ..train.checkpoint import _generators
 
-    return list({id(g): g for g in (default_generator(), *_generators(model).values())}.values())
+    return list({id(g): g for g in (peek_default_generator(), *_generators(model).values())}.values())
 
 
-def _rng_states(model: Module, generators: list[np.random.Generator] | None = None
-                ) -> list[tuple[np.random.Generator, dict]]:
+class RngStates(list):
+    """[(generator, state)] taken by _rng_states, and how often this thread had been handed the default
+    generator then (random.default_asks): _restore_rng leaves the default one alone if that has not moved."""
+
+    asks: int = 0
+
+
+def _rng_states(model: Module, generators: list[np.random.Generator] | None = None) -> RngStates:
     """(generator, state) for `generators` (default: all of `model`'s), to restore after a trace or a failed step."""
-    return [(g, g.bit_generator.state) for g in (generators if generators is not None else rng_generators(model))]
+    from ..random import default_asks
+
+    saved = RngStates((g, g.bit_generator.state)
+                      for g in (generators if generators is not None else rng_generators(model)))
+    saved.asks = default_asks()
+    return saved
 
 
 def _restore_rng(saved: list[tuple[np.random.Generator, dict]]) -> None:
+    """Put the generators back where `saved` found them; the default generator only if this thread was handed
+    it since (its draws were this step's; if not, they were another thread's, and stand)."""
+    from ..random import default_asks, peek_default_generator
+
+    untouched = isinstance(saved, RngStates) and saved.asks == default_asks()
     for gen, state in saved:
-        gen.bit_generator.state = state
+        if not (untouched and gen is peek_default_generator()):
+            gen.bit_generator.state = state

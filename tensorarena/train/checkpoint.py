@@ -49,7 +49,7 @@ def _jsonable(value: Any) -> Any:
 def save_checkpoint(path: str | os.PathLike, *, model: Module, optimizer=None, scheduler=None, step: int = 0,
                     extra: dict | None = None) -> None:
     """Write a checkpoint of model (+ optimizer, scheduler, RNGs, step) to `path` atomically."""
-    from ..random import default_generator
+    from ..random import peek_default_generator
 
     tensors: dict[str, np.ndarray] = {}
     for name, array in model.state_dict().items():
@@ -70,7 +70,7 @@ def save_checkpoint(path: str | os.PathLike, *, model: Module, optimizer=None, s
     if scheduler is not None:
         meta["scheduler"] = {"class": type(scheduler).__name__, "state": _jsonable(scheduler.state_dict())}
     meta["rng"] = {name: g.bit_generator.state for name, g in _generators(model).items()}
-    meta["rng_default"] = default_generator().bit_generator.state
+    meta["rng_default"] = peek_default_generator().bit_generator.state
     payload = save(tensors, metadata={"tensorarena": json.dumps(meta)})
     _atomic_write(Path(path), payload)
 
@@ -114,7 +114,7 @@ def read_metadata(path: str | os.PathLike) -> dict:
 
 def load_checkpoint(path: str | os.PathLike, *, model: Module, optimizer=None, scheduler=None) -> dict:
     """Restore what `save_checkpoint` wrote into existing objects; returns the metadata."""
-    from ..random import default_generator
+    from ..random import peek_default_generator
 
     path = Path(path)
     if not path.exists():
@@ -145,5 +145,5 @@ def load_checkpoint(path: str | os.PathLike, *, model: Module, optimizer=None, s
         if name in generators:
             generators[name].bit_generator.state = state
     if "rng_default" in meta:
-        default_generator().bit_generator.state = meta["rng_default"]
+        peek_default_generator().bit_generator.state = meta["rng_default"]
     return meta
