@@ -39,8 +39,8 @@ Between steps a user may change what a hand-written PyTorch loop lets them chang
 `param_groups` are read live by every update. A change to the layout's inputs (requires_grad set or
 cleared, `add_param_group`, a setting that adds optimizer state such as momentum, a loaded state dict
 with other settings, a parameter's dtype after model.double() or float(): `FlatState.stale`) builds a
-new flat layout, which takes the values over, and traces again. A module attribute the forward may branch on (`captured.ModelState`) changed since a
-plan's trace retraces that plan. A parameter the traced step gives no gradient (unused, cut off by
+new flat layout, which takes the values over, and traces again. A module attribute the forward may branch
+on (`captured.ModelState`) changed since a plan's trace retraces that plan. A parameter the traced step gives no gradient (unused, cut off by
 `detach`) is left out of the layout, as the eager optimizer skips it. A new `matmul_precision` traces (or
 finds) a plan of its own, as a new kernel dispatch does. The Trainer passes a new `clip_grad_norm` or
 scheduler on.
