@@ -58,6 +58,7 @@ from ..train.checkpoint import _generators, _jsonable
 from ..train.report import NonFiniteLossError, check_step_options
 from . import optim_state
 from .follow import follow_user_changes, group_map
+from .heap import return_freed_pages
 from .stages import Stage, model_stages
 from .store import ArraySpec, ParamStore, StageLayout, StageSpec, StoreError, StoreSpec
 
@@ -198,7 +199,9 @@ class StreamingRoute:
         store's files. read/written_bytes_per_step: the I/O of one step (clipping reads the
         parameters once more). Activations are not included: they depend on the batch (the largest
         stage's recompute + backward, one boundary activation per stage but the last, and two gradient
-        buffers per boundary shape: train/route_plan.py adds them).
+        buffers per boundary shape: train/route_plan.py adds them). move_in_bytes: what starting from memory
+        holds at its peak: the in-memory parameters and optimizer state (freed only once the store is
+        committed, so a failed start loses nothing: in_memory_bytes) and the slot a stage is copied through.
         """
         kinds = optim_state.state_kinds(optimizer)
         stages = model_stages(model)
@@ -207,13 +210,15 @@ class StreamingRoute:
                          kinds.optimizer, kinds.arrays, kinds.scalars)
         layouts = [StageLayout(stage, spec) for stage in spec.stages]
         largest = max(layouts, key=lambda layout: layout.total_bytes)
+        in_memory = _in_memory_bytes(stages, optimizer)
         return {"stages": len(layouts), "largest_stage": largest.stage.name,
                 "resident_bytes": 2 * largest.total_bytes + max(lay.params_bytes for lay in layouts),
                 "disk_bytes": sum(lay.total_bytes for lay in layouts),
                 # forward reads parameters (all stages but the last), backward reads and writes everything
                 "read_bytes_per_step": sum(lay.params_bytes + lay.total_bytes for lay in layouts[:-1])
                 + layouts[-1].total_bytes,
-                "written_bytes_per_step": sum(lay.total_bytes for lay in layouts)}
+                "written_bytes_per_step": sum(lay.total_bytes for lay in layouts),
+                "in_memory_bytes": in_memory, "move_in_bytes": in_memory + largest.total_bytes}
 
     # -- setup --------------------------------------------------------------------
     def _index_params(self, model: Module, optimizer: Optimizer) -> None:
@@ -275,9 +280,7 @@ class StreamingRoute:
                      param_groups_of=self._groups_of_params(),
                      **self._progress(step, step))
         # Only now, with the store committed, let go of the in-memory arrays.
-        for stage in self.stages:
-            for p in stage.params:
-                self._offload(p)
+        self._offload_all()
 
     def _progress(self, step: int, data_step: int) -> dict[str, Any]:
         """Manifest fields that change every step; every stage holds the update of `data_step`."""
@@ -314,11 +317,18 @@ class StreamingRoute:
                 generators[name].bit_generator.state = state
         default_generator().bit_generator.state = manifest["rng_default"]
         self.step_count = int(manifest["step"])
+        self._offload_all()
+
+    # -- parameters in and out of the slots ------------------------------------------
+    def _offload_all(self) -> None:
+        """Offload every streamed parameter, then give the freed pages back to the kernel: free() alone left
+        them in the heap, and RSS as high as if the parameters were still in memory (stream/heap.py)."""
         for stage in self.stages:
             for p in stage.params:
                 self._offload(p)
+        if self.release:
+            return_freed_pages()
 
-    # -- parameters in and out of the slots ------------------------------------------
     def _offload(self, p) -> None:
         """Point `p` at a 1-element placeholder; free (or keep, release=False) its arrays and state."""
         if p._arena is not _ON_DISK:
@@ -712,6 +722,17 @@ class _Sweep:
             if any(math.isnan(v) for v in self.norms):
                 total = math.nan
         return total
+
+
+def _in_memory_bytes(stages: list[Stage], optimizer: Optimizer) -> int:
+    """Bytes of the stages' parameters (and their optimizer state arrays) that are in memory, not on disk."""
+    total = 0
+    for p in {id(p): p for s in stages for p in s.params}.values():
+        if p._arena is _ON_DISK:
+            continue
+        total += p._data.nbytes
+        total += sum(v.nbytes for v in (optimizer.state.get(p) or {}).values() if isinstance(v, np.ndarray))
+    return total
 
 
 def _grad_buffer(store: ParamStore) -> np.ndarray:

@@ -18,7 +18,9 @@ stages once; otherwise the whole step is traced. From the traced buffers:
   slab, the boundary activations the step arena keeps (every stage's output but the last's,
   which lives in its stage's slab) and the two gradient buffers per boundary shape that
   _Sweep._io_grad alternates between, each padded as the arena pads it. That is the step's
-  measured transient peak exactly (tests/test_streaming_hunt.py).
+  measured transient peak exactly (tests/test_streaming_hunt.py). Starting from memory holds the
+  parameters, their optimizer state and a slot at once until the store takes over; where that is
+  more than the step, the difference is the part "moving into the store" (_streaming_parts).
 
 A model that cannot stream (no stream_stages(), or stages model_stages refuses: a shared block,
 tied weights across stages) is traced as a whole step, and streaming is left out of the plan
@@ -301,8 +303,7 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
             from ..stream.route import StreamingRoute
 
             stream = StreamingRoute.estimate(model, optimizer)
-            add("streaming", dict({"inputs": inputs_bytes, "stream buffers": stream["resident_bytes"],
-                                   "activations (one stage)": max(s.slab for s in traced)}, **_boundaries(traced)),
+            add("streaming", _streaming_parts(stream, inputs_bytes, traced),
                 note=f"{stream['stages']} stages, largest {stream['largest_stage']}; "
                      f"{format_bytes(stream['disk_bytes'])} on disk")
             details["streaming"] = stream
@@ -352,6 +353,26 @@ def _boundaries(traced: list[TracedStage]) -> dict[str, int]:
     shapes = {s.output_key: s.output_bytes for s in kept}
     return {"boundary activations": sum(_padded(s.output_bytes) for s in kept),
             "boundary gradients": 2 * sum(_padded(nbytes) for nbytes in shapes.values())}
+
+
+def _streaming_parts(stream: dict[str, Any], inputs_bytes: int, traced: list[TracedStage]) -> dict[str, int]:
+    """The streaming route's parts: its step, and what moving the in-memory state into the store holds on top.
+
+    "process, not params" (added to every route) leaves the parameters out, which is true for streaming only
+    once the store holds them and their pages went back to the kernel (stream/heap.py). Before that, the
+    move holds the parameters, their optimizer state and a slot at once: vit-small's RSS peaked there, ~50
+    MiB above the step (which alone was planned). So the route needs the larger of the two; the part
+    "moving into the store" is by how much the move exceeds the step. Where freed pages are not returned,
+    the parameters' pages stay for the whole run, and are counted as such.
+    """
+    from ..stream.heap import HEAP_RETURNS_PAGES
+
+    parts = dict({"inputs": inputs_bytes, "stream buffers": stream["resident_bytes"],
+                  "activations (one stage)": max(s.slab for s in traced)}, **_boundaries(traced))
+    if not HEAP_RETURNS_PAGES:
+        parts["params (pages kept)"] = stream["in_memory_bytes"]
+    parts["moving into the store"] = max(0, stream["move_in_bytes"] - sum(parts.values()))
+    return parts
 
 
 def _nothing_fits(estimates: dict[str, RouteEstimate], unavailable: dict[str, str], budget: MemoryBudget) -> str:
