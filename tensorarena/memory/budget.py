@@ -5,8 +5,9 @@ the OOM killer measures. The default is the smaller of the cgroup limit (v2
 `memory.max`, v1 `memory.limit_in_bytes`) and what this process has plus the
 RAM still available, minus a safety margin; `MemoryBudget.source` says which
 number it came from, so a report can tell the user why. A number the user gives
-is capped by the cgroup limit (less the same margin): the kernel enforces the
-cgroup whatever the user believes, and a budget above it ends in the OOM killer.
+above the cgroup limit is replaced by the cgroup limit less the same margin: the
+kernel enforces the cgroup whatever the user believes, and a budget above it ends
+in the OOM killer.
 
 Sizes are binary: 2G, 2Gi and 2GiB all mean 2 x 2**30 bytes.
 """
@@ -115,8 +116,8 @@ def _margin(limit: int, margin_fraction: float, min_margin: int) -> int:
 
 def resolve_budget(user: str | int | None = None, *, margin_fraction: float = 0.05,
                    min_margin: int = 128 << 20) -> MemoryBudget:
-    """The budget for this process: `user` if given (but never above the cgroup limit minus its margin),
-    else min(cgroup, RSS + free RAM) minus a margin."""
+    """The budget for this process: `user` if given (one above the cgroup limit is replaced by the cgroup
+    limit minus its margin), else min(cgroup, RSS + free RAM) minus a margin."""
     if user is not None:
         return _user_budget(parse_size(user), margin_fraction, min_margin)
     ram = rss_bytes() + available_ram()
@@ -132,15 +133,15 @@ def resolve_budget(user: str | int | None = None, *, margin_fraction: float = 0.
 
 
 def _user_budget(asked: int, margin_fraction: float, min_margin: int) -> MemoryBudget:
-    """The user's number, unless the cgroup (less its margin) allows less: the kernel kills the process at
-    the cgroup limit whatever the user set, so the smaller one is the real budget (with a warning)."""
+    """The user's number, unless it is above the cgroup limit: the kernel kills the process there whatever
+    the user set, so such a number cannot be true, and the budget is the default one (the cgroup limit less
+    its margin), with a warning naming both. A number at or under the cgroup limit is the user's choice of
+    margin and is kept."""
     cgroup = cgroup_limit()
-    if cgroup is None:
+    if cgroup is None or asked <= cgroup[0]:
         return MemoryBudget(asked, "set by the user")
     limit, source = cgroup
     margin = _margin(limit, margin_fraction, min_margin)
-    if asked <= limit - margin:
-        return MemoryBudget(asked, "set by the user")
     if limit <= margin:
         raise MemoryError(f"only {format_bytes(limit)} is available ({source}); that is below the "
                           f"{format_bytes(margin)} safety margin, so no training can run here")
