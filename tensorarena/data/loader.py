@@ -32,9 +32,21 @@ class BatchLoader:
         return {"rng": self.rng.bit_generator.state, "order": self._order.tolist(), "cursor": self._cursor}
 
     def load_state(self, state: dict) -> None:
+        """Restore a position from state(); ValueError if it is not one in this data set (a saved order is a
+        shuffle of its rows: from a data set of another size it indexes past this one's end, or
+        misses rows, and an IndexError would come only at a later step)."""
+        order = np.asarray(state["order"], dtype=np.int64)
+        cursor = int(state["cursor"])
+        n = len(self.inputs)
+        if len(order) not in (0, n):
+            raise ValueError(f"the loader's saved position is in a data set of {len(order)} examples, and this "
+                             f"one has {n}")
+        if len(order) and not np.array_equal(np.sort(order), np.arange(n)):
+            raise ValueError(f"the loader's saved order is not a shuffle of this data set's {n} examples")
+        if not 0 <= cursor <= len(order):
+            raise ValueError(f"the loader's saved cursor {cursor} is outside its order of {len(order)} examples")
         self.rng.bit_generator.state = state["rng"]
-        self._order = np.asarray(state["order"], dtype=np.int64)
-        self._cursor = int(state["cursor"])
+        self._order, self._cursor = order, cursor
 
     def next(self) -> tuple[np.ndarray, np.ndarray]:
         """The next batch, in the loader's reused buffers."""
