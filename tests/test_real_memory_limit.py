@@ -52,8 +52,11 @@ def _vit_small_run(tmp_path, limit_mib: int, route_expected: str):
 
 def test_a_model_bigger_than_the_limit_streams_inside_it_and_a_generous_limit_takes_fused(tmp_path):
     # ViT-Small's parameters, gradients and AdamW moments alone are ~330 MiB; with the process
-    # (~200 MiB with NumPy, Numba and the kernels) the fused route needs ~550 MiB, over 400.
-    small = _vit_small_run(tmp_path, 400, "streaming")
-    assert "fused would need" in small["route_plan"] and small["peak_rss_bytes"] < 400 * MiB
+    # (~200 MiB with NumPy, Numba and the kernels) the fused route needs ~555 MiB, over 460. Streaming needs
+    # ~320 MiB: its peak is the move into the store, which holds the parameters in memory until the store
+    # commits (counted since 0abee85; 400 MiB, a 272 MiB budget after the margin, was enough only while the
+    # plan under-counted that move).
+    small = _vit_small_run(tmp_path, 460, "streaming")
+    assert "fused would need" in small["route_plan"] and small["peak_rss_bytes"] < 460 * MiB
     roomy = _vit_small_run(tmp_path, 2048, "fused")
     assert roomy["route_plan"].splitlines()[-1].startswith("chosen: fused")
