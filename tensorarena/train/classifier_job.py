@@ -1,9 +1,10 @@
-"""The shared body of the classifier train jobs (mlp, vit): optimizer to summary dict."""
+"""The shared body of the classifier train jobs (mlp, vit): optimizer to summary dict, and --resume's checks."""
 
 from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -11,29 +12,128 @@ from ..data.loader import BatchLoader
 from ..memory.meter import peak_rss_bytes, rss_bytes
 from ..nn.functional import cross_entropy
 from ..nn.module import Module
+from .report import NonFiniteLossError
 from .summary import bf16_products_since, plan_before_step_1, print_fused_lines, route_summary, step_rate
 from .trainer import Trainer
 
 
+def _refuse_resume(args, why: str):
+    raise SystemExit(f"tensorarena train: --resume {args.resume} {why}")
+
+
+def prepare_resume(args) -> dict | None:
+    """The --resume checkpoint's metadata (None without --resume), checked to be a tensorarena checkpoint,
+    and args.total_steps set: the checkpoint's run length, else --total-steps, else --steps."""
+    from ..cli import resolve_total_steps
+
+    meta = _read_checkpoint_metadata(args) if args.resume else None
+    args.total_steps = resolve_total_steps(args, _saved(meta, "total_steps"))
+    return meta
+
+
+def _saved(meta: dict | None, key: str):
+    """An entry the job stored in the checkpoint's extra dict (None: no checkpoint, or one from before it)."""
+    return ((meta or {}).get("extra") or {}).get(key)
+
+
+def _read_checkpoint_metadata(args) -> dict:
+    from safetensors import SafetensorError
+
+    from .checkpoint import read_metadata
+
+    path = Path(args.resume)
+    if not path.exists():
+        _refuse_resume(args, "does not exist: pass the checkpoint file a run wrote with --save")
+    if path.is_dir():
+        _refuse_resume(args, "is a directory: pass the checkpoint file a run wrote with --save")
+    try:
+        return read_metadata(path)
+    except (OSError, ValueError, SafetensorError) as err:  # not safetensors, truncated, unreadable, no metadata
+        _refuse_resume(args, f"is not a readable tensorarena checkpoint ({err}); pass a file written by --save")
+
+
+def resolve_train_size(args, resumed: dict | None, default: int) -> int:
+    """--train-size, else the resumed checkpoint's, else `default`. A resumed run must draw the data set it
+    was trained on: the loader's saved position (a shuffled order of its indices) means nothing in another."""
+    saved = _saved(resumed, "train_size")
+    if args.train_size is not None and saved is not None and args.train_size != saved:
+        _refuse_resume(args, f"was trained on {saved} examples, not --train-size {args.train_size}: its data "
+                             f"loader's position is one in that data set; pass --train-size {saved} or leave "
+                             f"it out")
+    return args.train_size or saved or default
+
+
+def _check_checkpoint_fits(args, model: Module, optimizer, scheduler) -> None:
+    """SystemExit naming --resume and what differs when the checkpoint is of another model (its parameter
+    names or shapes: another --model, --hidden, --image-size ...), optimizer or schedule. Reads the
+    file's header only, before anything is loaded."""
+    from safetensors import safe_open
+
+    from .checkpoint import read_metadata
+
+    with safe_open(str(args.resume), framework="numpy") as f:
+        saved = {k.removeprefix("model."): tuple(f.get_slice(k).get_shape()) for k in f.keys() if k.startswith("model.")}
+    here = {k: tuple(np.shape(v)) for k, v in model.state_dict().items()}
+    if set(saved) != set(here):
+        missing, unknown = sorted(set(here) - set(saved)), sorted(set(saved) - set(here))
+        _refuse_resume(args, f"holds another model's parameters than --model {args.model}'s (missing here: "
+                             f"{', '.join(missing[:3]) or 'none'}; not in this model: {', '.join(unknown[:3]) or 'none'}); "
+                             f"resume with the --model it was trained with")
+    for name, shape in here.items():
+        if saved[name] != shape:
+            _refuse_resume(args, f"holds {name} of shape {saved[name]}, and this model's is {shape}: resume with "
+                                 f"the model options it was trained with (--hidden, --image-size, --patch-size)")
+    meta = read_metadata(args.resume)
+    for key, flag, current in (("optimizer", "--optimizer", optimizer), ("scheduler", "--schedule", scheduler)):
+        kind = (meta.get(key) or {}).get("class")
+        if kind is not None and kind != type(current).__name__:
+            _refuse_resume(args, f"holds {kind} state, and {flag} {getattr(args, flag[2:])} builds "
+                                 f"{type(current).__name__}: resume with the {flag} it was trained with")
+
+
+def _check_streaming_route(args, model: Module) -> None:
+    """--route streaming needs a model cut into blocks; else a StreamingUnsupportedError traceback at step 1."""
+    if args.route == "streaming" and not callable(getattr(model, "stream_stages", None)):
+        raise SystemExit(f"tensorarena train: --route streaming needs a model cut into blocks (the vit-* "
+                         f"presets), and --model {args.model} has none; use --route auto, fused or eager")
+
+
+def _resume(args, trainer: Trainer, loader: BatchLoader) -> None:
+    """Load the checkpoint into the trainer and the loader; SystemExit naming --resume on any mismatch the
+    header checks could not see (dtypes, a truncated body, a loader position outside the data)."""
+    from safetensors import SafetensorError
+
+    try:
+        extra = trainer.load(args.resume)
+        if "loader" in extra:
+            loader.load_state(extra["loader"])
+    except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as err:
+        _refuse_resume(args, f"cannot be resumed here: {err}")
+    print(f"resumed from {args.resume} at step {trainer.step_count}", file=sys.stderr)
+
+
 def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray],
-                   *, make_optimizer, make_scheduler, eval_batch_size: int = 1024, postfix_every: int = 10) -> dict:
-    """Train `model` on `train` for args.steps (resuming from args.resume), evaluate on `test`, save
-    to args.save; return the summary (losses, held-out metrics, speed, memory, per-step figures)."""
+                   *, make_optimizer, make_scheduler, resumed: dict | None = None, eval_batch_size: int = 1024,
+                   postfix_every: int = 10) -> dict:
+    """Train `model` on `train` until step args.steps (resuming from args.resume, whose metadata prepare_resume
+    read into `resumed`), evaluate on `test`, save to args.save; return the summary (losses, held-out
+    metrics, speed, memory, per-step figures)."""
     from tqdm import tqdm
 
     optimizer = make_optimizer(args, model.parameters())
+    scheduler = make_scheduler(args, optimizer)
+    if args.resume:
+        _check_checkpoint_fits(args, model, optimizer, scheduler)
     route = getattr(args, "route", "eager")
-    trainer = Trainer(model, optimizer, cross_entropy, scheduler=make_scheduler(args, optimizer),
+    _check_streaming_route(args, model)
+    trainer = Trainer(model, optimizer, cross_entropy, scheduler=scheduler,
                       clip_grad_norm=args.clip or None, on_nonfinite=args.on_nonfinite, route=route,
                       memory_limit=getattr(args, "memory_limit", None), store_dir=getattr(args, "store_dir", None),
                       matmul_precision=getattr(args, "matmul_precision", "float32"))
     x_train, y_train = train
     loader = BatchLoader(x_train, y_train, min(args.batch_size, len(x_train)), rng=np.random.default_rng(args.seed + 1))
     if args.resume:
-        extra = trainer.load(args.resume)
-        if "loader" in extra:
-            loader.load_state(extra["loader"])
-        print(f"resumed from {args.resume} at step {trainer.step_count}", file=sys.stderr)
+        _resume(args, trainer, loader)
 
     reports = []
     rss_before = rss_bytes()
@@ -43,21 +143,28 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
     planning = plan_before_step_1(trainer, x_train[:loader.batch_size], y_train[:loader.batch_size]) if remaining else None
     started = time.perf_counter()
     bar = tqdm(total=remaining, disable=args.no_progress, unit="step", file=sys.stderr)
-    for _ in range(remaining):
-        report = trainer.step(*loader.next())
-        reports.append(report)
-        bar.update(1)
-        if report.step % postfix_every == 0 or report.step == args.steps:
-            bar.set_postfix(loss=f"{report.loss:.4f}", lr=f"{report.lr:.2e}")
+    try:
+        for _ in range(remaining):
+            report = trainer.step(*loader.next())
+            reports.append(report)
+            bar.update(1)
+            if report.step % postfix_every == 0 or report.step == args.steps:
+                bar.set_postfix(loss=f"{report.loss:.4f}", lr=f"{report.lr:.2e}")
+    except NonFiniteLossError as err:
+        bar.close()
+        raise NonFiniteLossError(f"{err}{_save_before_failure(args, trainer, loader, reports, resumed)}") from None
     bar.close()
     elapsed = time.perf_counter() - started
     held_out = trainer.evaluate(*test, batch_size=eval_batch_size)
+    # The route the model last trained on: this run's last step, else the checkpoint's (no step ran).
+    last_route = reports[-1].route if reports else _saved(resumed, "route")
     if args.save:
-        trainer.save(args.save, extra={"loader": loader.state()})
+        trainer.save(args.save, extra=_checkpoint_extra(args, loader, last_route))
     first, last = (reports[0], reports[-1]) if reports else (None, None)
     high_waters = [r.arena_high_water for r in reports]
     return {
-        "model": args.model, "route": last.route if last else trainer.route, "steps": trainer.step_count,
+        "model": args.model, "route": last_route, "steps": trainer.step_count, "steps_this_run": len(reports),
+        "total_steps": args.total_steps,
         **route_summary(trainer, planning),
         "matmul_precision": trainer.matmul_precision, "bf16_products": bf16_products_since(products_before),
         "first_loss": first.loss if first else None, "final_loss": last.loss if last else None,
@@ -70,10 +177,33 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
     }
 
 
+def _checkpoint_extra(args, loader: BatchLoader, route: str | None) -> dict:
+    """What a --resume needs besides the trainer's state: the loader's position, the run's length (the
+    schedule's), the data set's size and the route the model last trained on."""
+    return {"loader": loader.state(), "total_steps": args.total_steps, "train_size": len(loader.inputs),
+            "route": route}
+
+
+def _save_before_failure(args, trainer: Trainer, loader: BatchLoader, reports: list, resumed: dict | None) -> str:
+    """On a non-finite loss that stops the run: save the steps before it to --save (the failed step updated
+    nothing and left the RNGs as they were), so they are not lost; returns a sentence saying so."""
+    if not args.save or not reports and not args.resume:
+        return ""
+    last_route = reports[-1].route if reports else _saved(resumed, "route")
+    trainer.save(args.save, extra=_checkpoint_extra(args, loader, last_route))
+    steps = f"{trainer.step_count} step{'s' if trainer.step_count != 1 else ''}"
+    return f" The {steps} before it are saved in --save {args.save}."
+
+
 def print_classifier_result(summary: dict, header: str, *, test_note: str = "", accuracy_note: str = "") -> None:
     """The job-specific head of a classifier run's report: what trained, losses, held-out metrics."""
-    print(f"trained {summary['model']} ({summary['parameters']:,} parameters{header}) for {summary['steps']} "
-          f"steps on the {summary['route']} route")
+    if summary["steps_this_run"]:
+        print(f"trained {summary['model']} ({summary['parameters']:,} parameters{header}) for {summary['steps']} "
+              f"steps on the {summary['route']} route")
+    else:
+        print(f"nothing trained: {summary['model']} ({summary['parameters']:,} parameters{header}) is already at "
+              f"step {summary['steps']}, which --steps does not go past; its last step ran on the "
+              f"{summary['route'] or 'none (no step run)'} route")
     if summary["first_loss"] is not None:
         print(f"  train loss        {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}")
     print(f"  held-out loss     {summary['test_loss']:.4f}{test_note}")

@@ -1,36 +1,45 @@
 """`tensorarena plan`: every route's memory for a model, batch and optimizer, the chosen route and why.
 
-    tensorarena plan --model vit-base --batch 8 --memory-limit 2G
+    tensorarena plan --model vit-base --image-size 224 --batch 8 --memory-limit 2G
 
 Builds the model (parameters only: nothing is trained), estimates the fused, eager and
 streaming routes (train/route_plan.py: persistent bytes from shapes, activations traced
 stage by stage at the real batch size) and prints the table the Trainer's route="auto" uses.
+Left out, --batch, --image-size and --patch-size are what `tensorarena train` runs for the model.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 import numpy as np
 
-NATIVE_IMAGE = 224
 
 
 def add_plan_parser(sub) -> None:
+    from ..cli import HelpFormatter, memory_size, nonnegative_float, positive_int
+
+    # The defaults are `tensorarena train`'s (its parser's, and each model's --batch-size), so a plan
+    # without options describes the run a train without options makes.
+    train = sub.choices["train"]
     plan = sub.add_parser(
         "plan", help="estimate each training route's memory and pick one",
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     plan.add_argument("--model", choices=["mlp", "vit-tiny", "vit-small", "vit-base", "simcse"], default="vit-base")
-    plan.add_argument("--batch", type=int, default=8, help="examples per step (simcse: sentences, each run twice)")
-    plan.add_argument("--memory-limit", metavar="SIZE", default=None,
-                      help="budget, e.g. 2G (default: the cgroup limit or available RAM, minus a margin)")
-    plan.add_argument("--image-size", type=int, default=NATIVE_IMAGE, help="vit: image side")
-    plan.add_argument("--patch-size", type=int, default=16, help="vit: patch side")
-    plan.add_argument("--seq-len", type=int, default=64, help="simcse: tokens per sentence")
+    plan.add_argument("--batch", type=positive_int, default=None,
+                      help="examples per step (simcse: sentences, each run twice) (default: train's --batch-size "
+                           "for the model: mlp 128, vit 32, simcse 16)")
+    plan.add_argument("--memory-limit", metavar="SIZE", type=memory_size, default=None,
+                      help="budget, e.g. 2G (binary units, as train's) (default: the cgroup limit or available "
+                           "RAM, minus a margin)")
+    plan.add_argument("--image-size", type=positive_int, default=train.get_default("image_size"),
+                      help="vit: image side (224 is the models' native size)")
+    plan.add_argument("--patch-size", type=positive_int, default=train.get_default("patch_size"), help="vit: patch side")
+    plan.add_argument("--seq-len", type=positive_int, default=train.get_default("seq_len"),
+                      help="simcse: tokens per sentence")
     plan.add_argument("--optimizer", choices=["adamw", "adam", "sgd"], default="adamw")
-    plan.add_argument("--clip", type=float, default=1.0,
+    plan.add_argument("--clip", type=nonnegative_float, default=train.get_default("clip"),
                       help="global gradient-norm clip, as `tensorarena train --clip` (0: none, so the fused step "
                            "updates each parameter inside backward and holds no gradient buffer)")
     plan.add_argument("--json", action="store_true", help="print the estimates as JSON after the table")
@@ -53,7 +62,7 @@ def _model_and_batch(args):
     from .vit_job import build_vit
 
     args.seed = 0
-    model = build_vit(args)
+    model = build_vit(args, command="plan")
     x = np.zeros((args.batch, 3, args.image_size, args.image_size), np.float32)
     return model, x, np.zeros(args.batch, np.int64), cross_entropy
 
@@ -84,8 +93,6 @@ def cmd_plan(args) -> dict:
     from ..memory.budget import resolve_budget
     from .route_plan import plan_routes
 
-    if args.batch <= 0:
-        raise SystemExit(f"tensorarena plan: --batch must be positive, got {args.batch}")
     model, x, y, loss_fn = _model_and_batch(args)
     params = model.parameters()
     opt = {"adamw": optim.AdamW, "adam": optim.Adam}.get(args.optimizer, lambda p: optim.SGD(p, momentum=0.9))(params)

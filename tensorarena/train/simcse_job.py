@@ -96,7 +96,7 @@ def train_simcse(args) -> dict:
     """Fine-tune all-MiniLM-L6-v2 with unsupervised SimCSE on the embedded corpus; returns the summary it prints."""
     from tqdm import tqdm
 
-    from ..cli import _make_optimizer, _make_scheduler, apply_defaults
+    from ..cli import _make_optimizer, _make_scheduler, apply_defaults, resolve_total_steps
     from ..data.loader import BatchLoader
     from ..models.bert import BertModel
     from ..models.simcse import SimCSE
@@ -106,6 +106,7 @@ def train_simcse(args) -> dict:
 
     apply_defaults(args, SIMCSE_DEFAULTS)
     _check_args(args)
+    args.total_steps = resolve_total_steps(args, None)  # the schedule's length (no --resume here)
     try:
         model_dir = locate_minilm()
     except FileNotFoundError as e:

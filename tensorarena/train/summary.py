@@ -4,6 +4,7 @@ entries of the summary, speed and memory lines, then --json."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 
@@ -101,14 +102,26 @@ def finish(summary: dict, *, json_path: str | None, saved_line: str | None = Non
               + (f"; {skipped} stayed float32, see the warning" if skipped else "") + ")")
     if saved_line:
         print(saved_line)
-    if json_path:
-        text = json.dumps(summary, indent=2)
-        if json_path == "-":
-            print(text)
-        else:
-            with open(json_path, "w") as f:
-                f.write(text + "\n")
+    if json_path and json_path != "-":  # "-": cli.cmd_train prints it, after the report went to stderr
+        with open(json_path, "w") as f:
+            f.write(summary_json(summary) + "\n")
     return summary
+
+
+def summary_json(summary: dict) -> str:
+    """The summary as strict JSON: a non-finite number (a loss skipped with --on-nonfinite skip) is null.
+    json.dumps writes NaN / Infinity by default, which no JSON parser but Python's reads (jq, JavaScript)."""
+    return json.dumps(_finite_or_null(summary), indent=2, allow_nan=False)
+
+
+def _finite_or_null(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_null(v) for v in value]
+    return value
 
 
 def bf16_products_since(before: dict | None = None) -> dict:

@@ -3,8 +3,10 @@
 The pattern of cli.train_mlp: fill the model's defaults, build model, optimizer, schedule
 and Trainer (one arena per step), run with a progress bar, evaluate on held-out images and
 print/return a summary. The images come from tensorarena.data.images, drawn at
---image-size; the job never draws more training images than the run can show once
-(steps x batch), so a 224x224 run does not spend gigabytes on pictures it never uses.
+--image-size. Without --train-size the job draws no more training images than the whole
+run can show once (total steps x batch, at most 8000), so a 224x224 run does not spend
+gigabytes on pictures it never uses; the count depends on the run's length, never on
+where --steps stops it, and a resumed run draws the checkpoint's.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .classifier_job import print_classifier_result, run_classifier
+from .classifier_job import prepare_resume, print_classifier_result, resolve_train_size, run_classifier
 from .summary import finish
 
 VIT_DEFAULTS = {"steps": 60, "batch_size": 32, "lr": 1e-3, "warmup": 6}
+MAX_DEFAULT_TRAIN_IMAGES = 8000  # the default --train-size of a long run
 PRESETS = ("tiny", "small", "base")
 # Held-out images are capped by bytes as well: 2000 images of 224x224 would be 1.2 GB.
 MAX_TEST_BYTES = 64 << 20
@@ -27,21 +30,22 @@ def _positive(args, *names: str) -> None:
             raise SystemExit(f"tensorarena train: --{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
 
 
-def build_vit(args):
-    """The ViT preset named by args.model ('vit-tiny' ...) at args.image_size / args.patch_size, 10 classes."""
+def build_vit(args, *, command: str = "train"):
+    """The ViT preset named by args.model ('vit-tiny' ...) at args.image_size / args.patch_size, 10 classes;
+    errors name the `tensorarena COMMAND` that asked (train or plan)."""
     from ..data.images import NUM_CLASSES
     from ..models.vit import ViT, ViTConfig
 
     preset = args.model.split("-", 1)[1]
     if preset not in PRESETS:
-        raise SystemExit(f"tensorarena train: unknown ViT preset {args.model!r}; choose one of "
+        raise SystemExit(f"tensorarena {command}: unknown ViT preset {args.model!r}; choose one of "
                          f"{', '.join('vit-' + p for p in PRESETS)}")
     if args.image_size % args.patch_size:
-        raise SystemExit(f"tensorarena train: --image-size {args.image_size} must be a multiple of "
+        raise SystemExit(f"tensorarena {command}: --image-size {args.image_size} must be a multiple of "
                          f"--patch-size {args.patch_size}")
     dropout = getattr(args, "dropout", 0.0)  # `tensorarena plan` builds the model without one
     if not 0 <= dropout < 1:
-        raise SystemExit(f"tensorarena train: --dropout must be in [0, 1), got {dropout}")
+        raise SystemExit(f"tensorarena {command}: --dropout must be in [0, 1), got {dropout}")
     config = getattr(ViTConfig, preset)(image_size=args.image_size, patch_size=args.patch_size,
                                         num_classes=NUM_CLASSES, dropout=dropout)
     return ViT(config, rng=np.random.default_rng(args.seed))
@@ -54,17 +58,20 @@ def train_vit(args) -> dict:
     from ..random import manual_seed
 
     apply_defaults(args, VIT_DEFAULTS)
-    _positive(args, "steps", "batch_size", "train_size", "test_size", "image_size", "patch_size")
+    _positive(args, "steps", "batch_size", "test_size", "image_size", "patch_size")
     if args.dtype != "float32":
         raise SystemExit("tensorarena train: the ViT presets train in float32; drop --dtype float64")
-    n_train = max(min(args.train_size, args.steps * args.batch_size), args.batch_size)
+    resumed = prepare_resume(args)  # the run's length (args.total_steps) and the checkpoint's data size
+    default_size = max(min(MAX_DEFAULT_TRAIN_IMAGES, args.total_steps * args.batch_size), args.batch_size)
+    n_train = args.train_size = resolve_train_size(args, resumed, default_size)
     per_image = 3 * args.image_size ** 2 * 4
     n_test = max(min(args.test_size, MAX_TEST_BYTES // per_image), 1)
     (x_train, y_train), (x_test, y_test) = train_test_split(n_train, n_test, size=args.image_size, seed=args.seed)
     manual_seed(args.seed)
     model = build_vit(args)
     summary = run_classifier(args, model, (x_train, y_train), (x_test, y_test), make_optimizer=_make_optimizer,
-                             make_scheduler=_make_scheduler, eval_batch_size=args.batch_size, postfix_every=5)
+                             make_scheduler=_make_scheduler, resumed=resumed, eval_batch_size=args.batch_size,
+                             postfix_every=5)
     summary.update(image_size=args.image_size, patch_size=args.patch_size, batch_size=args.batch_size,
                    train_images=n_train, test_images=n_test)
     print_classifier_result(summary, f", {args.image_size}x{args.image_size} images, {args.patch_size}px patches",
