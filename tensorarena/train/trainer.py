@@ -481,22 +481,47 @@ class Trainer:
                           arena_high_water=arena.stats.high_water, rss=rss_bytes(), lr=lr, grad_norm=grad_norm,
                           skipped=skipped)
 
-    def evaluate(self, inputs: np.ndarray, targets: np.ndarray, *, batch_size: int = 1024) -> dict:
-        """Mean loss and accuracy (argmax of outputs) on held-out data, without building a graph."""
+    def evaluate(self, inputs: np.ndarray, targets: Any, *, batch_size: int = 1024) -> dict:
+        """Mean loss on held-out data in eval mode, without building a graph, batch by batch: {"loss",
+        "accuracy"}. "accuracy" (argmax of the outputs) is there for class-index targets, one integer label
+        per output row; for other targets (regression, hidden states, a structure such as (labels, weights)) it
+        is None. Targets may be what step() takes: an array, or a tuple, list or dict of arrays, each sliced
+        by rows. The loss is each batch's loss weighted by its rows: the mean over rows for a mean-reduced loss.
+        The model's train/eval mode is put back as it was, also on an error."""
         from ..autograd import no_grad
+        from ..compile import targets as target_layout
 
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"evaluate: batch_size must be a positive int, got {batch_size!r}")
+        rows = len(inputs)
+        if rows == 0:
+            raise ValueError(f"evaluate: the held-out data is empty (inputs of shape {np.shape(inputs)}); "
+                             f"pass at least one row")
+        spec, leaves = target_layout.flatten(targets)
+        short = [leaf.shape for leaf in leaves if leaf.ndim == 0 or len(leaf) != rows]
+        if short:
+            raise ValueError(f"evaluate: the targets must have one row per input row ({rows}); got arrays of shapes "
+                             f"{short}")
+        labels = leaves[0] if spec[0] == "array" and np.issubdtype(leaves[0].dtype, np.integer) else None
+        was_training = self.model.training
+        total_loss, correct, counted = 0.0, 0, labels is not None
         self.model.eval()
-        total_loss = 0.0
-        correct = 0
-        with no_grad(), float32_matmul_precision(self.matmul_precision):
-            for begin in range(0, len(inputs), batch_size):
-                with Arena(pool=self.pool, name="eval arena"):
-                    xb, yb = inputs[begin:begin + batch_size], targets[begin:begin + batch_size]
-                    out = Tensor(self.stream.predict(xb)) if self.stream is not None else self.model(Tensor(xb))
-                    total_loss += self.loss_fn(out, yb).item() * len(xb)
-                    correct += int((out.data.argmax(axis=-1) == yb).sum())
-        self.model.train()
-        return {"loss": total_loss / len(inputs), "accuracy": correct / len(inputs)}
+        try:
+            with no_grad(), float32_matmul_precision(self.matmul_precision):
+                for begin in range(0, rows, batch_size):
+                    stop = min(begin + batch_size, rows)
+                    with Arena(pool=self.pool, name="eval arena"):
+                        xb = inputs[begin:stop]
+                        yb = target_layout.build(spec, [leaf[begin:stop] for leaf in leaves])
+                        out = Tensor(self.stream.predict(xb)) if self.stream is not None else self.model(Tensor(xb))
+                        total_loss += self.loss_fn(out, yb).item() * (stop - begin)
+                        if counted and out.shape[:-1] == yb.shape:
+                            correct += int((out.data.argmax(axis=-1) == yb).sum())
+                        else:
+                            counted = False  # not one class index per output row: no accuracy to give
+        finally:
+            self.model.train(was_training)
+        return {"loss": total_loss / rows, "accuracy": correct / labels.size if counted else None}
 
     # -- checkpoints -----------------------------------------------------------
     def save(self, path, *, extra: dict | None = None) -> None:
