@@ -7,8 +7,9 @@ Runs are tiny (MLP 256->16->10, vit-tiny / vit-small at 16x16 images with 4px pa
 In-process runs (cli.main) are used where speed matters; subprocesses where the exit status, stderr
 or a fresh process (resume) is the point.
 
-Before the fixes, 34 of these 57 tests failed on commit 4139106. To see it:
-    git worktree add /tmp/old 4139106 && cp tests/test_cli_hunt.py /tmp/old/tests/
+Before the fixes, 34 of the hunt's 57 tests failed on commit 4139106 (the file as the hunt wrote it,
+committed in 3f6d35b; three expectations changed since, each saying why). To see it:
+    git worktree add /tmp/old 4139106 && git show 3f6d35b:tests/test_cli_hunt.py > /tmp/old/tests/test_cli_hunt.py
     cd /tmp/old && NUMBA_NUM_THREADS=1 python -m pytest -q -p no:cacheprovider tests/test_cli_hunt.py
 """
 
