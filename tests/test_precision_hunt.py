@@ -459,8 +459,8 @@ def test_alternating_float16_float32_batches_and_label_widths_train_like_eager(r
     assert _max_diff([p.data for p in model.parameters()], [p.data for p in ref.parameters()]) == 0.0
 
 
-# BUG (unclear error): a float16 batch for a float64 model fails, on every route, with "linear: the input is
-# float32 but the weight is float64": the user never had a float32 array. Tensor() (tensor.py:39-40) turns
+# Regression (fixed; unclear error): a float16 batch for a float64 model fails, on every route, with "linear: the
+# input is float32 but the weight is float64": the user never had a float32 array. Tensor() (tensor.py:39-40) turns
 # float16 into float32 before the check; torch names the dtype it was given ("got Half and Double").
 @pytest.mark.parametrize("route", ["eager", "python", "captured"])
 def test_a_float16_batch_for_a_float64_model_names_float16_in_the_error(route):
@@ -471,12 +471,12 @@ def test_a_float16_batch_for_a_float64_model_names_float16_in_the_error(route):
         trainer.step(x.astype(np.float16), y)
 
 
-# BUG: a big-endian float64 batch (np.load of a file written on a big-endian machine, np.frombuffer(b, ">f8"))
-# is silently rounded to float32: Tensor() (tensor.py:39-40) compares the dtype with SUPPORTED_FLOATS, where
-# ">f8" != "<f8", and casts anything else to DEFAULT_DTYPE. So a float64 model refuses it ("the input is
-# float32"), and a float32 model trains on it although it refuses the same values in native float64.
-# torch refuses non-native byte order with a clear error; the fix is to normalise the byte order
-# (array.dtype.newbyteorder("=")) before the SUPPORTED_FLOATS test.
+# Regression (fixed): a big-endian float64 batch (np.load of a file written on a big-endian machine, np.frombuffer(b,
+# ">f8")) is silently rounded to float32: Tensor() (tensor.py:39-40) compares the dtype with SUPPORTED_FLOATS, where
+# ">f8" != "<f8", and casts anything else to DEFAULT_DTYPE. So a float64 model refuses it ("the input is float32"),
+# and a float32 model trains on it although it refuses the same values in native float64. torch refuses non-native
+# byte order with a clear error; the fix is to normalise the byte order (array.dtype.newbyteorder("=")) before the
+# SUPPORTED_FLOATS test.
 @pytest.mark.parametrize("route", ["eager", "python", "captured"])
 def test_a_big_endian_float64_batch_trains_a_float64_model_like_the_native_one(route):
     assert ta.Tensor(np.array([0.1], ">f8")).dtype == F64
@@ -609,11 +609,11 @@ def test_a_mixed_dtype_model_with_a_group_per_dtype_trains_like_eager(route, mak
     assert _max_diff([p.data for p in model.parameters()], [p.data for p in ref.parameters()]) == 0.0
 
 
-# BUG (unclear error): with one param group (what eager trains fine, as torch does), the fused route raises
-# "a fused param group must hold one dtype, got ['float32', 'float64'] in the group with ['net.0.weight',
+# Regression (fixed; unclear error): with one param group (what eager trains fine, as torch does), the fused route
+# raises "a fused param group must hold one dtype, got ['float32', 'float64'] in the group with ['net.0.weight',
 # 'net.0.bias', 'net.2.weight']..." - it names the group's first three parameters, not the float64 one
-# (compile/flat.py:77-80, FlatGroup.__init__ prints names[:3]). It should train like eager (lay the group out
-# as one flat group per dtype) or at least name the parameters of the minority dtype.
+# (compile/flat.py:77-80, FlatGroup.__init__ prints names[:3]). It should train like eager (lay the group out as one
+# flat group per dtype) or at least name the parameters of the minority dtype.
 @pytest.mark.parametrize("route", ["python", "captured"])
 def test_a_mixed_dtype_model_in_one_group_trains_like_eager_or_names_the_float64_layer(route):
     batches = _mlp_batches(F32)
@@ -632,14 +632,14 @@ def test_a_mixed_dtype_model_in_one_group_trains_like_eager_or_names_the_float64
 
 # -- converting the model between steps (model.double() / model.float(), as in torch) --------------------
 
-# BUG: model.to(dtype) / double() / float() between fused steps is silently undone. The eager route trains the
-# converted model (as torch does); the fused route's next step finds the parameters no longer bound to its flat
-# buffers, and FlatState.ensure_bound -> FlatGroup.bind (compile/flat.py:139-142) copies the new values back
-# into the OLD dtype's flat buffer (np.copyto casts float64 -> float32 silently) and rebinds the parameters to
-# it. The step then fails with "linear: the input is float64 but the weight is float32 ... (model.double())",
-# advice the user has just followed; fed the old dtype's batch instead, it trains silently in the old dtype.
-# Fix: FlatState.stale() (flat.py:278) should report a parameter whose dtype differs from its flat group's (a
-# new layout in the new dtype, state cast), as it reports a requires_grad change.
+# Regression (fixed): model.to(dtype) / double() / float() between fused steps is silently undone. The eager route
+# trains the converted model (as torch does); the fused route's next step finds the parameters no longer bound to its
+# flat buffers, and FlatState.ensure_bound -> FlatGroup.bind (compile/flat.py:139-142) copies the new values back into
+# the OLD dtype's flat buffer (np.copyto casts float64 -> float32 silently) and rebinds the parameters to it. The step
+# then fails with "linear: the input is float64 but the weight is float32 ... (model.double())", advice the user has
+# just followed; fed the old dtype's batch instead, it trains silently in the old dtype. Fix: FlatState.stale()
+# (flat.py:278) should report a parameter whose dtype differs from its flat group's (a new layout in the new dtype,
+# state cast), as it reports a requires_grad change.
 @pytest.mark.parametrize("frm,to", [(F32, F64), (F64, F32)], ids=["double", "float"])
 @pytest.mark.parametrize("route", ["python", "captured"])
 def test_converting_the_model_dtype_between_fused_steps_trains_like_eager(route, frm, to):
@@ -681,7 +681,7 @@ def test_converting_the_model_dtype_between_fused_steps_casts_the_optimizer_stat
     assert results[route][1] == results["eager"][1]
 
 
-# BUG (lost trained state): after trainer.stream.to_memory() (the documented way to edit the model) and
+# Regression (fixed; lost trained state): after trainer.stream.to_memory() (the documented way to edit the model) and
 # model.double(), the next streaming step moves the float64 state into a new store (StreamingRoute._reenter,
 # stream/route.py:479-491) but keeps the gradient buffer sized for the float32 layout (self._grads, sized once
 # in __init__ at route.py:174-175). The step dies in _grad_views (route.py:344) with "cannot reshape array of

@@ -212,12 +212,12 @@ def test_a_store_with_a_frozen_stage_resumes(tmp_path):
     assert _max_diff(m1, model) <= 1e-10
 
 
-# BUG: with clip_grad_norm, the streaming route's global norm counts the gradients of every parameter that
-# requires grad, also those the optimizer does not hold (fine-tuning only the head, the rest left trainable);
-# eager (trainer.py: clip over the optimizer's params) and fused clip only the optimizer's parameters. Here
-# the streamed norm is ~2.4x the eager one, so the step sizes and the trained head differ.
-# Cause: stream/route.py _Sweep.run, `self.norms.extend(_norm(p.grad) for p in stage.params if p.grad ...)`:
-# it should only count parameters with a group (`route._group_of`).
+# Regression (fixed): with clip_grad_norm, the streaming route's global norm counts the gradients of every parameter
+# that requires grad, also those the optimizer does not hold (fine-tuning only the head, the rest left trainable);
+# eager (trainer.py: clip over the optimizer's params) and fused clip only the optimizer's parameters. Here the
+# streamed norm is ~2.4x the eager one, so the step sizes and the trained head differ. Cause: stream/route.py
+# _Sweep.run, `self.norms.extend(_norm(p.grad) for p in stage.params if p.grad ...)`: it should only count parameters
+# with a group (`route._group_of`).
 def test_clip_norm_counts_only_the_optimizers_parameters_as_eager_does(tmp_path):
     make = lambda m: optim.AdamW(list(m.head.parameters()), lr=1e-2)  # noqa: E731
     _compare(tmp_path, make, clip=0.5, steps=5)
@@ -247,7 +247,7 @@ def test_a_shared_block_is_refused_by_streaming_with_a_clear_error(tmp_path):
         *_batches(1)[0]).loss)
 
 
-# BUG: a model that has stream_stages() but cannot stream (a shared block, tied weights) cannot train on
+# Regression (fixed): a model that has stream_stages() but cannot stream (a shared block, tied weights) cannot train on
 # route "eager" or "fused" at all once a memory_limit is given, nor on route="auto": the route planner
 # (train/route_plan.py plan_routes, `has_stages = callable(model.stream_stages)` -> trace_stages ->
 # model_stages) raises StreamingUnsupportedError about stages even for a route that never streams, before
@@ -349,7 +349,7 @@ def test_simcse_cli_refuses_route_streaming_before_loading_anything():
         _check_args(args)
 
 
-# BUG (unclear error): route="auto" with a memory_limit nothing fits, on a model without stream_stages()
+# Regression (fixed; unclear error): route="auto" with a memory_limit nothing fits, on a model without stream_stages()
 # (BERT, SimCSE), says only "nothing fits: the smallest, fused, needs ... raise the limit or lower the batch
 # size". The promise is "if it does not fit, train anyway by streaming"; the error never says that streaming
 # was not considered because the model has no stream_stages() (nor that eager's estimate was not made).
@@ -438,17 +438,16 @@ def test_resident_bytes_and_io_are_what_the_estimate_says_and_do_not_move(tmp_pa
     assert reports[-1].rss - reports[1].rss < 1 << 20  # nothing grows with the step count (1 MiB slack)
 
 
-# BUG (estimate below what the step holds): the route plan's streaming activations ("activations (one stage)"
-# + "boundary activations") are below the step's measured transient peak (last_stats.arena_high_water):
-# 477,728 < 512,384 bytes for this depth-3 ViT at batch 8 (any depth), 78,976 < 83,072 for the staged BERT.
-# The step arena also holds the two input-gradient buffers of _Sweep._io_grad (stream/route.py: "two per
-# (shape, dtype)", each a boundary activation's size), which train/route_plan.py's streaming parts leave out
-# (its docstring: "one boundary activation per stage"). So route="auto" can pick streaming for a budget that
-# the step then exceeds. Fix: add 2 x the largest boundary activation (per shape/dtype) as "boundary
-# gradients" to the streaming estimate.
-# (Fixed with that part; the boundary activations no longer count the last stage's output, which lives in
-# its stage arena: the three parts now equal the measured peak. The check below, which summed only the first
-# two parts, sums all three and asks for equality.)
+# Regression (fixed; estimate below what the step holds): the route plan's streaming activations ("activations (one
+# stage)" + "boundary activations") are below the step's measured transient peak (last_stats.arena_high_water):
+# 477,728 < 512,384 bytes for this depth-3 ViT at batch 8 (any depth), 78,976 < 83,072 for the staged BERT. The step
+# arena also holds the two input-gradient buffers of _Sweep._io_grad (stream/route.py: "two per (shape, dtype)", each
+# a boundary activation's size), which train/route_plan.py's streaming parts leave out (its docstring: "one boundary
+# activation per stage"). So route="auto" can pick streaming for a budget that the step then exceeds. Fix: add 2 x the
+# largest boundary activation (per shape/dtype) as "boundary gradients" to the streaming estimate. (Fixed with that
+# part; the boundary activations no longer count the last stage's output, which lives in its stage arena: the three
+# parts now equal the measured peak. The check below, which summed only the first two parts, sums all three and asks
+# for equality.)
 @pytest.mark.parametrize("clip", [None, 1.0], ids=["no-clip", "clip"])
 @pytest.mark.parametrize("kind", ["vit", "bert"])
 def test_the_planned_streaming_activations_cover_the_measured_step(tmp_path, kind, clip):
@@ -484,13 +483,13 @@ def test_a_given_store_dir_is_kept_and_resumable(tmp_path):
     np.testing.assert_allclose(losses, l1, rtol=0, atol=1e-10)
 
 
-# BUG (disk leak): Trainer(route="streaming") without store_dir (also the CLI without --store-dir, and every
-# out-of-memory fallback) makes tempfile.mkdtemp("tensorarena-store-") (train/trainer.py _start_streaming)
-# and never removes it: the model's parameters and optimizer state (for ViT-Base ~1 GB) stay in /tmp after the
-# run, and nothing reports where, so every run leaks one such directory. Nothing documents that it is kept,
-# and with a random name no later run can resume it. Expected (as tempfile.TemporaryDirectory): a directory
-# the trainer made itself is removed when the run ends (after to_memory(), on a close()/garbage collection;
-# weakref.finalize(self, shutil.rmtree, dir)); a store_dir the user gave is kept (test above).
+# Regression (fixed; disk leak): Trainer(route="streaming") without store_dir (also the CLI without --store-dir, and
+# every out-of-memory fallback) makes tempfile.mkdtemp("tensorarena-store-") (train/trainer.py _start_streaming) and
+# never removes it: the model's parameters and optimizer state (for ViT-Base ~1 GB) stay in /tmp after the run, and
+# nothing reports where, so every run leaks one such directory. Nothing documents that it is kept, and with a random
+# name no later run can resume it. Expected (as tempfile.TemporaryDirectory): a directory the trainer made itself is
+# removed when the run ends (after to_memory(), on a close()/garbage collection; weakref.finalize(self, shutil.rmtree,
+# dir)); a store_dir the user gave is kept (test above).
 def test_a_temporary_store_the_trainer_made_is_removed_when_the_trainer_goes(tmp_path):
     model = _vit()
     trainer = Trainer(model, optim.SGD(model.parameters(), lr=0.05), cross_entropy, route="streaming")
@@ -572,12 +571,12 @@ def _frozen_embed_model(seed=0):
     return model
 
 
-# BUG: on the default io="map" a stage with no parameters (here a frozen embedding left out of its stage, as
-# stages.py allows; or any parameter-free stage: pooling, a reshape) fails the first step with a bare
-# "ValueError: cannot mmap an empty file" from the store's I/O thread; io="copy" trains it and matches eager.
-# Cause: stream/store.py ParamStore._map (mmap.mmap(fd, nbytes) with nbytes == 0: the stage file is 0 bytes,
-# StageLayout.total_bytes == 0). Fix: do not map a 0-byte stage (hand out empty views), or give every stage
-# file at least one aligned block.
+# Regression (fixed): on the default io="map" a stage with no parameters (here a frozen embedding left out of its
+# stage, as stages.py allows; or any parameter-free stage: pooling, a reshape) fails the first step with a bare
+# "ValueError: cannot mmap an empty file" from the store's I/O thread; io="copy" trains it and matches eager. Cause:
+# stream/store.py ParamStore._map (mmap.mmap(fd, nbytes) with nbytes == 0: the stage file is 0 bytes,
+# StageLayout.total_bytes == 0). Fix: do not map a 0-byte stage (hand out empty views), or give every stage file at
+# least one aligned block.
 @pytest.mark.parametrize("io", ["map", "copy"])
 def test_a_stage_without_parameters_streams_as_eager_trains(tmp_path, io):
     batches = _batches(5)
@@ -619,13 +618,13 @@ def _frozen_embed_trainer(route, tmp_path, tag, seed=0):
     return model, Trainer(model, opt, cross_entropy, route=route, store_dir=tmp_path / tag, stream_io="copy")
 
 
-# BUG (lost state): a checkpoint saved on the streaming route holds only the parameters listed in some stage.
-# Parameters in no stage (the frozen embedding here, which stages.py allows to leave out: only trainable ones
-# must be in a stage) are missing from the file, so it does not load on eager or fused ("Missing key(s) in
-# state_dict (4): 'cls_token', 'patch_embed.weight', ...") and a streaming resume into a freshly built model
-# keeps that model's own (wrong) values for them. Cause: stream/checkpoint.py _entries (and
-# load_into_streaming) walk route.stages only; save_checkpoint on eager writes model.state_dict(). Fix: write
-# and load the in-memory parameters outside every stage too (they are small and already in memory).
+# Regression (fixed; lost state): a checkpoint saved on the streaming route holds only the parameters listed in some
+# stage. Parameters in no stage (the frozen embedding here, which stages.py allows to leave out: only trainable ones
+# must be in a stage) are missing from the file, so it does not load on eager or fused ("Missing key(s) in state_dict
+# (4): 'cls_token', 'patch_embed.weight', ...") and a streaming resume into a freshly built model keeps that model's
+# own (wrong) values for them. Cause: stream/checkpoint.py _entries (and load_into_streaming) walk route.stages only;
+# save_checkpoint on eager writes model.state_dict(). Fix: write and load the in-memory parameters outside every stage
+# too (they are small and already in memory).
 def test_a_streaming_checkpoint_keeps_the_parameters_outside_every_stage(tmp_path):
     batches = _batches(6)
     straight_model, straight = _frozen_embed_trainer("eager", tmp_path, "straight")
