@@ -32,8 +32,9 @@ branch on the data's values); the checks refuse what they can see breaking that,
 keeps the Python replay, with the reason logged. The default, `replay="auto"`, captures when the
 model's modules and the loss are all tensorarena's (kept free of such branches) and keeps the
 Python replay for a step that runs the user's own forward or loss (captured.choose_replay).
-The trace itself does not update anything: no step is taken, and RNG states are restored, so
-`memory_report()` is known before step 1 and step 1 is the first replay.
+The trace itself does not update anything: no step is taken, and RNG states and the model's buffers (what a
+forward writes in training, as BatchNorm's running statistics) are restored, so `memory_report()` is known
+before step 1, step 1 is the first replay, and the buffers see each batch once, as on the eager route.
 
 Between steps a user may change what a hand-written PyTorch loop lets them change. Hyperparameters in
 `param_groups` are read live by every update. A change to the layout's inputs (requires_grad set or
@@ -374,6 +375,9 @@ class FusedStep:
             y = target_layout.build(spec, target_buffers)
         params = self.flat.params()
         saved_rng = _rng_states(self.model)
+        # The trace runs the step's Python once more on this batch: a forward that updates buffers in training
+        # (a running mean, a batch count) must not keep that update, or the buffers see step 1's batch twice.
+        saved_buffers = _buffer_states(self.model)
         # Every other leaf's .grad is kept (the trace changes none): the model's parameters outside the layout
         # and those left out of it for having had no gradient, which may sit outside the model.
         others = {p: p.grad for p in [*self.model.parameters(), *self.left_out.values()] if not self.flat.owns(p)}
@@ -413,6 +417,7 @@ class FusedStep:
                 del loss
         finally:
             _restore_rng(saved_rng)
+            _restore_buffers(saved_buffers)
             for p in params:
                 p.grad = None
             for p, grad in others.items():
@@ -650,3 +655,64 @@ def _restore_rng(saved: list[tuple[np.random.Generator, dict]]) -> None:
     for gen, state in saved:
         if not (untouched and gen is peek_default_generator()):
             gen.bit_generator.state = state
+
+
+# A buffer's entry in BufferStates: dotted name, its module and attribute, the object the attribute held, the
+# array holding its values (the object itself, a Tensor's data, or None for None or a plain number), a copy.
+BufferEntry = tuple[str, Module, str, Any, "np.ndarray | None", "np.ndarray | None"]
+
+
+def buffer_slots(model: Module) -> list[tuple[str, Module, str]]:
+    """(dotted name, module, attribute) of every registered buffer of `model`, a shared module's once; None
+    ones too (a forward may set one). Found by one walk over the modules."""
+    return [(f"{path}.{name}" if path else name, module, name)
+            for path, module in model.named_modules() for name in vars(module).get("_buffers", {})]
+
+
+class BufferStates(list):
+    """[BufferEntry] for the model's buffers, taken by _buffer_states; _restore_buffers puts back both the object
+    each attribute held and its values: a forward may write a buffer in place (`running_mean[...] = ...`,
+    `num_batches_tracked += 1`) or bind a new value (`self.running_mean = 0.9 * self.running_mean + ...`)."""
+
+
+def _buffer_states(model: Module | None = None, slots: list[tuple[str, Module, str]] | None = None) -> BufferStates:
+    """The buffers' objects and a copy of their values, now: of `slots` (buffer_slots, found once by a caller
+    that snapshots often) or of all of `model`'s. Empty, at the cost of one walk, for a model without buffers
+    (tensorarena's own models have none)."""
+    saved = BufferStates()
+    for path, module, name in (slots if slots is not None else buffer_slots(model)):
+        value = getattr(module, name, None)
+        array = value._data if isinstance(value, Tensor) else value if isinstance(value, np.ndarray) else None
+        saved.append((path, module, name, value, array, None if array is None else array.copy()))
+    return saved
+
+
+def _restore_buffers(saved: list[BufferEntry]) -> None:
+    """Put each buffer of `saved` back: the object its attribute held, holding the values it had then."""
+    for _, module, name, value, array, copy in saved:
+        object.__setattr__(module, name, value)  # as register_buffer sets it
+        if isinstance(value, Tensor):
+            value._data = array
+        if array is not None and array.flags.writeable:  # a read-only one cannot have been written in place
+            np.copyto(array, copy)
+
+
+def _buffer_unchanged(entry: BufferEntry) -> bool:
+    """Whether the buffer of `entry` holds the values it held then (bit for bit, in dtype and shape too), in
+    whatever object: what a checkpoint saves and a forward reads."""
+    _, module, name, value, _, copy = entry
+    now = getattr(module, name, None)
+    if now is None or value is None:
+        return now is value
+    then = copy if copy is not None else np.asarray(value)
+    now = np.asarray(now._data if isinstance(now, Tensor) else now)
+    if now.dtype != then.dtype or now.shape != then.shape:
+        return False
+    if now.dtype.hasobject:  # no bits to compare
+        return bool(np.array_equal(now, then))
+    return bool(np.array_equal(np.ascontiguousarray(now).view(np.uint8), np.ascontiguousarray(then).view(np.uint8)))
+
+
+def _changed_buffers(saved: list[BufferEntry]) -> list[str]:
+    """The dotted names of the buffers whose values differ from `saved`'s."""
+    return [entry[0] for entry in saved if not _buffer_unchanged(entry)]
