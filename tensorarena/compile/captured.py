@@ -21,8 +21,12 @@ draws its seed inside one, tensorarena.random.Seed, so a replay draws a new one 
 pass starts from the same generator states, and the recording must leave them where the Python
 pass did), when a recorded call reads an array outside the plan's buffers, the flat state and the
 model's own arrays (e.g. a mask the step computed with NumPy from the batch), when a leaf the
-optimizer does not own gets a gradient, or when replaying the recording fails. A refusal is logged,
-and the plan keeps the Python replay.
+optimizer does not own gets a gradient, when replaying the recording fails, or when the recording leaves
+the model's buffers (register_buffer) otherwise than its Python pass did (a running statistic updated
+with NumPy in a forward: a replay would never update it again). A refusal is logged, and the plan keeps
+the Python replay.
+Every pass starts from the generators' states and the buffers the capture found, and leaves them so: the
+real step after it draws and writes them once, as the eager step does.
 
 Some batches cannot check a recording, though the next of the signature may: the second batch equals
 the batch, both give the same loss and gradients (every target ignored), or a loss is not finite (a
@@ -515,7 +519,7 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
     on the batch: a bad batch, a MemoryError, an interrupt) propagates, as the Python replay would raise it,
     with nothing updated and the generators where they were; a failure of the recording's own passes (3
     and 4) is a refusal; a batch that cannot tell the passes apart is _Unchecked."""
-    from .step import _restore_rng, _rng_states
+    from .step import _buffer_states, _restore_buffers, _restore_rng, _rng_states
 
     x, y = _data(inputs), targets  # the targets as given: one array or a structure of them (load_batch)
     xb, yb = SecondOf(x), None if y is None else SecondOf(y)
@@ -526,6 +530,9 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
     sink = step.grad_sink
     dispatch = kernels.dispatch_key()  # the kernels the recording will hold are the ones handed out now
     saved = _rng_states(step.model)  # every pass starts from these states, and the real steps after them
+    # And from these buffers: a forward's buffer writes in training (running statistics) are the real step's
+    # to make, once, as on eager; the passes' writes are compared (_left_buffers) and undone.
+    buffers = _buffer_states(step.model)
     tape = Tape()
     try:
         with float32_matmul_precision(step.matmul_precision):
@@ -540,6 +547,7 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
             used = [g for g, _ in saved if g is not peek_default_generator() or default_asks() != saved.asks]
             drawn = _rng_states(step.model, used)
             _restore_rng(saved)
+            first["buffers"] = _left_buffers(step, buffers)
             if first["foreign"]:
                 return _refused(f"{len(first['foreign'])} leaf tensor(s) the optimizer does not own received a "
                                 f"gradient; a recording would not set their .grad")
@@ -557,6 +565,7 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
             except Exception as exc:  # the second batch is made up: its failure says nothing of the real one
                 return _Unchecked(f"the Python replay failed on the second batch ({type(exc).__name__}: {exc})")
             _restore_rng(saved)
+            second["buffers"] = _left_buffers(step, buffers)
             if not second["finite"]:
                 return _Unchecked(f"the loss on the second batch is {second['loss_value']}, so its gradients "
                                   f"cannot check the recording")
@@ -566,13 +575,14 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
             result = Capture(tape, first["loss_buffer"], first["forward_end"], dispatch=dispatch)
             try:
                 again, other, random_outside = _tape_passes(step, plan, sink, result, (x, y), (xb, yb), saved,
-                                                            drawn)
+                                                            drawn, buffers, (first["buffers"], second["buffers"]))
             except MemoryError:
                 raise
             except Exception as exc:  # a recorded call that cannot run again, e.g.: the Python replay goes on
                 return _refused(f"replaying the recording failed ({type(exc).__name__}: {exc})")
     finally:
         _restore_rng(saved)  # the first real step draws what the Python replay's first step would
+        _restore_buffers(buffers)  # and finds the buffers the previous step left
         sink.mode = "update"
     if random_outside:
         return _refused("the step draws random numbers outside its recorded calls (an rng used in the model's "
@@ -586,24 +596,55 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
             return _refused(f"on {name}, the recording's {what} differ from the Python replay's: some of the "
                             f"step's work on arrays is not in it (a NumPy write outside kernels and tape.host, "
                             f"or an argument computed from the data)")
+    for name, got in (("the batch", again), ("the second batch", other)):
+        if got["buffers"]:
+            return _refused(f"on {name}, the step's Python writes buffers {got['buffers'][:5]} that the recording "
+                            f"does not write as it does (a write outside kernels and tape.host, e.g. a running "
+                            f"statistic updated with NumPy in forward), so a captured replay would not update them")
     log.info("fused route: captured the step for %s as %d calls (checked on two batches)", plan.signature,
              len(tape.entries))
     return result
 
 
 def _tape_passes(step: "FusedStep", plan: "StepPlan", sink: GradSink, result: Capture, batch: tuple,
-                 second: tuple, saved: list, drawn: list) -> tuple[dict, dict | None, bool]:
+                 second: tuple, saved: list, drawn: list, buffers: list, python_left: tuple
+                 ) -> tuple[dict, dict | None, bool]:
     """Passes 3 and 4: the recording on the batch and on the second batch; and whether pass 3 left the
-    generators elsewhere than the Python pass did (then pass 4 is not run: None)."""
+    generators elsewhere than the Python pass did (then pass 4 is not run: None). Each pass's "buffers":
+    the model's buffers it left with other values than its Python pass did (python_left: passes 1 and 2's
+    _left_buffers), found before they are put back to `buffers`, as every pass found them."""
     from .step import _restore_rng
 
     again = _tape_pass(step, plan, sink, result, *batch)
+    again["buffers"] = _unrepeated_buffers(python_left[0], buffers)
     # Draws made through recorded calls (random.Seed: dropout) happen again on a replay; any other
     # draw would not, and leaves the generators elsewhere than the Python pass did.
     if not all(_same_state(g.bit_generator.state, s) for g, s in drawn):
         return again, None, True
     _restore_rng(saved)
-    return again, _tape_pass(step, plan, sink, result, *second), False
+    other = _tape_pass(step, plan, sink, result, *second)
+    other["buffers"] = _unrepeated_buffers(python_left[1], buffers)
+    return again, other, False
+
+
+def _left_buffers(step: "FusedStep", buffers: list) -> list | None:
+    """After a Python pass: the buffers as it left them (None when it changed none, the common case: no
+    copy), then put back to `buffers`, where the pass found them."""
+    from .step import _buffer_states, _changed_buffers, _restore_buffers
+
+    left = _buffer_states(step.model) if _changed_buffers(buffers) else None
+    _restore_buffers(buffers)
+    return left
+
+
+def _unrepeated_buffers(python_left: list | None, buffers: list) -> list[str]:
+    """After a recording's pass: the names of the buffers it left otherwise than its Python pass did
+    (python_left, or `buffers` where that changed none), then every buffer put back to `buffers`."""
+    from .step import _changed_buffers, _restore_buffers
+
+    differ = _changed_buffers(python_left if python_left is not None else buffers)
+    _restore_buffers(buffers)
+    return differ
 
 
 def capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> Capture | None:
