@@ -57,6 +57,7 @@ from ..tensor import Tensor
 from ..train.checkpoint import _generators, _jsonable
 from ..train.report import NonFiniteLossError, check_step_options
 from . import optim_state
+from .buffers import StageBuffers
 from .follow import follow_user_changes, group_map
 from .heap import return_freed_pages
 from .stages import Stage, model_stages
@@ -418,6 +419,7 @@ class StreamingRoute:
         # a stage's layout fails here, with the store untouched, not after some stages took the step.
         grad_views = [self._grad_views(k) for k in range(n)]
         loads = _Loads(self.store, plan)
+        buffers = StageBuffers(self.model, n)  # the backward sweeps recompute forwards: their writes are undone
         stage_hw = 0
         try:
             with no_grad():
@@ -430,11 +432,12 @@ class StreamingRoute:
                         keep = arena.alloc(y.shape, y.dtype)  # the outer step arena: lives until backward
                         np.copyto(keep, y)
                     stage_hw = max(stage_hw, inner.stats.high_water)
+                    buffers.ran(k)
                     self._detach(k)
                     acts[k + 1] = keep
             rng_before[n - 1] = self._rng_snapshot()
             io_grads: dict[tuple, list[np.ndarray]] = {}
-            sweep = _Sweep(self, arena, loads, acts, rng_before, targets, io_grads, grad_views)
+            sweep = _Sweep(self, arena, loads, acts, rng_before, targets, io_grads, grad_views, buffers)
             grad_norm = scale = None
             if self.clip_grad_norm is not None:
                 loss, finite = sweep.run(update=False)
@@ -619,8 +622,9 @@ class _Sweep:
     """One backward pass over the stages, last to first; see StreamingRoute's module docstring."""
 
     def __init__(self, route: StreamingRoute, arena: Arena, loads: _Loads, acts: list, rng_before: list,
-                 targets: Any, io_grads: dict, grad_views: list[list[np.ndarray]]) -> None:
+                 targets: Any, io_grads: dict, grad_views: list[list[np.ndarray]], buffers: StageBuffers) -> None:
         self.route, self.arena, self.loads, self.acts = route, arena, loads, acts
+        self.buffers = buffers  # the model's buffers: each stage's forward writes them once a step, not per sweep
         self.rng_before, self.targets, self.io_grads = rng_before, targets, io_grads
         self.grad_views = grad_views  # per stage, over the route's one gradient buffer
         self.rng_after = None
@@ -640,7 +644,14 @@ class _Sweep:
         return pair[parity]
 
     def run(self, *, update: bool, coef: float | None = None) -> tuple[float, bool]:
-        """Recompute + backward every stage; update each one (update=True) or collect gradient norms."""
+        """Recompute + backward every stage; update each one (update=True) or collect gradient norms. The
+        buffers end as the stages' real forwards left them (stream/buffers.py), however the sweep ends."""
+        try:
+            return self._run(update, coef)
+        finally:
+            self.buffers.sweep_ended()
+
+    def _run(self, update: bool, coef: float | None) -> tuple[float, bool]:
         route, n = self.route, len(self.route.stages)
         upstream = None
         loss = math.nan
@@ -659,7 +670,9 @@ class _Sweep:
                     xin = Tensor(self.acts[k], requires_grad=True)
                     xin._grad_buffer = self._io_grad(self.acts[k].shape, self.acts[k].dtype, k % 2)
                 with enable_grad():
+                    self.buffers.before(k)
                     out = _as_tensor(stage.forward(xin), stage.name)
+                    self.buffers.after(k)  # before the loss: a non-finite one still keeps the real forward's writes
                     if last:
                         loss_t = route.loss_fn(out, self.targets)
                         loss = float(loss_t.item())

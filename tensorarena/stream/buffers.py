@@ -1,0 +1,55 @@
+"""The model's buffers on the streaming route: each stage's writes kept once per step, as the eager step keeps them.
+
+A forward in training may write buffers (register_buffer: BatchNorm's running_mean and
+num_batches_tracked). The eager step runs each stage's forward once; the streaming route runs it
+once more per backward sweep, to recompute the stage with grad (two sweeps with clip_grad_norm), so
+without care the buffers see every batch two or three times. So `StageBuffers` notes which buffers
+each stage's real forward changed (their values before and after it), and around each recompute:
+  - before: those buffers go back to their values before the real forward, so the recompute reads what
+    the real forward read and computes the same outputs;
+  - after: back to those values again, so the next stage down, recomputed next, finds what it found;
+and once a sweep ends, however it ends, every buffer goes back to where the real forwards left it.
+A stage whose recompute writes a buffer its real forward did not change (a forward that branches on
+something besides its input, the generators and the buffers) is still put right by that last step.
+
+A model without buffers (tensorarena's own) costs one walk over its modules per step, nothing more.
+"""
+
+from __future__ import annotations
+
+from ..compile.step import BufferStates, _buffer_states, _buffer_unchanged, _restore_buffers, buffer_slots
+from ..nn.module import Module
+
+
+class StageBuffers:
+    """The buffers' values before and after each stage's real forward (its writes) in one step."""
+
+    def __init__(self, model: Module, stages: int) -> None:
+        self.slots = buffer_slots(model)  # found once a step: a snapshot per stage reads only these
+        self.last = _buffer_states(slots=self.slots)  # as the real forwards so far left them
+        # Per stage, once its real forward ran: (before, after), the entries of the buffers it changed.
+        self.writes: list[tuple[BufferStates, BufferStates] | None] = [None] * stages
+
+    def ran(self, k: int) -> None:
+        """Stage k's real forward (its first this step) has just run: note the buffers it changed."""
+        now = _buffer_states(slots=self.slots)
+        changed = [i for i, entry in enumerate(self.last) if not _buffer_unchanged(entry)]
+        self.writes[k] = (BufferStates(self.last[i] for i in changed), BufferStates(now[i] for i in changed))
+        self.last = now
+
+    def before(self, k: int) -> None:
+        """Before stage k's forward in a backward sweep: a recompute finds the values its real forward found
+        (the last stage's first forward, in the first sweep, is its real one: nothing to do)."""
+        if self.writes[k] is not None:
+            _restore_buffers(self.writes[k][0])
+
+    def after(self, k: int) -> None:
+        """After stage k's forward in a backward sweep: note its writes if it was the real one, and leave the
+        values the stage found, for the stage below it."""
+        if self.writes[k] is None:
+            self.ran(k)
+        _restore_buffers(self.writes[k][0])
+
+    def sweep_ended(self) -> None:
+        """A sweep ended (done, a non-finite loss, an error): every buffer as the real forwards left it."""
+        _restore_buffers(self.last)
