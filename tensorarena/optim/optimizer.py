@@ -344,7 +344,9 @@ class Optimizer:
                     np.copyto(prev, np.asarray(value))  # keep the existing heap buffer (a plan may hold it)
                     out[key] = prev
                 else:
-                    out[key] = np.array(value, dtype=p.dtype, copy=True)  # heap, owned, never aliased
+                    # np.asarray first: np.array(copy=True) hands copy= to a torch Tensor's __array__, which
+                    # does not take it (NumPy 2's DeprecationWarning, an error under the test settings).
+                    out[key] = np.array(np.asarray(value), dtype=p.dtype, copy=True)  # heap, owned, never aliased
             else:
                 out[key] = value
         return out

@@ -1,0 +1,700 @@
+"""Bug hunt: optimizers, LR schedules and clipping against torch.optim, beyond test_optim / test_optimizers_more /
+test_lr_scheduler: porting state dicts both ways, option combinations, per-group options, zero_grad modes, zero
+gradients, validation, scheduler resume / state / dtypes, schedules on the fused Trainer, clip_grad_norm_.
+
+18 of these 185 tests failed on 4139106, before the fixes (each under a "Regression (fixed)" comment saying what
+was wrong; a "# BUG:" comment marks one still open). With this file copied into a worktree of 4139106
+(git worktree add /tmp/old 4139106), run in /tmp/old:
+`NUMBA_NUM_THREADS=1 timeout 900 python -m pytest -q -p no:cacheprovider tests/test_optim_hunt.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import tensorarena as ta
+from tensorarena import optim
+from tensorarena.nn import Parameter
+from tensorarena.optim import lr_scheduler as ls
+
+TLS = torch.optim.lr_scheduler
+TORCH_DTYPE = {np.float64: torch.float64, np.float32: torch.float32}
+TOL = {np.float64: 1e-10, np.float32: 1e-5}
+SHAPES = [(3,), (2, 4), ()]
+
+
+@contextlib.contextmanager
+def _torch_default(dtype):
+    """torch keeps step counts (and NAdam's mu_product) in the default dtype: float64 for float64 comparisons."""
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(TORCH_DTYPE[dtype])
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
+
+
+def _pair(dtype=np.float64, seed=0, shapes=SHAPES):
+    rng = np.random.default_rng(seed)
+    arrays = [rng.standard_normal(s) for s in shapes]
+    ours = [Parameter(a, dtype=dtype) for a in arrays]
+    theirs = [torch.tensor(a, dtype=TORCH_DTYPE[dtype], requires_grad=True) for a in arrays]
+    return ours, theirs
+
+
+def _grads(n, dtype=np.float64, seed=1, shapes=SHAPES, scale=1.0, none_every=5, zero_rows=False):
+    """n steps of gradients; now and then None (no gradient), optionally with all-zero rows (sparse-like)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for step in range(n):
+        row = []
+        for i, s in enumerate(shapes):
+            if none_every and (step + i) % none_every == 2:
+                row.append(None)
+                continue
+            g = np.asarray(scale * rng.standard_normal(s), dtype=dtype)
+            if zero_rows and g.ndim == 2:
+                g[step % g.shape[0]] = 0.0  # an embedding row that was not looked up
+            if zero_rows and g.ndim == 1 and step % 3 == 0:
+                g[...] = 0.0
+            row.append(g)
+        out.append(row)
+    return out
+
+
+def _apply(opt, params, grads, torch_side):
+    for row in grads:
+        for p, g in zip(params, row):
+            if torch_side:
+                p.grad = None if g is None else torch.from_numpy(g.copy())
+            else:
+                p.grad = None if g is None else g.copy()
+        opt.step()
+
+
+def _max_diff(ours, theirs):
+    return max(float(np.max(np.abs(p.data - t.detach().numpy()), initial=0.0)) for p, t in zip(ours, theirs))
+
+
+def _groups(params, *overrides):
+    """Split params into len(overrides) consecutive groups, each with its own options."""
+    n = len(overrides)
+    cut = [round(i * len(params) / n) for i in range(n + 1)]
+    return [{"params": params[cut[i]:cut[i + 1]], **overrides[i]} for i in range(n)]
+
+
+# -- porting optimizer state: torch -> ours and ours -> torch -----------------------------------------------------
+
+PORT_CASES = {
+    "SGD-momentum": (optim.SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9, dampening=0.2)),
+    "SGD-nesterov": (optim.SGD, torch.optim.SGD, dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01)),
+    "Adam-amsgrad": (optim.Adam, torch.optim.Adam, dict(lr=0.01, amsgrad=True, weight_decay=0.1)),
+    "AdamW": (optim.AdamW, torch.optim.AdamW, dict(lr=0.01, weight_decay=0.05, maximize=True)),
+    "NAdam": (optim.NAdam, torch.optim.NAdam, dict(lr=0.01, momentum_decay=0.01)),
+    "RMSprop": (optim.RMSprop, torch.optim.RMSprop, dict(lr=0.01, centered=True, momentum=0.5)),
+    "Adagrad": (optim.Adagrad, torch.optim.Adagrad, dict(lr=0.1, lr_decay=0.01, initial_accumulator_value=0.1)),
+}
+
+
+def _two_group(params, kw):
+    return _groups(params, {"lr": kw["lr"]}, {"lr": kw["lr"] / 3})
+
+
+@pytest.mark.parametrize("name", list(PORT_CASES))
+def test_torch_optimizer_state_dict_loads_into_ours_and_training_continues_like_torch(name):
+    ours_cls, torch_cls, kw = PORT_CASES[name]
+    grads = _grads(14)
+    with _torch_default(np.float64):
+        _, tparams = _pair()
+        topt = torch_cls(_two_group(tparams, kw), foreach=False, **kw)
+        _apply(topt, tparams, grads[:7], True)
+        saved = copy.deepcopy(topt.state_dict())  # what torch.load of a torch checkpoint gives: tensors
+        params = [Parameter(t.detach().numpy().copy(), dtype=np.float64) for t in tparams]
+        opt = ours_cls(_two_group(params, dict(kw, lr=123.0)), **dict(kw, lr=123.0))  # lr must come from the dict
+        opt.load_state_dict(saved)
+        assert [g["lr"] for g in opt.param_groups] == [g["lr"] for g in topt.param_groups]
+        for t, p in zip(tparams, params):  # every state entry is now a heap NumPy array, never a torch tensor
+            assert all(isinstance(v, np.ndarray) for v in opt.state[p].values())
+        _apply(opt, params, grads[7:], False)
+        _apply(topt, tparams, grads[7:], True)
+    assert _max_diff(params, tparams) <= 1e-10
+
+
+# Regression (fixed): loading a torch optimizer's state_dict (torch tensors, as torch.load gives them) into a
+# fresh optimizer emitted NumPy 2's DeprecationWarning "__array__ implementation doesn't accept a copy keyword, so
+# passing copy=False failed" -- an error under this project's filterwarnings = ["error"], and a failure in a NumPy
+# to come. Cause: optimizer.py _copy_param_state, `np.array(value, dtype=p.dtype, copy=True)` handed copy= to
+# torch.Tensor.__array__, which does not take it. Fixed: np.asarray(value) first, then the copy.
+def test_loading_a_torch_optimizer_state_dict_emits_no_warning():
+    _, tparams = _pair()
+    topt = torch.optim.Adam(tparams, lr=0.01, foreach=False)
+    _apply(topt, tparams, _grads(2, none_every=0), True)
+    params = [Parameter(t.detach().numpy().copy(), dtype=np.float64) for t in tparams]
+    opt = optim.Adam(params, lr=0.01)
+    opt.load_state_dict(topt.state_dict())  # warnings are errors here (pyproject.toml)
+    for p, t in zip(params, tparams):
+        np.testing.assert_array_equal(opt.state[p]["exp_avg"], topt.state[t]["exp_avg"].numpy())
+
+
+@pytest.mark.parametrize("name", list(PORT_CASES))
+def test_our_state_dict_as_tensors_loads_into_torch_and_training_continues_like_ours(name):
+    ours_cls, torch_cls, kw = PORT_CASES[name]
+    grads = _grads(14, seed=4)
+    params, _ = _pair()
+    opt = ours_cls(_two_group(params, kw), **kw)
+    _apply(opt, params, grads[:7], False)
+    sd = opt.state_dict()
+    as_tensors = {"state": {i: {k: torch.from_numpy(np.array(v)) for k, v in e.items()}
+                            for i, e in sd["state"].items()},
+                  "param_groups": json.loads(json.dumps(sd["param_groups"]))}  # plain JSON hyperparameters
+    with _torch_default(np.float64):
+        tparams = [torch.tensor(p.data.copy(), requires_grad=True) for p in params]
+        topt = torch_cls(_two_group(tparams, dict(kw, lr=5.0)), foreach=False, **dict(kw, lr=5.0))
+        topt.load_state_dict(as_tensors)
+        _apply(topt, tparams, grads[7:], True)
+    _apply(opt, params, grads[7:], False)
+    assert _max_diff(params, tparams) <= 1e-10
+
+
+# -- options and combinations not covered elsewhere ---------------------------------------------------------------
+
+OPTION_CASES = [
+    (optim.Adam, torch.optim.Adam, dict(lr=0.01, weight_decay=0.1, decoupled_weight_decay=True)),
+    (optim.Adam, torch.optim.Adam, dict(lr=0.01, weight_decay=0.1, decoupled_weight_decay=True, amsgrad=True,
+                                        maximize=True)),
+    (optim.Adam, torch.optim.Adam, dict(lr=0.01, betas=(0.0, 0.0))),
+    (optim.Adam, torch.optim.Adam, dict(lr=0.01, betas=(0.0, 0.5), eps=0.1)),
+    (optim.AdamW, torch.optim.AdamW, dict(lr=0.01, weight_decay=0.0)),
+    (optim.AdamW, torch.optim.AdamW, dict(lr=0.01, weight_decay=1.5, betas=(0.5, 0.5))),
+    (optim.NAdam, torch.optim.NAdam, dict(lr=0.01, momentum_decay=0.0)),
+    (optim.NAdam, torch.optim.NAdam, dict(lr=0.01, betas=(0.0, 0.9))),
+    (optim.NAdam, torch.optim.NAdam, dict(lr=0.01, eps=0.5, weight_decay=0.2, decoupled_weight_decay=True,
+                                          maximize=True)),
+    (optim.RMSprop, torch.optim.RMSprop, dict(lr=0.01, eps=1e-3, alpha=0.0)),
+    (optim.RMSprop, torch.optim.RMSprop, dict(lr=0.01, alpha=1.0, eps=0.1)),
+    (optim.RMSprop, torch.optim.RMSprop, dict(lr=0.01, momentum=0.9, weight_decay=0.1, maximize=True)),
+    (optim.Adagrad, torch.optim.Adagrad, dict(lr=0.1, eps=1e-3, initial_accumulator_value=2.0)),
+    (optim.Adagrad, torch.optim.Adagrad, dict(lr=0.1, lr_decay=1.0)),
+    (optim.SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9, dampening=-0.5)),  # torch accepts any dampening
+    (optim.SGD, torch.optim.SGD, dict(lr=0.1, dampening=0.5)),  # dampening without momentum: no effect
+]
+
+
+def _option_id(case):
+    cls, _, kw = case
+    return cls.__name__ + "-" + "-".join(f"{k}={v}" for k, v in kw.items())
+
+
+def _run_both(ours_cls, torch_cls, make_groups, kw, dtype, grads, fused=None):
+    ours, theirs = _pair(dtype)
+    extra = {} if fused is None else {"fused": fused}
+    opt = ours_cls(make_groups(ours), **kw, **extra)
+    with _torch_default(dtype):
+        topt = torch_cls(make_groups(theirs), foreach=False, **kw)
+        for step, row in enumerate(grads):
+            _apply(opt, ours, [row], False)
+            _apply(topt, theirs, [row], True)
+            diff = _max_diff(ours, theirs)
+            assert diff <= TOL[dtype], f"step {step}: max |ours - torch| = {diff:.3g}"
+    return opt, topt
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "reference"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("case", OPTION_CASES, ids=[_option_id(c) for c in OPTION_CASES])
+def test_option_combinations_match_torch(case, dtype, fused):
+    ours_cls, torch_cls, kw = case
+    scale = 1.0 if dtype == np.float64 else 0.1
+    _run_both(ours_cls, torch_cls, list, kw, dtype, _grads(30, dtype, scale=scale), fused=fused)
+
+
+PER_GROUP = {
+    "Adam": (optim.Adam, torch.optim.Adam, dict(lr=0.01),
+             ({"amsgrad": True, "weight_decay": 0.1}, {"maximize": True, "betas": (0.5, 0.9)},
+              {"decoupled_weight_decay": True, "weight_decay": 0.2, "lr": 0.003})),
+    "NAdam": (optim.NAdam, torch.optim.NAdam, dict(lr=0.01),
+              ({"decoupled_weight_decay": True, "weight_decay": 0.1}, {"momentum_decay": 0.05},
+               {"maximize": True, "lr": 0.02})),
+    "RMSprop": (optim.RMSprop, torch.optim.RMSprop, dict(lr=0.01),
+                ({"centered": True}, {"momentum": 0.9, "alpha": 0.5}, {"weight_decay": 0.1, "eps": 1e-3})),
+    # (not initial_accumulator_value per group: torch's Adagrad fills its state from the constructor's value and
+    # ignores a group's own; ours honours the group's, see the next test)
+    "Adagrad": (optim.Adagrad, torch.optim.Adagrad, dict(lr=0.1),
+                ({"lr_decay": 0.1}, {"weight_decay": 0.05}, {"maximize": True, "eps": 1e-3})),
+    "SGD": (optim.SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9),
+            ({"nesterov": True}, {"momentum": 0.0}, {"dampening": 0.5, "maximize": True})),
+}
+
+
+@pytest.mark.parametrize("name", list(PER_GROUP))
+def test_per_group_options_match_torch(name):
+    ours_cls, torch_cls, kw, overrides = PER_GROUP[name]
+    opt, topt = _run_both(ours_cls, torch_cls, lambda ps: _groups(ps, *overrides), kw, np.float64, _grads(25))
+    sd, tsd = opt.state_dict(), topt.state_dict()
+    assert set(tsd["state"]) <= set(sd["state"])  # ours also keeps a step count where torch's SGD keeps nothing
+    for index, entry in tsd["state"].items():
+        assert set(entry) <= set(sd["state"][index]), f"param {index}: torch keeps {sorted(entry)}"
+        for key, value in entry.items():
+            np.testing.assert_allclose(sd["state"][index][key], value.numpy(), rtol=1e-10, atol=1e-12, err_msg=key)
+
+
+def test_adagrad_honours_a_groups_own_initial_accumulator_value():
+    # torch.optim.Adagrad fills "sum" from the constructor's initial_accumulator_value even for a group that sets
+    # its own; the group's value is what a user asks for, so the reference is a torch Adagrad built with it.
+    ours, theirs = _pair()
+    opt = optim.Adagrad([{"params": ours[:1]}, {"params": ours[1:], "initial_accumulator_value": 0.5}], lr=0.1)
+    with _torch_default(np.float64):
+        topts = [torch.optim.Adagrad(theirs[:1], lr=0.1, foreach=False),
+                 torch.optim.Adagrad(theirs[1:], lr=0.1, initial_accumulator_value=0.5, foreach=False)]
+        for row in _grads(10):
+            _apply(opt, ours, [row], False)
+            for t, g in zip(theirs, row):
+                t.grad = None if g is None else torch.from_numpy(g.copy())
+            for topt in topts:
+                topt.step()
+    assert _max_diff(ours, theirs) <= 1e-10
+
+
+@pytest.mark.parametrize("name", ["Adam-amsgrad", "RMSprop", "Adagrad", "NAdam", "SGD-momentum"])
+def test_sparse_like_zero_gradients_and_float32_match_torch(name):
+    ours_cls, torch_cls, kw = PORT_CASES[name]
+    grads = _grads(30, np.float32, scale=0.1, zero_rows=True, none_every=0)
+    _run_both(ours_cls, torch_cls, list, kw, np.float32, grads)
+
+
+@pytest.mark.parametrize("name", ["Adam-amsgrad", "SGD-momentum", "RMSprop"])
+def test_zero_grad_both_modes_match_torch(name):
+    # set_to_none=True: the next step skips every parameter (state and step count stay); set_to_none=False:
+    # zero gradients, so momentum-like state still moves the parameters. torch does both.
+    ours_cls, torch_cls, kw = PORT_CASES[name]
+    ours, theirs = _pair()
+    opt = ours_cls(ours, **kw)
+    with _torch_default(np.float64):
+        topt = torch_cls(theirs, foreach=False, **kw)
+        grads = _grads(12, none_every=0)
+        for step, row in enumerate(grads):
+            _apply(opt, ours, [row], False)
+            _apply(topt, theirs, [row], True)
+            set_to_none = step % 2 == 0
+            opt.zero_grad(set_to_none=set_to_none)
+            topt.zero_grad(set_to_none=set_to_none)
+            for p, t in zip(ours, theirs):
+                assert (p.grad is None) == (t.grad is None)
+                if p.grad is not None:
+                    np.testing.assert_array_equal(p.grad, t.grad.numpy())
+            opt.step()
+            topt.step()
+            assert _max_diff(ours, theirs) <= 1e-10, f"step {step}"
+    for p, t in zip(ours, theirs):
+        if "step" in topt.state[t]:
+            assert float(opt.state[p]["step"]) == float(topt.state[t]["step"])
+
+
+def test_an_empty_param_group_is_accepted_like_torch():
+    ours, theirs = _pair()
+    opt = optim.Adam([{"params": ours}, {"params": [], "lr": 0.5}], lr=0.01)
+    with _torch_default(np.float64):
+        topt = torch.optim.Adam([{"params": theirs}, {"params": [], "lr": 0.5}], lr=0.01, foreach=False)
+        sched, tsched = ls.StepLR(opt, step_size=2), TLS.StepLR(topt, step_size=2)
+        for row in _grads(6):
+            _apply(opt, ours, [row], False)
+            _apply(topt, theirs, [row], True)
+            sched.step()
+            tsched.step()
+    assert _max_diff(ours, theirs) <= 1e-10
+    assert sched.get_last_lr() == pytest.approx(tsched.get_last_lr(), abs=1e-15)
+    assert [g["params"] for g in opt.state_dict()["param_groups"]] == [g["params"] for g in
+                                                                         topt.state_dict()["param_groups"]]
+
+
+def test_a_parameter_given_twice_is_refused_clearly():
+    # torch warns ("in future, this will cause an error") and then updates the parameter twice per step;
+    # refusing up front is the safer reading, as long as the message says what is wrong.
+    ours, _ = _pair()
+    with pytest.raises(ValueError, match="duplicate parameters"):
+        optim.SGD([ours[0], ours[1], ours[0]], lr=0.1)
+    opt = optim.SGD(ours[:2], lr=0.1)
+    with pytest.raises(ValueError, match="more than one parameter group"):
+        opt.add_param_group({"params": [ours[2], ours[0]]})
+    assert len(opt.param_groups) == 1
+
+
+BAD_VALUES = [  # (torch's SGD lets a NaN lr/momentum/weight_decay through (`lr < 0.0`); ours refuses it: better)
+    (optim.SGD, torch.optim.SGD, dict(lr=0.1, momentum=0.9, dampening=0.1, nesterov=True)),
+    (optim.Adam, torch.optim.Adam, dict(betas=(float("nan"), 0.9))),
+    (optim.Adam, torch.optim.Adam, dict(betas=(0.9, 1.0 + 1e-12))),
+    (optim.Adam, torch.optim.Adam, dict(eps=float("nan"))),
+    (optim.AdamW, torch.optim.AdamW, dict(lr=-1e-9)),
+    (optim.NAdam, torch.optim.NAdam, dict(weight_decay=float("nan"))),
+    (optim.NAdam, torch.optim.NAdam, dict(momentum_decay=float("nan"))),
+    (optim.RMSprop, torch.optim.RMSprop, dict(eps=-1e-12)),
+    (optim.RMSprop, torch.optim.RMSprop, dict(alpha=float("nan"))),
+    (optim.Adagrad, torch.optim.Adagrad, dict(lr=-0.1)),
+    (optim.Adagrad, torch.optim.Adagrad, dict(weight_decay=-1.0)),
+]
+
+
+@pytest.mark.parametrize("case", BAD_VALUES, ids=[_option_id(c) for c in BAD_VALUES])
+def test_bad_hyperparameters_raise_value_error_as_torch(case):
+    ours_cls, torch_cls, kw = case
+    with pytest.raises(ValueError):
+        torch_cls([torch.zeros(2, requires_grad=True)], **kw)
+    with pytest.raises(ValueError):
+        ours_cls([Parameter(np.zeros(2))], **kw)
+    # the same value set later by hand is caught when a state dict carrying it is loaded
+    opt = ours_cls([Parameter(np.zeros(2))])
+    sd = opt.state_dict()
+    sd["param_groups"][0].update(kw)
+    with pytest.raises(ValueError):
+        opt.load_state_dict(sd)
+
+
+# BUG: a parameter's .grad may be set to an array of another float dtype (tensor.py accepts it; torch refuses it
+# at assignment). SGD and Adam then update with it on both kernels, and so do the *reference* kernels of NAdam,
+# RMSprop, Adagrad, Lion and LAMB, but their default *fused* kernels raise "nadam: array float32[5] does not match
+# param float64[5]" (kernels/optim_arrays.py flat_views): the two twins of one optimizer disagree, and which
+# optimizers train depends on the kernel. Adagrad's reference updates but squares the float32 gradient in float32
+# (np.multiply(grad, grad, out=<float64 scratch>) runs the float32 loop): 2e-9 off the float64 update. Expected:
+# the same outcome for every optimizer and kernel (here: the update with the gradient cast to the parameter's
+# dtype, what SGD/Adam and the other reference kernels do), or one clear refusal in Optimizer._grad_of for all.
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "reference"])
+@pytest.mark.parametrize("make", [
+    lambda ps, f: optim.SGD(ps, lr=0.1, momentum=0.9, fused=f),
+    lambda ps, f: optim.Adam(ps, lr=0.1, fused=f),
+    lambda ps, f: optim.NAdam(ps, lr=0.1, fused=f),
+    lambda ps, f: optim.RMSprop(ps, lr=0.1, fused=f),
+    lambda ps, f: optim.Adagrad(ps, lr=0.1, fused=f),
+    lambda ps, f: optim.Lion(ps, lr=0.1, fused=f),
+    lambda ps, f: optim.LAMB(ps, lr=0.1, fused=f),
+], ids=["SGD", "Adam", "NAdam", "RMSprop", "Adagrad", "Lion", "LAMB"])
+def test_a_gradient_of_another_dtype_is_handled_alike_by_both_kernels(make, fused):
+    grad = np.linspace(0.1, 0.5, 5, dtype=np.float32)
+    expected = Parameter(np.linspace(1, 2, 5), dtype=np.float64)
+    ref = make([expected], fused)
+    expected.grad = grad.astype(np.float64)
+    ref.step()
+    p = Parameter(np.linspace(1, 2, 5), dtype=np.float64)
+    opt = make([p], fused)
+    p.grad = grad
+    opt.step()
+    np.testing.assert_allclose(p.data, expected.data, rtol=0, atol=1e-12)
+
+
+# BUG: under np.seterr(all="raise") (DESIGN.md's house rule for tests; also what a user hunting NaNs turns on) the
+# reference optimizer kernels raise FloatingPointError "underflow encountered in multiply" on legitimate values: a
+# float32 gradient of 1e-25 (g*g underflows to 0 in Adam/NAdam/RMSprop/Adagrad/LAMB), or a momentum buffer decaying
+# under zero gradients into subnormals (SGD after ~90 steps from 1e-30, Adam/NAdam after ~700 steps from 1e-3).
+# torch (and our fused twins) give the zero/subnormal result silently. Cause: kernels/optim_arrays.py
+# (second_moment_, lerp_), kernels/sgd.py sgd_reference (buf *= momentum), kernels/adam.py adam_reference and the
+# nadam/rmsprop/adagrad/lamb references run NumPy ufuncs without np.errstate(under="ignore") (the softmax, gelu,
+# layer_norm and cross_entropy kernels and clip.py already wrap theirs). Fix: run each reference update under
+# np.errstate(under="ignore").
+@pytest.mark.parametrize("name, ours_cls, torch_cls, kw", [
+    ("Adam", optim.Adam, torch.optim.Adam, dict(lr=0.1)),
+    ("NAdam", optim.NAdam, torch.optim.NAdam, dict(lr=0.1)),
+    ("RMSprop", optim.RMSprop, torch.optim.RMSprop, dict(lr=0.1)),
+    ("Adagrad", optim.Adagrad, torch.optim.Adagrad, dict(lr=0.1)),
+    ("LAMB", optim.LAMB, None, dict(lr=0.1)),
+], ids=["Adam", "NAdam", "RMSprop", "Adagrad", "LAMB"])
+def test_reference_kernels_do_not_raise_on_underflow_of_tiny_float32_gradients(name, ours_cls, torch_cls, kw):
+    assert np.geterr()["under"] == "raise"  # tests/conftest.py
+    start = np.array([1.0, -2.0, 0.5])
+    grad = np.full(3, 1e-25, dtype=np.float32)
+    p = Parameter(start, dtype=np.float32)
+    opt = ours_cls([p], fused=False, **kw)
+    if torch_cls is None:  # no torch LAMB: the fused twin is the reference here
+        t = Parameter(start, dtype=np.float32)
+        topt = ours_cls([t], fused=True, **kw)
+        t.grad = grad.copy()
+        topt.step()
+        want = t.data
+    else:
+        t = torch.tensor(start, dtype=torch.float32, requires_grad=True)
+        topt = torch_cls([t], foreach=False, **kw)
+        t.grad = torch.from_numpy(grad.copy())
+        topt.step()
+        want = t.detach().numpy()
+    p.grad = grad.copy()
+    opt.step()
+    np.testing.assert_allclose(p.data, want, rtol=0, atol=1e-5)
+
+
+# BUG: (same cause as above) SGD's reference kernel raises FloatingPointError once a momentum buffer fed zero
+# gradients decays below float32's smallest normal number (here after ~150 steps) (kernels/sgd.py: `buf *= dt(momentum)`); torch keeps
+# going with subnormals and then zeros.
+def test_reference_sgd_momentum_decaying_under_zero_gradients_keeps_going():
+    p = Parameter(np.array([1.0, 2.0]), dtype=np.float32)
+    t = torch.tensor([1.0, 2.0], dtype=torch.float32, requires_grad=True)
+    opt = optim.SGD([p], lr=0.1, momentum=0.9, fused=False)
+    topt = torch.optim.SGD([t], lr=0.1, momentum=0.9, foreach=False)
+    for step in range(250):
+        g = np.full(2, 1e-30 if step == 0 else 0.0, dtype=np.float32)  # one tiny gradient, then an unused row
+        p.grad, t.grad = g.copy(), torch.from_numpy(g.copy())
+        opt.step()
+        topt.step()
+    np.testing.assert_allclose(p.data, t.detach().numpy(), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(opt.state[p]["momentum_buffer"], topt.state[t]["momentum_buffer"].numpy(),
+                               rtol=0, atol=1e-44)
+
+
+# BUG: after optimizer.zero_grad() (set_to_none=True) a gradient array the user still holds is overwritten by the
+# next backward: zero_grad sets p.grad = None but Tensor keeps the same array as _grad_buffer and the next
+# backward writes into it (optimizer.py zero_grad "the buffer is kept for reuse"; tensor.py
+# _accumulate_leaf_grad). In torch the held gradient keeps its values (a new one is allocated), which is what
+# gradient surgery / accumulation by hand / logging grads of the previous step rely on; here they silently
+# change. Fix: have zero_grad(set_to_none=True) drop the buffer when anything else still references it (e.g.
+# sys.getrefcount), or only reuse it after set_to_none=False.
+def test_a_held_gradient_survives_zero_grad_and_the_next_backward():
+    p = Parameter(np.array([1.0, 2.0, 3.0]))
+    opt = optim.SGD([p], lr=0.1)
+    t = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64, requires_grad=True)
+    topt = torch.optim.SGD([t], lr=0.1)
+    (p * ta.Tensor(np.array([1.0, 1.0, 1.0]))).sum().backward()
+    (t * 1.0).sum().backward()
+    held, theld = p.grad, t.grad
+    opt.zero_grad()
+    topt.zero_grad()
+    (p * 3.0).sum().backward()
+    (t * 3.0).sum().backward()
+    np.testing.assert_array_equal(p.grad, t.grad.numpy())
+    np.testing.assert_array_equal(held, theld.numpy())  # [1, 1, 1]; ours became [3, 3, 3]
+
+
+# -- LR schedules -----------------------------------------------------------------------------------------------
+
+LRS = (0.1, 0.02, 0.5)
+
+
+def _opts(lrs=LRS):
+    ours = optim.SGD([{"params": [Parameter(np.zeros(2))], "lr": lr} for lr in lrs])
+    theirs = torch.optim.SGD([{"params": [torch.zeros(2, requires_grad=True)], "lr": lr} for lr in lrs])
+    return ours, theirs
+
+
+SCHEDULES = {  # each runs unchanged on (our module, optimizer) and (torch's module, optimizer)
+    "ConstantLR-torch-defaults": lambda m, o, **k: m.ConstantLR(o, factor=1 / 3, total_iters=5, **k),
+    "LinearLR": lambda m, o, **k: m.LinearLR(o, start_factor=0.2, end_factor=0.7, total_iters=12, **k),
+    "LinearLR-down": lambda m, o, **k: m.LinearLR(o, start_factor=1.0, end_factor=0.25, total_iters=9, **k),
+    "CosineAnnealingLR": lambda m, o, **k: m.CosineAnnealingLR(o, T_max=13, eta_min=0.01, **k),
+    "CosineAnnealingLR-eta_min-above-a-base": lambda m, o, **k: m.CosineAnnealingLR(o, T_max=10, eta_min=0.2, **k),
+    "StepLR": lambda m, o, **k: m.StepLR(o, step_size=4, gamma=0.7, **k),
+    "StepLR-growing": lambda m, o, **k: m.StepLR(o, step_size=3, gamma=1.5, **k),
+    "StepLR-gamma0": lambda m, o, **k: m.StepLR(o, step_size=5, gamma=0.0, **k),
+    "ExponentialLR": lambda m, o, **k: m.ExponentialLR(o, gamma=0.9, **k),
+}
+SEQUENTIAL = {
+    "SequentialLR-linear-exp-cosine": lambda m, o: m.SequentialLR(o, [
+        m.LinearLR(o, start_factor=0.1, total_iters=5), m.ExponentialLR(o, gamma=0.9),
+        m.CosineAnnealingLR(o, T_max=15, eta_min=1e-4)], milestones=[5, 15]),
+    "SequentialLR-step-then-constant": lambda m, o: m.SequentialLR(o, [
+        m.StepLR(o, step_size=3, gamma=0.5), m.ConstantLR(o, factor=0.5, total_iters=6)], milestones=[10]),
+}
+
+
+def _same_lrs(sched, tsched, opt, topt, where, tol=1e-12):
+    ours, theirs = sched.get_last_lr(), [float(x) for x in tsched.get_last_lr()]
+    assert np.max(np.abs(np.subtract(ours, theirs))) <= tol, f"{where}: {ours} vs {theirs}"
+    groups, tgroups = [g["lr"] for g in opt.param_groups], [g["lr"] for g in topt.param_groups]
+    assert np.max(np.abs(np.subtract(groups, tgroups))) <= tol, f"{where}: groups {groups} vs {tgroups}"
+
+
+@pytest.mark.parametrize("name", list(SCHEDULES) + list(SEQUENTIAL))
+def test_schedule_over_40_steps_with_three_groups_matches_torch(name):
+    build = SCHEDULES.get(name) or SEQUENTIAL[name]
+    opt, topt = _opts()
+    sched, tsched = build(ls, opt), build(TLS, topt)
+    _same_lrs(sched, tsched, opt, topt, "construction")
+    for step in range(40):
+        opt.step()
+        topt.step()
+        sched.step()
+        tsched.step()
+        _same_lrs(sched, tsched, opt, topt, f"step {step + 1}")
+
+
+@pytest.mark.parametrize("k", [0, 3, 12])
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_resume_with_last_epoch_continues_an_uninterrupted_torch_run(name, k):
+    # The optimizer state (lrs, initial_lr) of a run stopped after k scheduler steps, a new scheduler with
+    # last_epoch=k: every lr from then on is the uninterrupted torch run's. (torch's own resume differs by a step for
+    # LinearLR/Cosine/Exponential: documented in lr_scheduler.py; the uninterrupted run is the reference.)
+    build = SCHEDULES[name]
+    opt, topt = _opts()
+    sched, tsched = build(ls, opt), build(TLS, topt)
+    for _ in range(k):
+        opt.step()
+        topt.step()
+        sched.step()
+        tsched.step()
+    resumed_opt, _ = _opts(lrs=(9.0, 9.0, 9.0))
+    resumed_opt.load_state_dict(opt.state_dict())
+    resumed = build(ls, resumed_opt, last_epoch=k)
+    topt.step()
+    tsched.step()
+    assert resumed.last_epoch == tsched.last_epoch == k + 1
+    _same_lrs(resumed, tsched, resumed_opt, topt, "resumed")
+    for step in range(30):
+        resumed_opt.step()
+        topt.step()
+        resumed.step()
+        tsched.step()
+        _same_lrs(resumed, tsched, resumed_opt, topt, f"step {k + step + 2}")
+
+
+def test_constant_lr_with_factor_zero_is_exact():
+    # torch's recursive ConstantLR divides by the factor at total_iters (ZeroDivisionError for factor=0);
+    # the closed form gives 0 until total_iters, then the base lr.
+    opt, _ = _opts()
+    sched = ls.ConstantLR(opt, factor=0.0, total_iters=4)
+    seen = [sched.get_last_lr()]
+    for _ in range(6):
+        opt.step()
+        sched.step()
+        seen.append(sched.get_last_lr())
+    assert seen == [[0.0, 0.0, 0.0]] * 4 + [list(LRS)] * 3
+
+
+@pytest.mark.parametrize("name", ["StepLR", "CosineAnnealingLR", "LinearLR", "SequentialLR-linear-exp-cosine"])
+def test_our_scheduler_state_dict_loads_into_torch(name):
+    build = SCHEDULES.get(name) or SEQUENTIAL[name]
+    opt, topt = _opts()
+    sched, tsched = build(ls, opt), build(TLS, topt)
+    for _ in range(9):
+        opt.step()
+        sched.step()
+    tsched.load_state_dict(json.loads(json.dumps(sched.state_dict())))
+    topt.load_state_dict(opt.state_dict() | {"state": {}})
+    for step in range(25):
+        opt.step()
+        topt.step()
+        sched.step()
+        tsched.step()
+        _same_lrs(sched, tsched, opt, topt, f"step {step + 10}")
+
+
+# BUG: a torch scheduler's state_dict cannot be loaded into ours: torch's (2.13) has the private keys "_is_initial"
+# and "_get_lr_called_within_step", and LRScheduler.load_state_dict (optim/lr_scheduler.py, the `unknown` check)
+# raises "scheduler state has keys ['_get_lr_called_within_step', '_is_initial'] that StepLR does not have; was it
+# saved from a different scheduler?". A user porting a torch run (optimizer state loads fine, see above) cannot
+# bring the schedule along; the reverse direction works. Fix: ignore (drop) torch's known private bookkeeping
+# keys, or every key starting with "_" that this class does not have, instead of refusing them.
+@pytest.mark.parametrize("name", ["StepLR", "CosineAnnealingLR", "SequentialLR-linear-exp-cosine"])
+def test_torch_scheduler_state_dict_loads_into_ours(name):
+    build = SCHEDULES.get(name) or SEQUENTIAL[name]
+    opt, topt = _opts()
+    sched, tsched = build(ls, opt), build(TLS, topt)
+    for _ in range(9):
+        topt.step()
+        tsched.step()
+    opt.load_state_dict({"state": {}, "param_groups": copy.deepcopy(topt.state_dict()["param_groups"])})
+    sched.load_state_dict(copy.deepcopy(tsched.state_dict()))
+    assert sched.last_epoch == tsched.last_epoch
+    for step in range(25):
+        opt.step()
+        topt.step()
+        sched.step()
+        tsched.step()
+        _same_lrs(sched, tsched, opt, topt, f"step {step + 10}")
+
+
+# BUG: the schedulers refuse NumPy integers for step counts: CosineAnnealingLR(opt, T_max=np.int64(10)) raises
+# "ValueError: T_max must be an integer >= 1, got np.int64(10)" (a self-contradicting message); the same for
+# StepLR step_size, LinearLR/ConstantLR total_iters, SequentialLR milestones and warmup_cosine's step counts, and
+# ExponentialLR/StepLR gamma=np.float32(0.9) ("must be a finite number"). In a NumPy engine these come straight
+# from array arithmetic (np.ceil(n / batch).astype(int) * epochs); torch accepts them all. Cause:
+# optim/lr_scheduler.py _check_int uses isinstance(value, int) and _check_float isinstance(value, (int, float)).
+# Fix: accept numbers.Integral / numbers.Real (operator.index for ints), still excluding bool.
+def test_schedulers_accept_numpy_numbers_like_torch():
+    cases = [
+        lambda m, o: m.CosineAnnealingLR(o, T_max=np.int64(10)),
+        lambda m, o: m.StepLR(o, step_size=np.int64(3), gamma=np.float32(0.5)),
+        lambda m, o: m.LinearLR(o, start_factor=0.25, total_iters=np.int64(5)),
+        lambda m, o: m.ExponentialLR(o, gamma=np.float32(0.9)),
+        lambda m, o: m.SequentialLR(o, [m.ExponentialLR(o, gamma=0.9), m.StepLR(o, step_size=2)],
+                                    milestones=[np.int64(3)]),
+    ]
+    for build in cases:
+        opt, topt = _opts()
+        sched, tsched = build(ls, opt), build(TLS, topt)
+        for step in range(12):
+            opt.step()
+            topt.step()
+            sched.step()
+            tsched.step()
+            _same_lrs(sched, tsched, opt, topt, f"step {step + 1}", tol=1e-7)  # float32 gamma
+    opt, _ = _opts()
+    sched = ls.warmup_cosine(opt, np.int64(3), np.int64(10))
+    assert sched.get_last_lr()[0] == pytest.approx(LRS[0] * 1e-3, rel=1e-12)
+
+
+def test_schedules_drive_the_fused_trainer_with_per_group_lrs_as_eager():
+    from mlp_cases import labelled_rows, small_mlp
+    from tensorarena.nn.functional import cross_entropy
+    from tensorarena.train.trainer import Trainer
+
+    batches = labelled_rows(dtype=np.float64)
+
+    def run(route):
+        model = small_mlp(dtype=np.float64)
+        params = list(model.parameters())
+        opt = optim.Adam([{"params": params[:2], "lr": 0.02}, {"params": params[2:], "lr": 0.005}],
+                         amsgrad=True)
+        sched = SEQUENTIAL["SequentialLR-linear-exp-cosine"](ls, opt)
+        trainer = Trainer(model, opt, cross_entropy, scheduler=sched, route=route)
+        lrs = []
+        for i in range(35):
+            report = trainer.step(*batches[i % len(batches)])
+            assert report.route == route
+            lrs.append([g["lr"] for g in opt.param_groups] + [report.lr])
+        return model, lrs, trainer
+
+    eager, eager_lrs, _ = run("eager")
+    fused, fused_lrs, trainer = run("fused")
+    assert trainer.fused.traces == 1
+    assert fused_lrs == eager_lrs
+    # and the lrs are torch's
+    topt = torch.optim.SGD([{"params": [torch.zeros(1, requires_grad=True)], "lr": lr} for lr in (0.02, 0.005)])
+    tsched = SEQUENTIAL["SequentialLR-linear-exp-cosine"](TLS, topt)
+    for step in range(35):
+        topt.step()
+        tsched.step()
+        assert fused_lrs[step][:2] == pytest.approx([g["lr"] for g in topt.param_groups], abs=1e-12)
+    for p, q in zip(eager.parameters(), fused.parameters()):
+        np.testing.assert_allclose(q.data, p.data, rtol=0, atol=1e-10)
+
+
+# -- clip_grad_norm_ ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("norm_type", [2, 1, math.inf, "inf", 0.5])
+def test_clip_grad_norm_with_missing_grads_and_zero_grads_matches_torch(norm_type, dtype):
+    rng = np.random.default_rng(7)
+    shapes = [(3,), (2, 2), (4,), ()]
+    ours, theirs = _pair(dtype, shapes=shapes)
+    for i, (p, t) in enumerate(zip(ours, theirs)):
+        if i == 2:
+            continue  # no gradient at all: skipped, as torch
+        g = np.zeros(p.shape, dtype) if i == 3 else (3 * rng.standard_normal(p.shape)).astype(dtype)
+        p.grad, t.grad = g.copy(), torch.from_numpy(g.copy())
+    total = optim.clip_grad_norm_(iter(ours), 0.7, norm_type=norm_type)  # a generator, like model.parameters()
+    ttotal = torch.nn.utils.clip_grad_norm_(theirs, 0.7, norm_type=norm_type, foreach=False)
+    assert isinstance(total, float)
+    assert total == pytest.approx(float(ttotal), rel=TOL[dtype])
+    for p, t in zip(ours, theirs):
+        assert (p.grad is None) == (t.grad is None)
+        if p.grad is not None:
+            np.testing.assert_allclose(p.grad, t.grad.numpy(), rtol=TOL[dtype], atol=TOL[dtype] * 1e-3)
+    for bad in (math.inf, math.nan):
+        p = Parameter(np.ones(2), dtype=dtype)
+        p.grad = np.array([bad, 1.0], dtype=dtype)
+        with pytest.raises(RuntimeError, match=re.escape("non-finite")):
+            optim.clip_grad_norm_([p], 1.0, norm_type=norm_type, error_if_nonfinite=True)
+        np.testing.assert_array_equal(p.grad, np.array([bad, 1.0], dtype=dtype))  # untouched when it raises
