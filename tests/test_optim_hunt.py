@@ -580,12 +580,11 @@ def test_our_scheduler_state_dict_loads_into_torch(name):
         _same_lrs(sched, tsched, opt, topt, f"step {step + 10}")
 
 
-# BUG: a torch scheduler's state_dict cannot be loaded into ours: torch's (2.13) has the private keys "_is_initial"
-# and "_get_lr_called_within_step", and LRScheduler.load_state_dict (optim/lr_scheduler.py, the `unknown` check)
-# raises "scheduler state has keys ['_get_lr_called_within_step', '_is_initial'] that StepLR does not have; was it
-# saved from a different scheduler?". A user porting a torch run (optimizer state loads fine, see above) cannot
-# bring the schedule along; the reverse direction works. Fix: ignore (drop) torch's known private bookkeeping
-# keys, or every key starting with "_" that this class does not have, instead of refusing them.
+# Regression (fixed): a torch scheduler's state_dict could not be loaded into ours: torch's (2.13) has the private
+# keys "_is_initial" and "_get_lr_called_within_step", and LRScheduler.load_state_dict (optim/lr_scheduler.py,
+# the `unknown` check) raised "scheduler state has keys ['_get_lr_called_within_step', '_is_initial'] that StepLR
+# does not have; was it saved from a different scheduler?". A user porting a torch run could not bring the schedule
+# along. Fixed: a private ("_") key the scheduler lacks is dropped; an unknown public one is still refused (below).
 @pytest.mark.parametrize("name", ["StepLR", "CosineAnnealingLR", "SequentialLR-linear-exp-cosine"])
 def test_torch_scheduler_state_dict_loads_into_ours(name):
     build = SCHEDULES.get(name) or SEQUENTIAL[name]
@@ -605,13 +604,13 @@ def test_torch_scheduler_state_dict_loads_into_ours(name):
         _same_lrs(sched, tsched, opt, topt, f"step {step + 10}")
 
 
-# BUG: the schedulers refuse NumPy integers for step counts: CosineAnnealingLR(opt, T_max=np.int64(10)) raises
-# "ValueError: T_max must be an integer >= 1, got np.int64(10)" (a self-contradicting message); the same for
-# StepLR step_size, LinearLR/ConstantLR total_iters, SequentialLR milestones and warmup_cosine's step counts, and
+# Regression (fixed): the schedulers refused NumPy integers for step counts: CosineAnnealingLR(opt,
+# T_max=np.int64(10)) raised "ValueError: T_max must be an integer >= 1, got np.int64(10)"; the same for StepLR
+# step_size, LinearLR/ConstantLR total_iters, SequentialLR milestones and warmup_cosine's step counts, and
 # ExponentialLR/StepLR gamma=np.float32(0.9) ("must be a finite number"). In a NumPy engine these come straight
 # from array arithmetic (np.ceil(n / batch).astype(int) * epochs); torch accepts them all. Cause:
-# optim/lr_scheduler.py _check_int uses isinstance(value, int) and _check_float isinstance(value, (int, float)).
-# Fix: accept numbers.Integral / numbers.Real (operator.index for ints), still excluding bool.
+# optim/lr_scheduler.py _check_int used isinstance(value, int) and _check_float isinstance(value, (int, float)).
+# Fixed: numbers.Integral / numbers.Real (not bool), stored as plain int / float.
 def test_schedulers_accept_numpy_numbers_like_torch():
     cases = [
         lambda m, o: m.CosineAnnealingLR(o, T_max=np.int64(10)),
@@ -633,6 +632,63 @@ def test_schedulers_accept_numpy_numbers_like_torch():
     opt, _ = _opts()
     sched = ls.warmup_cosine(opt, np.int64(3), np.int64(10))
     assert sched.get_last_lr()[0] == pytest.approx(LRS[0] * 1e-3, rel=1e-12)
+
+
+def test_numpy_numbers_are_kept_as_plain_python_numbers():
+    # so that a scheduler's state_dict stays JSON-serialisable (json.dumps refuses np.int64)
+    opt, _ = _opts()
+    sched = ls.StepLR(opt, step_size=np.int64(3), gamma=np.float32(0.5), last_epoch=-1)
+    assert type(sched.step_size) is int and type(sched.gamma) is float and sched.gamma == 0.5
+    json.dumps(sched.state_dict())
+    with pytest.raises(ValueError, match="step_size must be an integer"):
+        ls.StepLR(opt, step_size=np.True_)
+    with pytest.raises(ValueError, match="step_size must be an integer"):
+        ls.StepLR(opt, step_size=True)
+
+
+def test_loading_scheduler_state_refuses_an_unknown_public_key_and_ignores_unknown_private_ones():
+    opt, _ = _opts()
+    sched = ls.StepLR(opt, step_size=3)
+    state = sched.state_dict()
+    with pytest.raises(ValueError, match=re.escape("['gamma_typo']")):
+        sched.load_state_dict(state | {"gamma_typo": 0.5})
+    sched.load_state_dict(state | {"_some_torch_bookkeeping": True, "last_epoch": 4})
+    assert sched.last_epoch == 4 and not hasattr(sched, "_some_torch_bookkeeping")
+
+
+# Regression (fixed): ConstantLR(opt) defaulted to factor=1.0, total_iters=0 (a constant schedule); torch's are
+# factor=1/3 for total_iters=5. Code written for torch that relies on the defaults got a different schedule.
+# Now torch's defaults (every caller in the repo passes both explicitly).
+def test_constant_lr_defaults_are_torchs():
+    opt, topt = _opts()
+    sched, tsched = ls.ConstantLR(opt), TLS.ConstantLR(topt)
+    assert (sched.factor, sched.total_iters) == (tsched.factor, tsched.total_iters)
+    for step in range(8):
+        _same_lrs(sched, tsched, opt, topt, f"step {step}")
+        opt.step()
+        topt.step()
+        sched.step()
+        tsched.step()
+
+
+# Regression (fixed): StepLR / ExponentialLR with gamma > 1 raised OverflowError ("(34, 'Numerical result out of
+# range')") from the closed form's gamma ** n once it passed the float range; torch's recursive lr * gamma becomes
+# inf and goes on. Now inf too (and 0 for a base lr of 0, where the closed form would give 0 * inf = nan).
+@pytest.mark.parametrize("build", [
+    lambda m, o: m.StepLR(o, step_size=2, gamma=10.0),
+    lambda m, o: m.ExponentialLR(o, gamma=3.0),
+], ids=["StepLR", "ExponentialLR"])
+def test_a_growing_gamma_reaches_inf_like_torch(build):
+    opt, topt = _opts(lrs=(0.1, 0.0, 5.0))
+    sched, tsched = build(ls, opt), build(TLS, topt)
+    for step in range(800):
+        opt.step()
+        topt.step()
+        sched.step()
+        tsched.step()
+        for ours, theirs in zip(sched.get_last_lr(), tsched.get_last_lr()):
+            assert ours == pytest.approx(theirs, rel=1e-12), f"step {step + 1}"
+    assert sched.get_last_lr() == [math.inf, 0.0, math.inf]
 
 
 def test_schedules_drive_the_fused_trainer_with_per_group_lrs_as_eager():

@@ -17,6 +17,8 @@ recursively from it. Restoring with `load_state_dict` behaves the same in both.
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 from bisect import bisect_right
 from typing import Any, Sequence
 
@@ -26,19 +28,37 @@ __all__ = ["LRScheduler", "ConstantLR", "LinearLR", "CosineAnnealingLR", "StepLR
            "SequentialLR", "warmup_cosine"]
 
 
-def _check_int(name: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+def _check_int(name: str, value: Any, low: int) -> int:
+    """`value` as an int if it is an integer >= low (NumPy integers too, as torch takes them; not bool)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return operator.index(value)  # a plain int: state_dict stays JSON-serialisable
 
 
-def _check_float(name: str, value: Any, low: float, high: float | None = None, *, low_open: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def _check_float(name: str, value: Any, low: float, high: float | None = None, *, low_open: bool = False) -> float:
+    """`value` as a float if it is a finite real number in range (NumPy scalars too, as torch takes them; not bool)."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
     if ok:
         ok = value > low if low_open else value >= low
         ok = ok and (high is None or value <= high)
     if not ok:
         bound = f"{'>' if low_open else '>='} {low}" + (f" and <= {high}" if high is not None else "")
         raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
+    return float(value)  # exact for float32/float64 scalars; a plain float keeps state_dict JSON-serialisable
+
+
+def _power_lr(base_lr: float, gamma: float, n: int) -> float:
+    """base_lr * gamma ** n, inf where it exceeds the float range (gamma > 1 for long enough), as torch's
+    recursive lr * gamma becomes; Python's float power raises OverflowError there instead."""
+    if base_lr == 0:
+        return 0.0  # torch's 0 * gamma stays 0 (the closed form would give 0 * inf = nan)
+    try:
+        return base_lr * gamma**n
+    except OverflowError:  # gamma ** n alone overflows, base_lr * gamma ** n may not: in logs
+        try:
+            return math.exp(math.log(base_lr) + n * math.log(gamma))
+        except OverflowError:
+            return math.inf
 
 
 class LRScheduler:
@@ -47,7 +67,7 @@ class LRScheduler:
     def __init__(self, optimizer: Optimizer, last_epoch: int = -1) -> None:
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"{type(optimizer).__name__} is not an Optimizer")
-        _check_int("last_epoch", last_epoch, -1)
+        last_epoch = _check_int("last_epoch", last_epoch, -1)
         self.optimizer = optimizer
         if last_epoch == -1:
             for group in optimizer.param_groups:
@@ -107,6 +127,9 @@ class LRScheduler:
         """Restore what `state_dict` returned."""
         if not isinstance(state_dict, dict):
             raise ValueError(f"scheduler state must be a dict, got {type(state_dict).__name__}")
+        # torch's own bookkeeping (2.13: "_get_lr_called_within_step", "_is_initial") means nothing here: a
+        # private key this class lacks is dropped, so a torch scheduler's state loads; a public one still fails.
+        state_dict = {k: v for k, v in state_dict.items() if k in self.__dict__ or not k.startswith("_")}
         unknown = set(state_dict) - set(self.__dict__)
         if unknown:
             raise ValueError(f"scheduler state has keys {sorted(unknown)} that {type(self).__name__} does not "
@@ -118,17 +141,12 @@ class LRScheduler:
 
 
 class ConstantLR(LRScheduler):
-    """lr = base_lr * factor until `total_iters`, then base_lr.
+    """lr = base_lr * factor until `total_iters`, then base_lr (torch's defaults: factor 1/3 for 5 steps)."""
 
-    Note the defaults (factor=1.0, total_iters=0: a constant schedule) differ from
-    torch's (1/3, 5); pass them explicitly for torch's behaviour.
-    """
-
-    def __init__(self, optimizer: Optimizer, factor: float = 1.0, total_iters: int = 0, last_epoch: int = -1) -> None:
-        _check_float("factor", factor, 0.0, 1.0)
-        _check_int("total_iters", total_iters, 0)
-        self.factor = factor
-        self.total_iters = total_iters
+    def __init__(self, optimizer: Optimizer, factor: float = 1.0 / 3, total_iters: int = 5,
+                 last_epoch: int = -1) -> None:
+        self.factor = _check_float("factor", factor, 0.0, 1.0)
+        self.total_iters = _check_int("total_iters", total_iters, 0)
         super().__init__(optimizer, last_epoch)
 
     def _lr(self, base_lr: float, epoch: int) -> float:
@@ -142,12 +160,9 @@ class LinearLR(LRScheduler):
 
     def __init__(self, optimizer: Optimizer, start_factor: float = 1.0 / 3, end_factor: float = 1.0,
                  total_iters: int = 5, last_epoch: int = -1) -> None:
-        _check_float("start_factor", start_factor, 0.0, 1.0, low_open=True)
-        _check_float("end_factor", end_factor, 0.0, 1.0)
-        _check_int("total_iters", total_iters, 0)
-        self.start_factor = start_factor
-        self.end_factor = end_factor
-        self.total_iters = total_iters
+        self.start_factor = _check_float("start_factor", start_factor, 0.0, 1.0, low_open=True)
+        self.end_factor = _check_float("end_factor", end_factor, 0.0, 1.0)
+        self.total_iters = _check_int("total_iters", total_iters, 0)
         super().__init__(optimizer, last_epoch)
 
     def _lr(self, base_lr: float, epoch: int) -> float:
@@ -161,10 +176,8 @@ class CosineAnnealingLR(LRScheduler):
     """lr = eta_min + (base_lr - eta_min) * (1 + cos(pi * epoch / T_max)) / 2 (periodic past T_max, as torch)."""
 
     def __init__(self, optimizer: Optimizer, T_max: int, eta_min: float = 0.0, last_epoch: int = -1) -> None:
-        _check_int("T_max", T_max, 1)
-        _check_float("eta_min", eta_min, 0.0)
-        self.T_max = T_max
-        self.eta_min = eta_min
+        self.T_max = _check_int("T_max", T_max, 1)
+        self.eta_min = _check_float("eta_min", eta_min, 0.0)
         super().__init__(optimizer, last_epoch)
 
     def _lr(self, base_lr: float, epoch: int) -> float:
@@ -172,29 +185,26 @@ class CosineAnnealingLR(LRScheduler):
 
 
 class StepLR(LRScheduler):
-    """lr = base_lr * gamma ** (epoch // step_size)."""
+    """lr = base_lr * gamma ** (epoch // step_size) (inf once that passes the float range, as torch's)."""
 
     def __init__(self, optimizer: Optimizer, step_size: int, gamma: float = 0.1, last_epoch: int = -1) -> None:
-        _check_int("step_size", step_size, 1)
-        _check_float("gamma", gamma, 0.0)
-        self.step_size = step_size
-        self.gamma = gamma
+        self.step_size = _check_int("step_size", step_size, 1)
+        self.gamma = _check_float("gamma", gamma, 0.0)
         super().__init__(optimizer, last_epoch)
 
     def _lr(self, base_lr: float, epoch: int) -> float:
-        return base_lr * self.gamma ** (epoch // self.step_size)
+        return _power_lr(base_lr, self.gamma, epoch // self.step_size)
 
 
 class ExponentialLR(LRScheduler):
-    """lr = base_lr * gamma ** epoch."""
+    """lr = base_lr * gamma ** epoch (inf once that passes the float range, as torch's)."""
 
     def __init__(self, optimizer: Optimizer, gamma: float, last_epoch: int = -1) -> None:
-        _check_float("gamma", gamma, 0.0)
-        self.gamma = gamma
+        self.gamma = _check_float("gamma", gamma, 0.0)
         super().__init__(optimizer, last_epoch)
 
     def _lr(self, base_lr: float, epoch: int) -> float:
-        return base_lr * self.gamma**epoch
+        return _power_lr(base_lr, self.gamma, epoch)
 
 
 class SequentialLR(LRScheduler):
@@ -215,11 +225,10 @@ class SequentialLR(LRScheduler):
         if len(milestones) != len(schedulers) - 1:
             raise ValueError(f"SequentialLR expects one milestone fewer than schedulers, got {len(schedulers)} "
                              f"schedulers and {len(milestones)} milestones {milestones}")
-        for m in milestones:
-            _check_int("each milestone", m, 0)
+        milestones = [_check_int("each milestone", m, 0) for m in milestones]
         if any(b <= a for a, b in zip(milestones, milestones[1:])):
             raise ValueError(f"SequentialLR milestones must be strictly increasing, got {milestones}")
-        _check_int("last_epoch", last_epoch, -1)
+        last_epoch = _check_int("last_epoch", last_epoch, -1)
         self.optimizer = optimizer
         self._schedulers = schedulers
         self._milestones = milestones
@@ -283,8 +292,8 @@ def warmup_cosine(optimizer: Optimizer, warmup_steps: int, total_steps: int, *, 
     CosineAnnealingLR(total_steps - warmup_steps, eta_min)], milestones=[warmup_steps]):
     the lr reaches eta_min after `total_steps` scheduler steps.
     """
-    _check_int("warmup_steps", warmup_steps, 0)
-    _check_int("total_steps", total_steps, 1)
+    warmup_steps = _check_int("warmup_steps", warmup_steps, 0)
+    total_steps = _check_int("total_steps", total_steps, 1)
     if total_steps <= warmup_steps:
         raise ValueError(f"total_steps ({total_steps}) must be greater than warmup_steps ({warmup_steps})")
     warmup = LinearLR(optimizer, start_factor=start_factor, end_factor=1.0, total_iters=warmup_steps)
