@@ -1,7 +1,7 @@
 """Bug hunt: the Trainer's public surface (evaluate, losses, on_nonfinite, StepReport, save/load) on every route,
 and the nn.Module API a PyTorch user reaches for, against the eager route, torch or exact values.
 
-16 of these 67 tests failed on 4139106, before the fixes (each under a "BUG" or "Regression" comment saying what
+18 of these 69 tests failed on 4139106, before the fixes (each under a "BUG" or "Regression" comment saying what
 was wrong). With this file copied into a worktree of 4139106 (git worktree add /tmp/old 4139106), run in /tmp/old:
 `NUMBA_NUM_THREADS=1 timeout 900 python -m pytest -q -p no:cacheprovider tests/test_trainer_hunt.py`.
 """
@@ -30,7 +30,8 @@ def _torch_mlp(model):
     """torch.nn.Sequential(Linear, ReLU, Linear) holding `model`'s weights (float64 for a sharp reference)."""
     drop = [torch.nn.Dropout(model.config.dropout)] if model.config.dropout else []
     seq = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.ReLU(), *drop, torch.nn.Linear(16, 4)).double()
-    seq.load_state_dict({k[len("net."):]: torch.from_numpy(v.astype(np.float64)) for k, v in model.state_dict().items()})
+    seq.load_state_dict({k[len("net."):]: torch.from_numpy(v.astype(np.float64))
+                         for k, v in model.state_dict().items()})
     return seq
 
 
@@ -63,11 +64,11 @@ def test_evaluate_uneven_batches_equals_full_batch_loss_and_accuracy():
     assert model.training
 
 
-# BUG: Trainer.evaluate always computes an argmax "accuracy" against the targets, so a regression model trained
-# with mse_loss (float targets of shape (N, out)) crashes with "operands could not be broadcast together with
-# shapes (3,) (3,4)" instead of returning the mean loss. train/trainer.py Trainer.evaluate (the `correct +=`
-# line). Fix: compute accuracy only when the targets are integer class indices of shape outputs.shape[:-1]
-# (else report loss only / accuracy None).
+# Regression (fixed, efc18af): Trainer.evaluate always computes an argmax "accuracy" against the targets, so a
+# regression model trained with mse_loss (float targets of shape (N, out)) crashes with "operands could not be
+# broadcast together with shapes (3,) (3,4)" instead of returning the mean loss. train/trainer.py Trainer.evaluate
+# (the `correct +=` line). Fix: compute accuracy only when the targets are integer class indices of shape
+# outputs.shape[:-1] (else report loss only / accuracy None).
 def test_evaluate_mse_regression_returns_the_torch_loss():
     model = small_mlp(seed=0)
     (x, y), = _regression_rows(n=1, batch=10)
@@ -78,8 +79,8 @@ def test_evaluate_mse_regression_returns_the_torch_loss():
     assert result["loss"] == pytest.approx(expected, rel=1e-5)
 
 
-# BUG: same cause as above for a model whose outputs are not (N, classes) logits: BERT's hidden states
-# (B, T, H) against (B, T, H) regression targets crash with "shapes (2,8) (2,8,32)".
+# Regression (fixed, efc18af): same cause as above for a model whose outputs are not (N, classes) logits: BERT's
+# hidden states (B, T, H) against (B, T, H) regression targets crash with "shapes (2,8) (2,8,32)".
 def test_evaluate_bert_hidden_states_with_mse():
     cfg = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
                      max_position_embeddings=16, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
@@ -95,11 +96,11 @@ def test_evaluate_bert_hidden_states_with_mse():
     assert result["loss"] == pytest.approx(expected, rel=1e-5)
 
 
-# BUG: evaluate sets model.eval() and only calls model.train() after a clean loop, not in a `finally`: a batch
-# that raises (here a label out of range) leaves the model in eval mode, so dropout silently stays off for a
-# user who catches the error and trains on with the model directly. train/trainer.py Trainer.evaluate. Fix: wrap
-# the loop in try/finally and restore the mode the model had before (as torch users do with
-# `was_training = model.training`).
+# Regression (fixed, efc18af): evaluate sets model.eval() and only calls model.train() after a clean loop, not in a
+# `finally`: a batch that raises (here a label out of range) leaves the model in eval mode, so dropout silently stays
+# off for a user who catches the error and trains on with the model directly. train/trainer.py Trainer.evaluate. Fix:
+# wrap the loop in try/finally and restore the mode the model had before (as torch users do with `was_training =
+# model.training`).
 def test_evaluate_restores_train_mode_after_an_error():
     model = small_mlp(seed=0, dropout=0.5)
     (x, y), = labelled_rows(n=1, batch=10)
@@ -111,10 +112,10 @@ def test_evaluate_restores_train_mode_after_an_error():
     assert all(m.training for m in model.modules())
 
 
-# BUG: evaluate on no rows fails with a bare "ZeroDivisionError: float division by zero" (total / len(inputs))
-# instead of an error that says the held-out data is empty. train/trainer.py Trainer.evaluate, the return line.
-# Fix: check len(inputs) == 0 up front and raise ValueError("evaluate: no rows ..."), as step() does for an
-# empty batch.
+# Regression (fixed, efc18af): evaluate on no rows fails with a bare "ZeroDivisionError: float division by zero"
+# (total / len(inputs)) instead of an error that says the held-out data is empty. train/trainer.py Trainer.evaluate,
+# the return line. Fix: check len(inputs) == 0 up front and raise ValueError("evaluate: no rows ..."), as step() does
+# for an empty batch.
 def test_evaluate_on_empty_data_says_so():
     model = small_mlp(seed=0)
     (x, y), = labelled_rows(n=1, batch=4)
@@ -491,11 +492,11 @@ def test_frozen_parameters_stay_and_the_rest_match_eager(route, replay, tmp_path
     assert _max_param_diff(model, ref) <= 1e-5
 
 
-# BUG: Trainer.step takes targets as a tuple or dict of arrays (README: `loss_fn(outputs, (labels, weights))`), but
-# evaluate slices them as one array: `targets[begin:begin + batch_size]` on a tuple slices the tuple itself (the
-# loss then gets every row's labels against one batch's outputs and fails), on a dict it is a TypeError.
-# train/trainer.py Trainer.evaluate. Fix: slice every array leaf (compile/targets.py's flatten/unflatten, or a
-# small recursive helper) before calling loss_fn; len(inputs) stays the row count.
+# Regression (fixed, efc18af): Trainer.step takes targets as a tuple or dict of arrays (README: `loss_fn(outputs,
+# (labels, weights))`), but evaluate slices them as one array: `targets[begin:begin + batch_size]` on a tuple slices
+# the tuple itself (the loss then gets every row's labels against one batch's outputs and fails), on a dict it is a
+# TypeError. train/trainer.py Trainer.evaluate. Fix: slice every array leaf (compile/targets.py's flatten/unflatten,
+# or a small recursive helper) before calling loss_fn; len(inputs) stays the row count.
 @pytest.mark.parametrize("kind", ["tuple", "dict"])
 def test_evaluate_takes_the_tuple_and_dict_targets_step_takes(kind):
     model = small_mlp(seed=0)
@@ -519,9 +520,10 @@ def test_evaluate_takes_the_tuple_and_dict_targets_step_takes(kind):
     assert result["loss"] == pytest.approx(per_row.mean().item(), rel=1e-5)
 
 
-# BUG: evaluate(batch_size=-1) loops over nothing and returns {"loss": 0.0, "accuracy": 0.0}, a silently wrong
-# result; batch_size=0 fails with Python's "range() arg 3 must not be zero", which does not name the argument.
-# train/trainer.py Trainer.evaluate. Fix: raise ValueError(f"batch_size must be a positive int, got {batch_size}").
+# Regression (fixed, efc18af): evaluate(batch_size=-1) loops over nothing and returns {"loss": 0.0, "accuracy": 0.0},
+# a silently wrong result; batch_size=0 fails with Python's "range() arg 3 must not be zero", which does not name the
+# argument. train/trainer.py Trainer.evaluate. Fix: raise ValueError(f"batch_size must be a positive int, got
+# {batch_size}").
 @pytest.mark.parametrize("batch_size", [0, -1])
 def test_evaluate_rejects_a_non_positive_batch_size(batch_size):
     model = small_mlp(seed=0)
@@ -556,15 +558,18 @@ class _RunningMean(nn.Module):
 # Fixed: the trace and the capture's checking passes snapshot the model's buffers and put them back (as the RNG
 # states), so the real step's writes are the only ones kept; on streaming, stream/buffers.py notes which buffers
 # each stage's real forward changed and puts them back after each recompute.
-@pytest.mark.parametrize("route", ["fused", "streaming"])
+# The route planner's estimate traces the step too (route="auto", or any memory_limit): it restores the buffers
+# as well (5 after 4 steps before, train/route_plan.py _trace).
+@pytest.mark.parametrize("route", ["fused", "streaming", "auto", "eager-with-limit"])
 def test_running_statistics_buffers_match_eager(route, tmp_path):
     batches = _batches(3)
 
     def run(route):
         model = _vit(seed=0)
         model.pos_drop = _RunningMean(model.pos_drop)
-        trainer = Trainer(model, optim.AdamW(model.parameters(), lr=3e-3), cross_entropy, route=route,
-                          store_dir=tmp_path / route)
+        limit = "8G" if route in ("auto", "eager-with-limit") else None
+        trainer = Trainer(model, optim.AdamW(model.parameters(), lr=3e-3), cross_entropy,
+                          route=route.replace("-with-limit", ""), memory_limit=limit, store_dir=tmp_path / route)
         losses = [trainer.step(*batches[i % 3]).loss for i in range(4)]
         return model, losses
 

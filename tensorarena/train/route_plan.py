@@ -148,11 +148,13 @@ class TracedStage:
 
 
 def _trace(run: Callable[[], Any], params: list[Tensor], model: Module) -> tuple[TracedStage, Any]:
-    """Run `run` (forward then backward) under a TracingArena; restore grads and RNG after."""
-    from ..compile.step import _restore_rng, _rng_states
+    """Run `run` (forward then backward) under a TracingArena; restore grads, RNG and buffers after (a forward
+    writing running statistics would otherwise count the estimate's batch as a step's: tests/test_trainer_hunt.py)."""
+    from ..compile.step import _buffer_states, _restore_buffers, _restore_rng, _rng_states
 
     saved_grads = [(p, p.grad, p._grad_buffer) for p in params]
     rng = _rng_states(model)
+    saved_buffers = _buffer_states(model)
     tracer = TracingArena(name="route estimate tracing arena")
     marks: dict[str, int] = {}
     try:
@@ -163,6 +165,7 @@ def _trace(run: Callable[[], Any], params: list[Tensor], model: Module) -> tuple
         buffers = tracer.finish()
     finally:
         _restore_rng(rng)
+        _restore_buffers(saved_buffers)
         for p, grad, buf in saved_grads:
             p.grad, p._grad_buffer = grad, buf
     n = len(buffers)
