@@ -388,15 +388,14 @@ def test_a_gradient_of_another_dtype_is_handled_alike_by_both_kernels(make, fuse
     np.testing.assert_allclose(p.data, expected.data, rtol=0, atol=1e-12)
 
 
-# BUG: under np.seterr(all="raise") (DESIGN.md's house rule for tests; also what a user hunting NaNs turns on) the
-# reference optimizer kernels raise FloatingPointError "underflow encountered in multiply" on legitimate values: a
-# float32 gradient of 1e-25 (g*g underflows to 0 in Adam/NAdam/RMSprop/Adagrad/LAMB), or a momentum buffer decaying
-# under zero gradients into subnormals (SGD after ~90 steps from 1e-30, Adam/NAdam after ~700 steps from 1e-3).
-# torch (and our fused twins) give the zero/subnormal result silently. Cause: kernels/optim_arrays.py
-# (second_moment_, lerp_), kernels/sgd.py sgd_reference (buf *= momentum), kernels/adam.py adam_reference and the
-# nadam/rmsprop/adagrad/lamb references run NumPy ufuncs without np.errstate(under="ignore") (the softmax, gelu,
-# layer_norm and cross_entropy kernels and clip.py already wrap theirs). Fix: run each reference update under
-# np.errstate(under="ignore").
+# Regression (fixed): under np.seterr(all="raise") (DESIGN.md's house rule for tests; also what a user hunting NaNs
+# turns on) the reference optimizer kernels raised FloatingPointError "underflow encountered in multiply" on
+# legitimate values: a float32 gradient of 1e-25 (g*g underflows to 0 in Adam/NAdam/RMSprop/Adagrad/LAMB), or a
+# momentum buffer decaying under zero gradients into subnormals (SGD after ~90 steps from 1e-30, Adam/NAdam after
+# ~700 steps from 1e-3). torch (and our fused twins) give the zero/subnormal result silently. Cause: the reference
+# kernels (kernels/optim_arrays.py second_moment_ and lerp_, sgd.py `buf *= momentum`, ...) ran NumPy ufuncs without
+# np.errstate(under="ignore"), which softmax, gelu, layer_norm and clip.py already use. Fixed: every reference
+# update runs under np.errstate(under="ignore") (optim_arrays.underflow_is_zero).
 @pytest.mark.parametrize("name, ours_cls, torch_cls, kw", [
     ("Adam", optim.Adam, torch.optim.Adam, dict(lr=0.1)),
     ("NAdam", optim.NAdam, torch.optim.NAdam, dict(lr=0.1)),
@@ -427,9 +426,9 @@ def test_reference_kernels_do_not_raise_on_underflow_of_tiny_float32_gradients(n
     np.testing.assert_allclose(p.data, want, rtol=0, atol=1e-5)
 
 
-# BUG: (same cause as above) SGD's reference kernel raises FloatingPointError once a momentum buffer fed zero
-# gradients decays below float32's smallest normal number (here after ~150 steps) (kernels/sgd.py: `buf *= dt(momentum)`); torch keeps
-# going with subnormals and then zeros.
+# Regression (fixed): (same cause as above) SGD's reference kernel raised FloatingPointError once a momentum buffer
+# fed zero gradients decayed below float32's smallest normal number (here after ~150 steps) (kernels/sgd.py:
+# `buf *= dt(momentum)`); torch keeps going with subnormals and then zeros.
 def test_reference_sgd_momentum_decaying_under_zero_gradients_keeps_going():
     p = Parameter(np.array([1.0, 2.0]), dtype=np.float32)
     t = torch.tensor([1.0, 2.0], dtype=torch.float32, requires_grad=True)
@@ -443,6 +442,31 @@ def test_reference_sgd_momentum_decaying_under_zero_gradients_keeps_going():
     np.testing.assert_allclose(p.data, t.detach().numpy(), rtol=0, atol=1e-5)
     np.testing.assert_allclose(opt.state[p]["momentum_buffer"], topt.state[t]["momentum_buffer"].numpy(),
                                rtol=0, atol=1e-44)
+
+
+# Every reference kernel, Lion's too, decays its state into subnormals under zero gradients as the fused twin does
+# (no torch Lion/LAMB: the fused twin is the reference there), with underflow raising everywhere else.
+@pytest.mark.parametrize("make", [
+    lambda ps, f: optim.SGD(ps, lr=0.1, momentum=0.5, fused=f),
+    lambda ps, f: optim.Adam(ps, lr=0.1, betas=(0.5, 0.5), fused=f),
+    lambda ps, f: optim.NAdam(ps, lr=0.1, betas=(0.5, 0.5), fused=f),
+    lambda ps, f: optim.RMSprop(ps, lr=0.1, alpha=0.5, centered=True, momentum=0.5, fused=f),
+    lambda ps, f: optim.Adagrad(ps, lr=0.1, fused=f),
+    lambda ps, f: optim.Lion(ps, lr=0.1, betas=(0.5, 0.5), fused=f),
+    lambda ps, f: optim.LAMB(ps, lr=0.1, betas=(0.5, 0.5), fused=f),
+], ids=["SGD", "Adam", "NAdam", "RMSprop", "Adagrad", "Lion", "LAMB"])
+def test_reference_state_decaying_into_subnormals_matches_the_fused_twin(make):
+    assert np.geterr()["under"] == "raise"
+    ps = {f: Parameter(np.array([1.0, -2.0, 0.5]), dtype=np.float32) for f in (True, False)}
+    opts = {f: make([p], f) for f, p in ps.items()}
+    for step in range(200):  # 0.5 ** 200 takes 1e-20 through float32's subnormals to 0
+        for f, p in ps.items():
+            p.grad = np.full(3, 1e-20 if step == 0 else 0.0, dtype=np.float32)
+            opts[f].step()
+    np.testing.assert_allclose(ps[False].data, ps[True].data, rtol=1e-6)
+    with np.errstate(under="ignore"):  # assert_allclose's own rtol * |subnormal|
+        for key, value in opts[True].state[ps[True]].items():
+            np.testing.assert_allclose(opts[False].state[ps[False]][key], value, rtol=1e-6, atol=1e-44, err_msg=key)
 
 
 # BUG: after optimizer.zero_grad() (set_to_none=True) a gradient array the user still holds is overwritten by the

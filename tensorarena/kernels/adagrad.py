@@ -12,13 +12,14 @@ import numba
 import numpy as np
 
 from . import register
-from .optim_arrays import effective_grad, flat_views
+from .optim_arrays import effective_grad, flat_views, underflow_is_zero
 
 
 def _clr(lr: float, lr_decay: float, step: float) -> float:
     return lr / (1 + (step - 1) * lr_decay)
 
 
+@underflow_is_zero  # subnormal or 0 is the right result, as torch's and the fused twin's
 def adagrad_reference(param: np.ndarray, grad: np.ndarray, state_sum: np.ndarray, *, step: float, lr: float,
                       lr_decay: float, weight_decay: float, eps: float, maximize: bool = False,
                       scratch: tuple[np.ndarray, np.ndarray] | None = None) -> None:

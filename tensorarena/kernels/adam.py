@@ -15,9 +15,10 @@ import math
 import numpy as np
 
 from . import register
-from .optim_arrays import effective_grad, lerp_, second_moment_
+from .optim_arrays import effective_grad, lerp_, second_moment_, underflow_is_zero
 
 
+@underflow_is_zero  # subnormal or 0 is the right result, as torch's and the fused twin's
 def adam_reference(param: np.ndarray, grad: np.ndarray, exp_avg: np.ndarray, exp_avg_sq: np.ndarray,
                 max_exp_avg_sq: np.ndarray | None, *, step: float, lr: float, beta1: float = 0.9,
                 beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0, maximize: bool = False,

@@ -10,7 +10,8 @@ norm is 0. Because the ratio is per tensor, a flat buffer of several parameters 
 The trust ratio needs the norm of r before any element is updated, so no kernel can do it in
 one pass: the fused twin makes two per segment (moments, r and both norms; then the update,
 recomputing r from the stored moments rather than keeping an r buffer). Norms accumulate in
-float64 in the fused twin; the reference uses np.dot in the array's dtype.
+float64 in the fused twin; the reference scales by the largest element first, then uses np.dot in the array's
+dtype (a plain float32 dot underflows or overflows where the float64 sum does not).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numba
 import numpy as np
 
 from . import register
-from .optim_arrays import corrected_rms, flat_views, second_moment_
+from .optim_arrays import corrected_rms, flat_views, second_moment_, underflow_is_zero
 
 
 def _segments(param: np.ndarray, segments: np.ndarray | None) -> np.ndarray:
@@ -34,10 +35,26 @@ def _segments(param: np.ndarray, segments: np.ndarray | None) -> np.ndarray:
     return segments
 
 
+def _norm_sq(x: np.ndarray, tmp: np.ndarray) -> float:
+    """||x||^2 as a Python float, computed as max|x|^2 * ||x / max|x|||^2 (BLAS nrm2's scaling); `tmp` is scratch.
+
+    np.dot(x, x) in float32 underflows to 0 for elements below ~1e-19 (r of a parameter whose moments decayed
+    under zero gradients) and overflows above ~1e19, which turned the trust ratio into 1 (or 0) where the fused
+    twin, accumulating in float64, gives ||p|| / ||r||. Scaled, the squares stay in [0, 1].
+    """
+    np.abs(x, out=tmp)
+    scale = float(tmp.max(initial=0.0))
+    if scale == 0.0 or not math.isfinite(scale):
+        return scale  # all zeros: 0; an inf or nan: the same non-finite norm the plain sum would give
+    np.divide(x, x.dtype.type(scale), out=tmp)
+    return scale * scale * float(np.dot(tmp, tmp))
+
+
 def _trust(p_norm_sq: float, r_norm_sq: float) -> float:
     return math.sqrt(p_norm_sq) / math.sqrt(r_norm_sq) if p_norm_sq > 0 and r_norm_sq > 0 else 1.0
 
 
+@underflow_is_zero  # subnormal or 0 is the right result, as torch's and the fused twin's
 def lamb_reference(param: np.ndarray, grad: np.ndarray, exp_avg: np.ndarray, exp_avg_sq: np.ndarray, *,
                    step: float, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
                    maximize: bool = False, segments: np.ndarray | None = None,
@@ -63,14 +80,19 @@ def lamb_reference(param: np.ndarray, grad: np.ndarray, exp_avg: np.ndarray, exp
     if weight_decay != 0:
         np.multiply(param, dt(weight_decay), out=b)
         np.add(a, b, out=a)  # a = r
-    p, r = param.reshape(-1), a.reshape(-1)
+    p, r, tmp = param.reshape(-1), a.reshape(-1), b.reshape(-1)
     for s in range(segments.size - 1):
         start, end = int(segments[s]), int(segments[s + 1])
         if end < start:
             raise ValueError("lamb: segments must not decrease")
         ps, rs = p[start:end], r[start:end]
-        trust = _trust(float(np.dot(ps, ps)), float(np.dot(rs, rs)))
-        np.multiply(rs, dt(lr * trust), out=rs)
+        trust = _trust(_norm_sq(ps, tmp[start:end]), _norm_sq(rs, tmp[start:end]))
+        factor = lr * trust
+        if factor <= float(np.finfo(param.dtype).max):
+            np.multiply(rs, dt(factor), out=rs)
+        else:  # ||r|| so small that lr * trust passes float32's range: the product in float64, rounded once into
+            # rs, as the fused twin's `scale * ri` (NumPy's casting buffer allocates a little: only in this case)
+            np.multiply(rs, np.float64(factor), out=rs, dtype=np.float64, casting="same_kind")
         np.subtract(ps, rs, out=ps)
 
 

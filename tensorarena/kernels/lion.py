@@ -14,9 +14,10 @@ import numba
 import numpy as np
 
 from . import register
-from .optim_arrays import flat_views
+from .optim_arrays import flat_views, underflow_is_zero
 
 
+@underflow_is_zero  # subnormal or 0 is the right result, as torch's and the fused twin's
 def lion_reference(param: np.ndarray, grad: np.ndarray, exp_avg: np.ndarray, *, lr: float, beta1: float,
                    beta2: float, weight_decay: float, maximize: bool = False,
                    scratch: tuple[np.ndarray, np.ndarray] | None = None) -> None:

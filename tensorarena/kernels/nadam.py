@@ -17,13 +17,14 @@ import numba
 import numpy as np
 
 from . import register
-from .optim_arrays import corrected_rms, effective_grad, flat_views, lerp_, second_moment_
+from .optim_arrays import corrected_rms, effective_grad, flat_views, lerp_, second_moment_, underflow_is_zero
 
 
 def _coefficients(lr: float, mu: float, mu_next: float, mu_product: float) -> tuple[float, float]:
     return -lr * (1.0 - mu) / (1.0 - mu_product), (-lr * mu_next) / (1.0 - mu_product * mu_next)
 
 
+@underflow_is_zero  # subnormal or 0 is the right result, as torch's and the fused twin's
 def nadam_reference(param: np.ndarray, grad: np.ndarray, exp_avg: np.ndarray, exp_avg_sq: np.ndarray, *,
                     step: float, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
                     mu: float, mu_next: float, mu_product: float, decoupled_weight_decay: bool = False,

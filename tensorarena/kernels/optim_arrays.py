@@ -1,5 +1,5 @@
-"""Pieces the optimizer kernels share: checked flat views for the fused twins; torch's lerp and the
-sign/L2-decayed gradient for the references.
+"""Pieces the optimizer kernels share: checked flat views for the fused twins; torch's lerp, the
+sign/L2-decayed gradient and the underflow setting for the references.
 
 An optimizer kernel updates one array in place, and that array may be a single parameter or
 a group's parameters concatenated into one flat buffer (the fused route); both look the same
@@ -8,7 +8,27 @@ here. Kept apart from the kernels so each kernel file holds only its own update 
 
 from __future__ import annotations
 
+import functools
+from typing import Callable, TypeVar
+
 import numpy as np
+
+F = TypeVar("F", bound=Callable)
+
+
+def underflow_is_zero(reference: F) -> F:
+    """Run a reference update with NumPy's underflow errors off (fresh errstate per call: thread-safe).
+
+    A tiny gradient squared (1e-25 ** 2 in float32) or a momentum buffer decaying under zero gradients
+    legitimately rounds to a subnormal or 0, which torch and the fused twins give silently; under
+    np.seterr(all="raise") (the tests, or a user hunting NaNs) the reference raised FloatingPointError
+    instead. Only underflow: an overflow or invalid operation still reports as the caller asked.
+    """
+    @functools.wraps(reference)
+    def quiet(*args, **kwargs):
+        with np.errstate(under="ignore"):
+            return reference(*args, **kwargs)
+    return quiet  # type: ignore[return-value]
 
 
 def flat_views(name: str, param: np.ndarray, *arrays: np.ndarray | None) -> tuple[np.ndarray, ...]:

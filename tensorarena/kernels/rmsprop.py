@@ -14,7 +14,7 @@ import numba
 import numpy as np
 
 from . import register
-from .optim_arrays import effective_grad, flat_views, lerp_
+from .optim_arrays import effective_grad, flat_views, lerp_, underflow_is_zero
 
 
 def _check(grad_avg, momentum_buffer, momentum: float) -> None:
@@ -22,6 +22,7 @@ def _check(grad_avg, momentum_buffer, momentum: float) -> None:
         raise ValueError("rmsprop: momentum > 0 needs a momentum_buffer array")
 
 
+@underflow_is_zero  # subnormal or 0 is the right result, as torch's and the fused twin's
 def rmsprop_reference(param: np.ndarray, grad: np.ndarray, square_avg: np.ndarray, grad_avg: np.ndarray | None,
                       momentum_buffer: np.ndarray | None, *, lr: float, alpha: float, eps: float,
                       weight_decay: float, momentum: float, maximize: bool = False,

@@ -14,7 +14,7 @@ import numba
 import numpy as np
 
 from . import register
-from .optim_arrays import effective_grad
+from .optim_arrays import effective_grad, underflow_is_zero
 
 
 def _check(param: np.ndarray, grad: np.ndarray, momentum_buffer: np.ndarray | None, momentum: float) -> None:
@@ -29,6 +29,7 @@ def _check(param: np.ndarray, grad: np.ndarray, momentum_buffer: np.ndarray | No
                              f"shape {param.shape}")
 
 
+@underflow_is_zero  # subnormal or 0 is the right result, as torch's and the fused twin's
 def sgd_reference(param: np.ndarray, grad: np.ndarray, momentum_buffer: np.ndarray | None, *, lr: float,
                   momentum: float, dampening: float, weight_decay: float, nesterov: bool, maximize: bool,
                   first_step: bool, scratch: tuple[np.ndarray, np.ndarray] | None = None) -> None:
