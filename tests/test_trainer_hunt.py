@@ -1,7 +1,7 @@
 """Bug hunt: the Trainer's public surface (evaluate, losses, on_nonfinite, StepReport, save/load) on every route,
 and the nn.Module API a PyTorch user reaches for, against the eager route, torch or exact values.
 
-18 of these 69 tests failed on 4139106, before the fixes (each under a "BUG" or "Regression" comment saying what
+20 of these 71 tests failed on 4139106, before the fixes (each under a "BUG" or "Regression" comment saying what
 was wrong). With this file copied into a worktree of 4139106 (git worktree add /tmp/old 4139106), run in /tmp/old:
 `NUMBA_NUM_THREADS=1 timeout 900 python -m pytest -q -p no:cacheprovider tests/test_trainer_hunt.py`.
 """
@@ -579,6 +579,31 @@ def test_running_statistics_buffers_match_eager(route, tmp_path):
     assert int(ref.pos_drop.num_batches_tracked) == 4
     assert int(model.pos_drop.num_batches_tracked) == 4
     assert float(model.pos_drop.running_mean) == pytest.approx(float(ref.pos_drop.running_mean), rel=1e-6, abs=1e-9)
+
+
+# Regression: a step that ran out of memory after its forward had written a buffer was redone on streaming on
+# top of that write (Trainer._step restored the generators for the redo, not the buffers): the batch counted twice.
+@pytest.mark.parametrize("route", ["eager", "fused"])
+def test_an_out_of_memory_redo_counts_its_batch_once_in_the_running_statistics(route, tmp_path):
+    from tests.test_routes import _inject_oom
+
+    batches = _batches(3)
+
+    def run(route, oom_at=None):
+        model = _vit(seed=0)
+        model.pos_drop = _RunningMean(model.pos_drop)  # before the blocks: written before the injected failure
+        trainer = Trainer(model, optim.AdamW(model.parameters(), lr=3e-3), cross_entropy, route=route,
+                          store_dir=tmp_path / f"{route}-{oom_at}")
+        if oom_at is not None:
+            _inject_oom(model, trainer, oom_at)
+        reports = [trainer.step(*batches[i % 3]) for i in range(4)]
+        return model, reports
+
+    ref, _ = run("eager")
+    model, reports = run(route, oom_at=2)
+    assert [r.route for r in reports] == [route, "streaming", "streaming", "streaming"]
+    assert int(model.pos_drop.num_batches_tracked) == int(ref.pos_drop.num_batches_tracked) == 4
+    assert float(model.pos_drop.running_mean) == pytest.approx(float(ref.pos_drop.running_mean), rel=1e-6)
 
 
 class _ScaledByRunningMean(_RunningMean):

@@ -151,6 +151,7 @@ class Trainer:
         self.stream = None  # the StreamingRoute once training streams
         self.route_switches: list[dict] = []  # out-of-memory fallbacks: step, from, to, error
         self._generators = None  # the RNGs a step draws from, snapshot per step for the fallback
+        self._buffer_slots = None  # the model's buffers (compile.step.buffer_slots), found with the generators
         self._busy = threading.Lock()  # held by step/save/load (_one_at_a_time)
         self._busy_with: str | None = None
 
@@ -317,12 +318,11 @@ class Trainer:
         except Exception:  # noqa: BLE001 - the estimate is only a hint inside an error message
             return f"more than the {format_bytes(persistent_bytes(self.optimizer)['params'])} of parameters"
 
-    def _switch_after_oom(self, err: MemoryError, index: int, rng_snapshot) -> None:
-        from ..compile.step import _restore_rng
+    def _switch_after_oom(self, err: MemoryError, index: int, before) -> None:
         from ..stream.stages import StreamingUnsupportedError
 
         source = self.route
-        _restore_rng(rng_snapshot)  # the redo must draw the same dropout masks as the failed step; no redo, none
+        _restore_step_state(before)  # the redo draws the failed step's masks and sees its buffers
         if not callable(getattr(self.model, "stream_stages", None)):
             raise MemoryError(f"step {index} on the {source} route ran out of memory ({err}); the streaming "
                               f"fallback needs a model with stream_stages(), which {type(self.model).__name__} "
@@ -374,7 +374,7 @@ class Trainer:
             self._busy.release()
 
     def _step(self, inputs: Any, targets: Any) -> StepReport:
-        from ..compile.step import _restore_rng, _rng_states, rng_generators
+        from ..compile.step import _buffer_states, _rng_states, buffer_slots, rng_generators
 
         if self.route == "auto":
             self._choose_route(inputs, targets)
@@ -384,25 +384,28 @@ class Trainer:
         # Generators found once (walking every module each step would be hot-path work for nothing).
         if self._generators is None:
             self._generators = rng_generators(self.model)
+            self._buffer_slots = buffer_slots(self.model)
         # A failed step leaves the generators where they were before it, on every route: eager's forward
         # draws its dropout masks before a bad label fails the loss, a fused trace restores what it drew, a
         # streamed forward draws stage by stage, and the out-of-memory redo must draw the failed step's masks
-        # again.
-        rng_snapshot = _rng_states(self.model, self._generators)
+        # again. So are the buffers a forward writes (running statistics): the redo must not count the batch
+        # twice. (tensorarena's own models have no buffers: then nothing is copied.)
+        before = (_rng_states(self.model, self._generators),
+                  _buffer_states(slots=self._buffer_slots) if self._buffer_slots else None)
         try:
-            return self._route_step(inputs, targets, rng_snapshot)
+            return self._route_step(inputs, targets, before)
         except NonFiniteLossError as err:
-            _restore_rng(rng_snapshot)
+            _restore_step_state(before)
             shape = np.shape(inputs.data if isinstance(inputs, Tensor) else inputs)
             if shape[:1] == (0,):  # the mean loss of no rows is NaN: say why, not "lower the learning rate"
                 raise NonFiniteLossError(f"{err} The batch is empty: inputs of shape {shape}; check the data "
                                          f"loader (its last batch?)") from None
             raise
         except BaseException:
-            _restore_rng(rng_snapshot)
+            _restore_step_state(before)
             raise
 
-    def _route_step(self, inputs: Any, targets: Any, rng_snapshot) -> StepReport:
+    def _route_step(self, inputs: Any, targets: Any, before) -> StepReport:
         """The step on the current route; an out-of-memory eager or fused step moves to streaming and is redone."""
         if self.route == "streaming":
             return self._streaming_step(inputs, targets)
@@ -415,7 +418,7 @@ class Trainer:
         except MemoryError as err:  # ArenaOutOfMemory too; the step arena is already closed
             if not self.oom_fallback:
                 raise
-            self._switch_after_oom(err, self.step_count + 1, rng_snapshot)
+            self._switch_after_oom(err, self.step_count + 1, before)
         return self._streaming_step(inputs, targets)
 
     def _eager_step(self, inputs: Any, targets: Any) -> StepReport:
@@ -566,3 +569,13 @@ class Trainer:
         meta = load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
         self.step_count = meta["step"]
         return meta.get("extra") or {}
+
+
+def _restore_step_state(before) -> None:
+    """Put back what Trainer._step saved before a step: the generators' states and the buffers' values."""
+    from ..compile.step import _restore_buffers, _restore_rng
+
+    rng, buffers = before
+    _restore_rng(rng)
+    if buffers is not None:
+        _restore_buffers(buffers)
