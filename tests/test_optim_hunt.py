@@ -357,14 +357,14 @@ def test_bad_hyperparameters_raise_value_error_as_torch(case):
         opt.load_state_dict(sd)
 
 
-# BUG: a parameter's .grad may be set to an array of another float dtype (tensor.py accepts it; torch refuses it
-# at assignment). SGD and Adam then update with it on both kernels, and so do the *reference* kernels of NAdam,
-# RMSprop, Adagrad, Lion and LAMB, but their default *fused* kernels raise "nadam: array float32[5] does not match
-# param float64[5]" (kernels/optim_arrays.py flat_views): the two twins of one optimizer disagree, and which
-# optimizers train depends on the kernel. Adagrad's reference updates but squares the float32 gradient in float32
-# (np.multiply(grad, grad, out=<float64 scratch>) runs the float32 loop): 2e-9 off the float64 update. Expected:
-# the same outcome for every optimizer and kernel (here: the update with the gradient cast to the parameter's
-# dtype, what SGD/Adam and the other reference kernels do), or one clear refusal in Optimizer._grad_of for all.
+# Regression (fixed): a parameter's .grad may be set to an array of another float dtype (tensor.py accepts it; torch
+# refuses it at assignment). SGD and Adam then updated with it on both kernels, and so did the *reference* kernels of
+# NAdam, RMSprop, Adagrad, Lion and LAMB, but their default *fused* kernels raised "nadam: array float32[5] does not
+# match param float64[5]" (kernels/optim_arrays.py flat_views): the two twins of one optimizer disagreed, and which
+# optimizers trained depended on the kernel. Adagrad's reference squared the float32 gradient in float32 (2e-9 off).
+# Fixed in one place, Optimizer._grad_of: the gradient is cast to the parameter's dtype (into a persistent buffer)
+# for every optimizer and kernel (chosen over refusing: SGD and Adam already trained so, and
+# tests/test_mixed_dtype_grads.py is unaffected either way, since autograd always casts into .grad itself).
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "reference"])
 @pytest.mark.parametrize("make", [
     lambda ps, f: optim.SGD(ps, lr=0.1, momentum=0.9, fused=f),
@@ -386,6 +386,30 @@ def test_a_gradient_of_another_dtype_is_handled_alike_by_both_kernels(make, fuse
     p.grad = grad
     opt.step()
     np.testing.assert_allclose(p.data, expected.data, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "reference"])
+@pytest.mark.parametrize("make", [
+    lambda ps, f: optim.NAdam(ps, lr=0.1, fused=f),
+    lambda ps, f: optim.Adagrad(ps, lr=0.1, fused=f),
+    lambda ps, f: optim.LAMB(ps, lr=0.1, fused=f),
+], ids=["NAdam", "Adagrad", "LAMB"])
+def test_a_non_contiguous_or_uncastable_gradient_is_handled_alike_by_both_kernels(make, fused):
+    grad = np.arange(12.0).reshape(3, 4) / 10
+    expected = Parameter(np.ones((4, 3)))
+    ref = make([expected], fused)
+    expected.grad = np.ascontiguousarray(grad.T)
+    ref.step()
+    p = Parameter(np.ones((4, 3)))
+    opt = make([p], fused)
+    p.grad = grad.T  # a transposed view, as a hand-written gradient may be
+    opt.step()
+    np.testing.assert_array_equal(p.data, expected.data)
+    p.grad = np.ones((4, 3), dtype=np.complex128)
+    before = p.data.copy()
+    with pytest.raises(TypeError, match=r"gradient of a float64 parameter of shape \(4, 3\) is complex128"):
+        opt.step()
+    np.testing.assert_array_equal(p.data, before)
 
 
 # Regression (fixed): under np.seterr(all="raise") (DESIGN.md's house rule for tests; also what a user hunting NaNs

@@ -51,6 +51,8 @@ class Optimizer:
         # into it per (dtype, shape), so a step allocates no array memory, flat buffers included.
         self._workspace: dict[np.dtype, np.ndarray] = {}
         self._scratch_views: dict[tuple[np.dtype, tuple[int, ...]], tuple[np.ndarray, ...]] = {}
+        # (dtype, shape) -> where a gradient assigned in another dtype (or non-contiguous) is cast (_grad_of).
+        self._grad_casts: dict[tuple[np.dtype, tuple[int, ...]], np.ndarray] = {}
 
         if isinstance(params, Tensor):
             raise TypeError("params argument given to the optimizer should be an iterable of Tensors or dicts, "
@@ -219,11 +221,33 @@ class Optimizer:
             return closure()
 
     def _grad_of(self, p: Tensor) -> np.ndarray | None:
-        """`p.grad` checked against `p` (a wrong shape would broadcast silently into the update)."""
+        """`p.grad` checked against `p` (a wrong shape would broadcast silently into the update), as a C-contiguous
+        array of `p`'s dtype.
+
+        Autograd always hands a leaf its gradient in the leaf's dtype, but `.grad` may be assigned by hand (a
+        float32 array on a float64 parameter, a transposed view). The fused kernels refused such an array while
+        the reference twins updated with it (and Adagrad's squared it in float32): which optimizers trained
+        depended on the kernel. Every kernel now gets it cast (casting="same_kind": floats of any width and
+        ints, not complex) into a persistent buffer of the parameter's dtype: the float64 update of a float32
+        gradient is that of its exact float64 copy. (torch refuses the assignment instead; ours is looser.)
+        """
         g = p.grad
-        if g is not None and g.shape != p.shape:
+        if g is None:
+            return None
+        if g.shape != p.shape:
             raise ValueError(f"gradient shape {g.shape} does not match parameter shape {p.shape}")
-        return g
+        if g.dtype == p.dtype and g.flags.c_contiguous:
+            return g
+        key = (p.dtype, g.shape)
+        buf = self._grad_casts.get(key)
+        if buf is None:
+            buf = self._grad_casts[key] = np.empty(g.shape, p.dtype)  # persistent (heap), reused every step
+        try:
+            np.copyto(buf, g, casting="same_kind")
+        except TypeError as err:
+            raise TypeError(f"the gradient of a {p.dtype} parameter of shape {p.shape} is {g.dtype}, which "
+                            f"cannot be cast to {p.dtype}") from err
+        return buf
 
     def _scratch(self, p: Tensor, count: int) -> tuple[np.ndarray, ...]:
         """`count` persistent scratch arrays shaped like `p`, views into a shared heap workspace."""
