@@ -70,6 +70,7 @@ import logging
 import math
 import operator
 import types
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -114,7 +115,10 @@ class GradSink:
     or (a checking pass) only hash it."""
 
     def __init__(self, step: "FusedStep") -> None:
-        self.step, self.mode, self.hashes, self.updated = step, "update", [], 0
+        # A proxy, not the step: the step holds its sink, and the cycle kept a dropped FusedStep (its slabs, its
+        # flat copy of parameters and optimizer state) alive until a full garbage collection, which a captured
+        # replay, making almost no Python objects, seldom triggers (tests/test_memory_churn_hunt.py).
+        self.step, self.mode, self.hashes, self.updated = weakref.proxy(step), "update", [], 0
         self.prepared: dict[tuple[int, int], Any] = {}  # the replaying plan's (Capture.prepared)
 
     def __call__(self, p: Tensor, g: np.ndarray) -> None:

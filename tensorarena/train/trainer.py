@@ -334,7 +334,9 @@ class Trainer:
                               f"possible: {exc}") from err
         self.route_switches.append({"step": index, "from": source, "to": "streaming", "error": str(err)})
         log.warning("step %d ran out of memory on the %s route (%s); the training state moved to the streaming "
-                    "store %s and training goes on there", index, source, err, self.store_dir)
+                    "store %s and training goes on there", index, source, str(err), self.store_dir)
+        # str(err), not err: a handler that keeps records (pytest's capture, a MemoryHandler) would keep the
+        # exception's traceback and, through its frames, the fused step's slab and flat buffers let go above.
 
     def compile(self, inputs: Any, targets: Any):
         """Trace the fused step for this batch signature now (before step 1); returns the FusedStep.
