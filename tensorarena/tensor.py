@@ -7,6 +7,7 @@ arena is reset or closed.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -182,7 +183,24 @@ class Tensor:
         return self
 
     def zero_grad(self) -> None:
+        """Forget the gradient (`grad = None`), as torch's set_to_none; see `_release_grad`."""
+        self._release_grad()
+
+    def _release_grad(self) -> None:
+        """`grad = None`, keeping the array as the next backward's buffer only if nothing else can see it.
+
+        The next backward writes into `_grad_buffer` (no parameter-sized allocation per step). If the user
+        still holds the old gradient (`g = p.grad; opt.zero_grad(); loss.backward()`), reusing it would
+        overwrite their values; torch gives them a new gradient instead, so the buffer is dropped then and
+        autograd allocates another. "Holds" is CPython's reference count: anything beyond the slot (a name, a
+        list, a view's base, torch.from_numpy) keeps the old values intact. A gradient that is a view into a
+        larger buffer (a flat layout's or the streaming store's, compile/flat.py) stays bound: that buffer's
+        owner updates from it, so such a gradient is, as on the fused route, overwritten by the next backward.
+        """
+        g = self.grad
         self.grad = None
+        if g is not None and g is self._grad_buffer and g.base is None and sys.getrefcount(g) > _UNSHARED_REFS:
+            self._grad_buffer = None
 
     def __repr__(self) -> str:
         try:
@@ -206,3 +224,20 @@ def tensor(data: Any, *, dtype=None, requires_grad: bool = False) -> Tensor:
     if dtype is None and array.dtype == np.float64 and not isinstance(raw, np.ndarray):
         dtype = DEFAULT_DTYPE  # Python floats and lists of them are float32, as in torch
     return Tensor(array, dtype=dtype, requires_grad=requires_grad)
+
+
+def _unshared_refcount() -> int:
+    """sys.getrefcount of a gradient in `_release_grad` when only the tensor's buffer slot refers to it.
+
+    Measured on this interpreter with the same steps rather than assumed: the count includes the local
+    name and getrefcount's own argument, which differ between CPython versions (3.14 borrows references).
+    """
+    probe = object.__new__(Tensor)
+    probe.grad = probe._grad_buffer = np.empty(1)
+    g = probe.grad
+    probe.grad = None
+    return sys.getrefcount(g)
+
+
+_UNSHARED_REFS = _unshared_refcount()
+

@@ -15,6 +15,7 @@ import copy
 import json
 import math
 import re
+import weakref
 
 import numpy as np
 import pytest
@@ -493,13 +494,12 @@ def test_reference_state_decaying_into_subnormals_matches_the_fused_twin(make):
             np.testing.assert_allclose(opts[False].state[ps[False]][key], value, rtol=1e-6, atol=1e-44, err_msg=key)
 
 
-# BUG: after optimizer.zero_grad() (set_to_none=True) a gradient array the user still holds is overwritten by the
-# next backward: zero_grad sets p.grad = None but Tensor keeps the same array as _grad_buffer and the next
-# backward writes into it (optimizer.py zero_grad "the buffer is kept for reuse"; tensor.py
-# _accumulate_leaf_grad). In torch the held gradient keeps its values (a new one is allocated), which is what
-# gradient surgery / accumulation by hand / logging grads of the previous step rely on; here they silently
-# change. Fix: have zero_grad(set_to_none=True) drop the buffer when anything else still references it (e.g.
-# sys.getrefcount), or only reuse it after set_to_none=False.
+# Regression (fixed): after optimizer.zero_grad() (set_to_none=True) a gradient array the user still held was
+# overwritten by the next backward: zero_grad set p.grad = None but Tensor kept the same array as _grad_buffer and
+# the next backward wrote into it. In torch the held gradient keeps its values (a new one is allocated), which is
+# what gradient surgery / accumulation by hand / logging grads of the previous step rely on. Fixed:
+# zero_grad(set_to_none=True) (and Tensor.zero_grad) drop the buffer when anything else still references it
+# (Tensor._release_grad, by reference count); nobody else holding it, the next backward still reuses it (below).
 def test_a_held_gradient_survives_zero_grad_and_the_next_backward():
     p = Parameter(np.array([1.0, 2.0, 3.0]))
     opt = optim.SGD([p], lr=0.1)
@@ -515,6 +515,55 @@ def test_a_held_gradient_survives_zero_grad_and_the_next_backward():
     np.testing.assert_array_equal(p.grad, t.grad.numpy())
     np.testing.assert_array_equal(held, theld.numpy())  # [1, 1, 1]; ours became [3, 3, 3]
 
+
+
+def test_zero_grad_still_reuses_a_gradient_buffer_nobody_else_holds():
+    # The eager route's zero_grad + backward refills the same heap buffer every step (no parameter-sized
+    # allocation); a weakref watches the array without holding it.
+    p = Parameter(np.arange(6.0).reshape(2, 3))
+    opt = optim.Adam([p], lr=0.1)
+    (p * p).sum().backward()
+    buffer = weakref.ref(p.grad)
+    for _ in range(3):
+        opt.step()
+        opt.zero_grad()
+        assert p.grad is None
+        (p * p).sum().backward()
+        assert p.grad is buffer()
+
+
+@pytest.mark.parametrize("hold", [
+    lambda g: g[0],  # a view: its base is the gradient
+    lambda g: [g],
+    lambda g: torch.from_numpy(g),
+], ids=["view", "list", "torch.from_numpy"])
+@pytest.mark.parametrize("zero", [lambda opt, p: opt.zero_grad(), lambda opt, p: p.zero_grad()],
+                         ids=["Optimizer.zero_grad", "Tensor.zero_grad"])
+def test_a_gradient_held_in_any_form_keeps_its_values(hold, zero):
+    p = Parameter(np.array([[1.0, 2.0], [3.0, 4.0]]))
+    opt = optim.SGD([p], lr=0.1)
+    (p * 2.0).sum().backward()
+    held = hold(p.grad)
+    zero(opt, p)
+    (p * 5.0).sum().backward()
+    np.testing.assert_array_equal(p.grad, np.full((2, 2), 5.0))
+    values = held[0] if isinstance(held, list) else held
+    np.testing.assert_array_equal(np.asarray(values), np.full(np.shape(values), 2.0))
+
+
+def test_zero_grad_without_set_to_none_zeroes_a_held_gradient_in_place_as_torch():
+    p = Parameter(np.array([1.0, 2.0]))
+    t = torch.tensor([1.0, 2.0], dtype=torch.float64, requires_grad=True)
+    opt, topt = optim.SGD([p], lr=0.1), torch.optim.SGD([t], lr=0.1)
+    (p * 2.0).sum().backward()
+    (t * 2.0).sum().backward()
+    held, theld = p.grad, t.grad
+    opt.zero_grad(set_to_none=False)
+    topt.zero_grad(set_to_none=False)
+    (p * 3.0).sum().backward()
+    (t * 3.0).sum().backward()
+    assert p.grad is held and t.grad is theld
+    np.testing.assert_array_equal(held, theld.numpy())
 
 # -- LR schedules -----------------------------------------------------------------------------------------------
 

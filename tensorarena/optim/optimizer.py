@@ -137,10 +137,14 @@ class Optimizer:
 
     # -- gradients -----------------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Forget the gradients: `grad = None` (the buffer is kept for reuse) or zero-filled in place."""
+        """Forget the gradients: `grad = None` or zero-filled in place (torch's two modes).
+
+        With set_to_none the next backward refills the same heap buffer unless something else still holds
+        the old gradient, which then keeps its values as in torch (Tensor._release_grad).
+        """
         for p in self._params():
             if set_to_none:
-                p.grad = None  # the Tensor keeps its grad buffer; the next backward refills it
+                p._release_grad()
             elif p.grad is not None:
                 p.grad.fill(0)
 
