@@ -565,6 +565,73 @@ def test_zero_grad_without_set_to_none_zeroes_a_held_gradient_in_place_as_torch(
     assert p.grad is held and t.grad is theld
     np.testing.assert_array_equal(held, theld.numpy())
 
+
+# Regression (fixed): torch's implementation flags foreach=, capturable=False, differentiable=False were a TypeError
+# ("unexpected keyword argument") on every optimizer here, so torch-written construction code did not run. Now
+# accepted (foreach any value: it only picks torch's implementation); capturable=True / differentiable=True are
+# refused with a message saying they have no meaning here.
+ALL_OPTIMIZERS = [optim.SGD, optim.Adam, optim.AdamW, optim.NAdam, optim.RMSprop, optim.Adagrad, optim.Lion,
+                  optim.LAMB]
+
+
+@pytest.mark.parametrize("cls", ALL_OPTIMIZERS, ids=lambda c: c.__name__)
+def test_torchs_implementation_flags_are_accepted_or_clearly_refused(cls):
+    for foreach in (None, False, True):
+        p = Parameter(np.ones(3))
+        opt = cls([p], lr=0.1, foreach=foreach, capturable=False, differentiable=False)
+        p.grad = np.full(3, 0.5)
+        opt.step()
+        assert not np.array_equal(p.data, np.ones(3))
+        assert not {"foreach", "capturable", "differentiable"} & set(opt.param_groups[0])
+    for flag in ("capturable", "differentiable"):
+        with pytest.raises(ValueError, match=re.escape(f"{cls.__name__}({flag}=True) has no meaning here")):
+            cls([Parameter(np.ones(3))], lr=0.1, **{flag: True})
+
+
+# Regression (fixed): torch (2.6+) takes model.named_parameters() as params, (name, parameter) pairs, and keeps the
+# names in each group's "param_names"; here it was "TypeError: optimizer can only optimize Tensors, but param 0 of
+# the group is tuple".
+def test_named_parameters_are_accepted_like_torch():
+    from mlp_cases import small_mlp
+
+    model = small_mlp(dtype=np.float64)
+    tmodel = [torch.tensor(p.data.copy(), requires_grad=True) for p in model.parameters()]
+    tnamed = [(name, t) for (name, _), t in zip(model.named_parameters(), tmodel)]
+    opt = optim.Adam(model.named_parameters(), lr=0.01)
+    with _torch_default(np.float64):
+        topt = torch.optim.Adam(tnamed, lr=0.01, foreach=False)
+        shapes = [p.shape for p in model.parameters()]
+        for row in _grads(5, shapes=shapes, none_every=0):
+            _apply(opt, list(model.parameters()), [row], False)
+            _apply(topt, tmodel, [row], True)
+    assert _max_diff(list(model.parameters()), tmodel) <= 1e-10
+    names = [name for name, _ in model.named_parameters()]
+    assert opt.param_groups[0]["param_names"] == names == topt.param_groups[0]["param_names"]
+    assert opt.state_dict()["param_groups"][0]["param_names"] == topt.state_dict()["param_groups"][0]["param_names"]
+    opt.load_state_dict(topt.state_dict())  # names and all
+    with pytest.raises(ValueError, match="with/without names"):
+        opt.add_param_group({"params": [Parameter(np.ones(2))]})
+    with pytest.raises(ValueError, match="some param names are missing"):
+        optim.SGD([("a", Parameter(np.ones(2))), Parameter(np.ones(2))], lr=0.1)
+
+
+def test_named_parameters_train_on_the_fused_route_as_on_eager():
+    from mlp_cases import labelled_rows, small_mlp
+    from tensorarena.nn.functional import cross_entropy
+    from tensorarena.train.trainer import Trainer
+
+    batches = labelled_rows(dtype=np.float64)
+    models = {}
+    for route in ("eager", "fused"):
+        model = small_mlp(dtype=np.float64)
+        trainer = Trainer(model, optim.AdamW(model.named_parameters(), lr=0.01, foreach=False), cross_entropy,
+                          route=route)
+        for i in range(6):
+            assert trainer.step(*batches[i % len(batches)]).route == route
+        models[route] = model
+    for p, q in zip(models["eager"].parameters(), models["fused"].parameters()):
+        np.testing.assert_allclose(q.data, p.data, rtol=0, atol=1e-10)
+
 # -- LR schedules -----------------------------------------------------------------------------------------------
 
 LRS = (0.1, 0.02, 0.5)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .optimizer import Optimizer, ParamsT, _check_number
+from .optimizer import Optimizer, ParamsT, _check_number, _torch_flags
 
 
 class Adagrad(Optimizer):
@@ -19,7 +19,9 @@ class Adagrad(Optimizer):
 
     def __init__(self, params: ParamsT, lr: float = 1e-2, lr_decay: float = 0.0, weight_decay: float = 0.0,
                  initial_accumulator_value: float = 0.0, eps: float = 1e-10, *, maximize: bool = False,
-                 fused: bool | None = None) -> None:
+                 fused: bool | None = None, foreach: bool | None = None, capturable: bool = False,
+                 differentiable: bool = False) -> None:
+        _torch_flags("Adagrad", foreach, capturable, differentiable)
         # fused: None = the fused kernel unless reference kernels are forced; True/False = explicit.
         defaults = dict(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
                         initial_accumulator_value=initial_accumulator_value, eps=eps, maximize=maximize, fused=fused)

@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..kernels import calls, kernel, lookup
-from .optimizer import Optimizer, ParamsT, _check_adam_family
+from .optimizer import Optimizer, ParamsT, _check_adam_family, _torch_flags
 
 
 class Adam(Optimizer):
@@ -21,7 +21,9 @@ class Adam(Optimizer):
 
     def __init__(self, params: ParamsT, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *, maximize: bool = False,
-                 decoupled_weight_decay: bool = False, fused: bool | None = None) -> None:
+                 decoupled_weight_decay: bool = False, fused: bool | None = None, foreach: bool | None = None,
+                 capturable: bool = False, differentiable: bool = False) -> None:
+        _torch_flags(type(self).__name__, foreach, capturable, differentiable)
         # fused: None = the fused kernel unless reference kernels are forced; True/False = explicit.
         defaults = dict(lr=lr, betas=tuple(betas) if isinstance(betas, list) else betas, eps=eps,
                         weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
@@ -97,9 +99,11 @@ class AdamW(Adam):
 
     def __init__(self, params: ParamsT, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, *,
-                 maximize: bool = False, fused: bool | None = None) -> None:
+                 maximize: bool = False, fused: bool | None = None, foreach: bool | None = None,
+                 capturable: bool = False, differentiable: bool = False) -> None:
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize,
-                         decoupled_weight_decay=True, fused=fused)
+                         decoupled_weight_decay=True, fused=fused, foreach=foreach, capturable=capturable,
+                         differentiable=differentiable)
 
 
 def adam(params: Sequence[np.ndarray], grads: Sequence[np.ndarray], exp_avgs: Sequence[np.ndarray],

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .optimizer import Optimizer, ParamsT, _check_adam_family
+from .optimizer import Optimizer, ParamsT, _check_adam_family, _torch_flags
 
 
 class LAMB(Optimizer):
@@ -19,7 +19,9 @@ class LAMB(Optimizer):
 
     def __init__(self, params: ParamsT, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-6, weight_decay: float = 0.0, *, maximize: bool = False,
-                 fused: bool | None = None) -> None:
+                 fused: bool | None = None, foreach: bool | None = None, capturable: bool = False,
+                 differentiable: bool = False) -> None:
+        _torch_flags("LAMB", foreach, capturable, differentiable)
         # fused: None = the fused kernel unless reference kernels are forced; True/False = explicit.
         defaults = dict(lr=lr, betas=tuple(betas) if isinstance(betas, list) else betas, eps=eps,
                         weight_decay=weight_decay, maximize=maximize, fused=fused)

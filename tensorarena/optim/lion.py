@@ -11,14 +11,16 @@ from typing import Any
 
 import numpy as np
 
-from .optimizer import Optimizer, ParamsT, _check_betas, _check_number
+from .optimizer import Optimizer, ParamsT, _check_betas, _check_number, _torch_flags
 
 
 class Lion(Optimizer):
     """Lion: p -= lr * (sign(beta1 m + (1 - beta1) g) + wd p); m = beta2 m + (1 - beta2) g."""
 
     def __init__(self, params: ParamsT, lr: float = 1e-4, betas: tuple[float, float] = (0.9, 0.99),
-                 weight_decay: float = 0.0, *, maximize: bool = False, fused: bool | None = None) -> None:
+                 weight_decay: float = 0.0, *, maximize: bool = False, fused: bool | None = None,
+                 foreach: bool | None = None, capturable: bool = False, differentiable: bool = False) -> None:
+        _torch_flags("Lion", foreach, capturable, differentiable)
         # fused: None = the fused kernel unless reference kernels are forced; True/False = explicit.
         defaults = dict(lr=lr, betas=tuple(betas) if isinstance(betas, list) else betas,
                         weight_decay=weight_decay, maximize=maximize, fused=fused)

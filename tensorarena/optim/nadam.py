@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .optimizer import Optimizer, ParamsT, _check_adam_family, _check_number
+from .optimizer import Optimizer, ParamsT, _check_adam_family, _check_number, _torch_flags
 
 
 class NAdam(Optimizer):
@@ -23,7 +23,9 @@ class NAdam(Optimizer):
 
     def __init__(self, params: ParamsT, lr: float = 2e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, momentum_decay: float = 4e-3,
-                 decoupled_weight_decay: bool = False, *, maximize: bool = False, fused: bool | None = None) -> None:
+                 decoupled_weight_decay: bool = False, *, maximize: bool = False, fused: bool | None = None,
+                 foreach: bool | None = None, capturable: bool = False, differentiable: bool = False) -> None:
+        _torch_flags("NAdam", foreach, capturable, differentiable)
         # fused: None = the fused kernel unless reference kernels are forced; True/False = explicit.
         defaults = dict(lr=lr, betas=tuple(betas) if isinstance(betas, list) else betas, eps=eps,
                         weight_decay=weight_decay, momentum_decay=momentum_decay,

@@ -35,7 +35,7 @@ from ..autograd import enable_grad
 from ..kernels import choose, kernel
 from ..tensor import SUPPORTED_FLOATS, Tensor
 
-ParamsT = Iterable[Tensor] | Iterable[dict[str, Any]]
+ParamsT = Iterable[Tensor] | Iterable[dict[str, Any]] | Iterable[tuple[str, Tensor]]
 
 
 class Optimizer:
@@ -113,6 +113,18 @@ class Optimizer:
             raise TypeError("optimizer parameters need to be organized in ordered collections, but the ordering "
                             "of tensors in sets will change between runs; use a list instead")
         params = list(params)
+        # torch (2.6+) also takes model.named_parameters(): (name, parameter) pairs, the names kept in the group's
+        # "param_names" (and so in state_dict), all or none of them named.
+        named = [q for q in params if isinstance(q, tuple)]
+        if named:
+            if len(named) != len(params) or any(len(q) != 2 for q in named):
+                raise ValueError("all optimizer params should be with/without names (name, parameter pairs, as "
+                                 "model.named_parameters() gives); some param names are missing")
+            group["param_names"] = [name for name, _ in named]
+            params = [q for _, q in named]
+        if self.param_groups and ("param_names" in group) != ("param_names" in self.param_groups[0]):
+            raise ValueError("all optimizer param groups should be with/without names (model.named_parameters() "
+                             "for every group, or parameters alone for every group)")
         for i, p in enumerate(params):
             if not isinstance(p, Tensor):
                 raise TypeError(f"optimizer can only optimize Tensors, but param {i} of the group is "
@@ -409,6 +421,22 @@ def _scalar_array(key: str, value: Any) -> np.ndarray:
     if not math.isfinite(number):
         raise ValueError(f"state {key!r} must be a finite number, got {value!r}")
     return np.array(number, dtype=np.float64)
+
+
+def _torch_flags(optimizer: str, foreach: Any, capturable: Any, differentiable: Any) -> None:
+    """Accept torch's implementation flags so torch-written code runs unchanged; refuse what would mean something.
+
+    foreach (any value) only picks between torch's per-tensor loop and its multi-tensor kernels: here the
+    `fused` option picks the kernel, so it changes nothing. capturable=True and differentiable=True ask
+    for behaviour this engine has not got, and saying so beats ignoring it.
+    """
+    if capturable:
+        raise ValueError(f"{optimizer}(capturable=True) has no meaning here: it keeps torch's step count on the "
+                         f"device for CUDA graph capture, and tensorarena runs on the CPU with NumPy; leave it "
+                         f"False")
+    if differentiable:
+        raise ValueError(f"{optimizer}(differentiable=True) has no meaning here: the update runs in place outside "
+                         f"autograd, so no gradient flows through optimizer.step(); leave it False")
 
 
 def _check_number(name: str, value: Any, *, low: float = 0.0, high: float | None = None,

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .optimizer import Optimizer, ParamsT, _check_number
+from .optimizer import Optimizer, ParamsT, _check_number, _torch_flags
 
 
 class RMSprop(Optimizer):
@@ -14,7 +14,9 @@ class RMSprop(Optimizer):
 
     def __init__(self, params: ParamsT, lr: float = 1e-2, alpha: float = 0.99, eps: float = 1e-8,
                  weight_decay: float = 0.0, momentum: float = 0.0, centered: bool = False, *,
-                 maximize: bool = False, fused: bool | None = None) -> None:
+                 maximize: bool = False, fused: bool | None = None, foreach: bool | None = None,
+                 capturable: bool = False, differentiable: bool = False) -> None:
+        _torch_flags("RMSprop", foreach, capturable, differentiable)
         # fused: None = the fused kernel unless reference kernels are forced; True/False = explicit.
         defaults = dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
                         centered=centered, maximize=maximize, fused=fused)

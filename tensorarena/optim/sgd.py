@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..kernels import kernel
-from .optimizer import Optimizer, ParamsT, _check_number
+from .optimizer import Optimizer, ParamsT, _check_number, _torch_flags
 
 
 class SGD(Optimizer):
@@ -21,7 +21,9 @@ class SGD(Optimizer):
 
     def __init__(self, params: ParamsT, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False,
-                 fused: bool | None = None) -> None:
+                 fused: bool | None = None, foreach: bool | None = None, differentiable: bool = False,
+                 capturable: bool = False) -> None:
+        _torch_flags("SGD", foreach, capturable, differentiable)
         # fused: None = the fused kernel unless reference kernels are forced; True/False = explicit.
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                         nesterov=nesterov, maximize=maximize, fused=fused)
