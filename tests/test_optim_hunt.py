@@ -2,9 +2,10 @@
 test_lr_scheduler: porting state dicts both ways, option combinations, per-group options, zero_grad modes, zero
 gradients, validation, scheduler resume / state / dtypes, schedules on the fused Trainer, clip_grad_norm_.
 
-18 of these 185 tests failed on 4139106, before the fixes (each under a "Regression (fixed)" comment saying what
-was wrong; a "# BUG:" comment marks one still open). With this file copied into a worktree of 4139106
-(git worktree add /tmp/old 4139106), run in /tmp/old:
+59 of these 221 tests fail on 4139106, before the fixes (each under a "Regression (fixed)" comment saying what was
+wrong): the 18 of the hunt's 185 it wrote as BUG, the 7 torch-to-ours port tests (their filterwarnings mark for the
+first fix's DeprecationWarning is gone), and 34 of the 36 tests added with the fixes. With this file copied into a
+worktree of 4139106 (git worktree add /tmp/old 4139106), run in /tmp/old:
 `NUMBA_NUM_THREADS=1 timeout 900 python -m pytest -q -p no:cacheprovider tests/test_optim_hunt.py`.
 """
 
