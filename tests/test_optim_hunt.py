@@ -2,9 +2,10 @@
 test_lr_scheduler: porting state dicts both ways, option combinations, per-group options, zero_grad modes, zero
 gradients, validation, scheduler resume / state / dtypes, schedules on the fused Trainer, clip_grad_norm_.
 
-59 of these 221 tests fail on 4139106, before the fixes (each under a "Regression (fixed)" comment saying what was
+60 of these 222 tests fail on 4139106, before the fixes (each under a "Regression (fixed)" comment saying what was
 wrong): the 18 of the hunt's 185 it wrote as BUG, the 7 torch-to-ours port tests (their filterwarnings mark for the
-first fix's DeprecationWarning is gone), and 34 of the 36 tests added with the fixes. With this file copied into a
+first fix's DeprecationWarning is gone), 34 of the 36 tests added with the fixes, and
+the Module.zero_grad one. With this file copied into a
 worktree of 4139106 (git worktree add /tmp/old 4139106), run in /tmp/old:
 `NUMBA_NUM_THREADS=1 timeout 900 python -m pytest -q -p no:cacheprovider tests/test_optim_hunt.py`.
 """
@@ -516,6 +517,22 @@ def test_a_held_gradient_survives_zero_grad_and_the_next_backward():
     np.testing.assert_array_equal(p.grad, t.grad.numpy())
     np.testing.assert_array_equal(held, theld.numpy())  # [1, 1, 1]; ours became [3, 3, 3]
 
+
+
+def test_a_held_gradient_survives_module_zero_grad_as_in_torch():
+    # Module.zero_grad set p.grad = None and kept the array as the next backward's buffer (fixed with
+    # Optimizer.zero_grad's Tensor._release_grad): the held array became the new gradient.
+    from tensorarena.nn import Linear
+
+    layer = Linear(3, 2, rng=np.random.default_rng(0))
+    x = ta.Tensor(np.ones((4, 3), np.float32))
+    layer(x).sum().backward()
+    held = layer.weight.grad
+    first = held.copy()
+    layer.zero_grad()
+    (layer(x) * 3.0).sum().backward()
+    np.testing.assert_array_equal(held, first)
+    np.testing.assert_allclose(layer.weight.grad, 3 * first, rtol=1e-6)
 
 
 def test_zero_grad_still_reuses_a_gradient_buffer_nobody_else_holds():

@@ -196,10 +196,11 @@ class Module:
         return self
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Drop (default) or zero every parameter's gradient."""
+        """Drop (default) or zero every parameter's gradient. A dropped gradient the caller still holds keeps its
+        values, as in torch (Tensor._release_grad)."""
         for p in self.parameters():
             if set_to_none:
-                p.grad = None
+                p._release_grad()
             elif p.grad is not None:
                 p.grad[...] = 0
 
