@@ -9,7 +9,9 @@ embedding any number of sentences holds one batch's activations at a time.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -20,6 +22,8 @@ import numpy as np
 from .autograd import no_grad
 from .memory.arena import Arena
 from .text.tokenizer import WordPieceTokenizer, locate_minilm
+
+log = logging.getLogger("tensorarena")
 
 
 def resolve_model_dir(model_dir: str | os.PathLike | None) -> Path:
@@ -61,6 +65,12 @@ def encode(encoder, tokenizer: WordPieceTokenizer, texts: Sequence[str], *, max_
     texts = list(texts)
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
+    # Cut at the model's positions too, as sentence-transformers does: a longer max_length would only fail
+    # inside the encoder ("longer than max_position_embeddings; truncate the input").
+    positions = getattr(getattr(encoder, "config", None), "max_position_embeddings", None)
+    if positions is not None and max_length > positions:
+        log.info("embed: sentences cut at the model's %d positions, not max_length=%d", positions, max_length)
+        max_length = positions
     was_training = encoder.training
     encoder.eval()
     # Longest first, like sentence-transformers: batches of similar length waste little on padding.
@@ -103,6 +113,11 @@ def embed(texts: str | Sequence[str], *, model_dir: str | os.PathLike | None = N
     return encode(encoder, tokenizer, texts, max_length=max_length, batch_size=batch_size)
 
 
+def _one_line(text: str) -> str:
+    """The text with its control characters escaped (a newline as \\n), so each sentence's row is one line."""
+    return re.sub(r"[\x00-\x1f\x7f]", lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
 def cmd_embed(args) -> np.ndarray:
     """`tensorarena embed`: print one row per sentence (text, first dims, norm), or JSON vectors with --json."""
     if args.max_length < 2:
@@ -114,8 +129,9 @@ def cmd_embed(args) -> np.ndarray:
     if args.json:
         print(json.dumps(vectors.tolist()))
         return vectors
-    width = min(max(len(t) for t in args.texts), 40)
-    for text, v in zip(args.texts, vectors):
+    texts = [_one_line(t) for t in args.texts]
+    width = min(max(len(t) for t in texts), 40)
+    for text, v in zip(texts, vectors):
         shown = text if len(text) <= width else text[: width - 1] + "…"
         dims = " ".join(f"{x:+.4f}" for x in v[:4])
         print(f"{shown:<{width}}  [{dims} …] dim={v.shape[0]} norm={np.linalg.norm(v):.4f}")

@@ -14,6 +14,7 @@ sentence-transformers all load.
 
 from __future__ import annotations
 
+import math
 import shutil
 import sys
 import time
@@ -43,8 +44,8 @@ def _check_args(args) -> None:
     if args.seq_len < 3:
         raise SystemExit(f"tensorarena train: --seq-len {args.seq_len} leaves no room for a token "
                          f"between [CLS] and [SEP]")
-    if not args.temperature > 0:
-        raise SystemExit(f"tensorarena train: --temperature must be positive, got {args.temperature}")
+    if not 0 < args.temperature < math.inf:  # inf makes every logit 0: no gradient, nothing learned
+        raise SystemExit(f"tensorarena train: --temperature must be positive and finite, got {args.temperature}")
     if args.resume:
         raise SystemExit("tensorarena train: --resume is not supported for simcse; --save writes a model "
                          "directory (weights only), not a trainer checkpoint")
@@ -84,12 +85,27 @@ def save_model_dir(encoder, source_dir: Path, target: str | Path) -> Path:
     if target.exists() and not target.is_dir():
         raise SystemExit(f"tensorarena train: --save {target} must be a directory for simcse, and a file is there")
     encoder.save_pretrained(target)  # model.safetensors (to_hf_state_dict) + config.json
+    _carry_untrained_tensors(source_dir / "model.safetensors", target / "model.safetensors")
     for name in _COPIED_FILES:
         src = source_dir / name
         if src.is_file():
             (target / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, target / name)
     return target
+
+
+def _carry_untrained_tensors(source: Path, saved: Path) -> None:
+    """Copy the source checkpoint's tensors the encoder does not hold (MiniLM's pooler.dense) into the saved file
+    unchanged: without them transformers' from_pretrained reports them missing and initialises them at random,
+    so the fine-tuned model's pooler_output would be noise though SimCSE never touched the pooler."""
+    from safetensors.numpy import load_file, save_file
+
+    if not source.is_file():
+        return
+    written = load_file(str(saved))
+    carried = {k: v for k, v in load_file(str(source)).items() if k not in written and ".pooler." in f".{k}"}
+    if carried:
+        save_file({**written, **carried}, str(saved))
 
 
 def train_simcse(args) -> dict:
