@@ -13,17 +13,34 @@ from ..tensor import Tensor
 
 
 def as_tensor(x: Any, like: Tensor | None = None) -> Tensor:
-    """Tensor for an op input; Python/NumPy scalars take `like`'s dtype (torch promotion)."""
+    """Tensor for an op input; Python/NumPy scalars take `like`'s dtype (torch promotion).
+
+    A number is weak, as in torch: it takes `like`'s dtype unless it is of a higher category (a float with an
+    int tensor: `i * 2.5` is float32, not 2). Then a Python number takes torch's default for its category
+    (float32), a NumPy one keeps its own dtype; `result_dtype` ranks the two operands after that.
+    """
     if isinstance(x, Tensor):
         return x
     dtype = like.dtype if like is not None else None
     arr = np.asarray(x)
     if like is not None and arr.dtype.kind in "iufb" and arr.ndim == 0:
+        if _CATEGORY[arr.dtype.kind] > _CATEGORY[dtype.kind]:
+            return Tensor(_constant(_own_category(x, arr)))
         return Tensor(_constant(arr.astype(dtype)))
     t = Tensor(arr, dtype=dtype if arr.dtype.kind in "iub" else None)
     if isinstance(x, (int, float, bool, np.generic)):
         _constant(t.data)
     return t
+
+
+_CATEGORY = {"b": 0, "u": 1, "i": 1, "f": 2}  # torch's promotion categories: bool < integer < floating
+
+
+def _own_category(x: Any, arr: np.ndarray) -> np.ndarray:
+    """A number of a higher category than the tensor it meets, in torch's default dtype for that category."""
+    if isinstance(x, (bool, int, float)):  # Python numbers: float -> float32, int -> int64, as in torch
+        return arr.astype(np.float32 if arr.dtype.kind == "f" else np.int64)
+    return arr
 
 
 def _constant(a: np.ndarray) -> np.ndarray:
@@ -41,8 +58,28 @@ def is_constant(a: np.ndarray) -> bool:
 
 
 def result_dtype(a: Tensor, b: Tensor) -> np.dtype:
-    """float64 wins over float32; mixing is allowed, as in torch."""
-    return np.result_type(a.dtype, b.dtype)
+    """The dtype of a binary op's result, by torch's rule: a higher category (bool < int < float) wins
+    (int64 * float32 -> float32, where NumPy says float64), and within one category a 0-d tensor does not
+    widen a tensor with dimensions (float32 (N,) * float64 () -> float32); two of a kind: the wider."""
+    da, db = a.dtype, b.dtype
+    if da == db:  # nearly every call: no rule to apply
+        return da
+    zero_a, zero_b = a.ndim == 0, b.ndim == 0
+    if zero_a == zero_b:
+        return promote_types(da, db)
+    dims, zero = (db, da) if zero_a else (da, db)
+    if _CATEGORY[zero.kind] > _CATEGORY[dims.kind]:
+        return promote_types(dims, zero)  # the 0-d one brings a higher category: it counts
+    return dims
+
+
+def promote_types(a: np.dtype, b: np.dtype) -> np.dtype:
+    """torch.promote_types: a float dtype beats any integer or bool one as it is (never widened by the int)."""
+    if a.kind == "f" and b.kind != "f":
+        return a
+    if b.kind == "f" and a.kind != "f":
+        return b
+    return np.result_type(a, b)
 
 
 def new(shape: tuple[int, ...], dtype) -> np.ndarray:
