@@ -1,9 +1,10 @@
-"""Elementwise arithmetic with broadcasting: add sub mul div neg pow."""
+"""Elementwise arithmetic with broadcasting: add sub mul div neg pow, and the in-place `+= -= *= /=`."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..autograd import is_grad_enabled
 from ..kernels import elementwise
 from ..tape import host
 from ..tensor import Tensor
@@ -159,6 +160,70 @@ def _pow_scalar(a: Tensor, p: float) -> Tensor:
         return (ga,)
 
     return Tensor._make(out, (a,), backward)
+
+
+# -- in place: x += y, x -= y, x *= y, x /= y ------------------------------------------------------------------
+# Without these Python would run `x = x + y`: the name is rebound to a new tensor and the tensor a model or a
+# view's base holds keeps its values (`with no_grad(): w -= lr * w.grad` silently trained nothing). They write
+# into the tensor's own array, so a view writes through to its base, as in NumPy and torch.
+#
+# Autograd records nothing for them and there is no version counter, so they are refused where the graph could
+# see the change: on a leaf that requires grad (torch's own error) and on a non-leaf, while grad is enabled.
+# Under no_grad() they are the user's update step, as in torch. A tensor that does not require grad may be
+# written with grad enabled; if a recorded op saved its values, that op's backward reads the new ones (torch
+# would raise at backward there).
+
+def iadd(a: Tensor, b) -> Tensor:
+    """a += b in place (b broadcasts to a's shape); returns a."""
+    return _inplace(a, b, np.add, "+")
+
+
+def isub(a: Tensor, b) -> Tensor:
+    """a -= b in place (b broadcasts to a's shape); returns a."""
+    return _inplace(a, b, np.subtract, "-")
+
+
+def imul(a: Tensor, b) -> Tensor:
+    """a *= b in place (b broadcasts to a's shape); returns a."""
+    return _inplace(a, b, np.multiply, "*")
+
+
+def idiv(a: Tensor, b) -> Tensor:
+    """a /= b in place (b broadcasts to a's shape); returns a."""
+    return _inplace(a, b, np.divide, "/")
+
+
+def _inplace(a: Tensor, b, ufunc: np.ufunc, symbol: str) -> Tensor:
+    if a.requires_grad and is_grad_enabled():
+        _refuse_inplace_in_graph(a, symbol)
+    b = as_tensor(b, like=a)
+    ad, bd = a.data, b.data  # both through .data: a stale operand raises before anything is written
+    if np.broadcast_shapes(ad.shape, bd.shape) != ad.shape:
+        raise ValueError(f"in-place {symbol}=: shape {bd.shape} does not broadcast to the tensor's shape {ad.shape}")
+    dtype = result_dtype(a, b) if ufunc is not np.divide else _true_divide_dtype(a, b)
+    if not np.can_cast(dtype, ad.dtype, casting="same_kind"):
+        raise TypeError(f"in-place {symbol}=: the result type {dtype} can't be cast to the tensor's dtype {ad.dtype}")
+    if not ad.flags.writeable:
+        raise RuntimeError(f"in-place {symbol}= on a read-only tensor (an expand() view or a constant): its "
+                           f"elements share memory; write `x = x {symbol} y` for a new tensor")
+    host(ufunc, ad, bd, out=ad, casting="same_kind")
+    return a
+
+
+def _true_divide_dtype(a: Tensor, b: Tensor) -> np.dtype:
+    # `/` is true division: int / int is a float, so an integer tensor cannot be divided in place (as in torch).
+    dtype = result_dtype(a, b)
+    return dtype if dtype.kind == "f" else np.dtype(np.float32)
+
+
+def _refuse_inplace_in_graph(a: Tensor, symbol: str) -> None:
+    if a.is_leaf:
+        raise RuntimeError(f"a leaf tensor that requires grad is being used in an in-place operation ({symbol}=); "
+                           f"update it under `with no_grad():`, as an optimizer step does")
+    raise RuntimeError(
+        f"in-place {symbol}= on a tensor that is part of the graph (a non-leaf) while grad is enabled: autograd "
+        f"cannot record it (ops may have saved its values for backward); write `x = x {symbol} y` instead, or "
+        f"do it under `with no_grad():` if it is not meant to be differentiated")
 
 
 def _meta(t: Tensor) -> tuple[tuple[int, ...], np.dtype]:
