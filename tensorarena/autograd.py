@@ -48,6 +48,7 @@ class _GradMode:
         _state.enabled = self.prev
 
 
+
 def no_grad() -> _GradMode:
     """Context manager: ops inside record no graph (evaluation, optimizer updates)."""
     return _GradMode(False)
@@ -163,8 +164,11 @@ def backward(root: "Tensor", grad: np.ndarray | None = None, *, on_leaf_grad=Non
     """
     if not root.requires_grad:
         raise RuntimeError("backward() on a tensor that does not require grad (it has no graph)")
+    # Always through .data (the arena generation check), also with an explicit grad: if the root's
+    # arena was reset or closed, the arrays its graph saved now belong to other tensors.
+    data = root.data
     if grad is None:
-        if root.data.size != 1:
+        if data.size != 1:
             raise RuntimeError(
                 f"backward() without a gradient needs a scalar output, got shape {root.shape}; "
                 f"pass grad= of that shape or reduce (e.g. .sum()) first"
@@ -179,7 +183,7 @@ def backward(root: "Tensor", grad: np.ndarray | None = None, *, on_leaf_grad=Non
         _freed_backward(grad)
     order, uses = _topological_order(start)
     _state.direct = set() if on_leaf_grad is not None else {
-        id(n) for n in order if not isinstance(n, Node) and n.grad is None and uses.get(id(n)) == 1}
+        id(n) for n in order if not isinstance(n, Node) and n._grad is None and uses.get(id(n)) == 1}
     try:
         _run_backward(order, start, grad, uses, on_leaf_grad)
     finally:

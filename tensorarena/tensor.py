@@ -7,6 +7,7 @@ arena is reset or closed.
 
 from __future__ import annotations
 
+import operator
 import sys
 from typing import Any, Callable, Sequence
 
@@ -25,13 +26,14 @@ BackwardFn = Callable[[np.ndarray], Sequence["np.ndarray | None"]]
 class Tensor:
     """An n-dimensional array that can record the ops that produced it."""
 
-    __slots__ = ("_data", "requires_grad", "grad", "_grad_buffer", "_node", "_arena", "_generation",
+    __slots__ = ("_data", "requires_grad", "_grad", "_grad_buffer", "_node", "_arena", "_generation",
                  "_converted_from", "__weakref__")
     _parents: tuple = ()  # in the graph a tensor is always a leaf node (autograd.graph_node)
     __array_priority__ = 1000  # make `ndarray + Tensor` defer to Tensor.__radd__
 
     def __init__(self, data: Any, *, dtype=None, requires_grad: bool = False) -> None:
-        array = np.asarray(data.data if isinstance(data, Tensor) else data)
+        source = data.data if isinstance(data, Tensor) else data  # .data: a stale tensor raises here
+        array = np.asarray(source)
         if array.dtype.kind == "c" or (dtype is not None and np.dtype(dtype).kind == "c"):
             raise TypeError(f"complex tensors are not supported (got {array.dtype}); pass real and "
                             f"imaginary parts as separate float tensors")
@@ -46,17 +48,20 @@ class Tensor:
         elif array.dtype.kind == "f" and array.dtype not in SUPPORTED_FLOATS:
             self._converted_from = array.dtype
             array = array.astype(DEFAULT_DTYPE)
-        elif array.dtype.kind in "iub" and requires_grad:
-            raise TypeError(f"only floating-point tensors can require grad, got dtype {array.dtype}")
         if isinstance(data, (int, float, list, tuple)) and array.dtype == np.float64 and dtype is None:
             array = array.astype(DEFAULT_DTYPE)  # Python floats default to float32, as in torch
+        if requires_grad:  # after every cast: an explicit dtype=np.int64 must be refused too
+            _check_can_require_grad(array.dtype)
         self._data = array
         self.requires_grad = requires_grad
-        self.grad: np.ndarray | None = None
+        self._grad: np.ndarray | None = None
         self._grad_buffer: np.ndarray | None = None
         self._node: autograd.Node | None = None  # the op that made it; None for a leaf
-        self._arena: Arena | None = None
-        self._generation = 0
+        # Wrapping another tensor's memory (Tensor(y) shares y's array) keeps y's arena: once that arena is
+        # reset or closed the memory belongs to other tensors, and reading it must raise, as y would.
+        shared = isinstance(data, Tensor) and np.may_share_memory(array, source)
+        self._arena = data._arena if shared else None
+        self._generation = data._generation if shared else 0
 
     @classmethod
     def _make(cls, data: np.ndarray, parents: Sequence["Tensor"] = (), backward: BackwardFn | None = None,
@@ -64,7 +69,7 @@ class Tensor:
         """Wrap an op's output; record the graph when any parent needs grad."""
         t = object.__new__(Tensor)
         t._data = data
-        t.grad = None
+        t._grad = None
         t._grad_buffer = None
         if view_of is not None:  # a view lives and dies with the tensor it views
             t._arena, t._generation = view_of._arena, view_of._generation
@@ -154,37 +159,76 @@ class Tensor:
             grad = grad.data
         autograd.backward(self, grad)
 
+    # .grad is read in hot loops (optimizers, clipping): a C getter (attrgetter) keeps the read at ~30 ns over
+    # a plain slot; the setter is where the rules live (`_set_grad`).
+    def _set_grad(self, value: "np.ndarray | None") -> None:
+        """`t.grad = value`: an array of t's shape and dtype, or None.
+
+        Replacing a gradient (by None or another array) lets go of it as torch does: if anything else still
+        holds the old array (`kept = x.grad; x.grad = None`), the next backward must not write into it, so it
+        stops being the reusable buffer (see `_release_grad`).
+        """
+        old = self._grad
+        if value is old:
+            return
+        if value is not None and value is not self._grad_buffer:
+            self._check_grad(value)
+        self._grad = value
+        # The refcount is read here, in this frame, with the same references `_calibrate_unshared_refs`
+        # counts: the buffer slot, the local `old`, and `_refcount`'s argument.
+        if old is not None and old is self._grad_buffer and old.base is None and _refcount(old) > _UNSHARED_REFS:
+            self._grad_buffer = None
+
+    grad = property(operator.attrgetter("_grad"), _set_grad, doc="The accumulated gradient (an ndarray) or None.")
+
+    def _check_grad(self, value: Any) -> None:
+        """Refuse at assignment what no backward or optimizer could use, naming both sides (as torch does).
+
+        The dtype is left to the optimizers: they take a gradient of another float dtype (cast on the fly) and
+        name a non-float one at step(), and backward accumulates into an assigned array of any float dtype.
+        """
+        if not isinstance(value, np.ndarray):
+            raise TypeError(f"assigned grad must be an ndarray or None, got {type(value).__name__}"
+                            + ("; use t.numpy()" if isinstance(value, Tensor) else ""))
+        if value.shape != self._data.shape:
+            raise ValueError(f"assigned grad has shape {value.shape}, but the tensor has shape {self._data.shape}")
+
     def _accumulate_leaf_grad(self, g: np.ndarray) -> None:
         # Leaf gradients are persistent: one heap buffer per leaf, reused every step,
         # so a step arena never owns a parameter's gradient.
         if g.dtype != self._data.dtype:
             g = g.astype(self._data.dtype)
-        if self.grad is None and g is self._grad_buffer:
-            self.grad = g  # the op already wrote into our persistent buffer (autograd.direct_leaf_grad_buffer)
-        elif self.grad is None:
+        grad = self._grad
+        if grad is None and g is self._grad_buffer:
+            self._grad = g  # the op already wrote into our persistent buffer (autograd.direct_leaf_grad_buffer)
+        elif grad is None:
             buf = self._grad_buffer
             if buf is None or buf.shape != self._data.shape or buf.dtype != self._data.dtype:
                 buf = self._grad_buffer = np.empty(self._data.shape, self._data.dtype)
             host(np.copyto, buf, g)
-            self.grad = buf
+            self._grad = buf
         else:
-            host(np.add, self.grad, g, out=self.grad)
+            host(np.add, grad, g, out=grad)
 
     def detach(self) -> "Tensor":
         """Same memory, no graph."""
         return Tensor._make(self.data, view_of=self)
 
     def requires_grad_(self, flag: bool = True) -> "Tensor":
-        if flag and self._data.dtype not in SUPPORTED_FLOATS:
-            raise TypeError(f"only float32/float64 tensors can require grad, got {self._data.dtype}")
+        """Set requires_grad on a leaf; on a non-leaf (which always requires grad) only True is allowed."""
         if self._node is not None:
-            raise RuntimeError("requires_grad_ only applies to leaf tensors")
+            if flag:
+                return self  # already requires grad, as in torch
+            raise RuntimeError("requires_grad_(False) only applies to leaf tensors; use t.detach() for a "
+                               "tensor that is cut from the graph")
+        if flag:
+            _check_can_require_grad(self._data.dtype)
         self.requires_grad = flag
         return self
 
     def zero_grad(self) -> None:
         """Forget the gradient (`grad = None`), as torch's set_to_none; see `_release_grad`."""
-        self._release_grad()
+        self.grad = None
 
     def _release_grad(self) -> None:
         """`grad = None`, keeping the array as the next backward's buffer only if nothing else can see it.
@@ -196,11 +240,9 @@ class Tensor:
         list, a view's base, torch.from_numpy) keeps the old values intact. A gradient that is a view into a
         larger buffer (a flat layout's or the streaming store's, compile/flat.py) stays bound: that buffer's
         owner updates from it, so such a gradient is, as on the fused route, overwritten by the next backward.
+        The rule lives in the `grad` setter, so `t.grad = None` by hand follows it too.
         """
-        g = self.grad
         self.grad = None
-        if g is not None and g is self._grad_buffer and g.base is None and sys.getrefcount(g) > _UNSHARED_REFS:
-            self._grad_buffer = None
 
     def __repr__(self) -> str:
         try:
@@ -226,18 +268,25 @@ def tensor(data: Any, *, dtype=None, requires_grad: bool = False) -> Tensor:
     return Tensor(array, dtype=dtype, requires_grad=requires_grad)
 
 
-def _unshared_refcount() -> int:
-    """sys.getrefcount of a gradient in `_release_grad` when only the tensor's buffer slot refers to it.
+def _check_can_require_grad(dtype: np.dtype) -> None:
+    if dtype.kind != "f":
+        raise TypeError(f"only floating-point tensors can require grad, got dtype {dtype}")
 
-    Measured on this interpreter with the same steps rather than assumed: the count includes the local
-    name and getrefcount's own argument, which differ between CPython versions (3.14 borrows references).
-    """
-    probe = object.__new__(Tensor)
-    probe.grad = probe._grad_buffer = np.empty(1)
-    g = probe.grad
-    probe.grad = None
+
+def _refcount(g: np.ndarray) -> int:
     return sys.getrefcount(g)
 
 
-_UNSHARED_REFS = _unshared_refcount()
+def _calibrate_unshared_refs() -> int:
+    """`_refcount` of a replaced gradient in `Tensor._set_grad` when only the tensor's buffer slot refers to it.
 
+    Measured on this interpreter with the same references rather than assumed (the buffer slot, a local name,
+    `_refcount`'s argument): getrefcount's own count differs between CPython versions (3.14 borrows references).
+    """
+    probe = object.__new__(Tensor)
+    probe._grad_buffer = np.empty(1)
+    old = probe._grad_buffer
+    return _refcount(old)
+
+
+_UNSHARED_REFS = _calibrate_unshared_refs()
