@@ -16,8 +16,10 @@ Gradients of intermediates come from the current arena; gradients of leaves
 
 from __future__ import annotations
 
+import functools
+import inspect
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 import numpy as np
 
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from .tensor import Tensor
 
 _state = threading.local()
+_F = TypeVar("_F", bound=Callable)
 
 
 def is_grad_enabled() -> bool:
@@ -47,15 +50,28 @@ class _GradMode:
     def __exit__(self, *exc) -> None:
         _state.enabled = self.prev
 
+    def __call__(self, fn: _F) -> _F:
+        """As a decorator (`@no_grad()`): each call of `fn` runs in this mode."""
+        if inspect.isgeneratorfunction(fn) or inspect.iscoroutinefunction(fn):
+            # Their bodies run when iterated or awaited, after the call has left the mode: it would not apply.
+            raise TypeError(f"{'no_grad' if not self.enabled else 'enable_grad'}() cannot decorate generator or "
+                            f"coroutine function {fn.__qualname__}; use it as a `with` block inside the function")
+        enabled = self.enabled
+
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            with _GradMode(enabled):  # a fresh mode per call: `prev` must not be shared by recursive calls
+                return fn(*args, **kwargs)
+        return run  # type: ignore[return-value]
 
 
 def no_grad() -> _GradMode:
-    """Context manager: ops inside record no graph (evaluation, optimizer updates)."""
+    """Context manager or decorator: ops inside record no graph (evaluation, optimizer updates)."""
     return _GradMode(False)
 
 
 def enable_grad() -> _GradMode:
-    """Context manager: re-enable graph recording inside a no_grad block."""
+    """Context manager or decorator: re-enable graph recording inside a no_grad block."""
     return _GradMode(True)
 
 
@@ -90,12 +106,13 @@ class SliceGrad:
 class Node:
     """One recorded op: the nodes of its parents and its backward closure; no data."""
 
-    __slots__ = ("_parents", "_backward")
+    __slots__ = ("_parents", "_backward", "_retained")
     requires_grad = True  # a node exists only where a gradient is needed
 
     def __init__(self, parents: tuple, backward) -> None:
         self._parents = parents
         self._backward = backward
+        self._retained = None  # weakref to the output tensor after its retain_grad()
 
 
 def graph_node(t: "Tensor"):
@@ -153,7 +170,8 @@ def direct_leaf_grad_buffer(parent: "Tensor", shape: tuple[int, ...], dtype) -> 
     return buf
 
 
-def backward(root: "Tensor", grad: np.ndarray | None = None, *, on_leaf_grad=None) -> None:
+def backward(root: "Tensor", grad: np.ndarray | None = None, *, on_leaf_grad=None,
+             retain_graph: bool = False) -> None:
     """Accumulate d(root)/d(leaf) into `.grad` of every leaf that requires grad.
 
     on_leaf_grad(leaf, g), if given, receives each leaf's complete gradient instead of `.grad`
@@ -161,6 +179,9 @@ def backward(root: "Tensor", grad: np.ndarray | None = None, *, on_leaf_grad=Non
     it returns False to have `g` accumulated into `.grad` as usual. A leaf's turn comes after
     every op that read it has run its backward, so updating it in place then is safe. Gradients
     are then never written straight into persistent buffers: they are transient arena memory.
+
+    retain_graph=True keeps every node's saved arrays and edges for another backward (which then
+    accumulates, as in torch); by default each node is freed once its backward has run.
     """
     if not root.requires_grad:
         raise RuntimeError("backward() on a tensor that does not require grad (it has no graph)")
@@ -185,12 +206,13 @@ def backward(root: "Tensor", grad: np.ndarray | None = None, *, on_leaf_grad=Non
     _state.direct = set() if on_leaf_grad is not None else {
         id(n) for n in order if not isinstance(n, Node) and n._grad is None and uses.get(id(n)) == 1}
     try:
-        _run_backward(order, start, grad, uses, on_leaf_grad)
+        _run_backward(order, start, grad, uses, on_leaf_grad, retain_graph)
     finally:
         _state.direct = None
 
 
-def _run_backward(order: list, root, grad: np.ndarray, uses: dict[int, int], on_leaf_grad=None) -> None:
+def _run_backward(order: list, root, grad: np.ndarray, uses: dict[int, int], on_leaf_grad=None,
+                  retain_graph: bool = False) -> None:
     grads: dict[int, np.ndarray] = {id(root): grad}
     owned: set[int] = set()  # grads we allocated ourselves, safe to add into in place
     pending = dict(uses)  # edges into each node whose op has not run its backward yet
@@ -203,8 +225,11 @@ def _run_backward(order: list, root, grad: np.ndarray, uses: dict[int, int], on_
             continue
         if node._backward is _freed_backward:  # an op whose saved tensors an earlier backward freed
             _freed_backward(g)
+        if node._retained is not None:
+            _deliver_retained(node, g)
         parent_grads = node._backward(g)
-        node._backward = _freed_backward
+        if not retain_graph:
+            node._backward = _freed_backward
         for parent, pg in zip(node._parents, parent_grads):
             if not parent.requires_grad:
                 continue
@@ -217,12 +242,19 @@ def _run_backward(order: list, root, grad: np.ndarray, uses: dict[int, int], on_
             # block), so a gradient the caller consumes (update_in_backward) dies straight away.
             if not pending[key] and not isinstance(parent, Node) and key in grads:
                 _deliver_leaf(parent, grads.pop(key), on_leaf_grad)
-        node._parents = ()
+        if not retain_graph:
+            node._parents = ()
 
 
 def _deliver_leaf(leaf: "Tensor", g: np.ndarray, on_leaf_grad) -> None:
     if on_leaf_grad is None or on_leaf_grad(leaf, g) is False:
         leaf._accumulate_leaf_grad(g)
+
+
+def _deliver_retained(node: Node, g: np.ndarray) -> None:
+    t = node._retained()
+    if t is not None:
+        t._accumulate_retained_grad(g)
 
 
 def _add_grad(grads: dict[int, np.ndarray], owned: set[int], key: int, pg) -> None:

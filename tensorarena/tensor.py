@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import operator
 import sys
+import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -153,11 +154,15 @@ class Tensor:
         return self.data.tolist()
 
     # -- autograd ------------------------------------------------------------
-    def backward(self, grad: "np.ndarray | Tensor | None" = None) -> None:
-        """Accumulate gradients of this tensor into `.grad` of the leaves."""
+    def backward(self, grad: "np.ndarray | Tensor | None" = None, *, retain_graph: bool = False) -> None:
+        """Accumulate gradients of this tensor into `.grad` of the leaves.
+
+        retain_graph=True keeps the graph (and the arrays its ops saved) for another backward, as in torch;
+        by default the graph is freed as backward walks it, so a step's activations die with it.
+        """
         if isinstance(grad, Tensor):
             grad = grad.data
-        autograd.backward(self, grad)
+        autograd.backward(self, grad, retain_graph=retain_graph)
 
     # .grad is read in hot loops (optimizers, clipping): a C getter (attrgetter) keeps the read at ~30 ns over
     # a plain slot; the setter is where the rules live (`_set_grad`).
@@ -209,6 +214,20 @@ class Tensor:
             self._grad = buf
         else:
             host(np.add, grad, g, out=grad)
+
+    def _accumulate_retained_grad(self, g: np.ndarray) -> None:
+        # g is transient (arena memory autograd may still add into): a retained gradient is a heap copy.
+        if self._grad is None:
+            self._grad = np.array(g, dtype=self._data.dtype, copy=True)
+        else:
+            np.add(self._grad, g, out=self._grad, casting="same_kind")
+
+    def retain_grad(self) -> None:
+        """Have backward also store this non-leaf tensor's gradient in `.grad` (a leaf always does)."""
+        if not self.requires_grad:
+            raise RuntimeError("can't retain_grad on a tensor that does not require grad")
+        if self._node is not None:
+            self._node._retained = weakref.ref(self)  # weak: the graph must not keep the tensor's memory alive
 
     def detach(self) -> "Tensor":
         """Same memory, no graph."""
