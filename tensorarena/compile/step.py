@@ -41,8 +41,8 @@ Between steps a user may change what a hand-written PyTorch loop lets them chang
 cleared, `add_param_group`, a setting that adds optimizer state such as momentum, a loaded state dict
 with other settings, a parameter's dtype after model.double() or float(): `FlatState.stale`) builds a
 new flat layout, which takes the values over, and traces again. A module attribute the forward may branch
-on (`captured.ModelState`) changed since a plan's trace retraces that plan. A parameter the traced step gives no gradient (unused, cut off by
-`detach`) is left out of the layout, as the eager optimizer skips it. A new `matmul_precision` traces (or
+on (`captured.ModelState`) changed since a plan's trace retraces that plan. A parameter the traced step
+gives no gradient (unused, cut off by `detach`) is left out of the layout, as the eager optimizer skips it. A new `matmul_precision` traces (or
 finds) a plan of its own, as a new kernel dispatch does. The Trainer passes a new `clip_grad_norm` or
 scheduler on.
 """
@@ -475,7 +475,9 @@ class FusedStep:
     def step(self, inputs: Any, targets: Any, *, index: int = 0, on_nonfinite: str = "raise"
              ) -> tuple[float, float | None, bool, PlannedArena]:
         """One replayed step: (loss, grad norm before clipping or None, skipped, the step's arena)."""
-        with float32_matmul_precision(self.matmul_precision):  # the one the plan was traced under
+        # Underflow is a result here, as in eager backward (autograd.backward): the captured replay runs the
+        # recorded backward calls without passing through autograd's own errstate.
+        with float32_matmul_precision(self.matmul_precision), np.errstate(under="ignore"):
             return self._replay(inputs, targets, index, on_nonfinite)
 
     def _replay(self, inputs: Any, targets: Any, index: int, on_nonfinite: str
