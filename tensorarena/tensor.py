@@ -35,6 +35,10 @@ class Tensor:
     def __init__(self, data: Any, *, dtype=None, requires_grad: bool = False) -> None:
         source = data.data if isinstance(data, Tensor) else data  # .data: a stale tensor raises here
         array = np.asarray(source)
+        if array.dtype == object:  # NumPy's last resort for what is no array of numbers (a tokenizer's Encoding)
+            raise TypeError(f"cannot make a Tensor of {type(source).__name__}: NumPy made a {array.shape} object "
+                            f"array of it. Pass arrays of numbers (e.g. an Encoding's .input_ids); "
+                            f"Trainer(route='eager') hands a batch that is not array-like to the model as it is")
         if array.dtype.kind == "c" or (dtype is not None and np.dtype(dtype).kind == "c"):
             raise TypeError(f"complex tensors are not supported (got {array.dtype}); pass real and "
                             f"imaginary parts as separate float tensors")

@@ -432,8 +432,7 @@ class Trainer:
         skipped = False
         arena = Arena(pool=self.pool, name=f"step {index} arena")
         with arena:  # closed (blocks returned) before any exception below propagates
-            x = inputs if isinstance(inputs, Tensor) else Tensor(inputs)
-            loss = self.loss_fn(self.model(x), targets)
+            loss = self.loss_fn(self.model(_model_input(inputs)), targets)
             loss_value = loss.item()
             if not math.isfinite(loss_value):
                 if self.on_nonfinite == "raise":
@@ -571,6 +570,17 @@ class Trainer:
         meta = load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
         self.step_count = meta["step"]
         return meta.get("extra") or {}
+
+
+def _model_input(inputs: Any) -> Any:
+    """What the eager step hands the model: a Tensor of an array-like batch, or a batch that is no array (a
+    tokenizer's Encoding, a dict) as it is, as a PyTorch loop does. (The fused and streaming routes hold the
+    inputs in a plan buffer, so they take arrays only: Tensor() says so.)"""
+    if isinstance(inputs, Tensor):
+        return inputs
+    if isinstance(inputs, (np.ndarray, list, tuple, int, float, np.generic)):
+        return Tensor(inputs)
+    return inputs
 
 
 def _restore_step_state(before) -> None:
