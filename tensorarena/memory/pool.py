@@ -106,12 +106,17 @@ class BlockPool:
             raise ValueError(f"budget must be a positive byte count or None, got {budget}")
         with self._lock:
             self.budget = budget
+            if budget is not None:
+                self._evict_until(budget)  # cached blocks count against a lowered budget too
 
     def acquire(self, nbytes: int) -> Block:
         """Hand out a block of at least `nbytes`, from the cache when one fits."""
         size = size_class(nbytes)
         with self._lock:
             stats = self.stats
+            # Checked before a cache hit too: a budget lowered below what was once in use must hold.
+            if self.budget is not None and stats.bytes_in_use + size > self.budget:
+                raise ArenaOutOfMemory(size, self.budget, stats.bytes_in_use, stats.bytes_cached)
             free = self._free.get(size)
             if free:
                 block = free.pop()
@@ -120,8 +125,6 @@ class BlockPool:
                 stats.bytes_in_use += size
                 return block
             if self.budget is not None:
-                if stats.bytes_in_use + size > self.budget:
-                    raise ArenaOutOfMemory(size, self.budget, stats.bytes_in_use, stats.bytes_cached)
                 self._evict_until(self.budget - size)
             stats.misses += 1
             stats.bytes_in_use += size
