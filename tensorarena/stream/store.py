@@ -430,20 +430,16 @@ class ParamStore:
     def _mark(self, step: int, index: int, *, done: bool) -> None:
         """Journal that stage `index` of `step` is being written (done=False) or is written."""
         with self._journal_lock:
-            journal = self._journal
-            if journal.get("step") != step:
-                journal.clear()
-                journal.update(step=step, written=[], writing=[])
-            writing = journal["writing"]
-            if done:
-                if index in writing:
-                    writing.remove(index)
-                journal["written"].append(index)
-            elif index in writing:
+            old = self._journal if self._journal.get("step") == step else {"written": [], "writing": []}
+            if not done and index in old["writing"]:
                 return  # io="map": begin_write said so already; no second (fsynced, if durable) rewrite
-            else:
-                writing.append(index)
+            writing = [k for k in old["writing"] if k != index] + ([] if done else [index])
+            written = old["written"] + ([index] if done else [])
+            journal = {"step": step, "written": written, "writing": writing}
+            # Held only once on disk: if the write fails (disk full), the journal in memory must still be
+            # the one on disk, or a retried step would take "writing k" as said and update k unjournaled.
             self._replace(JOURNAL, journal)
+            self._journal = journal
 
     def begin_rewrite(self, what: str) -> str:
         """Journal that stages are about to be rewritten outside a step (`what`: e.g. "loading a checkpoint");
