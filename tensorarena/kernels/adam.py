@@ -3,7 +3,7 @@
 The update follows torch.optim.Adam/AdamW (single-tensor form, same operation order in
 the reference): optional L2 decay
 folded into the gradient (Adam) or decoupled decay of the weights (AdamW),
-first moment m += (1 - beta1) * (g - m), second moment v = beta2 * v + (1 - beta2) * g^2,
+first moment m.lerp_(g, 1 - beta1) (torch's two-sided lerp), second moment v = beta2 * v + (1 - beta2) * g^2,
 bias corrections, optional AMSGrad max, then p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps).
 The fused twin does all of that in one pass over memory instead of ~10 NumPy passes.
 """
@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from . import register
-from .optim_arrays import effective_grad, lerp_, second_moment_, underflow_is_zero
+from .optim_arrays import effective_grad, flat_views, lerp_, second_moment_, underflow_is_zero
 
 
 @underflow_is_zero  # subnormal or 0 is the right result, as torch's and the fused twin's
@@ -63,18 +63,23 @@ def _compile():
     # literals, so float32 parameters are updated in float32 arithmetic like torch's (a
     # float64 intermediate would round differently, e.g. in 1 - lr * weight_decay).
     @numba.njit(parallel=True, fastmath=False, cache=True)
-    def kernel(p, g, m, v, vmax, use_max, sign, decay, l2, one_minus_beta1, beta2, one_minus_beta2,
+    def kernel(p, g, m, v, vmax, use_max, sign, decay, l2, low, one_minus_beta1, one_minus_w, beta2, one_minus_beta2,
                step_size, bc2_sqrt, eps):
         for i in numba.prange(p.size):
             gi = sign * g[i]
             pi = p[i] * decay  # decay is 1 unless AdamW
             gi = gi + l2 * pi  # l2 is 0 unless Adam with weight decay
-            mi = m[i] + one_minus_beta1 * (gi - m[i])
+            d = gi - m[i]
+            if low:  # torch's two-sided lerp (m.lerp_(g, 1 - beta1)), exact at both ends: beta1 = 0 gives m = g
+                mi = m[i] + one_minus_beta1 * d
+            else:
+                mi = gi - d * one_minus_w  # 1 - (1 - beta1), as the reference's lerp_ rounds it
             vi = v[i] * beta2 + one_minus_beta2 * gi * gi
             m[i] = mi
             v[i] = vi
             if use_max:
-                if vi > vmax[i]:
+                # torch.maximum / np.maximum: a NaN in either wins (`vi > vmax` alone would drop a NaN vi)
+                if vi > vmax[i] or vi != vi:
                     vmax[i] = vi
                 vi = vmax[i]
             p[i] = pi - step_size * mi / (np.sqrt(vi) / bc2_sqrt + eps)
@@ -99,11 +104,9 @@ def bind_adam(param: np.ndarray, grad: np.ndarray, exp_avg: np.ndarray, exp_avg_
     kernel = _fused_cache.get("adam")
     if kernel is None:
         kernel = _fused_cache["adam"] = _compile()
-    if not (param.flags.c_contiguous and grad.flags.c_contiguous):
-        raise ValueError("the fused adam kernel needs C-contiguous param and grad arrays")
     cast = param.dtype.type
-    flat = [a.reshape(-1) for a in (param, grad, exp_avg, exp_avg_sq)]
-    vmax = max_exp_avg_sq.reshape(-1) if max_exp_avg_sq is not None else flat[3]
+    # Checked views, never reshape copies: a non-contiguous moment's copy would be updated and lost.
+    *flat, vmax = flat_views("adam", param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq)
     use_max = max_exp_avg_sq is not None
 
     def update(*, step: float, lr: float, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
@@ -112,7 +115,8 @@ def bind_adam(param: np.ndarray, grad: np.ndarray, exp_avg: np.ndarray, exp_avg_
         kernel(*flat, vmax, use_max, cast(-1.0 if maximize else 1.0),
                cast(1.0 - lr * weight_decay if decoupled else 1.0),
                cast(0.0 if decoupled_weight_decay else weight_decay),
-               cast(1.0 - beta1), cast(beta2), cast(1.0 - beta2), cast(lr / (1.0 - beta1**step)),
+               abs(1.0 - beta1) < 0.5, cast(1.0 - beta1), cast(1.0 - (1.0 - beta1)), cast(beta2),
+               cast(1.0 - beta2), cast(lr / (1.0 - beta1**step)),
                cast(math.sqrt(1.0 - beta2**step)), cast(eps))
     return update
 
