@@ -413,11 +413,11 @@ def test_cross_entropy_bounds_ignore_extremes_and_torch(dt, tdt, smoothing):
     close(res[1][1][keep], want, dict(rtol=1e-6 if dt is F32 else 1e-12, atol=1e-12))
 
 
-# BUG: a -inf logit (a masked class) that is not the target makes the loss NaN in both twins without
-# label smoothing, where torch gives the finite -log_softmax[target]: the row loss always adds
-# eps * (lse - mean(x)), and with eps = 0 that is 0 * inf = NaN (the reference also raises
-# FloatingPointError under np.seterr(invalid="raise")). cross_entropy.py:65 and :116. Fix: add the
-# smoothing term only when eps != 0 (torch computes it only then).
+# Regression (fixed): a -inf logit (a masked class) that is not the target makes the loss NaN in both twins without
+# label smoothing, where torch gives the finite -log_softmax[target]: the row loss always adds eps * (lse - mean(x)),
+# and with eps = 0 that is 0 * inf = NaN (the reference also raises FloatingPointError under
+# np.seterr(invalid="raise")). cross_entropy.py:65 and :116. Fix: add the smoothing term only when eps != 0 (torch
+# computes it only then). Done in both twins.
 @pytest.mark.parametrize("dt", DTYPES)
 def test_cross_entropy_masked_logit_without_smoothing_like_torch(dt):
     logits = np.array([[0.0, -np.inf, 1.0], [2.0, 0.5, -np.inf]], dt)

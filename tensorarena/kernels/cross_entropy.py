@@ -62,7 +62,9 @@ def cross_entropy_forward_reference(logits: np.ndarray, target: np.ndarray, igno
     lse[...] = l
     picked = x[np.arange(n), np.where(counted, target, 0)]
     eps = float(label_smoothing)
-    loss = (1.0 - eps) * (l - picked) + eps * (l - x.sum(axis=1) / c)
+    loss = (1.0 - eps) * (l - picked)
+    if eps != 0.0:  # only then: a -inf logit (a masked class) makes lse - mean(x) inf, and 0 * inf is NaN
+        loss += eps * (l - x.sum(axis=1) / c)
     np.copyto(losses, np.where(counted, loss, 0.0), casting="same_kind")
     return int(counted.sum())
 
@@ -113,7 +115,10 @@ def _forward(x, target, ignore_index, eps, losses, lse):
             first_bad = min(first_bad, r)
         else:
             counted += 1
-            losses[r] = (1.0 - eps) * (l - x[r, t]) + eps * (l - xsum / c)
+            loss = (1.0 - eps) * (l - x[r, t])
+            if eps != 0.0:  # as the reference: without smoothing a -inf logit must not add 0 * inf = NaN
+                loss += eps * (l - xsum / c)
+            losses[r] = loss
     return counted, first_bad
 
 
