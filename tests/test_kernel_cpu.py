@@ -79,4 +79,6 @@ def test_a_user_chosen_openblas_timeout_wins_and_spins():
     # sleep, which is what the test above guards against.
     burnt, what = _probe({"OPENBLAS_THREAD_TIMEOUT": "28"}, SPIN_PROBE)
     assert what.startswith("left_alone"), what
-    assert float(burnt) > 0.03, f"expected spinning workers, they used {float(burnt) * 1e3:.0f} ms"
+    # > 20 ms (twice the bound above): a loaded machine gives the spinning workers less of the 80 ms (28 ms was
+    # seen with two other test runs on the 2 cores); an idle one ~40-80 ms.
+    assert float(burnt) > 0.02, f"expected spinning workers, they used {float(burnt) * 1e3:.0f} ms"
