@@ -4,9 +4,9 @@ save. Afterwards a new process resumes from the store or the last checkpoint: it
 uninterrupted run, or refuse clearly (naming what to do) and lose no committed step.
 
 3 of its 28 tests failed on 04a3a9b, before the fixes (each under a "Regression (fixed)" comment saying what was
-wrong; the "journal" case of the retried-step test, added with its fix, fails there too: 4 of 29 now). With this
-file copied into a worktree of 04a3a9b (git worktree add /tmp/old 04a3a9b), run in /tmp/old:
-`NUMBA_NUM_THREADS=1 timeout 900 python -m pytest -q -p no:cacheprovider tests/test_crash_hunt.py`.
+wrong; the "journal" case of the retried-step test and the failed-commit test, added with their fixes, fail there
+too: 5 of 30 now). With this file copied into a worktree of 04a3a9b (git worktree add /tmp/old 04a3a9b), run in
+/tmp/old: `NUMBA_NUM_THREADS=1 timeout 900 python -m pytest -q -p no:cacheprovider tests/test_crash_hunt.py`.
 """
 
 from __future__ import annotations
@@ -480,14 +480,13 @@ def test_a_kill_in_a_step_retried_after_a_failed_journal_write_is_still_refused(
         _resume_store(store)
 
 
-# BUG: disk full at a step's manifest commit loses the committed run: every stage was already updated in place
-# (journal: all written), the manifest rename fails with ENOSPC, and the route marks itself broken; once space is
-# freed neither the route (refuses "partly applied") nor the store ("killed at the very end of step 3") goes on, so
-# steps 1-2 (committed) and 3 (fully on disk) are lost unless a checkpoint exists. The manifest is the largest file a
-# step writes and is written last, so a nearly full disk hits exactly there. Cause: stream/route.py step() ->
-# store.commit() failure goes to _abort (broken), and store.py _check_steps has no roll-forward. Fix: reserve the
-# manifest's room before the first stage update (write its temporary file, or keep a spare file to delete), or keep
-# the step "commit pending" and retry ParamStore.commit on the next call instead of marking the route broken.
+# Regression (fixed): disk full at a step's manifest commit lost the committed run: every stage was already updated
+# in place (journal: all written), the manifest rename failed with ENOSPC, and the route marked itself broken
+# ("6 of 6 stages ... partly applied"); once space was freed neither the route nor the store ("killed at the very
+# end of step 3") went on, so steps 1-2 (committed) and 3 (fully on disk) were lost unless a checkpoint existed.
+# The manifest is the largest file a step writes and is written last, so a nearly full disk hit exactly there. Now
+# the step allocates its manifest's room (ParamStore.reserve_commit) before any stage changes: a full disk fails
+# there, nothing of the step written, and the route takes the step again once space is freed.
 def test_a_full_disk_at_the_manifest_commit_loses_no_committed_step(small_disk):
     tr = _trainer("streaming", small_disk / "store", depth=4)  # a manifest of two pages
     for x, y in BATCHES[:2]:
@@ -507,3 +506,26 @@ def test_a_full_disk_at_the_manifest_commit_loses_no_committed_step(small_disk):
         route, model = _resume_store(small_disk / "store", depth=4)  # or at least the store resumes (step 2 or 3)
         start = route.step_count
         _assert_continues(*_continue_route(route, model), start=start, depth=4)
+
+
+# A commit that fails for another reason after the stages were written (an I/O error; the room was reserved) cannot
+# be undone: the error says what happened (not "partly applied") and the store refuses to open, naming the step.
+def test_a_commit_that_fails_after_every_stage_was_written_says_so(tmp_path, monkeypatch):
+    tr = _trainer("streaming", tmp_path / "store")
+    for x, y in BATCHES[:2]:
+        tr.step(x, y)
+
+    def fail(self, payload):
+        raise OSError(errno.EIO, "Input/output error (injected)")
+
+    monkeypatch.setattr(store_module.ParamStore, "_replace_in_room", fail)
+    with pytest.raises(OSError) as info:
+        tr.step(*BATCHES[2])
+    notes = " ".join(getattr(info.value, "__notes__", []))
+    assert "the commit of step 3 failed" in notes and "the 4 stages it updated were written" in notes, notes
+    assert not list((tmp_path / "store").glob(".manifest.json*")), "the reserved room was left behind"
+    with pytest.raises(StoreError, match="the commit of step 3 failed"):
+        tr.step(*BATCHES[2])
+    tr.stream.close()
+    with pytest.raises(StoreError, match=r"very end of step 3 \(killed, or its manifest commit failed\).*[Dd]elete"):
+        _resume_store(tmp_path / "store")

@@ -383,11 +383,17 @@ class StreamingRoute:
         gens.setdefault(id(default_generator()), default_generator())
         self._gens = list(gens.values())
         self._writes = 0
+        self._committing = False
         arena = Arena(pool=self.pool, name=f"streaming step {index} arena")
         try:
+            # Before any stage changes: a disk too full for the commit that ends the step fails here, not after
+            # the stages were updated in place (store.reserve_commit).
+            self.store.reserve_commit(index)
             with arena:  # closed (blocks returned) before any exception propagates
                 loss, grad_norm, skipped, stage_hw = self._run(arena, inputs, targets, index)
                 step_hw = arena.stats.high_water
+            self.store.drain()  # every stage's write has finished: what fails from here on is the commit
+            self._committing = True
             if skipped:
                 self.store.commit(**self._progress(index, self.store.manifest["data_step"]))
             else:
@@ -471,13 +477,22 @@ class StreamingRoute:
             self._detach(k)
         try:
             self.store.release_slots()
+            self.store.drop_reservation()
         except BaseException:  # noqa: BLE001 - the original error is the one to report
             pass
         if self._writes and not isinstance(exc, NonFiniteLossError):
-            self._broken = (f"step {index} failed ({type(exc).__name__}: {exc}) after updating {self._writes} of "
-                            f"{len(self.stages)} stages: the step is partly applied, so the store holds two "
-                            f"different steps")
+            self._broken = self._failed_step(index, exc)
             exc.add_note(self._refusal())
+
+    def _failed_step(self, index: int, exc: BaseException) -> str:
+        """Why a step that changed stages leaves the route broken, as far as it got."""
+        failure = f"{type(exc).__name__}: {exc}"
+        if self._committing:
+            return (f"the commit of step {index} failed ({failure}) after the {self._writes} stages it updated "
+                    f"were written: they hold step {index}, but the manifest (step count, RNG, schedule) still "
+                    f"says step {index - 1}, so the store holds two different steps")
+        return (f"step {index} failed ({failure}) after updating {self._writes} of {len(self.stages)} stages: "
+                f"the step is partly applied, so the store holds two different steps")
 
     def _refusal(self) -> str:
         """What a broken route says, and what to do."""

@@ -32,8 +32,9 @@ Crash ordering, for a run killed at any instant (a process kill; pass durable=Tr
 fsync against power loss):
 
   create:  stage files are written, then the manifest appears (no manifest = unfinished)
-  step s:  per stage: journal "writing k" -> stage k's data -> journal "k written";
-           after the last stage: manifest at step s (every stage, RNG, schedule), one rename
+  step s:  room for the manifest allocated (.manifest.json.next, `reserve_commit`: a full disk fails here,
+           before anything changed) -> per stage: journal "writing k" -> stage k's data -> journal "k written";
+           after the last stage: manifest at step s (every stage, RNG, schedule) written into that room, one rename
 
 With io="map" the stage's pages change while the optimizer runs, so the route journals
 "writing k" (`begin_write`) before it updates stage k, not when the write is queued; two stages
@@ -80,6 +81,7 @@ VERSION = 1
 IO_MODES = ("map", "copy")
 MADV_POPULATE_WRITE = 23  # <linux/mman.h>; Python's mmap module does not name it (3.11)
 MANIFEST = "manifest.json"
+MANIFEST_ROOM = ".manifest.json.next"  # the step's manifest commit is written here, then renamed (reserve_commit)
 JOURNAL = "journal.json"
 ALIGN = 64
 
@@ -198,6 +200,10 @@ class ParamStore:
         self._fds: list[int | None] = [None] * len(spec.stages)
         self._lock_fd: int | None = None
         self._manifest_lock = threading.Lock()
+        # The step's manifest commit, reserved before the step changes any stage (reserve_commit): the open
+        # file MANIFEST_ROOM and its allocated bytes, or None. _manifest_bytes sizes the next reservation.
+        self._room: tuple[int, int] | None = None
+        self._manifest_bytes = 0
         self._journal_lock = threading.Lock()  # io="map": begin_write (caller) and _write (I/O thread)
         self._pending: list[Future] = []
         self._io: ThreadPoolExecutor | None = None
@@ -271,7 +277,8 @@ class ParamStore:
         """Read and check the manifest and files; returns the manifest or raises StoreError saying why not."""
         path = self.directory / MANIFEST
         try:
-            manifest = json.loads(path.read_text())
+            text = path.read_text()
+            manifest = json.loads(text)
         except FileNotFoundError:
             raise StoreError(f"{self.directory} holds no streaming store (no {MANIFEST}); create one with "
                              f"StreamingRoute.from_memory(...)") from None
@@ -286,6 +293,7 @@ class ParamStore:
         self._check_files()
         self._check_steps(manifest, self._read_journal())
         self.manifest = manifest
+        self._manifest_bytes = len(text.encode())
         return manifest
 
     def _adopt(self, manifest: dict[str, Any]) -> None:
@@ -366,8 +374,9 @@ class ParamStore:
             written = journal.get("written", [])
             if len(written) == len(names):
                 raise StoreError(
-                    f"the streaming store {self.directory} was killed at the very end of step {step}: every "
-                    f"stage holds its update but the manifest (step count, RNG and schedule) still says step "
+                    f"the streaming store {self.directory} was stopped at the very end of step {step} (killed, or "
+                    f"its manifest commit failed): every stage holds its update but the manifest (step count, "
+                    f"RNG and schedule) still says step "
                     f"{data_step}. Delete the directory and resume from a checkpoint")
             at.update({names[k]: step for k in written})
         by_step: dict[Any, list[str]] = {}
@@ -413,17 +422,79 @@ class ParamStore:
         # Caller holds _manifest_lock.
         self._replace(MANIFEST, self.manifest)
 
+    def reserve_commit(self, step: int) -> None:
+        """Before `step` changes any stage: allocate on disk the room its manifest commit will be written into.
+
+        The manifest is the largest file a step writes and the last: on a nearly full disk its write would
+        fail after every stage was updated in place, when the step can neither be undone nor committed. Failing
+        here (ENOSPC) leaves nothing of the step written. The room is twice the last manifest plus a page: a
+        step changes only fields of about the same size (RNG, schedule, hyperparameters). One open and one
+        fallocate per step; no byte is written here, and the commit writes its bytes into the room as before.
+        """
+        self.drop_reservation()
+        size = 2 * self._manifest_bytes + 4096
+        path = self.directory / MANIFEST_ROOM
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as exc:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            exc.add_note(f"the streaming store {self.directory} has no room for step {step}'s manifest "
+                         f"({_fmt(size)}), reserved before any stage changes: nothing of step {step} was "
+                         f"written. Free space on that disk and take the step again")
+            raise
+        except BaseException:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        self._room = (fd, size)
+
+    def drop_reservation(self) -> None:
+        """Give back the room reserve_commit took (a step that failed, or a store being closed)."""
+        room, self._room = self._room, None
+        if room is not None:
+            os.close(room[0])
+            (self.directory / MANIFEST_ROOM).unlink(missing_ok=True)
+
     def _replace(self, name: str, content: dict[str, Any]) -> None:
-        """Write `content` as JSON to `name` aside, then rename over it: a kill leaves the old or the new one."""
+        """Write `content` as JSON to `name` aside, then rename over it: a kill leaves the old or the new one.
+
+        The manifest goes into the room reserve_commit took, if it holds one (the commit that ends a step)."""
+        payload = json.dumps(content, separators=(",", ":")).encode()
+        if name == MANIFEST:
+            self._manifest_bytes = len(payload)
+            if self._room is not None:
+                self._replace_in_room(payload)
+                return
         path = self.directory / name
         tmp = self.directory / f".{name}.tmp"
-        payload = json.dumps(content, separators=(",", ":")).encode()
         with open(tmp, "wb") as f:
             f.write(payload)
             if self.durable:
                 f.flush()
                 os.fsync(f.fileno())
         os.replace(tmp, path)
+        if self.durable:
+            _fsync_dir(self.directory)
+
+    def _replace_in_room(self, payload: bytes) -> None:
+        """The manifest written over the reserved room's allocated bytes (no new block is needed unless the
+        manifest outgrew it), cut to its length, then renamed over manifest.json."""
+        (fd, _), self._room = self._room, None  # used once, by this commit
+        try:
+            view, done = memoryview(payload), 0
+            while done < len(payload):
+                done += os.pwrite(fd, view[done:], done)
+            os.ftruncate(fd, len(payload))
+            if self.durable:
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            (self.directory / MANIFEST_ROOM).unlink(missing_ok=True)  # the old manifest stays committed
+            raise
+        os.close(fd)
+        os.replace(self.directory / MANIFEST_ROOM, self.directory / MANIFEST)
         if self.durable:
             _fsync_dir(self.directory)
 
@@ -717,6 +788,7 @@ class ParamStore:
             self.closed = True
             if self._io is not None:
                 self._io.shutdown(wait=True)
+            self.drop_reservation()
             for slot in range(len(self._maps)):
                 self._release(slot)
             for i, fd in enumerate(self._fds):
