@@ -291,10 +291,10 @@ def test_softmax_masks_views_and_backward(dt):
     close(res[0], res[1], dict(rtol=1e-12, atol=1e-15) if dt is F64 else dict(rtol=1e-6, atol=1e-7))
 
 
-# BUG: a row holding a +inf logit comes out [NaN at the inf, 0 elsewhere] from both twins; torch gives
-# the whole row NaN (exp(inf - inf) = NaN makes the row sum NaN). Both twins turn a NaN sum into a 0
-# scale: softmax.py:57 `where=s > 0` and softmax.py:120 `1 / s if s > 0 else 0` (meant for the fully
-# masked row, whose sum is 0). attention_heads.softmax_row inherits it. Fix: zero only when s == 0.
+# Regression (fixed): a row holding a +inf logit comes out [NaN at the inf, 0 elsewhere] from both twins; torch gives
+# the whole row NaN (exp(inf - inf) = NaN makes the row sum NaN). Both twins turn a NaN sum into a 0 scale:
+# softmax.py:57 `where=s > 0` and softmax.py:120 `1 / s if s > 0 else 0` (meant for the fully masked row, whose sum is
+# 0). attention_heads.softmax_row inherits it. Fix: zero only when s == 0. Done in both (softmax_row included).
 @pytest.mark.parametrize("dt", DTYPES)
 def test_softmax_positive_inf_logit_row_is_nan_like_torch(dt):
     x = np.array([[np.inf, 0.0, 1.0, 2.0]], dt)
@@ -308,8 +308,9 @@ def test_softmax_positive_inf_logit_row_is_nan_like_torch(dt):
         np.testing.assert_array_equal(o, want, err_msg=fn.__name__)
 
 
-# BUG: softmax's fused twin crashes (Numba NotImplementedError: float16) on a float16 additive mask,
-# which _check_mask accepts (any float kind) and the reference twin adds in float64 as any other.
+# Regression (fixed): softmax's fused twin crashes (Numba NotImplementedError: float16) on a float16 additive mask,
+# which _check_mask accepts (any float kind) and the reference twin adds in float64 as any other. Fixed: _mask_layout
+# hands the fused twin a float64 copy of such a (mask-sized) mask.
 def test_softmax_float16_mask():
     x = np.random.default_rng(0).standard_normal((3, 4)).astype(F32)
     m = np.array([0, -np.inf, 0, 0], np.float16)

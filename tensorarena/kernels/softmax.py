@@ -54,7 +54,8 @@ def softmax_forward_reference(x: np.ndarray, mask: np.ndarray | None, out: np.nd
     with np.errstate(under="ignore"):  # exp of a very negative number is 0, not an error
         e = np.exp(z - mx)
     s = e.sum(axis=-1, keepdims=True)
-    inv = np.divide(1.0, s, out=np.zeros_like(s), where=s > 0)
+    # Zero only a fully masked row (sum 0); a NaN sum (a +inf or NaN logit) makes the whole row NaN, as torch's
+    inv = np.divide(1.0, s, out=np.zeros_like(s), where=s != 0)
     np.copyto(out, e * inv, casting="same_kind")
 
 
@@ -117,7 +118,8 @@ def _exp_fma_normalise(row, mul, shift):
 
 @numba.njit(inline="always")
 def _scale_by_inverse(row, s):
-    inv = fm.like(row[0], 1.0) / s if s > 0 else fm.like(row[0], 0.0)  # fully masked: zeros; NaN stays NaN
+    # fully masked (s == 0): zeros; a NaN sum (a +inf or NaN logit) makes the whole row NaN, as in torch
+    inv = fm.like(row[0], 1.0) / s if s != 0 else fm.like(row[0], 0.0)
     for j in range(row.shape[0]):
         row[j] = row[j] * inv
 
@@ -197,6 +199,8 @@ def copy_back(a: np.ndarray, rows: np.ndarray) -> None:
 def _mask_layout(x: np.ndarray, mask: np.ndarray):
     """The mask flattened, plus per-leading-dim element strides that broadcast it over x's rows."""
     m = np.ascontiguousarray(mask)  # mask-sized; the broadcast (x-sized) mask is never formed
+    if m.dtype not in (np.float32, np.float64):  # Numba has no float16 or longdouble: float64, as the reference adds
+        m = m.astype(np.float64)
     shape = (1,) * (x.ndim - m.ndim) + m.shape
     contiguous = np.cumprod((1,) + shape[:0:-1])[::-1]  # C strides in elements
     strides = np.where(np.array(shape) == 1, 0, contiguous).astype(np.int64)
