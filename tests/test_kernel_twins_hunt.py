@@ -487,10 +487,10 @@ def test_dropout_op_p0_identity_and_seed_determinism(dt):
     np.testing.assert_array_equal(r1, np.where(keep, x * (dt(1) / dt(0.7)), 0))
 
 
-# BUG: dropout(p=1) fills its output (and gradient) with zeros, so a NaN or inf input comes out 0;
-# torch computes input * 0 there (aten Dropout.cpp), NaN for NaN and inf, as this module's own p < 1
-# path does ("a dropped NaN or inf becomes NaN, as x * 0 makes it"). ops/nn_ops.py:36 (out.fill(0))
-# and :48 (ga.fill(0)).
+# Regression (fixed): dropout(p=1) fills its output (and gradient) with zeros, so a NaN or inf input comes out 0; torch
+# computes input * 0 there (aten Dropout.cpp), NaN for NaN and inf, as this module's own p < 1 path does ("a dropped NaN
+# or inf becomes NaN, as x * 0 makes it"). ops/nn_ops.py:36 (out.fill(0)) and :48 (ga.fill(0)). Fixed: both multiply by
+# 0.
 def test_dropout_p1_propagates_nan_like_torch():
     from tensorarena import tensor
     from tensorarena.ops.nn_ops import dropout
@@ -522,9 +522,10 @@ def test_embedding_backward_bounds_repeats_and_views(dt):
         assert np.all(gw == 0)
 
 
-# BUG: embedding_backward's fused twin never checks ids: an id == num_embeddings makes the reference
-# (np.add.at) raise IndexError, while the Numba loop (no bounds check) adds the row past the end of gw,
-# silently writing memory it does not own (here: the guard row of a larger buffer). embedding.py:30.
+# Regression (fixed): embedding_backward's fused twin never checks ids: an id == num_embeddings makes the reference
+# (np.add.at) raise IndexError, while the Numba loop (no bounds check) adds the row past the end of gw, silently writing
+# memory it does not own (here: the guard row of a larger buffer). embedding.py:30. Fixed: the loop checks each id and
+# the wrapper raises IndexError, as cross_entropy does for its targets.
 def test_embedding_backward_out_of_range_id_raises_like_the_reference():
     for fn in (ref("embedding_backward"), fus("embedding_backward")):
         buf = np.zeros((4, 3))

@@ -24,18 +24,28 @@ def embedding_backward_reference(ids: np.ndarray, g: np.ndarray, gw: np.ndarray)
 
 @numba.njit(cache=True, error_model="numpy")
 def _scatter_add(ids, g, gw):
+    """Returns the index of the first id out of range (n if none); rows before it are already added."""
     gw[:] = 0
     n, d = g.shape
+    v = gw.shape[0]
     for i in range(n):
-        row = gw[ids[i]]
+        k = ids[i]
+        if k < -v or k >= v:  # Numba does not bound-check: gw[k] would write past the table
+            return i
+        row = gw[k]  # a negative id wraps, as np.add.at's index does
         src = g[i]
         for j in range(d):
             row[j] += src[j]
+    return n
 
 
 def embedding_backward_fused(ids: np.ndarray, g: np.ndarray, gw: np.ndarray) -> None:
-    """Same contract as `embedding_backward_reference`: one serial pass over the tokens."""
-    _scatter_add(ids, g, gw)
+    """Same contract as `embedding_backward_reference`: one serial pass over the tokens. An id out of range
+    raises IndexError as the reference's np.add.at does (gw then holds the rows added before it)."""
+    bad = _scatter_add(ids, g, gw)
+    if bad < g.shape[0]:
+        raise IndexError(f"index {int(ids[bad])} is out of bounds for axis 0 with size {gw.shape[0]} "
+                         f"(embedding id {bad} of {g.shape[0]})")
 
 
 register("embedding_backward", "reference", embedding_backward_reference)
