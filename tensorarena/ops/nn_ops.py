@@ -33,8 +33,8 @@ def dropout(a: Tensor, p: float = 0.5, *, training: bool = True, rng: np.random.
     dtype = ad.dtype
     if p == 1.0:
         out = new_like(ad)
-        host(out.fill, 0)
-        seed, threshold, scale = None, 0, 0.0  # unused: backward writes zeros too
+        host(_times_zero, ad, out)  # not fill(0): a NaN or inf comes out NaN, as torch's input * 0
+        seed, threshold, scale = None, 0, 0.0  # unused: backward multiplies by 0 too
     else:
         seed = Seed(rng)
         threshold = keep_threshold(p)
@@ -45,12 +45,18 @@ def dropout(a: Tensor, p: float = 0.5, *, training: bool = True, rng: np.random.
     def backward(g):
         ga = new_like(g)
         if p == 1.0:
-            host(ga.fill, 0)
+            host(_times_zero, g, ga)
         else:
             host(_apply, kernel("dropout_apply"), contiguous(g, dtype), ga, seed, threshold, scale)
         return (ga,)
 
     return Tensor._make(out, (a,), backward)
+
+
+def _times_zero(x: np.ndarray, out: np.ndarray) -> None:
+    # dropout(p=1): torch's input * 0 (aten Dropout.cpp), so NaN and inf give NaN and finite values 0
+    with np.errstate(invalid="ignore"):  # inf * 0 = NaN is the answer, as in the dropout kernels
+        np.multiply(x, out.dtype.type(0), out=out)
 
 
 def _apply(dropout_apply, x: np.ndarray, out: np.ndarray, seed: Seed, threshold: int, scale) -> None:
