@@ -598,10 +598,11 @@ def test_attention_edges_match_reference(dt, case, dropout):
         close(got[0][rows], o[rows], dict(rtol=1e-5, atol=1e-6) if dt is F32 else dict(rtol=1e-10, atol=1e-12))
 
 
-# BUG: attention_backward's fused twin crashes with ZeroDivisionError when there are no keys (S = 0):
-# such arrays are empty, so attention_heads.usable() sends them to the batched path, whose
-# _softmax_grad does p.reshape(-1, s) with s = 0 (attention.py:171). The forward handles S = 0 (out = 0),
-# the reference backward returns zeros, and softmax_backward_fused guards `if y.size == 0: return`.
+# Regression (fixed): attention_backward's fused twin crashes with ZeroDivisionError when there are no keys (S = 0):
+# such arrays are empty, so attention_heads.usable() sends them to the batched path, whose _softmax_grad does
+# p.reshape(-1, s) with s = 0 (attention.py:171). The forward handles S = 0 (out = 0), the reference backward returns
+# zeros, and softmax_backward_fused guards `if y.size == 0: return`. Fixed: the fused backward returns zero gradients at
+# once when P is empty.
 @pytest.mark.parametrize("dt", DTYPES)
 def test_attention_backward_with_no_keys(dt):
     q = np.ones((1, 2, 3, 4), dt)

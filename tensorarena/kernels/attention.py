@@ -261,6 +261,12 @@ def attention_backward_fused(q: np.ndarray, k: np.ndarray, v: np.ndarray, probs:
     """
     scale = _scale(q, scale)
     bf16 = _bf16_operands(q, k, v, g)
+    if probs.size == 0:  # no keys (S = 0: _softmax_grad's rows would be 0 wide) or no queries: sums over nothing
+        for grad in (dq, dk, dv):
+            grad.fill(0)
+        if bf16:
+            _count_bf16("fused")
+        return
     if slices.usable(q, k, v, probs, g, dq, dk, dv):
         slices.attention_backward_slices(q, k, v, probs, g, scale, dq, dk, dv, dropout)
         if bf16:
