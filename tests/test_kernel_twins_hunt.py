@@ -121,14 +121,16 @@ def test_small_or_strided_arrays_stay_on_numpy():
     assert (kernels.calls[("add", "fused")], kernels.calls[("add", "reference")]) == before
 
 
-# BUG: elementwise.bias_add's dispatcher hands a 3-D x (with bias of shape x.shape[1:]) to the fused
-# kernel, which only compiles for 2-D x: a Numba TypingError instead of NumPy's broadcasting add
-# (`fits` checks size, dtype and contiguity, never x.ndim == 2; column_sum's dispatcher does check it).
+# Regression (fixed): elementwise.bias_add's dispatcher hands a 3-D x (with bias of shape x.shape[1:]) to the fused
+# kernel, which only compiles for 2-D x: a Numba TypingError instead of NumPy's broadcasting add (`fits` checks size,
+# dtype and contiguity, never x.ndim == 2; column_sum's dispatcher does check it). Fixed: the dispatcher requires x.ndim
+# == 2.
 def test_bias_add_dispatcher_with_3d_x():
     x = np.ones((2, 128, 128), F32)
     bias = np.arange(128 * 128, dtype=F32).reshape(128, 128)
     elementwise.bias_add(x, bias)
-    np.testing.assert_array_equal(x, 1 + bias[None])
+    # expectation fixed: assert_array_equal does not broadcast, so the (1, 128, 128) expectation always failed on shape
+    np.testing.assert_array_equal(x, np.broadcast_to(1 + bias, x.shape))
 
 
 # ---------------------------------------------------------------- gelu and erf

@@ -61,7 +61,8 @@ def add(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
 
 def bias_add(x: np.ndarray, bias: np.ndarray) -> None:
     """x (N, D) += bias (D,) for the ops: the `bias_add` kernel when they fit it, else NumPy's."""
-    if fits(x) and bias.dtype == x.dtype and bias.shape == x.shape[1:] and bias.flags.c_contiguous:
+    # x.ndim == 2: the kernel compiles for (N, D) only; a 3-D x with a (T, D) bias is NumPy's add
+    if fits(x) and x.ndim == 2 and bias.dtype == x.dtype and bias.shape == x.shape[1:] and bias.flags.c_contiguous:
         kernel("bias_add")(x, bias)
     else:
         host(np.add, x, bias, out=x)
