@@ -306,16 +306,24 @@ def test_a_kill_while_the_state_first_moves_into_the_store_is_refused_clearly(tm
     _assert_continues(*_continue_with_trainer(tr, 0))
 
 
-# BUG: after to_memory() the store still holds the committed step 3 ("resume: the store is unchanged"), but the next
-# step's move back into the store (_reenter -> _move_in(overwrite=True) -> ParamStore.create) first deletes the
-# manifest and then rewrites the stage files in place. A kill during that move leaves a directory with no manifest:
-# the committed step 3 is gone (resume says "holds no streaming store"), though nothing about it had changed.
+# Regression (fixed): after to_memory() the store still holds the committed step 3 ("resume: the store is
+# unchanged"), but the next step's move back into the store (_reenter -> _move_in(overwrite=True) ->
+# ParamStore.create) first deleted the manifest and then rewrote the stage files in place. A kill during that move
+# left a directory with no manifest: the committed step 3 was gone (resume said "holds no streaming store"), though
+# nothing about it had changed. Now the move writes the next layout generation's files next to the committed ones
+# and switches with the manifest's rename (as relayout does); the old files and a killed move's leftovers go then.
 def test_a_kill_while_the_state_moves_back_in_after_to_memory_keeps_the_committed_store(tmp_path):
     store = tmp_path / "store"
     _run_child("reenter", store=str(store))
     route, model = _resume_store(store)
     assert route.step_count == 3
     _assert_continues(*_continue_route(route, model), start=3)
+    route.step(*BATCHES[0])  # moves back in: generation 2, past the killed move's leftovers (generation 1)
+    assert sorted(p.name for p in store.glob("stage-*.bin")) == [f"stage-{i:04d}.g2.bin" for i in range(4)]
+    route.close()
+    route, _ = _resume_store(store)
+    assert route.step_count == 7
+    route.close()
 
 
 # -- a checkpoint load into the store killed -------------------------------------------------------------------

@@ -248,7 +248,7 @@ class StreamingRoute:
     def _groups_of_params(self) -> list[list[int]]:
         return [[self._group_of.get(id(p), -1) for p in s.params] for s in self.stages]
 
-    def _move_in(self, step: int, overwrite: bool) -> None:
+    def _move_in(self, step: int, overwrite: bool, *, keep_committed: bool = False) -> None:
         store = self.store
         on_disk = [name for s, names in zip(self.stages, self._names) for p, name in zip(s.params, names)
                    if p._arena is _ON_DISK]
@@ -263,7 +263,7 @@ class StreamingRoute:
         if store.leftovers() and not overwrite:
             raise StoreError(f"{store.directory} holds stage files but no manifest: creating a store there was "
                              f"interrupted. Pass overwrite=True (or delete the directory) to start it again")
-        store.create()
+        store.create(keep_committed=keep_committed)
         for k, stage in enumerate(self.stages):
             store.read(k, 0).result()  # io="map" writes through a mapping of the (new, zero) file
             views = store.views(0, k)
@@ -278,7 +278,7 @@ class StreamingRoute:
         store.commit(signature=self._spec(self.kinds).signature(),
                      optimizer={"class": self.kinds.optimizer, "state_arrays": list(self.kinds.arrays),
                                 "state_scalars": list(self.kinds.scalars)},
-                     param_groups_of=self._groups_of_params(),
+                     param_groups_of=self._groups_of_params(), layout_generation=store.generation,
                      **self._progress(step, step))
         # Only now, with the store committed, let go of the in-memory arrays.
         self._offload_all()
@@ -515,7 +515,8 @@ class StreamingRoute:
 
     def _reenter(self) -> None:
         """After to_memory(): the training state, maybe changed in memory, goes into a new store in the same
-        directory (as from_memory(..., overwrite=True) would), and the route goes on from there."""
+        directory (as from_memory(..., overwrite=True) would, but the committed store stays whole until the new
+        one commits: to_memory() promised to leave it as it was), and the route goes on from there."""
         self.kinds = optim_state.state_kinds(self.optimizer)
         self._group_of = group_map(self)
         self.store = ParamStore(self.store.directory, self._spec(self.kinds), **self._store_options)
@@ -524,7 +525,7 @@ class StreamingRoute:
             # parameters is sized again from the new layouts, before the state moves in (as in __init__).
             self._grads = _grad_buffer(self.store)
             self._placeholder = self._placeholders()
-            self._move_in(self.step_count, overwrite=True)
+            self._move_in(self.step_count, overwrite=True, keep_committed=True)
         except BaseException:
             self.store.close()
             raise

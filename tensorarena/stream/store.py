@@ -52,6 +52,9 @@ Outside a step (a checkpoint loaded, optimizer state moved in, stream/follow.py)
            (a journal token the manifest lacks = interrupted: refused) -> empty journal
   relayout (more state kinds, e.g. momentum switched on): every stage written to a new file
            (stage-NNNN.gG.bin) -> manifest naming the new files, one rename -> old files removed
+  move back in (the state, maybe changed, returns after to_memory(): create(keep_committed=True)):
+           empty journal -> every stage written to a new file of the next generation -> manifest, one
+           rename -> old files removed
 """
 
 from __future__ import annotations
@@ -203,6 +206,10 @@ class ParamStore:
         # The step's manifest commit, reserved before the step changes any stage (reserve_commit): the open
         # file MANIFEST_ROOM and its allocated bytes, or None. _manifest_bytes sizes the next reservation.
         self._room: tuple[int, int] | None = None
+        # The layout generation of self.files (create(keep_committed=True) may start a later one), and whether
+        # other stage files here go once the manifest is committed (they held the store this one replaces).
+        self.generation = 0
+        self._superseded = False
         self._manifest_bytes = 0
         self._journal_lock = threading.Lock()  # io="map": begin_write (caller) and _write (I/O thread)
         self._pending: list[Future] = []
@@ -303,6 +310,7 @@ class ParamStore:
         files = [s.get("file") for s in manifest.get("stages", [])]
         if len(files) == len(self.files) and all(isinstance(f, str) and f == Path(f).name for f in files):
             self.files = files
+        self.generation = int(manifest.get("layout_generation", 0))
         opt = manifest.get("optimizer", {})
         arrays, scalars = tuple(opt.get("state_arrays", ())), tuple(opt.get("state_scalars", ()))
         if (opt.get("class") == self.spec.optimizer and (arrays, scalars) != (self.spec.state_arrays,
@@ -392,9 +400,16 @@ class ParamStore:
                 f"steps: delete the directory and resume from a checkpoint")
 
     # -- creating -----------------------------------------------------------------
-    def create(self) -> None:
-        """Start a new store here: drop any manifest and stage files, make empty files of the right sizes."""
+    def create(self, *, keep_committed: bool = False) -> None:
+        """Start a new store here: drop any manifest and stage files, make empty files of the right sizes.
+
+        keep_committed: a committed store here stays whole until this one's commit (the state moving back in
+        after to_memory(), which leaves that store as it was): see _create_beside.
+        """
         self.drain()
+        if keep_committed and self.has_manifest():
+            self._create_beside()
+            return
         (self.directory / MANIFEST).unlink(missing_ok=True)  # first: a half-made store must look unfinished
         (self.directory / JOURNAL).unlink(missing_ok=True)
         self.manifest = None
@@ -409,6 +424,31 @@ class ParamStore:
             fd = self._fd(i)
             os.ftruncate(fd, layout.total_bytes)
 
+    def _create_beside(self) -> None:
+        """New stage files next to the committed store's, in a layout generation no file here has yet; the
+        commit's manifest rename switches to them and removes the others (as relayout does), so a kill before
+        it leaves the committed store, and one after it the new one. Needs room for both meanwhile."""
+        generation = 1 + max((_generation_of(name) for name in self.leftovers()), default=0)
+        free = shutil.disk_usage(self.directory).free
+        if free < self.disk_bytes:
+            raise StoreError(f"moving the training state back into the streaming store needs {_fmt(self.disk_bytes)}"
+                             f" on disk next to the committed store's files (they stay until the move is done), but "
+                             f"{self.directory} has {_fmt(free)} free; nothing was changed and the state is still "
+                             f"in memory. Free space, or delete the directory (the state in memory moves into a new "
+                             f"store there)")
+        # The committed store is consistent (the route that moved it out was usable), so its journal holds
+        # nothing in flight; emptied now because a checkpoint load's rewrite token in it would make the new
+        # manifest, which lacks that token, look like an interrupted rewrite.
+        with self._journal_lock:
+            self._replace(JOURNAL, {})
+            self._journal = {}
+        self.manifest = None
+        self.generation = generation
+        self.files = [_stage_file(i, generation) for i in range(len(self.layouts))]
+        self._superseded = True
+        for i, layout in enumerate(self.layouts):
+            os.ftruncate(self._fd(i), layout.total_bytes)
+
     def commit(self, **fields: Any) -> None:
         """Update manifest fields and write it atomically (after all pending writes finished)."""
         self.drain()
@@ -417,6 +457,12 @@ class ParamStore:
                 self.manifest = {"format": FORMAT, "version": VERSION}
             self.manifest.update(fields)
             self._write_manifest()
+        if self._superseded:
+            # Committed: the stage files of the store this one replaced (and of any move killed before) go.
+            self._superseded = False
+            for name in self.leftovers():
+                if name not in self.files:
+                    (self.directory / name).unlink()
 
     def _write_manifest(self) -> None:
         # Caller holds _manifest_lock.
@@ -585,6 +631,7 @@ class ParamStore:
                 os.close(fd)
                 self._fds[i] = None
         self.files = files
+        self.generation = generation
         self._set_spec(spec)
         for name in old:
             (self.directory / name).unlink(missing_ok=True)
@@ -814,6 +861,12 @@ _NOTHING = np.empty(0, np.uint8)  # the slot buffer of a stage that holds no byt
 def _stage_file(index: int, generation: int) -> str:
     """Stage `index`'s file name in layout generation `generation` (a `relayout` makes the next one)."""
     return f"stage-{index:04d}.bin" if generation == 0 else f"stage-{index:04d}.g{generation}.bin"
+
+
+def _generation_of(name: str) -> int:
+    """The layout generation in a stage file's name (see _stage_file)."""
+    parts = name.split(".")  # stage-NNNN.bin or stage-NNNN.gG.bin
+    return int(parts[1][1:]) if len(parts) == 3 and parts[1][:1] == "g" and parts[1][1:].isdigit() else 0
 
 
 def _signature_diff(theirs: list, mine: list) -> str:
