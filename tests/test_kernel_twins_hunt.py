@@ -686,10 +686,10 @@ def test_column_bands_tile_the_columns_exactly(n, parts):
     assert len(bands) <= max(1, min(parts, n // gemm_jobs.BAND))
 
 
-# BUG: gemm's fused (MKL) twin raises ValueError when out aliases an operand, with or without
-# accumulate, where its twin np.matmul (which buffers overlapping operands) returns out = a @ b or
-# out += a @ b. gemm.py:167 (_product_job) raises instead of copying the overlapping operand (as
-# _blas_view already copies operands BLAS cannot read in place).
+# Regression (fixed): gemm's fused (MKL) twin raises ValueError when out aliases an operand, with or without accumulate,
+# where its twin np.matmul (which buffers overlapping operands) returns out = a @ b or out += a @ b. gemm.py:167
+# (_product_job) raises instead of copying the overlapping operand (as _blas_view already copies operands BLAS cannot
+# read in place). Fixed: _product_job reads an operand out overlaps from an arena copy.
 @needs_mkl
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_gemm_out_aliasing_an_operand(accumulate):
@@ -705,9 +705,10 @@ def test_gemm_out_aliasing_an_operand(accumulate):
     close(res[1], want, TOL[F64])
 
 
-# BUG: gemm's fused twin refuses a one-row out whose row stride is 0 (out = y[None, :] over a 1-D y:
-# NumPy gives a new axis stride 0): _slice_layout (gemm.py:119) wants s0 > 0 even when there is one row,
-# so _row_major_ld raises "must be row-major rows"; np.matmul writes it. With one row any ld >= n is valid.
+# Regression (fixed): gemm's fused twin refuses a one-row out whose row stride is 0 (out = y[None, :] over a 1-D y:
+# NumPy gives a new axis stride 0): _slice_layout (gemm.py:119) wants s0 > 0 even when there is one row, so
+# _row_major_ld raises "must be row-major rows"; np.matmul writes it. With one row any ld >= n is valid. Fixed:
+# _slice_layout takes any row stride for one row (ld = n).
 @needs_mkl
 def test_gemm_one_row_out_with_zero_row_stride():
     a, b = np.ones((1, 3), F32), np.arange(15, dtype=F32).reshape(3, 5)

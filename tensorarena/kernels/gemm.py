@@ -116,8 +116,10 @@ def _slice_layout(x: np.ndarray, rows: int, cols: int) -> tuple[int, int] | None
     """
     item = x.itemsize
     s0, s1 = x.strides[-2:]
-    if (s1 == item or cols == 1) and s0 > 0 and s0 % item == 0 and s0 // item >= max(1, cols):
-        return _NO_TRANS, s0 // item
+    rows_apart = s0 > 0 and s0 % item == 0 and s0 // item >= max(1, cols)
+    # One row: its stride is never used, so any one (0 for y[None, :]) is fine and any ld >= cols is valid.
+    if (s1 == item or cols == 1) and (rows_apart or rows == 1):
+        return _NO_TRANS, s0 // item if rows_apart else max(1, cols)
     if (s0 == item or rows == 1) and s1 > 0 and s1 % item == 0 and s1 // item >= max(1, rows):
         return _TRANS, s1 // item
     return None
@@ -128,9 +130,14 @@ def _blas_view(x: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, tuple[i
     layout = _slice_layout(x, rows, cols)
     if layout is not None:
         return x, layout
+    return _arena_copy(x), (_NO_TRANS, max(1, cols))
+
+
+def _arena_copy(x: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of x in the current arena (the step's, or a fused plan's slab)."""
     copy = empty(x.shape, x.dtype)
     np.copyto(copy, x)
-    return copy, (_NO_TRANS, max(1, cols))
+    return copy
 
 
 def _row_major_ld(out: np.ndarray, rows: int, cols: int, what: str) -> int:
@@ -164,12 +171,16 @@ def _product_job(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool
     if m == 0 or n == 0:
         return None
     ldc = _row_major_ld(out, m, n, what)
-    if np.may_share_memory(out, a) or np.may_share_memory(out, b):
-        raise ValueError(f"{what}: out overlaps an operand; BLAS would read what it already overwrote")
     if k == 0:
         if not accumulate:
             out.fill(0)
         return None
+    # An operand out overlaps is read from a copy (BLAS would read what it already overwrote), as np.matmul
+    # buffers it: out = a @ b (or out += a @ b) with out a itself gives the twin's answer.
+    if np.may_share_memory(out, a):
+        a = _arena_copy(a)
+    if np.may_share_memory(out, b):
+        b = _arena_copy(b)
     a, (ta, lda) = _blas_view(a, m, k)
     b, (tb, ldb) = _blas_view(b, k, n)
     return (ta, tb, m, n, k, a.ctypes.data, lda, b.ctypes.data, ldb, out.ctypes.data, ldc, int(accumulate)), (a, b)
