@@ -53,7 +53,7 @@ def layer_norm_forward_reference(x: np.ndarray, weight: np.ndarray | None, bias:
 def layer_norm_backward_reference(g: np.ndarray, x: np.ndarray, weight: np.ndarray | None, mean: np.ndarray,
                                   rstd: np.ndarray, dx: np.ndarray, dweight: np.ndarray | None,
                                   dbias: np.ndarray | None) -> None:
-    """Gradients of layer_norm_forward w.r.t. x, weight and bias from the saved mean/rstd (plain NumPy)."""
+    """Gradients of layer_norm_forward w.r.t. x, weight and bias from the saved mean/rstd (plain NumPy); dx may be g."""
     d = x.shape[1]
     rs = rstd.astype(np.float64)[:, None]
     xhat = (x - mean.astype(np.float64)[:, None]) * rs  # (N, D) float64
@@ -62,11 +62,12 @@ def layer_norm_backward_reference(g: np.ndarray, x: np.ndarray, weight: np.ndarr
         gw = gw * weight
     m1 = gw.sum(axis=1, keepdims=True) / d
     m2 = (gw * xhat).sum(axis=1, keepdims=True) / d
-    np.copyto(dx, rs * (gw - m1 - xhat * m2), casting="same_kind")
+    # dweight and dbias first: dx may be g itself (in place), and they read g
     if dweight is not None:
         np.copyto(dweight, (g * xhat).sum(axis=0), casting="same_kind")
     if dbias is not None:
         np.copyto(dbias, g.sum(axis=0, dtype=np.float64), casting="same_kind")
+    np.copyto(dx, rs * (gw - m1 - xhat * m2), casting="same_kind")
 
 
 # The forward's: "reassoc" lets LLVM split the float64 row sums into packed partial sums; the sums
