@@ -217,9 +217,10 @@ def test_erf_twins_extremes_and_torch(dt):
     close(y, b, dict(rtol=0, atol=0))
 
 
-# BUG: erf's fused twin returns float64 for a float16 input (it widens x to float64 and allocates out
-# in that dtype), where the reference twin returns float16 (out takes x's float dtype): the twins'
-# results differ in dtype, so a caller relying on `out=None` gets a different array type by route.
+# Regression (fixed): erf's fused twin returns float64 for a float16 input (it widens x to float64 and allocates out in
+# that dtype), where the reference twin returns float16 (out takes x's float dtype): the twins' results differ in dtype,
+# so a caller relying on `out=None` gets a different array type by route. Fixed: the fused twin allocates out in x's
+# float dtype before widening x.
 def test_erf_float16_result_dtype_matches_between_twins():
     x = np.array([0.5, -1.0, 2.0], np.float16)
     assert fus("erf")(x).dtype == ref("erf")(x).dtype
@@ -359,11 +360,11 @@ def test_layer_norm_edges(dt, n, d, layout):
         close(a, c, dict(rtol=1e-12, atol=1e-12 * scale) if dt is F64 else dict(rtol=1e-5, atol=1e-5 * scale))
 
 
-# BUG: layer_norm_backward's reference twin gives wrong dweight and dbias when dx is g (in place): it
-# writes dx into g first (layer_norm.py:65) and then sums g * xhat and g (lines 66-69) from the
-# overwritten values. The fused twin reads each g before writing dx and gets them right, so the twins
-# disagree. (ops.layer_norm passes a fresh dx today; bias_gelu_backward_recompute documents
-# "dx may be g itself", this kernel says nothing.) Fix: compute dweight/dbias before the copyto into dx.
+# Regression (fixed): layer_norm_backward's reference twin gives wrong dweight and dbias when dx is g (in place): it
+# writes dx into g first (layer_norm.py:65) and then sums g * xhat and g (lines 66-69) from the overwritten values. The
+# fused twin reads each g before writing dx and gets them right, so the twins disagree. (ops.layer_norm passes a fresh
+# dx today; bias_gelu_backward_recompute documents "dx may be g itself", this kernel says nothing.) Fix: compute
+# dweight/dbias before the copyto into dx. Done.
 @pytest.mark.parametrize("dt", DTYPES)
 def test_layer_norm_backward_dx_aliasing_g(dt):
     rng = np.random.default_rng(11)

@@ -117,10 +117,10 @@ def _build_fused():
         """erf(x) elementwise, float32 or float64, as one packed parallel loop (kernels.fastmath's
         erf, in x's precision: <= 2 ulp in float32, ~5e-16 relative in float64)."""
         x = np.asarray(x)
+        if out is None:  # in x's float dtype (float16 too), as the reference's
+            out = np.empty(x.shape, x.dtype if x.dtype.kind == "f" else np.float64)
         if x.dtype.kind != "f" or x.dtype.itemsize not in (4, 8):
             x = x.astype(np.float64)
-        if out is None:
-            out = np.empty(x.shape, x.dtype)
         flat_in = np.ascontiguousarray(x).reshape(-1)
         direct = out.flags.c_contiguous and out.dtype == x.dtype
         flat_out = out.reshape(-1) if direct else np.empty(x.size, x.dtype)
