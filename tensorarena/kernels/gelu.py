@@ -57,7 +57,7 @@ def _gelu_np(x: np.ndarray, tanh: bool) -> np.ndarray:
 
 def _gelu_grad_np(x: np.ndarray, tanh: bool) -> np.ndarray:
     # gelu' is exactly 1 (0) in float64 beyond +40 (-40); clipping there keeps x**3 finite.
-    x = np.clip(x, -_GRAD_CLIP, _GRAD_CLIP)
+    unclipped, x = x, np.clip(x, -_GRAD_CLIP, _GRAD_CLIP)
     if tanh:
         with np.errstate(over="ignore", invalid="ignore"):
             e = np.exp(-2.0 * _SQRT_2_PI * (x + _K * x * x * x))
@@ -66,7 +66,10 @@ def _gelu_grad_np(x: np.ndarray, tanh: bool) -> np.ndarray:
         return s + 2.0 * x * s * one_minus_s * _SQRT_2_PI * (1.0 + 3.0 * _K * x * x)
     with np.errstate(under="ignore"):  # the density underflows to 0 for |x| > ~38: correct, not an error
         pdf = np.exp(-0.5 * x * x) * _INV_SQRT_2PI
-    return 0.5 * (1.0 + erf_reference(x * _SQRT1_2)) + x * pdf
+    # The unclipped x times the density (0 beyond the clip): the same value for every finite x, and
+    # inf * 0 = NaN at +-inf, as torch's cdf + x * pdf gives
+    with np.errstate(invalid="ignore"):
+        return 0.5 * (1.0 + erf_reference(x * _SQRT1_2)) + unclipped * pdf
 
 
 @_quiet_underflow
@@ -144,9 +147,9 @@ def _gelu_tanh(x):
 @numba.njit(inline="always", error_model="numpy")
 def _gelu_grad_erf(x):
     lim = fm.like(x, _GRAD_CLIP)
-    x = -lim if x < -lim else (lim if x > lim else x)  # as in _gelu_grad_np
-    cdf, pdf = fm.ndtr_pdf(x)
-    return cdf + x * pdf
+    c = -lim if x < -lim else (lim if x > lim else x)  # as in _gelu_grad_np
+    cdf, pdf = fm.ndtr_pdf(c)
+    return cdf + x * pdf  # pdf is 0 beyond the clip: x * 0 = c * 0 for finite x, NaN at +-inf (torch's)
 
 
 @numba.njit(inline="always", error_model="numpy")
@@ -224,7 +227,7 @@ def _gelu_and_grad_erf(x):
     lim = fm.like(x, _GRAD_CLIP)
     c = -lim if x < -lim else (lim if x > lim else x)
     cdf, pdf = fm.ndtr_pdf(c)
-    return x * cdf, cdf + c * pdf
+    return x * cdf, cdf + x * pdf  # x * pdf, as _gelu_grad_erf: NaN at +-inf, as torch's
 
 
 @numba.njit(inline="always", error_model="numpy")
