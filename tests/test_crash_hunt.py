@@ -22,6 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numba
 import numpy as np
 import pytest
 
@@ -113,7 +114,9 @@ def _run_child(name, **kwargs):
     """Run `_child_<name>(**kwargs)` in a new Python process; it must end SIGKILLed."""
     script = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import tests.test_crash_hunt as t; "
               f"t._child_{name}(**{kwargs!r})")
-    env = {**os.environ, "NUMBA_NUM_THREADS": "1"}
+    # The child computes with the parent's kernel thread count: the reductions split by it, so only then are
+    # its steps bit for bit the parent's uninterrupted run (a CI run at 2 threads failed with 1 here).
+    env = {**os.environ, "NUMBA_NUM_THREADS": str(numba.get_num_threads())}
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == -signal.SIGKILL, f"child was not killed (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
     return proc
