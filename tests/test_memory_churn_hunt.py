@@ -292,7 +292,9 @@ def test_freezing_and_unfreezing_every_step_keeps_one_layout_and_flat_memory(rep
     ids = {id(p) for p in model.parameters()}
     ours = [g for g in list(flat_module._LIVE) if any(id(p) in ids for p in g.params)]
     assert len(ours) == len(trainer.fused.flat.groups)
-    assert growth < 48 * 1024, f"{growth} B more after 30 layouts"
+    # One leaked layout (parameters + AdamW's two moments) is ~78 KB, so 30 leaked would be ~2.3 MB; a full CI run
+    # showed 56-58 KB of noise (log records of each relayout, caches) against the old 48 KB bound.
+    assert growth < 256 * 1024, f"{growth} B more after 30 layouts"
 
 
 @pytest.mark.parametrize("replay", REPLAYS)
