@@ -17,10 +17,28 @@ class BatchLoader:
     """
 
     def __init__(self, inputs: np.ndarray, targets: np.ndarray, batch_size: int, *, rng: np.random.Generator) -> None:
+        for name, array in (("inputs", inputs), ("targets", targets)):
+            # The batch buffers copy shape and dtype from the arrays; a list has neither.
+            if not isinstance(array, np.ndarray):
+                raise TypeError(f"{name} must be a NumPy array (or memmap), got {type(array).__name__}; "
+                                f"pass np.asarray({name})")
+            if array.ndim == 0:
+                raise ValueError(f"{name} must have a first (example) dimension, got a 0-d array")
         if len(inputs) != len(targets):
             raise ValueError(f"inputs have {len(inputs)} rows but targets have {len(targets)}")
+        if len(inputs) == 0:
+            raise ValueError("the data set has no examples (inputs and targets have 0 rows): nothing to batch")
+        # bool is an int to Python, but batch_size=True is a mistake, not a batch of one.
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
+            raise TypeError(f"batch_size must be an integer, got {type(batch_size).__name__} {batch_size!r}")
         if not 0 < batch_size <= len(inputs):
             raise ValueError(f"batch_size must be in 1..{len(inputs)} (the data set size), got {batch_size}")
+        # The generator's state is the loader's position (state()); a RandomState has no bit_generator, and
+        # would fail only when a checkpoint is saved, after the training it was meant to keep.
+        if not isinstance(rng, np.random.Generator):
+            raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}; pass "
+                            f"rng=np.random.default_rng(seed)")
+        batch_size = int(batch_size)
         self.inputs, self.targets, self.batch_size, self.rng = inputs, targets, batch_size, rng
         self._x = np.empty((batch_size,) + inputs.shape[1:], inputs.dtype)
         self._y = np.empty((batch_size,) + targets.shape[1:], targets.dtype)
@@ -35,8 +53,21 @@ class BatchLoader:
         """Restore a position from state(); ValueError if it is not one in this data set (a saved order is a
         shuffle of its rows: from a data set of another size it indexes past this one's end, or
         misses rows, and an IndexError would come only at a later step)."""
-        order = np.asarray(state["order"], dtype=np.int64)
-        cursor = int(state["cursor"])
+        if not isinstance(state, dict):
+            raise TypeError(f"the loader's state must be a dict from BatchLoader.state(), got {type(state).__name__}")
+        missing = [key for key in ("rng", "order", "cursor") if key not in state]
+        if missing:
+            raise ValueError(f"the loader's saved state lacks {', '.join(repr(k) for k in missing)}: pass the dict "
+                             f"BatchLoader.state() returned")
+        order = np.array(state["order"], dtype=np.int64)  # a copy: the caller's list or array stays theirs
+        if order.ndim != 1:
+            raise ValueError(f"the loader's saved order must be a flat list of example indices, got shape "
+                             f"{order.shape}")
+        cursor = state["cursor"]
+        # A fractional cursor is no position state() writes; cutting it to an int would resume elsewhere.
+        if isinstance(cursor, bool) or not isinstance(cursor, (int, np.integer)):
+            raise ValueError(f"the loader's saved cursor must be an integer, got {cursor!r}")
+        cursor = int(cursor)
         n = len(self.inputs)
         if len(order) not in (0, n):
             raise ValueError(f"the loader's saved position is in a data set of {len(order)} examples, and this "
