@@ -37,6 +37,18 @@ def _ink_points(digit: int) -> np.ndarray:
 
 def make_digits(count: int, *, seed: int = 0, noise: float = 0.25) -> tuple[np.ndarray, np.ndarray]:
     """`count` images (count, 256) float32 in [0, 1]-ish with labels (count,) int64."""
+    if isinstance(count, bool) or not isinstance(count, (int, np.integer)):
+        raise TypeError(f"count must be an integer, got {type(count).__name__} {count!r}")
+    if count < 0:
+        raise ValueError(f"count must be non-negative, got {count}")
+    # NaN noise would return images that are all NaN; a negative one is no standard deviation.
+    if not 0.0 <= noise < np.inf:
+        raise ValueError(f"noise must be finite and non-negative (the pixel noise's standard deviation), got {noise}")
+    if seed is not None:  # None: fresh entropy, as np.random.default_rng(None)
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise TypeError(f"seed must be a non-negative integer, got {type(seed).__name__} {seed!r}")
+        if seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {seed}")
     rng = np.random.default_rng(seed)
     labels = rng.integers(0, NUM_CLASSES, size=count)
     images = np.zeros((count, SIZE, SIZE), dtype=np.float64)
@@ -55,7 +67,10 @@ def make_digits(count: int, *, seed: int = 0, noise: float = 0.25) -> tuple[np.n
         d2 = (grid_r[None] - rr[:, None, None]) ** 2 + (grid_c[None] - cc[:, None, None]) ** 2
         images[i] = np.exp(-d2 / (2 * width**2)).max(axis=0)
     images += rng.normal(0.0, noise, size=images.shape)
-    return images.reshape(count, SIZE * SIZE).astype(np.float32), labels.astype(np.int64)
+    # Without noise, pixels far from the ink hold exp(-hundreds): below float32's range, so they become 0,
+    # as intended; under np.seterr(all="raise") that cast would raise an underflow FloatingPointError.
+    with np.errstate(under="ignore"):
+        return images.reshape(count, SIZE * SIZE).astype(np.float32), labels.astype(np.int64)
 
 
 def train_test_split(n_train: int = 8000, n_test: int = 2000, *, seed: int = 0):

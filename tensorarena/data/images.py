@@ -75,6 +75,15 @@ def _coverage(label: int, a: np.ndarray, b: np.ndarray, p: dict, pixel: float) -
 
 def make_images(count: int, *, size: int = 32, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """`count` images (count, 3, size, size) float32, normalised ((x - 0.5) / 0.5), and labels (count,) int64."""
+    for name, value in (("count", count), ("size", size)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    # Every sample is a pure function of the seed (the noise chunks are seeded with [seed, chunk]), so it must
+    # be an int that np.random.default_rng takes: None or a negative one used to fail deep inside numpy.
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be a non-negative integer, got {type(seed).__name__} {seed!r}")
+    if seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed}")
     if count < 0:
         raise ValueError(f"count must be non-negative, got {count}")
     if size < 8:
