@@ -65,7 +65,8 @@ def make_digits(count: int, *, seed: int = 0, noise: float = 0.25) -> tuple[np.n
         cc += centre[1]
         width = rng.uniform(0.55, 0.95)  # stroke radius in pixels
         d2 = (grid_r[None] - rr[:, None, None]) ** 2 + (grid_c[None] - cc[:, None, None]) ** 2
-        images[i] = np.exp(-d2 / (2 * width**2)).max(axis=0)
+        with np.errstate(under="ignore"):  # far from the ink exp(-d2 / 2w^2) is below float64's range too: 0
+            images[i] = np.exp(-d2 / (2 * width**2)).max(axis=0)
     images += rng.normal(0.0, noise, size=images.shape)
     # Without noise, pixels far from the ink hold exp(-hundreds): below float32's range, so they become 0,
     # as intended; under np.seterr(all="raise") that cast would raise an underflow FloatingPointError.
