@@ -40,6 +40,28 @@ def locate_minilm() -> Path:
     return model_dir
 
 
+def _check_int(name: str, value) -> int:
+    """`value` as an int; TypeError naming `name` for a float, bool or anything else (tokenizers' own
+    message for 2.0, "'float' object cannot be interpreted as an integer", names no argument)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    return int(value)
+
+
+def check_texts(texts) -> list[str]:
+    """A string or a sequence of strings, as a list; TypeError naming the first item that is no string."""
+    if isinstance(texts, str):
+        return [texts]
+    try:
+        texts = list(texts)
+    except TypeError:
+        raise TypeError(f"texts must be a string or a sequence of strings, got {type(texts).__name__}") from None
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"texts must be strings, and texts[{i}] is {type(text).__name__} ({text!r:.40})")
+    return texts
+
+
 @dataclass(frozen=True)
 class Encoding:
     """A tokenized batch. Shape: each array (B, T), int64."""
@@ -52,7 +74,12 @@ class Encoding:
         return self.input_ids.shape[0]
 
     def __getitem__(self, index) -> "Encoding":
-        """Rows of the batch (a slice or index array), keeping the padded length."""
+        """Rows of the batch (an int, a slice or an index array), keeping the padded length.
+
+        An int gives a batch of one, (1, T): an Encoding's arrays are (B, T) wherever it goes.
+        """
+        if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
+            index = [index]  # fancy indexing keeps the batch axis (and -1 / out-of-range work as for a list)
         return Encoding(self.input_ids[index], self.attention_mask[index], self.token_type_ids[index])
 
 
@@ -70,6 +97,7 @@ class WordPieceTokenizer:
         except ImportError:
             raise ImportError("tensorarena's text models need the `tokenizers` package: "
                               "pip install tokenizers") from None
+        max_length = _check_int("max_length", max_length)
         path = Path(path)
         if path.is_dir():
             path = path / "tokenizer.json"
@@ -97,14 +125,14 @@ class WordPieceTokenizer:
 
         Shape: returns (B, T) arrays with T = pad_to, else the longest tokenized sentence.
         """
-        if isinstance(texts, str):
-            texts = [texts]
-        texts = list(texts)
-        if not all(isinstance(t, str) for t in texts):
-            raise TypeError("texts must be strings")
-        limit = self.max_length if max_length is None else max_length
+        texts = check_texts(texts)
+        limit = self.max_length if max_length is None else _check_int("max_length", max_length)
         if limit < 2:
             raise ValueError(f"max_length must leave room for [CLS] and [SEP] (>= 2), got {limit}")
+        if pad_to is not None:
+            pad_to = _check_int("pad_to", pad_to)  # a plain int: `tokenizers` takes no NumPy integers
+            if pad_to < 2:  # fewer columns than [CLS] + [SEP]: the rows would not fit the padded width
+                raise ValueError(f"pad_to must leave room for [CLS] and [SEP] (>= 2), got {pad_to}")
         if pad_to is not None and pad_to < limit:
             limit = pad_to  # a sentence longer than the padded width is cut to fit it
         if self._truncation != limit:
@@ -124,5 +152,12 @@ class WordPieceTokenizer:
         return Encoding(input_ids, attention_mask, token_type_ids)
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Token ids back to text, special tokens dropped."""
+        """Token ids back to text, special tokens dropped. Takes one sequence (a row of input_ids)."""
+        ids = list(ids)
+        for i, token in enumerate(ids):
+            if isinstance(token, bool) or not isinstance(token, (int, np.integer)):
+                # Most often a (B, T) batch, whose items are rows; int() of a row names nothing useful.
+                raise TypeError(f"decode takes one sequence of token ids, and item {i} is {type(token).__name__}, "
+                                f"not an int; decode a batch row by row: [tokenizer.decode(row) for row in "
+                                f"input_ids]")
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
