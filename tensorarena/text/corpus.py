@@ -90,7 +90,13 @@ def python_reference_sentences(*, min_chars: int = 20, max_chars: int = 200, see
         raise ValueError(f"need 1 <= min_chars <= max_chars, got {min_chars} and {max_chars}")
     sentences = list(_sentences(min_chars, max_chars))
     if not sentences:
-        raise RuntimeError("pydoc_data.topics yielded no sentences; this Python installation lacks its docs topics")
+        # Two causes, two remedies: the bounds (most often) or an installation without the docs topics.
+        from pydoc_data.topics import topics
+
+        if not topics:
+            raise RuntimeError("pydoc_data.topics is empty; this Python installation lacks its docs topics")
+        raise ValueError(f"no sentence of the Python reference is between {min_chars} and {max_chars} characters "
+                         f"long; widen the bounds (the defaults are 20 and 200)")
     if seed is not None:
         order = np.random.default_rng(seed).permutation(len(sentences))
         sentences = [sentences[i] for i in order]
