@@ -21,7 +21,7 @@ import numpy as np
 
 from .autograd import no_grad
 from .memory.arena import Arena
-from .text.tokenizer import WordPieceTokenizer, locate_minilm
+from .text.tokenizer import WordPieceTokenizer, check_texts, locate_minilm
 
 log = logging.getLogger("tensorarena")
 
@@ -60,9 +60,9 @@ def encode(encoder, tokenizer: WordPieceTokenizer, texts: Sequence[str], *, max_
     from .models.simcse import l2_normalize
     from .nn.transformer import mean_pool
 
-    if isinstance(texts, str):
-        texts = [texts]
-    texts = list(texts)
+    texts = check_texts(texts)  # before the length sort below, whose len(None) would name no text
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
+        raise TypeError(f"batch_size must be an integer, got {type(batch_size).__name__} {batch_size!r}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     # Cut at the model's positions too, as sentence-transformers does: a longer max_length would only fail
@@ -114,8 +114,13 @@ def embed(texts: str | Sequence[str], *, model_dir: str | os.PathLike | None = N
 
 
 def _one_line(text: str) -> str:
-    """The text with its control characters escaped (a newline as \\n), so each sentence's row is one line."""
-    return re.sub(r"[\x00-\x1f\x7f]", lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+    """The text with its control characters escaped (a newline as \\n), so each sentence's row is one line.
+
+    C1 controls (U+0085 is a line break to str.splitlines) and U+2028/U+2029 (line and paragraph separators)
+    are escaped as well as C0 ones.
+    """
+    return re.sub(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]",
+                  lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def cmd_embed(args) -> np.ndarray:
