@@ -120,6 +120,13 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
     metrics, speed, memory, per-step figures)."""
     from tqdm import tqdm
 
+    x_train, y_train = train
+    if args.batch_size > len(x_train):
+        # The loader drops an epoch's last partial batch, so a batch takes at most the whole data set; it used
+        # to be cut to that size without a word while the summary reported the --batch-size asked for.
+        raise SystemExit(f"tensorarena train: --batch-size {args.batch_size} is larger than the {len(x_train)} "
+                         f"training examples; pass a smaller --batch-size"
+                         f"{'' if args.resume else ' or a larger --train-size'}")
     optimizer = make_optimizer(args, model.parameters())
     scheduler = make_scheduler(args, optimizer)
     if args.resume:
@@ -130,8 +137,7 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
                       clip_grad_norm=args.clip or None, on_nonfinite=args.on_nonfinite, route=route,
                       memory_limit=getattr(args, "memory_limit", None), store_dir=getattr(args, "store_dir", None),
                       matmul_precision=getattr(args, "matmul_precision", "float32"))
-    x_train, y_train = train
-    loader = BatchLoader(x_train, y_train, min(args.batch_size, len(x_train)), rng=np.random.default_rng(args.seed + 1))
+    loader = BatchLoader(x_train, y_train, args.batch_size, rng=np.random.default_rng(args.seed + 1))
     if args.resume:
         _resume(args, trainer, loader)
 
