@@ -25,6 +25,7 @@ step then uses the bias correction of the first try.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import defaultdict
 from typing import Any, Callable, Iterable
@@ -34,6 +35,8 @@ import numpy as np
 from ..autograd import enable_grad
 from ..kernels import choose, kernel
 from ..tensor import SUPPORTED_FLOATS, Tensor
+
+log = logging.getLogger(__name__)
 
 ParamsT = Iterable[Tensor] | Iterable[dict[str, Any]] | Iterable[tuple[str, Tensor]]
 
@@ -185,14 +188,23 @@ class Optimizer:
         return 0.0
 
     def _init_state(self, p: Tensor, group: dict[str, Any]) -> dict[str, Any]:
-        """`self.state[p]` with every entry `update_flat` needs (missing ones created: lazily, on the heap)."""
+        """`self.state[p]` with every entry `update_flat` needs (missing ones created: lazily, on the heap; arrays
+        of another dtype than `p`'s, left by model.double() or float(), cast to it)."""
         state = self.state[p]
         if state.get("step") is None:
             state["step"] = np.array(self.initial_step(state), dtype=np.float64)
         for key, fill in self.state_init(group).items():
-            if state.get(key) is None:  # torch-format dicts may carry None for an absent buffer
+            current = state.get(key)
+            if current is None:  # torch-format dicts may carry None for an absent buffer
                 # Persistent state: plain heap arrays, never from the (possibly open) step arena.
                 state[key] = np.full(p.shape, fill, dtype=p.dtype)
+            elif isinstance(current, np.ndarray) and current.dtype != p.dtype and current.shape == p.shape:
+                # The parameter changed dtype since its state was made (model.double() / float() / to(dtype)
+                # mid-run): the state follows it, as the fused route's new layout casts it and as torch's
+                # load_state_dict casts state to its parameter's dtype (torch's own step raises instead).
+                log.info("optimizer state %r of a %s parameter of shape %s was %s: cast to %s", key, p.dtype,
+                         p.shape, current.dtype, p.dtype)
+                state[key] = current.astype(p.dtype)  # a new heap array: the old dtype's buffer is let go
         for key, value in self.scalar_state_init(group).items():
             if state.get(key) is None:
                 state[key] = np.array(value, dtype=np.float64)
@@ -228,7 +240,8 @@ class Optimizer:
                                f"got {sorted(state)}")
             if array.shape != param.shape or array.dtype != param.dtype:
                 raise ValueError(f"{name}: state {key!r} is {array.dtype}{list(array.shape)} but param is "
-                                 f"{param.dtype}{list(param.shape)}")
+                                 f"{param.dtype}{list(param.shape)}; pass state arrays of the parameter's shape "
+                                 f"and dtype (optimizer.step() casts a parameter's state after model.double())")
 
     def _run_closure(self, closure: Callable[[], Any] | None) -> Any:
         if closure is None:
