@@ -104,15 +104,69 @@ class SliceGrad:
 
 
 class Node:
-    """One recorded op: the nodes of its parents and its backward closure; no data."""
+    """One recorded op: the nodes of its parents, its backward closure, and the versions of what it saved."""
 
-    __slots__ = ("_parents", "_backward", "_retained")
+    __slots__ = ("_parents", "_backward", "_retained", "_saved")
     requires_grad = True  # a node exists only where a gradient is needed
 
-    def __init__(self, parents: tuple, backward) -> None:
+    def __init__(self, parents: tuple, backward, saved: tuple = ()) -> None:
         self._parents = parents
         self._backward = backward
         self._retained = None  # weakref to the output tensor after its retain_grad()
+        self._saved = saved  # saved_versions(...): checked before backward runs (check_saved)
+
+
+# -- saved-tensor versions ---------------------------------------------------------------------------------------
+# An op's backward reads arrays it kept from forward. If one of them is written in place in between, the gradient
+# would silently come from the new values; torch raises instead, and so do we. Every tensor carries a counter
+# (Tensor._version_counter, one list shared by the views of its memory) that each in-place write bumps; an op
+# records the counters and their values for the tensors its backward reads (Tensor._make's `saved`), and backward
+# compares them before running any op: one int compare per saved tensor, on the eager route only (a fused
+# step's replay runs no autograd). Writes straight into a NumPy array bypass the counter and are not seen.
+
+def saved_versions(saved, output=None) -> tuple:
+    """What a Node records of the tensors its backward reads: (counter, version now, shape, dtype, is_output)."""
+    # Shape and dtype only (for the error), never the array: the closure decides what memory stays alive.
+    record = [(t._version_counter, t._version_counter[0], t._data.shape, t._data.dtype, False)
+              for t in saved if t is not None]
+    if output is not None:
+        record.append((output._version_counter, output._version_counter[0], output._data.shape,
+                       output._data.dtype, True))
+    return tuple(record)
+
+
+def increment_version(*tensors: "Tensor") -> None:
+    """Count an in-place write to each tensor's memory (torch.autograd.graph.increment_version).
+
+    For code that writes a tensor's array directly (an optimizer step, an init function, load_state_dict):
+    afterwards, backward through an op that saved the tensor raises instead of reading the new values.
+    """
+    for t in tensors:
+        counter = getattr(t, "_version_counter", None)
+        if counter is None:
+            raise TypeError(f"increment_version takes Tensors, got {type(t).__name__}; a raw array has no version "
+                            f"counter (wrap it in a Tensor before recording ops on it)")
+        counter[0] += 1
+
+
+def check_saved(node: Node) -> None:
+    """Raise if a tensor `node`'s backward reads was written in place after the op ran (torch's message)."""
+    for counter, version, shape, dtype, is_output in node._saved:
+        if counter[0] != version:
+            op = _op_name(node._backward)
+            role = "its output" if is_output else "one of its inputs"
+            raise RuntimeError(
+                f"one of the variables needed for gradient computation has been modified by an inplace "
+                f"operation: a {dtype} tensor of shape {tuple(shape)}, {role}, saved by {op} for its backward, "
+                f"is at version {counter[0]}; expected version {version} instead. Backward would read the new "
+                f"values and give wrong gradients. Write to a copy (`x.clone()`, or `x = x + y` instead of "
+                f"`x += y`), or make the write after backward (an optimizer step after loss.backward()).")
+
+
+def _op_name(backward) -> str:
+    """The op that made a backward closure, from its qualified name ("mul.<locals>.backward" -> "mul")."""
+    name = getattr(backward, "__qualname__", "") or type(backward).__name__
+    return f"'{name.split('.')[0].lstrip('_') or name}'"
 
 
 def graph_node(t: "Tensor"):
@@ -203,6 +257,9 @@ def backward(root: "Tensor", grad: np.ndarray | None = None, *, on_leaf_grad=Non
     if isinstance(start, Node) and start._backward is _freed_backward:
         _freed_backward(grad)
     order, uses = _topological_order(start)
+    for node in order:  # before any op runs: a refused backward leaves no gradient half accumulated
+        if node._saved:
+            check_saved(node)
     _state.direct = set() if on_leaf_grad is not None else {
         id(n) for n in order if not isinstance(n, Node) and n._grad is None and uses.get(id(n)) == 1}
     try:
@@ -234,6 +291,7 @@ def _run_backward(order: list, root, grad: np.ndarray, uses: dict[int, int], on_
         parent_grads = node._backward(g)
         if not retain_graph:
             node._backward = _freed_backward
+            node._saved = ()
         for parent, pg in zip(node._parents, parent_grads):
             if not parent.requires_grad:
                 continue

@@ -3,6 +3,11 @@
 Memory comes from the arena that was current when the op ran (or the heap);
 the tensor remembers that arena's generation and refuses to be read once the
 arena is reset or closed.
+
+Each tensor also carries a version counter (`_version`, as torch's), shared by every view of the same memory:
+the in-place writes the engine makes (`+=` etc., `autograd.increment_version`) bump it, and backward refuses
+an op whose saved tensors were written since the op ran (autograd.check_saved). A write straight into the
+NumPy array (`t.data[...] = v`, `t.numpy()[...] = v`) bypasses the counter and cannot be seen.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import numpy as np
 
 from . import autograd
 from .tape import host
-from .memory.arena import Arena, StaleTensorError, current_arena
+from .memory.arena import StaleTensorError, current_arena
 
 DEFAULT_DTYPE = np.float32
 SUPPORTED_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -28,8 +33,9 @@ class Tensor:
     """An n-dimensional array that can record the ops that produced it."""
 
     __slots__ = ("_data", "requires_grad", "_grad", "_grad_buffer", "_node", "_arena", "_generation",
-                 "_converted_from", "__weakref__")
+                 "_converted_from", "_version_counter", "__weakref__")
     _parents: tuple = ()  # in the graph a tensor is always a leaf node (autograd.graph_node)
+    _saved: tuple = ()  # ... which saved nothing for a backward (autograd.check_saved)
     __array_priority__ = 1000  # make `ndarray + Tensor` defer to Tensor.__radd__
 
     def __init__(self, data: Any, *, dtype=None, requires_grad: bool = False) -> None:
@@ -67,25 +73,36 @@ class Tensor:
         shared = isinstance(data, Tensor) and np.may_share_memory(array, source)
         self._arena = data._arena if shared else None
         self._generation = data._generation if shared else 0
+        # [version]: a list so that views of the same memory share one counter (a write through any bumps it).
+        self._version_counter = data._version_counter if shared else [0]
 
     @classmethod
     def _make(cls, data: np.ndarray, parents: Sequence["Tensor"] = (), backward: BackwardFn | None = None,
-              *, view_of: "Tensor | None" = None) -> "Tensor":
-        """Wrap an op's output; record the graph when any parent needs grad."""
+              *, view_of: "Tensor | None" = None, saved: Sequence["Tensor | None"] = (),
+              saved_output: bool = False) -> "Tensor":
+        """Wrap an op's output; record the graph when any parent needs grad.
+
+        saved: the tensors whose values `backward` reads (None entries are skipped), and saved_output whether it
+        reads the output's: their versions now are what backward checks before it runs (autograd.check_saved).
+        """
         t = object.__new__(Tensor)
         t._data = data
         t._grad = None
         t._grad_buffer = None
-        if view_of is not None:  # a view lives and dies with the tensor it views
+        if view_of is not None:  # a view lives and dies with the tensor it views, and shares its writes' count
             t._arena, t._generation = view_of._arena, view_of._generation
+            t._version_counter = view_of._version_counter
         else:
             arena = current_arena()
             t._arena = arena
             t._generation = arena.generation if arena is not None else 0
+            t._version_counter = [0]
         if backward is not None and autograd.is_grad_enabled() and any(p.requires_grad for p in parents):
             t.requires_grad = True
             # Parents' nodes, not the parents: the graph must not keep their data alive.
-            t._node = autograd.Node(tuple(autograd.graph_node(p) for p in parents), backward)
+            t._node = autograd.Node(tuple(autograd.graph_node(p) for p in parents), backward,
+                                    autograd.saved_versions(saved, t if saved_output else None)
+                                    if saved or saved_output else ())
         else:
             t.requires_grad = False
             t._node = None
@@ -106,9 +123,16 @@ class Tensor:
 
     @data.setter
     def data(self, value: np.ndarray) -> None:
+        # The version counter stays, as with torch's `x.data = y`: replacing the array is no write (ops that saved
+        # the old one go on reading it), and a later in-place write still counts for every op that saved x.
         self._data = np.asarray(value)
         self._arena = None
         self._generation = 0
+
+    @property
+    def _version(self) -> int:
+        """How many in-place writes this tensor's memory has had (torch's `t._version`), views' included."""
+        return self._version_counter[0]
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -7,16 +7,18 @@ from .linalg import linear, matmul
 from .loss import cross_entropy, mse_loss
 from .nn_ops import dropout, layer_norm
 from .reduce import log_softmax, max, mean, softmax, sum, var
-from .shape import cat, expand, flatten, permute, reshape, squeeze, stack, transpose, unsqueeze
+from .shape import cat, clone, expand, flatten, permute, reshape, squeeze, stack, transpose, unsqueeze
 from .unary import exp, gelu, log, relu, sigmoid, sqrt, tanh
-from . import _sugar  # noqa: F401  (attaches methods/operators to Tensor)
+from ._sugar import install as _install_sugar
+
+_install_sugar()  # attaches the methods and operators to Tensor, once, when ops is first imported
 
 concat = cat
 
 __all__ = [
     "add", "sub", "mul", "div", "neg", "pow", "exp", "log", "sqrt", "tanh", "relu", "gelu", "sigmoid",
     "softmax", "log_softmax", "sum", "mean", "max", "var", "matmul", "linear", "reshape", "transpose",
-    "permute", "expand", "unsqueeze", "squeeze", "flatten", "cat", "concat", "stack", "getitem", "where",
+    "permute", "clone", "expand", "unsqueeze", "squeeze", "flatten", "cat", "concat", "stack", "getitem", "where",
     "embedding", "dropout", "layer_norm", "cross_entropy", "mse_loss", "scaled_dot_product_attention", "bias_gelu",
     "packed_self_attention", "bias_gelu_linear",
 ]

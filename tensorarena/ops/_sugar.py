@@ -6,7 +6,8 @@ from ..tensor import Tensor
 from . import arith, index, linalg, reduce, shape, unary
 
 
-def _install() -> None:
+def install() -> None:
+    """Attach the operators and methods to Tensor (ops/__init__ calls it)."""
     T = Tensor
     T.__add__ = lambda a, b: arith.add(a, b)
     T.__radd__ = lambda a, b: arith.add(b, a)
@@ -33,9 +34,8 @@ def _install() -> None:
     T.sum, T.mean, T.max, T.var = reduce.sum, reduce.mean, reduce.max, reduce.var
     T.softmax, T.log_softmax = reduce.softmax, reduce.log_softmax
     T.reshape = T.view = shape.reshape
+    T.clone = shape.clone
     T.transpose, T.permute, T.flatten = shape.transpose, shape.permute, shape.flatten
     T.unsqueeze, T.squeeze, T.expand = shape.unsqueeze, shape.squeeze, shape.expand
     T.T = property(lambda a: shape.permute(a, *reversed(range(a.ndim))))
 
-
-_install()

@@ -77,7 +77,7 @@ def mul(a, b) -> Tensor:
             gb = unbroadcast(gb, *b_meta)
         return ga, gb
 
-    return Tensor._make(out, (a, b), backward)
+    return Tensor._make(out, (a, b), backward, saved=(b if bd is not None else None, a if ad is not None else None))
 
 
 def div(a, b) -> Tensor:
@@ -103,7 +103,9 @@ def div(a, b) -> Tensor:
             gb = unbroadcast(gb, *b_meta)
         return ga, gb
 
-    return Tensor._make(out, (a, b), backward)
+    # Besides b and the quotient it reads, the dividend counts for b's gradient as in torch (which reads it there).
+    return Tensor._make(out, (a, b), backward, saved=(b, a if quotient is not None else None),
+                        saved_output=quotient is not None)
 
 
 def neg(a: Tensor) -> Tensor:
@@ -143,7 +145,7 @@ def pow(a, exponent) -> Tensor:  # noqa: A001 - torch's name
             gb = unbroadcast(gb, *b_meta)
         return ga, gb
 
-    return Tensor._make(out, (a, b), backward)
+    return Tensor._make(out, (a, b), backward, saved=(a, b), saved_output=b_needs_grad)
 
 
 def _pow_scalar(a: Tensor, p: float) -> Tensor:
@@ -159,7 +161,7 @@ def _pow_scalar(a: Tensor, p: float) -> Tensor:
         host(_pow_scalar_grad, ad, p, g, ga)
         return (ga,)
 
-    return Tensor._make(out, (a,), backward)
+    return Tensor._make(out, (a,), backward, saved=(a,))
 
 
 # -- in place: x += y, x -= y, x *= y, x /= y ------------------------------------------------------------------
@@ -167,11 +169,12 @@ def _pow_scalar(a: Tensor, p: float) -> Tensor:
 # view's base holds keeps its values (`with no_grad(): w -= lr * w.grad` silently trained nothing). They write
 # into the tensor's own array, so a view writes through to its base, as in NumPy and torch.
 #
-# Autograd records nothing for them and there is no version counter, so they are refused where the graph could
-# see the change: on a leaf that requires grad (torch's own error) and on a non-leaf, while grad is enabled.
-# Under no_grad() they are the user's update step, as in torch. A tensor that does not require grad may be
-# written with grad enabled; if a recorded op saved its values, that op's backward reads the new ones (torch
-# would raise at backward there).
+# Autograd records no op for them (no rewriting of a view's base history as torch's CopySlices), so they are
+# refused where they would have to be differentiated: on a leaf that requires grad (torch's own error) and on a
+# non-leaf, while grad is enabled. Under no_grad() they are the user's update step, as in torch. A tensor that
+# does not require grad may be written with grad enabled. Each write bumps the tensor's version counter (shared
+# with its views): backward through an op that saved the tensor before the write then raises, as torch does,
+# instead of reading the new values (autograd.check_saved).
 
 def iadd(a: Tensor, b) -> Tensor:
     """a += b in place (b broadcasts to a's shape); returns a."""
@@ -207,6 +210,7 @@ def _inplace(a: Tensor, b, ufunc: np.ufunc, symbol: str) -> Tensor:
         raise RuntimeError(f"in-place {symbol}= on a read-only tensor (an expand() view or a constant): its "
                            f"elements share memory; write `x = x {symbol} y` for a new tensor")
     host(ufunc, ad, bd, out=ad, casting="same_kind")
+    a._version_counter[0] += 1  # after the write: a refused one above changed nothing
     return a
 
 

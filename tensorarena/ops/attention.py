@@ -48,7 +48,8 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, *, key_padding
         return tuple(as_dtype(d, t_dtype) if needed else None
                      for d, (_, needed, _, t_dtype) in zip((dq, dk, dv), inputs))
 
-    return Tensor._make(out, (q, k, v), backward)
+    # Backward reads q, k, v (or their rounded copies); the output counts too, as torch's CPU kernel saves it.
+    return Tensor._make(out, (q, k, v), backward, saved=(q, k, v), saved_output=True)
 
 
 def packed_self_attention(qkv: Tensor, num_heads: int, *, key_padding_mask: np.ndarray | None = None,
@@ -101,7 +102,7 @@ def packed_self_attention(qkv: Tensor, num_heads: int, *, key_padding_mask: np.n
              drop=drop)
         return (dqkv,)
 
-    return Tensor._make(out, (qkv,), backward)
+    return Tensor._make(out, (qkv,), backward, saved=(qkv,))  # backward reads q, k, v: views of qkv (or a copy)
 
 
 def _with_seed(attention_kernel, *args, drop: tuple | None) -> None:
@@ -224,4 +225,5 @@ def bias_gelu_linear(x: Tensor, bias: Tensor, weight: Tensor, out_bias: Tensor |
         grads = (gx, db if b_needs else None, gw)
         return grads if out_bias is None else grads + (gob,)
 
-    return Tensor._make(out, parents, backward)
+    # Backward reads `pre` (made here) and the weight, which x's and the bias's gradients go through.
+    return Tensor._make(out, parents, backward, saved=(weight if x_needs_grad or b_needs else None,))

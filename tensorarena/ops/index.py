@@ -95,7 +95,9 @@ def getitem(a: Tensor, index) -> Tensor:
         host(_scatter_add, ga, idx, g)
         return (ga,)
 
-    return Tensor._make(out, (a,), backward_advanced)
+    # Backward scatters through the index arrays: index tensors written in place afterwards are refused.
+    index_tensors = [x for x in (index if isinstance(index, tuple) else (index,)) if isinstance(x, Tensor)]
+    return Tensor._make(out, (a,), backward_advanced, saved=index_tensors)
 
 
 def where(condition, a, b) -> Tensor:
@@ -135,7 +137,8 @@ def where(condition, a, b) -> Tensor:
             gb = unbroadcast(full, *b_meta)  # summed and cast in one pass
         return ga, gb
 
-    return Tensor._make(out, (a, b), backward)
+    # Backward reads the condition only (a plain array condition has no counter to check).
+    return Tensor._make(out, (a, b), backward, saved=(condition if isinstance(condition, Tensor) else None,))
 
 
 def embedding(indices, weight: Tensor) -> Tensor:
@@ -159,7 +162,8 @@ def embedding(indices, weight: Tensor) -> Tensor:
         kernel("embedding_backward")(reshaped(ids, (-1,)), contiguous(reshaped(g, (-1, dim))), gw)
         return (gw,)
 
-    return Tensor._make(out, (weight,), backward)
+    # Backward reads the indices, not the weight's values (as torch's).
+    return Tensor._make(out, (weight,), backward, saved=(indices if isinstance(indices, Tensor) else None,))
 
 
 # The NumPy work of the ops above, one function each: tape.host records a call as one entry of a

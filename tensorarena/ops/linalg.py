@@ -97,7 +97,8 @@ def matmul(a, b) -> Tensor:
             gb = unbroadcast(full, b2.shape).reshape(b.shape)
         return ga, gb
 
-    return Tensor._make(out, (a, b), backward)
+    # a's gradient reads b, b's reads a.
+    return Tensor._make(out, (a, b), backward, saved=(b if a.requires_grad else None, a if b.requires_grad else None))
 
 
 def linear(x, weight, bias=None) -> Tensor:
@@ -155,4 +156,6 @@ def linear(x, weight, bias=None) -> Tensor:
             elementwise.column_sum(g2, gbias)
         return (gx, gw) if not has_bias else (gx, gw, gbias)
 
-    return Tensor._make(out, parents, backward)
+    # The input's gradient reads the weight, the weight's reads the input (x2: its rows, or their bf16 copy, which
+    # counts as x: torch saves x there and refuses a write to it whatever copy the product made).
+    return Tensor._make(out, parents, backward, saved=(weight if x_needs_grad else None, x if w_needs_grad else None))

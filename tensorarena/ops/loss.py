@@ -67,7 +67,9 @@ def cross_entropy(logits: Tensor, target, *, ignore_index: int = -100, label_smo
         host(np.copyto, gx, np.moveaxis(drows.reshape(t.shape + (num_classes,)), -1, 1))
         return (gx,)
 
-    return Tensor._make(out, (logits,), backward)
+    # Backward reads the logits (rows: a view of them, or a copy) and the target. torch saves log_softmax's
+    # output, not the logits, so a write to the logits is refused here only: this backward would read it.
+    return Tensor._make(out, (logits,), backward, saved=(logits, target if isinstance(target, Tensor) else None))
 
 
 def _cross_entropy_forward(rows, tgt, ignore_index, label_smoothing, losses, lse, count, out, reduction) -> None:
@@ -127,7 +129,8 @@ def mse_loss(input: Tensor, target, reduction: str = "mean") -> Tensor:  # noqa:
             gx = as_dtype(base, xd.dtype)
         return gx, gy
 
-    return Tensor._make(out, (x, y), backward)
+    # Backward reads only diff, made here; input and target count as in torch, which saves both.
+    return Tensor._make(out, (x, y), backward, saved=(x, y))
 
 
 # mse_loss's NumPy work, one host call each way (as cross_entropy's): g is read inside, on every replay.

@@ -123,4 +123,5 @@ def layer_norm(a: Tensor, normalized_shape, weight: Tensor | None = None, bias: 
             result += (gb,)
         return result
 
-    return Tensor._make(out, parents, backward)
+    # Backward reads x2 (a or its copy) and the weight; the bias counts too, as torch saves all three.
+    return Tensor._make(out, parents, backward, saved=parents)

@@ -101,7 +101,7 @@ def _max_all(a: Tensor) -> Tensor:
         host(_max_all_grad, ad, out, g, ga)
         return (ga,)
 
-    return Tensor._make(out, (a,), backward)
+    return Tensor._make(out, (a,), backward, saved=(a,), saved_output=True)
 
 
 def _max_dim(a: Tensor, dim: int, keepdim: bool) -> MaxResult:
@@ -125,8 +125,10 @@ def _max_dim(a: Tensor, dim: int, keepdim: bool) -> MaxResult:
         host(_scatter_along, ga, idx, reshaped(g, keep_shape), axis)
         return (ga.reshape(a_shape),)
 
-    values_t = Tensor._make(values.reshape(shape), (a,), backward)
-    return MaxResult(values_t, Tensor._make(idx.reshape(shape)))
+    # The indices are returned as a tensor and read by backward: a write to them is refused, as in torch.
+    indices_t = Tensor._make(idx.reshape(shape))
+    values_t = Tensor._make(values.reshape(shape), (a,), backward, saved=(indices_t,))
+    return MaxResult(values_t, indices_t)
 
 
 def var(a: Tensor, dim=None, *, correction: int = 1, keepdim: bool = False) -> Tensor:
@@ -151,7 +153,7 @@ def var(a: Tensor, dim=None, *, correction: int = 1, keepdim: bool = False) -> T
         host(_var_grad, ad, mu, _expand_grad(g, ad.shape, axes), scale, ga)
         return (ga,)
 
-    return Tensor._make(out, (a,), backward)
+    return Tensor._make(out, (a,), backward, saved=(a,))
 
 
 def softmax(a: Tensor, dim: int = -1) -> Tensor:
@@ -178,7 +180,8 @@ def softmax(a: Tensor, dim: int = -1) -> Tensor:
         host(np.copyto, ga, np.moveaxis(gy, -1, axis))
         return (ga,)
 
-    return Tensor._make(out, (a,), backward)
+    # Backward reads y, a copy made here; the output counts as in torch, which saves it.
+    return Tensor._make(out, (a,), backward, saved_output=True)
 
 
 def _softmax_last(a: Tensor, x: np.ndarray, shape: tuple[int, ...]) -> Tensor:
@@ -193,7 +196,7 @@ def _softmax_last(a: Tensor, x: np.ndarray, shape: tuple[int, ...]) -> Tensor:
         kernel("softmax_backward")(out, contiguous(g).reshape(out.shape), ga)
         return (ga.reshape(shape),)
 
-    return Tensor._make(out.reshape(shape), (a,), backward)
+    return Tensor._make(out.reshape(shape), (a,), backward, saved_output=True)
 
 
 def log_softmax(a: Tensor, dim: int = -1) -> Tensor:
@@ -212,7 +215,7 @@ def log_softmax(a: Tensor, dim: int = -1) -> Tensor:
         host(_log_softmax_grad, out, g, axis, s, ga)
         return (ga,)
 
-    return Tensor._make(out, (a,), backward)
+    return Tensor._make(out, (a,), backward, saved_output=True)
 
 
 def _int_dim(dim, op: str) -> int:

@@ -28,6 +28,15 @@ def reshape(a: Tensor, *shape) -> Tensor:
     return Tensor._make(view, (a,), backward, view_of=view_of)
 
 
+def clone(a: Tensor) -> Tensor:
+    """A copy of `a` in the current arena that stays in the graph (torch.clone): what to write in place when an
+    op saved `a` for its backward (its version counter is the copy's own)."""
+    ad = a.data
+    out = new(ad.shape, ad.dtype)
+    host(np.copyto, out, ad)
+    return Tensor._make(out, (a,), lambda g: (g,))
+
+
 def _dim(dim: int, ndim: int, what: str) -> int:
     """`dim` made non-negative; a 0-d tensor accepts 0 and -1, as in torch."""
     n = max(ndim, 1)

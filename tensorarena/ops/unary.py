@@ -21,7 +21,7 @@ def exp(a: Tensor) -> Tensor:
         host(np.multiply, g, out, out=ga)
         return (ga,)
 
-    return Tensor._make(out, (a,), backward)
+    return Tensor._make(out, (a,), backward, saved_output=True)
 
 
 def log(a: Tensor) -> Tensor:
@@ -35,7 +35,7 @@ def log(a: Tensor) -> Tensor:
         host(np.divide, g, ad, out=ga)
         return (ga,)
 
-    return Tensor._make(out, (a,), backward)
+    return Tensor._make(out, (a,), backward, saved=(a,))
 
 
 def sqrt(a: Tensor) -> Tensor:
@@ -49,7 +49,7 @@ def sqrt(a: Tensor) -> Tensor:
         host(_sqrt_grad, out, g, ga)
         return (ga,)
 
-    return Tensor._make(out, (a,), backward)
+    return Tensor._make(out, (a,), backward, saved_output=True)
 
 
 def tanh(a: Tensor) -> Tensor:
@@ -63,7 +63,7 @@ def tanh(a: Tensor) -> Tensor:
         host(_tanh_grad, out, g, ga)
         return (ga,)
 
-    return Tensor._make(out, (a,), backward)
+    return Tensor._make(out, (a,), backward, saved_output=True)
 
 
 def relu(a: Tensor) -> Tensor:
@@ -77,7 +77,8 @@ def relu(a: Tensor) -> Tensor:
         host(_relu_grad, ad, g, ga)
         return (ga,)
 
-    return Tensor._make(out, (a,), backward)
+    # It reads its input for the mask, where torch's reads the output: a write to either is refused.
+    return Tensor._make(out, (a,), backward, saved=(a,), saved_output=True)
 
 
 def sigmoid(a: Tensor) -> Tensor:
@@ -92,7 +93,7 @@ def sigmoid(a: Tensor) -> Tensor:
         host(_sigmoid_grad, out, g, ga)
         return (ga,)
 
-    return Tensor._make(out, (a,), backward)
+    return Tensor._make(out, (a,), backward, saved_output=True)
 
 
 # The NumPy work of the ops above, one function each: tape.host records a call as one entry of a
@@ -147,6 +148,6 @@ def gelu(a: Tensor, approximate: str = "none") -> Tensor:
         kernel("gelu_backward")(x, contiguous(g), ga, approximate)
         return (ga,)
 
-    return Tensor._make(out, (a,), backward)
+    return Tensor._make(out, (a,), backward, saved=(a,))
 
 
