@@ -2,12 +2,12 @@
 
 from . import functional, init
 from .layers import GELU, Dropout, Embedding, Identity, LayerNorm, Linear, ReLU, Sequential, Tanh
-from .module import IncompatibleKeys, Module, ModuleList, ParameterList
+from .module import IncompatibleKeys, Module, ModuleDict, ModuleList, ParameterDict, ParameterList
 from .parameter import Parameter
 from .transformer import (FeedForward, MultiheadAttention, PatchEmbedding, PositionEmbedding, TransformerBlock,
                           cls_pool, mean_pool)
 
-__all__ = ["Module", "ModuleList", "ParameterList", "Parameter", "IncompatibleKeys", "Linear", "Embedding",
+__all__ = ["Module", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict", "Parameter", "IncompatibleKeys", "Linear", "Embedding",
            "LayerNorm", "Dropout", "GELU", "ReLU", "Tanh", "Identity", "Sequential", "functional", "init",
            "MultiheadAttention", "FeedForward", "TransformerBlock", "PatchEmbedding", "PositionEmbedding",
            "cls_pool", "mean_pool"]

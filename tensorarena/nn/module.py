@@ -10,6 +10,7 @@ children's, exactly as in torch, so checkpoints exchange with the same torch mod
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
@@ -25,8 +26,21 @@ class IncompatibleKeys(NamedTuple):
     unexpected_keys: list[str]
 
 
+_MISSING = object()
+
+
 def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
+
+
+def _check_name(name: Any, what: str) -> None:
+    """torch's rules for a registered name: a non-empty string without '.' (a dot would break the dotted paths)."""
+    if not isinstance(name, str):
+        raise TypeError(f"{what} name must be a string, got {type(name).__name__} {name!r}")
+    if not name:
+        raise KeyError(f'{what} name can\'t be empty string ""')
+    if "." in name:
+        raise KeyError(f'{what} name can\'t contain ".", got {name!r}: dots separate the parts of a state_dict key')
 
 
 def _as_array(value: Any) -> np.ndarray:
@@ -40,8 +54,46 @@ def _as_array(value: Any) -> np.ndarray:
             value = value.detach()
         if hasattr(value, "cpu"):
             value = value.cpu()
-        return np.asarray(value.numpy())
+        try:
+            return np.asarray(value.numpy())
+        except TypeError:
+            # NumPy has no bfloat16 (torch: "Got unsupported ScalarType BFloat16"); float32 holds every
+            # bfloat16 value exactly, and the copy into the model casts from there as torch's copy_ does.
+            if hasattr(value, "float"):
+                return np.asarray(value.float().numpy())
+            raise
     return np.asarray(value)
+
+
+def _beyond_range(src: np.ndarray, dst_dtype: np.dtype) -> tuple[float, float] | None:
+    """(lowest, highest) finite value of `src` when some lie beyond `dst_dtype`'s finite range, else None.
+
+    Only a narrowing float cast (float64 -> float32) can overflow; min/max read the array without a copy.
+    """
+    if dst_dtype.kind != "f" or src.dtype.kind != "f" or src.dtype.itemsize <= dst_dtype.itemsize or not src.size:
+        return None
+    lo, hi = src.min(), src.max()
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        finite = src[np.isfinite(src)]  # a checkpoint holding inf or NaN: only then the copy of its finite values
+        if not finite.size:
+            return None
+        lo, hi = finite.min(), finite.max()
+    big = np.finfo(dst_dtype).max
+    return (float(lo), float(hi)) if hi > big or lo < -big else None
+
+
+def _buffer_value(name: str, value: Any) -> Any:
+    """What a buffer's attribute may hold: an ndarray, a (non-Parameter) Tensor or None, as torch's buffers.
+
+    A NumPy scalar is what arithmetic on a 0-d buffer gives (running = 0.9 * running + x): kept as a 0-d array,
+    so state_dict and load_state_dict treat it as the array it was.
+    """
+    if value is None or isinstance(value, (np.ndarray, Tensor)):
+        return value
+    if isinstance(value, np.generic):
+        return np.asarray(value)
+    raise TypeError(f"cannot assign a {type(value).__name__} as buffer {name!r} (an ndarray, a Tensor or None "
+                    f"expected); to keep a plain value, delete the buffer first (del module.{name})")
 
 
 def _addindent(text: str, spaces: int) -> str:
@@ -61,11 +113,31 @@ class Module:
 
     # -- attribute walking -----------------------------------------------------
     def __setattr__(self, name: str, value: Any) -> None:
-        # Lists of modules become a ModuleList now, so the container has a stable identity
-        # (modules(), train(), repr) and the same dotted names as torch's ModuleList.
-        if isinstance(value, (list, tuple)) and value and name not in self._walk_skip:
+        # Lists (dicts) of modules become a ModuleList (ModuleDict) now, so the container has a stable
+        # identity (modules(), train(), repr) and the same dotted names as torch's containers.
+        if isinstance(value, (list, tuple, dict)) and value and name not in self._walk_skip:
             value = _container_for(name, value, value)
+        own = vars(self)
+        buffers = own.get("_buffers", {})
+        current = own.get(name, _MISSING)
+        if isinstance(value, (Parameter, Module)):
+            buffers.pop(name, None)  # as in torch, a parameter or module takes the name over from a buffer
+        elif name in buffers:
+            value = _buffer_value(name, value)
+        elif value is not None and isinstance(current, Parameter):
+            # Silently replacing it would drop the parameter from parameters(), state_dict and the optimizer.
+            raise TypeError(f"cannot assign a {type(value).__name__} as parameter {name!r} (a Parameter or None "
+                            f"expected); to change its values write into it (module.{name}.data[...] = ...) or "
+                            f"assign nn.Parameter(value)")
+        elif value is not None and isinstance(current, Module):
+            raise TypeError(f"cannot assign a {type(value).__name__} as child module {name!r} (a Module or None "
+                            f"expected): its parameters would silently leave the model; delete it first "
+                            f"(del module.{name}) to reuse the name for something else")
         object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        object.__delattr__(self, name)
+        vars(self).get("_buffers", {}).pop(name, None)  # a deleted buffer is forgotten, as in torch
 
     def _own_parameters(self) -> Iterator[tuple[str, Parameter]]:
         for name, value in vars(self).items():
@@ -78,8 +150,8 @@ class Module:
                 continue
             if isinstance(value, Module):
                 yield name, value
-            elif isinstance(value, (list, tuple)) and value:
-                # A list that was empty when assigned and filled later: wrap it on the fly.
+            elif isinstance(value, (list, tuple, dict)) and value:
+                # A list (dict) that was empty when assigned and filled later: wrap it on the fly.
                 wrapped = _container_for(name, value, None)
                 if wrapped is not None:
                     yield name, wrapped
@@ -90,10 +162,19 @@ class Module:
             if value is not None:
                 yield name, value
 
+    def _check_free(self, name: str, what: str, allowed) -> None:
+        # torch's KeyError "attribute 'x' already exists": registering must never silently replace a
+        # parameter, a child module or a plain attribute (a method included) of another kind.
+        current = getattr(self, name, _MISSING)
+        if current is _MISSING or allowed(current):
+            return
+        raise KeyError(f"attribute '{name}' already exists ({type(current).__name__}); register the {what} under "
+                       f"another name, or delete the attribute first (del module.{name})")
+
     def register_buffer(self, name: str, value: np.ndarray | Tensor | None, persistent: bool = True) -> None:
         """Attach non-trainable state (e.g. running statistics); persistent buffers go in state_dict."""
-        if not name or "." in name:
-            raise KeyError(f"buffer name must be a non-empty string without '.', got {name!r}")
+        _check_name(name, "buffer")
+        self._check_free(name, "buffer", lambda _: name in vars(self).get("_buffers", {}))
         if value is not None and not isinstance(value, (np.ndarray, Tensor)):
             raise TypeError(f"buffer {name!r} must be an ndarray, a Tensor or None, got {type(value).__name__}")
         if isinstance(value, Parameter):
@@ -102,6 +183,32 @@ class Module:
             object.__setattr__(self, "_buffers", {})
         self._buffers[name] = persistent
         object.__setattr__(self, name, value)
+
+    def _unset_slot(self, name: str, current: Any) -> bool:
+        # A None attribute that is not a buffer may be an empty parameter or module slot (Linear(bias=False)).
+        return current is None and name in vars(self) and name not in vars(self).get("_buffers", {})
+
+    def register_parameter(self, name: str, param: Parameter | None) -> None:
+        """Add a parameter (or an empty slot: None) under `name`, as torch's register_parameter."""
+        _check_name(name, "parameter")
+        if param is not None and not isinstance(param, Parameter):
+            raise TypeError(f"cannot assign a {type(param).__name__} as parameter {name!r} (a Parameter or None "
+                            f"expected); wrap it: nn.Parameter(value)")
+        self._check_free(name, "parameter", lambda cur: isinstance(cur, Parameter) or self._unset_slot(name, cur))
+        object.__setattr__(self, name, param)
+
+    def add_module(self, name: str, module: "Module | None") -> None:
+        """Add a child module (or an empty slot: None) under `name`, as torch's add_module."""
+        _check_name(name, "module")
+        if module is not None and not isinstance(module, Module):
+            raise TypeError(f"cannot assign a {type(module).__name__} as child module {name!r} (a Module or None "
+                            f"expected)")
+        self._check_free(name, "module", lambda cur: isinstance(cur, Module) or self._unset_slot(name, cur))
+        object.__setattr__(self, name, module)
+
+    def register_module(self, name: str, module: "Module | None") -> None:
+        """Same as add_module."""
+        self.add_module(name, module)
 
     # -- traversal ---------------------------------------------------------------
     def named_children(self) -> Iterator[tuple[str, "Module"]]:
@@ -153,11 +260,17 @@ class Module:
         for _, p in self.named_parameters(recurse=recurse):
             yield p
 
-    def named_buffers(self, prefix: str = "", recurse: bool = True) -> Iterator[tuple[str, np.ndarray | Tensor]]:
-        """(dotted name, buffer) pairs."""
-        modules = self.named_modules(prefix=prefix) if recurse else [(prefix, self)]
+    def named_buffers(self, prefix: str = "", recurse: bool = True,
+                      remove_duplicate: bool = True) -> Iterator[tuple[str, np.ndarray | Tensor]]:
+        """(dotted name, buffer) pairs; a buffer registered in several modules appears once (as in torch)."""
+        modules = self.named_modules(prefix=prefix, remove_duplicate=remove_duplicate) if recurse else [(prefix, self)]
+        seen: set[int] = set()
         for mod_prefix, module in modules:
             for name, b in module._own_buffers():
+                if remove_duplicate:
+                    if id(b) in seen:
+                        continue
+                    seen.add(id(b))
                 yield _join(mod_prefix, name), b
 
     def buffers(self, recurse: bool = True) -> Iterator[np.ndarray | Tensor]:
@@ -181,8 +294,10 @@ class Module:
         """Set training mode here and in every submodule (affects Dropout and the like)."""
         if not isinstance(mode, bool):
             raise ValueError(f"train(mode) expects a bool, got {type(mode).__name__}")
-        for m in self.modules():
-            m.training = mode
+        # Each child's own train(), as torch: a submodule that overrides it (to keep a part in eval mode) is obeyed.
+        self.training = mode
+        for child in self.children():
+            child.train(mode)
         return self
 
     def eval(self) -> "Module":
@@ -214,7 +329,11 @@ class Module:
     # -- dtype -------------------------------------------------------------------------
     def to(self, dtype) -> "Module":
         """Convert parameters (and floating buffers) to float32 or float64, keeping the Parameter objects."""
-        dt = np.dtype(dtype)
+        try:
+            dt = np.dtype(dtype)
+        except TypeError:
+            raise TypeError(f"Module.to takes a NumPy floating dtype (np.float32, np.float64 or their names), got "
+                            f"{dtype!r}; tensorarena runs on the CPU, so there is no device to move to") from None
         if dt not in SUPPORTED_FLOATS:
             raise TypeError(f"Module.to supports float32 and float64, got {dt}")
         for p in self.parameters():
@@ -270,6 +389,9 @@ class Module:
         copied unless everything fits. strict=False tolerates missing and unexpected keys
         (returned) but never a shape mismatch.
         """
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"load_state_dict expects a mapping of key -> array (a dict, as state_dict() returns), "
+                            f"got a {type(state_dict).__name__}")
         entries = list(self._state_entries())
         expected = {key for key, *_ in entries}
         missing, mismatched, copies = [], [], []
@@ -279,12 +401,19 @@ class Module:
                 continue
             dst = target.data if isinstance(target, Tensor) else target
             src = _as_array(state_dict[key])
-            if src.shape != dst.shape:
+            if src.dtype.kind not in "biufc":  # None, a string, an object: no shape to compare
+                mismatched.append(f"value for {key} is a {type(state_dict[key]).__name__}, not an array of numbers")
+            elif src.shape != dst.shape:
                 mismatched.append(f"size mismatch for {key}: copying a value with shape {tuple(src.shape)} "
                                   f"from the checkpoint, the shape in the current model is {tuple(dst.shape)}")
             elif not np.can_cast(src.dtype, dst.dtype, casting="same_kind"):
                 mismatched.append(f"dtype mismatch for {key}: cannot cast the checkpoint's {src.dtype} "
                                   f"to the model's {dst.dtype}")
+            elif (span := _beyond_range(src, dst.dtype)) is not None:
+                # It would become inf; checked now, since a copy that fails half way would load part of it.
+                mismatched.append(f"values for {key} are beyond the range of {dst.dtype} (largest finite "
+                                  f"{float(np.finfo(dst.dtype).max):.4g}): the checkpoint holds {span[0]:.4g} .. "
+                                  f"{span[1]:.4g}")
             else:
                 copies.append((dst, src))
         unexpected = [key for key in state_dict if key not in expected]
@@ -351,9 +480,19 @@ class ModuleList(Module):
     def __iter__(self) -> Iterator[Module]:
         return iter(self._items)
 
+    def _check_index(self, idx) -> None:
+        # The list's own IndexError names neither the index nor the length.
+        if isinstance(idx, (int, np.integer)) and not -len(self._items) <= idx < len(self._items):
+            raise IndexError(f"index {idx} is out of range for a {type(self).__name__} of {len(self._items)}")
+
+    def _check_module(self, module: Any) -> None:
+        if not isinstance(module, Module):
+            raise TypeError(f"{type(self).__name__} entries must be Modules, got {type(module).__name__}")
+
     def __getitem__(self, idx):
         if isinstance(idx, slice):
             return self._from_list(self._items[idx])
+        self._check_index(idx)
         return self._items[idx]
 
     def _from_list(self, items: list) -> "ModuleList":
@@ -361,14 +500,22 @@ class ModuleList(Module):
         return ModuleList(items)
 
     def __setitem__(self, idx: int, module: Module) -> None:
-        if not isinstance(module, Module):
-            raise TypeError(f"{type(self).__name__} entries must be Modules, got {type(module).__name__}")
+        self._check_module(module)
+        self._check_index(idx)
         self._items[idx] = module
+
+    def __delitem__(self, idx) -> None:
+        self._check_index(idx)
+        del self._items[idx]  # the later entries move up and are renamed, as in torch
+
+    def insert(self, index: int, module: Module) -> None:
+        """Insert one module before `index` (list.insert's rule)."""
+        self._check_module(module)
+        self._items.insert(index, module)
 
     def append(self, module: Module) -> "ModuleList":
         """Add one module at the end."""
-        if not isinstance(module, Module):
-            raise TypeError(f"{type(self).__name__} entries must be Modules, got {type(module).__name__}")
+        self._check_module(module)
         self._items.append(module)
         return self
 
@@ -377,6 +524,13 @@ class ModuleList(Module):
         for m in modules:
             self.append(m)
         return self
+
+    def __iadd__(self, modules) -> "ModuleList":
+        return self.extend(modules)
+
+    def __add__(self, other) -> "ModuleList":
+        """A new container of this one's modules followed by `other`'s (the modules themselves, not copies)."""
+        return self._from_list(self._items + list(other))
 
 
 class ParameterList(Module):
@@ -424,21 +578,119 @@ class ParameterList(Module):
         return "\n".join(f"({i}): Parameter of shape {p.shape}, dtype {p.dtype}" for i, p in enumerate(self._items))
 
 
-def _container_for(name: str, items, default):
-    """ModuleList/ParameterList for a list of Modules/Parameters; `default` for anything else.
+class _Dict(Module):
+    """Shared body of ModuleDict and ParameterDict: string keys (no '.') in insertion order."""
 
-    A list mixing modules or parameters with other values is refused: its modules would
+    _walk_skip = ("_entries",)
+    _kind: type = Module
+
+    def __init__(self, entries=None) -> None:
+        super().__init__()
+        object.__setattr__(self, "_entries", {})
+        if entries is not None:
+            self.update(entries)
+
+    @classmethod
+    def _view(cls, entries: dict) -> "_Dict":
+        # Shares the caller's dict (not a copy) so later insertions stay visible; checked when walked.
+        view = cls.__new__(cls)
+        Module.__init__(view)
+        object.__setattr__(view, "_entries", entries)
+        return view
+
+    def __getitem__(self, key: str):
+        try:
+            return self._entries[key]
+        except KeyError:
+            raise KeyError(f"{key!r} is not in this {type(self).__name__}; its keys: {list(self._entries)}") from None
+
+    def __setitem__(self, key: str, value) -> None:
+        _check_name(key, f"{type(self).__name__} key")
+        if not isinstance(value, self._kind):
+            raise TypeError(f"{type(self).__name__} entries must be {self._kind.__name__}s, got {type(value).__name__}")
+        self._entries[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        self[key]  # the KeyError naming the keys
+        del self._entries[key]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def keys(self):
+        """The keys, in insertion order."""
+        return self._entries.keys()
+
+    def values(self):
+        """The entries, in insertion order."""
+        return self._entries.values()
+
+    def items(self):
+        """(key, entry) pairs, in insertion order."""
+        return self._entries.items()
+
+    def update(self, entries) -> None:
+        """Add (or replace) entries from a mapping or from (key, entry) pairs."""
+        for key, value in (entries.items() if isinstance(entries, Mapping) else entries):
+            self[key] = value
+
+    def pop(self, key: str):
+        """Remove the entry under `key` and return it."""
+        value = self[key]
+        del self._entries[key]
+        return value
+
+    def clear(self) -> None:
+        """Remove every entry."""
+        self._entries.clear()
+
+
+class ModuleDict(_Dict):
+    """Modules under string keys, children named by their keys (torch.nn.ModuleDict)."""
+
+    def _own_children(self) -> Iterator[tuple[str, Module]]:
+        yield from self._entries.items()
+        yield from super()._own_children()
+
+
+class ParameterDict(_Dict):
+    """Parameters under string keys, named by their keys (torch.nn.ParameterDict)."""
+
+    _kind = Parameter
+
+    def _own_parameters(self) -> Iterator[tuple[str, Parameter]]:
+        yield from self._entries.items()
+        yield from super()._own_parameters()
+
+
+def _container_for(name: str, items, default):
+    """ModuleList/ParameterList for a list of Modules/Parameters, ModuleDict/ParameterDict for a dict of them;
+    `default` for anything else.
+
+    A list or dict mixing modules or parameters with other values is refused: its modules would
     silently go untrained, which is worse than an error.
     """
-    n_mod = sum(isinstance(v, Module) for v in items)
-    n_par = sum(isinstance(v, Parameter) for v in items)
+    is_dict = isinstance(items, dict)
+    values = items.values() if is_dict else items
+    n_mod = sum(isinstance(v, Module) for v in values)
+    n_par = sum(isinstance(v, Parameter) for v in values)
     if n_mod == 0 and n_par == 0:
         return default
-    if n_mod == len(items):
-        return ModuleList(items) if default is not None else ModuleList._view(items)
-    if n_par == len(items):
-        return ParameterList(items) if default is not None else ParameterList._view(items)
-    raise TypeError(
-        f"attribute {name!r} is a {type(items).__name__} mixing Modules/Parameters with other values; "
-        f"its modules would not be registered. Keep modules (or parameters) in a list of their own."
-    )
+    if n_mod != len(items) and n_par != len(items):
+        raise TypeError(
+            f"attribute {name!r} is a {type(items).__name__} mixing Modules/Parameters with other values; "
+            f"its modules would not be registered. Keep modules (or parameters) in a "
+            f"{'dict' if is_dict else 'list'} of their own.")
+    if is_dict:
+        for key in items:
+            _check_name(key, f"attribute {name!r}: dict key")
+        cls = ModuleDict if n_mod else ParameterDict
+        return cls(items) if default is not None else cls._view(items)
+    cls = ModuleList if n_mod else ParameterList
+    return cls(items) if default is not None else cls._view(items)
