@@ -5,7 +5,7 @@ schedules over 100 steps against torch, add_param_group under a running schedule
 without a gradient on some steps (a data-dependent branch), optimizer state dicts loaded into a model on another
 route (and in another dtype), maximize / weight decay / state kinds switched by hand mid-run on every route.
 
-19 of these 86 tests fail on 499de7f, before the fixes (each under a "Regression (fixed)" comment): the 12
+19 of these 88 tests fail on 499de7f, before the fixes (each under a "Regression (fixed)" comment): the 12
 eager-vs-torch and 5 every-route model.double() tests, the streaming one and the error-message one. With this file
 copied into a worktree of 499de7f (git worktree add /tmp/old-optim-routes 499de7f), run in /tmp/old-optim-routes:
 `NUMBA_NUM_THREADS=1 timeout 900 python -m pytest -q -p no:cacheprovider tests/test_optim_routes_hunt.py`.
@@ -434,3 +434,25 @@ def test_maximize_weight_decay_and_state_kinds_switched_per_group_train_alike_on
         results[route] = _params(model)
     for route in ROUTES[1:]:
         assert _max_diff(results[route], results["eager"]) <= 1e-6, route
+
+
+@pytest.mark.parametrize("clip", [None, 1.0], ids=["in_backward", "flat_clip"])
+def test_torchs_cast_idiom_after_model_double_trains_alike_on_every_route(clip):
+    # What a torch user writes after model.double(): opt.load_state_dict(opt.state_dict()) casts the state. On the
+    # fused route the live state is views of float32 flat buffers; the load must cast them, not write into them.
+    results = {}
+    for route in ROUTES:
+        model = small_mlp()
+        opt = optim.NAdam(model.parameters(), lr=1e-2)
+        trainer = _trainer(model, opt, route, clip_grad_norm=clip)
+        for b in _batches(F32)[:3]:
+            trainer.step(*b)
+        model.double()
+        opt.load_state_dict(opt.state_dict())
+        assert {v.dtype for s in opt.state.values() for k, v in s.items() if k in ("exp_avg", "exp_avg_sq")} == {
+            np.dtype(F64)}, route
+        for b in _batches(F64)[3:6]:
+            trainer.step(*b)
+        results[route] = _params(model)
+    for route in ROUTES[1:]:
+        assert _max_diff(results[route], results["eager"]) <= 1e-12, route
