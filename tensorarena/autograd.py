@@ -242,6 +242,8 @@ def backward(root: "Tensor", grad: np.ndarray | None = None, *, on_leaf_grad=Non
     # Always through .data (the arena generation check), also with an explicit grad: if the root's
     # arena was reset or closed, the arrays its graph saved now belong to other tensors.
     data = root.data
+    if grad is not None and not isinstance(grad, np.ndarray):
+        grad = _grad_array(grad)
     if grad is None:
         if data.size != 1:
             raise RuntimeError(
@@ -270,6 +272,18 @@ def backward(root: "Tensor", grad: np.ndarray | None = None, *, on_leaf_grad=Non
             _run_backward(order, start, grad, uses, on_leaf_grad, retain_graph)
     finally:
         _state.direct = None
+
+
+def _grad_array(grad) -> np.ndarray:
+    """backward's `grad` given as a NumPy scalar or a Tensor, as an ndarray; anything else is refused (as torch)."""
+    from .tensor import Tensor  # here: tensor.py imports this module
+
+    if isinstance(grad, np.generic):
+        return np.asarray(grad)
+    if isinstance(grad, Tensor):
+        return grad.data
+    raise TypeError(f"backward's grad must be an ndarray or Tensor of the output's shape (or None for a one-element "
+                    f"output), got {type(grad).__name__}; wrap it with np.asarray(..., dtype=...)")
 
 
 def _run_backward(order: list, root, grad: np.ndarray, uses: dict[int, int], on_leaf_grad=None,

@@ -122,12 +122,23 @@ class Tensor:
         return self._data
 
     @data.setter
-    def data(self, value: np.ndarray) -> None:
+    def data(self, value: "np.ndarray | Tensor") -> None:
+        """Replace the array (no copy); a Tensor's is shared as in torch, and stays tied to its arena's lifetime."""
+        if isinstance(value, Tensor):
+            array, arena, generation = value.data, value._arena, value._generation  # .data: a stale one raises
+        else:
+            array, arena, generation = np.asarray(value), None, 0
+        if array.dtype == object or array.dtype.kind == "c":
+            raise TypeError(f"cannot set .data to an array of dtype {array.dtype} ({type(value).__name__}); pass a "
+                            f"real-valued ndarray or Tensor")
+        if self.requires_grad and array.dtype.kind != "f":
+            raise TypeError(f"data set to a tensor that requires gradients must be floating point, got dtype "
+                            f"{array.dtype}; cast it (e.g. .astype(np.float32)) or requires_grad_(False) first")
         # The version counter stays, as with torch's `x.data = y`: replacing the array is no write (ops that saved
         # the old one go on reading it), and a later in-place write still counts for every op that saved x.
-        self._data = np.asarray(value)
-        self._arena = None
-        self._generation = 0
+        self._data = array
+        self._arena = arena
+        self._generation = generation
 
     @property
     def _version(self) -> int:

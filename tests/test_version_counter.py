@@ -627,3 +627,68 @@ def test_clone_is_the_way_out_and_its_gradient_matches_torch():
         grads.append(np.asarray(x.grad))
     assert y._version == 0 and c._version == 1
     np.testing.assert_allclose(grads[0], grads[1], **F64)
+
+
+# --- found while adding the counter -------------------------------------------------------------------------------
+
+# Regression (fixed): `total += w * 3` with grad enabled, total not requiring grad and w requiring it, wrote the values
+# and dropped the graph: w's gradient through total was silently lost (torch records the op and gives w.grad 6).
+# Autograd records no in-place op here, so the write is refused, saying what to write instead.
+def test_inplace_of_a_grad_requiring_operand_into_a_plain_tensor_is_refused_not_silently_ungraded():
+    tw = torch.tensor([1.0, 2.0], requires_grad=True)
+    total = torch.zeros(2)
+    total += tw * 3.0
+    (total * 2.0).sum().backward()
+    np.testing.assert_allclose(tw.grad.numpy(), [6.0, 6.0])  # torch: the gradient arrives
+    w = ta.tensor([1.0, 2.0], requires_grad=True)
+    ours = ta.tensor([0.0, 0.0])
+    with pytest.raises(RuntimeError, match=r"total = total \+ y|x = x \+ y"):
+        ours += w * 3.0
+    np.testing.assert_array_equal(ours.numpy(), [0.0, 0.0])  # nothing written
+    assert ours._version == 0
+    with ta.no_grad():  # not differentiated: allowed, as in torch
+        ours += w * 3.0
+    np.testing.assert_array_equal(ours.numpy(), [3.0, 6.0])
+
+
+# Regression (fixed): `x.data = other_tensor` (torch's way to swap a tensor's values) made an object array of 0-d
+# Tensors, which the next op failed on far from the cause.
+def test_data_assignment_of_a_tensor_shares_its_array_like_torch():
+    x = ta.tensor([1.0, 2.0], requires_grad=True)
+    y = ta.tensor([5.0, 6.0])
+    x.data = y
+    assert x.data is y.data and x.dtype == np.float32
+    tx, ty = torch.tensor([1.0, 2.0], requires_grad=True), torch.tensor([5.0, 6.0])
+    tx.data = ty
+    (x * x).sum().backward()
+    (tx * tx).sum().backward()
+    np.testing.assert_allclose(x.grad, tx.grad.numpy())
+    with ta.Arena():
+        z = ta.tensor([1.0, 2.0]) * 2.0  # arena memory
+        x.data = z
+    with pytest.raises(ta.StaleTensorError):  # z's arena closed: x must not read reused memory
+        x.numpy()
+
+
+# Regression (fixed): `.data` took anything NumPy makes an array of: an object array, or an int array under a tensor
+# that requires grad (torch: "data set to a tensor that requires gradients must be floating point").
+def test_data_assignment_refuses_what_no_tensor_can_hold():
+    x = ta.tensor([1.0, 2.0], requires_grad=True)
+    with pytest.raises(TypeError, match="floating point"):
+        x.data = np.array([1, 2])
+    with pytest.raises(TypeError, match="object"):
+        x.data = np.array([object(), object()])
+    assert x.dtype == np.float32
+    i = ta.tensor([1, 2])
+    i.data = np.array([3, 4])  # a tensor that needs no grad may hold integers
+    np.testing.assert_array_equal(i.numpy(), [3, 4])
+
+
+# Regression (fixed): backward(grad=[1.0, 1.0]) failed with "AttributeError: 'list' object has no attribute 'shape'";
+# torch raises a TypeError naming what a gradient may be.
+def test_backward_with_a_list_gradient_is_a_clear_type_error():
+    x = ta.tensor([1.0, 2.0], requires_grad=True)
+    with pytest.raises(TypeError, match="ndarray or Tensor"):
+        (x * 2.0).backward([1.0, 1.0])
+    (x * 2.0).backward(np.ones(2))
+    np.testing.assert_allclose(x.grad, [2.0, 2.0])

@@ -197,9 +197,16 @@ def idiv(a: Tensor, b) -> Tensor:
 
 
 def _inplace(a: Tensor, b, ufunc: np.ufunc, symbol: str) -> Tensor:
-    if a.requires_grad and is_grad_enabled():
+    grad_mode = is_grad_enabled()
+    if a.requires_grad and grad_mode:
         _refuse_inplace_in_graph(a, symbol)
     b = as_tensor(b, like=a)
+    if b.requires_grad and grad_mode:
+        # torch records the op and `a` joins the graph; with no op recorded, b's gradient would be lost silently.
+        raise RuntimeError(f"in-place {symbol}= of a tensor that requires grad into one that does not, while grad is "
+                           f"enabled: autograd cannot record it and the gradient through the result would be lost; "
+                           f"write `x = x {symbol} y` instead (a new tensor in the graph), or do it under "
+                           f"`with no_grad():` if it is not meant to be differentiated")
     ad, bd = a.data, b.data  # both through .data: a stale operand raises before anything is written
     if np.broadcast_shapes(ad.shape, bd.shape) != ad.shape:
         raise ValueError(f"in-place {symbol}=: shape {bd.shape} does not broadcast to the tensor's shape {ad.shape}")
