@@ -6,7 +6,7 @@ frozen parameters trained on all three routes (eager, fused, streaming) against 
 Each test compares against torch, or states an exact expectation (names, identities, error type and text).
 Training comparisons run in float64 and allow 1e-12.
 
-Before the fixes, 25 of its 44 tests failed on base commit 499de7f (each marked
+Before the fixes, 26 of its 45 tests failed on base commit 499de7f (each marked
 `# Regression (fixed): ...`). To see it:
     git worktree add /tmp/old-module-hunt 499de7f && cp tests/test_module_hunt.py /tmp/old-module-hunt/tests/ && \
         cd /tmp/old-module-hunt && NUMBA_NUM_THREADS=1 python -m pytest -q -p no:cacheprovider tests/test_module_hunt.py
@@ -590,3 +590,31 @@ def test_part_of_a_tied_model_frozen_trains_like_torch_on_every_route(route, fre
     with_state = sorted(n for n, p in ours.named_parameters() if o.state.get(p))
     assert with_state == sorted(n for n, p in theirs.named_parameters() if to.state.get(p))
     assert not any(n.startswith(freeze) for n in with_state)
+
+
+# Regression (fixed): a BERT whose layers share one block (ALBERT-style: model.layers[1] = model.layers[0]) could not
+# be saved or loaded in the Hugging Face layout: to_hf_state_dict / load_hf_state_dict looked keys up in
+# named_parameters(), which lists a shared parameter once, and failed with KeyError 'layers.1.attn.qkv.weight'.
+# A checkpoint keeps one key per path, as torch's state_dict and Hugging Face's do.
+def test_a_bert_with_shared_layers_saves_and_loads_in_the_hugging_face_layout():
+    from tensorarena.models.bert import BertConfig, BertModel, load_hf_state_dict, to_hf_state_dict
+
+    config = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=16, dtype=np.float64)
+
+    def shared(seed):
+        model = BertModel(config, rng=np.random.default_rng(seed))
+        model.layers[1] = model.layers[0]
+        return model
+
+    source = shared(0)
+    hf = to_hf_state_dict(source)
+    plain = to_hf_state_dict(BertModel(config))
+    assert list(hf) == list(plain)  # every layer's keys, in the same order as an unshared model's
+    np.testing.assert_array_equal(hf["encoder.layer.1.attention.self.key.weight"],
+                                  hf["encoder.layer.0.attention.self.key.weight"])
+    target = shared(1)
+    load_hf_state_dict(target, hf)
+    assert target.layers[1] is target.layers[0]
+    for (name, p), q in zip(source.named_parameters(), target.parameters()):
+        np.testing.assert_array_equal(q.data, p.data, err_msg=name)

@@ -290,7 +290,7 @@ def load_hf_state_dict(model: BertModel, tensors: Mapping[str, Any], *, strict: 
         body = dict(tensors)
     ignored += [k for k in body if _ignored(k)]
 
-    params = dict(model.named_parameters())
+    params = dict(model.named_parameters(remove_duplicate=False))  # a shared layer: one key per path
     consumed: set[str] = set()
     missing: list[str] = []
     mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = []
@@ -338,7 +338,7 @@ def to_hf_state_dict(model: BertModel, *, prefix: str = "") -> "OrderedDict[str,
 
     prefix: e.g. "bert." for the layout of BertFor* checkpoints. The pooler is not included.
     """
-    params = dict(model.named_parameters())
+    params = dict(model.named_parameters(remove_duplicate=False))  # a shared layer: one key per path
     out: OrderedDict[str, np.ndarray] = OrderedDict()
     for our_key, hf_keys in _name_map(model.config.num_hidden_layers):
         arr = params[our_key].data
