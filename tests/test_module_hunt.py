@@ -224,6 +224,8 @@ def test_a_dict_of_modules_is_registered_like_torch_moduledict():
     h.update({"c": nn.Linear(1, 1)})
     th.update({"c": torch.nn.Linear(1, 1)})
     assert list(ours.state_dict()) == list(theirs.state_dict())
+    copy = nn.ModuleDict(h)  # from another ModuleDict, as torch's ModuleDict(other) / update(other)
+    assert list(copy) == list(h) and all(copy[k] is h[k] for k in h)
     popped = h.pop("a")
     assert isinstance(popped, nn.Linear) and list(h) == ["c"]
     with pytest.raises(KeyError, match="'zz'"):

@@ -637,7 +637,8 @@ class _Dict(Module):
 
     def update(self, entries) -> None:
         """Add (or replace) entries from a mapping or from (key, entry) pairs."""
-        for key, value in (entries.items() if isinstance(entries, Mapping) else entries):
+        # Another ModuleDict is taken as a mapping too (as torch's update takes one), not as an iterable of keys.
+        for key, value in (entries.items() if isinstance(entries, (Mapping, _Dict)) else entries):
             self[key] = value
 
     def pop(self, key: str):
