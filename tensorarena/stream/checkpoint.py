@@ -99,7 +99,12 @@ def save_streaming_checkpoint(route, path: str | os.PathLike, *, step: int, extr
 
     Refused (StoreError) while a failed step left the store half-written: the file would mix two steps.
     """
-    route._check_usable()
+    pending = route._pending_commit
+    route._check_usable()  # commits a step whose commit failed first (or says why it cannot)
+    if pending is not None and step == pending[0] - 1:
+        # The caller counted that step as not taken (it raised: Trainer's count stays behind), but every stage
+        # holds it, and now the manifest too: the file must say the step its data is.
+        step = pending[0]
     store = route.store
     store.drain()
     rows = _entries(route)
@@ -132,7 +137,7 @@ def save_streaming_checkpoint(route, path: str | os.PathLike, *, step: int, extr
         for k, name, what, key in rows:
             if what == "memory":
                 array = np.ascontiguousarray(_in_memory(key))
-                f.write(array.tobytes() if array.ndim == 0 else memoryview(array).cast("B"))
+                f.write(_raw(array))
                 continue
             if loaded != k:
                 views = array = None  # io="map": no view of the slot may outlive this read (store._release)
@@ -144,9 +149,16 @@ def save_streaming_checkpoint(route, path: str | os.PathLike, *, step: int, extr
                 array = views.state[key[0]][key[1]]
             else:
                 array = views.scalars[key[0], key[1]:key[1] + 1].reshape(())
-            f.write(np.ascontiguousarray(array).tobytes() if array.ndim == 0 else memoryview(array).cast("B"))
+            f.write(_raw(array))
 
     _atomic_write(Path(path), write)
+
+
+def _raw(array: np.ndarray):
+    """The bytes of `array` to write, without a copy where memoryview can give them (it refuses a 0-d array and
+    a zero-size one, "cannot cast view with zeros in shape": those are tiny, so copied)."""
+    array = np.ascontiguousarray(array)
+    return array.tobytes() if array.ndim == 0 or array.size == 0 else memoryview(array).cast("B")
 
 
 def load_into_streaming(route, path: str | os.PathLike) -> dict:
@@ -218,6 +230,7 @@ def load_into_streaming(route, path: str | os.PathLike) -> dict:
     store.commit(param_groups_of=route._groups_of_params(), rewrite=token, **route._progress(step, step))
     store.end_rewrite()
     route._broken = None  # every stage holds the checkpoint now: whatever failed before is overwritten
+    route._pending_commit = None  # and a step whose commit failed is superseded by it
     return meta
 
 

@@ -33,11 +33,16 @@ Between steps the user may change the optimizer as in a PyTorch loop (add_param_
 amsgrad switched on, load_state_dict): each step first brings the store in line (stream/follow.py).
 To read or change parameters themselves, to_memory() brings everything back into memory; the next
 step (or predict, or a checkpoint) moves it into the store again. A step that fails after updating
-some stages leaves the route refusing to go on (the error says so) until a checkpoint is loaded.
+some stages leaves the route refusing to go on (the error says so) until a checkpoint is loaded. A step
+whose stages were all written but whose manifest commit failed (EIO, EACCES, a read-only remount) is
+whole: the route keeps that commit and takes it again first thing at the next step (or retry_commit(),
+close(), to_memory()), so the run goes on once the cause is fixed. A directory or stage file removed
+under the run is found before a step changes anything (store.lost_files); to_memory() then saves the state.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -64,6 +69,7 @@ from .stages import Stage, model_stages
 from .store import ArraySpec, ParamStore, StageLayout, StageSpec, StoreError, StoreSpec
 
 LossFn = Callable[[Tensor, Any], Tensor]
+log = logging.getLogger("tensorarena")
 STARTS = ("auto", "memory", "resume")
 
 
@@ -160,6 +166,8 @@ class StreamingRoute:
         self.step_count = 0
         self.last_stats: StreamStepStats | None = None
         self._broken: str | None = None
+        # (step, manifest fields) of a step that ran to its end but whose commit failed (see retry_commit).
+        self._pending_commit: tuple[int, dict[str, Any]] | None = None
         self._kept: dict[int, np.ndarray] = {}
         self._kept_state: dict[int, dict] = {}
         self.store = ParamStore(store_dir, self._spec(self.kinds), durable=durable, io=io)
@@ -383,6 +391,7 @@ class StreamingRoute:
         gens.setdefault(id(default_generator()), default_generator())
         self._gens = list(gens.values())
         self._writes = 0
+        self.store.changed = 0
         self._committing = False
         arena = Arena(pool=self.pool, name=f"streaming step {index} arena")
         try:
@@ -393,13 +402,14 @@ class StreamingRoute:
                 loss, grad_norm, skipped, stage_hw = self._run(arena, inputs, targets, index)
                 step_hw = arena.stats.high_water
             self.store.drain()  # every stage's write has finished: what fails from here on is the commit
+            if not skipped and self.scheduler is not None:
+                self.scheduler.step()
+            # Kept until committed: a commit that fails is taken again as it is (retry_commit).
+            self._pending_commit = (index, self._progress(index, index if not skipped
+                                                          else self.store.manifest["data_step"]))
             self._committing = True
-            if skipped:
-                self.store.commit(**self._progress(index, self.store.manifest["data_step"]))
-            else:
-                if self.scheduler is not None:
-                    self.scheduler.step()
-                self.store.commit(**self._progress(index, index))
+            self.store.commit(**self._pending_commit[1])
+            self._pending_commit = None
         except BaseException as exc:
             self._abort(index, exc)
             raise
@@ -480,19 +490,64 @@ class StreamingRoute:
             self.store.drop_reservation()
         except BaseException:  # noqa: BLE001 - the original error is the one to report
             pass
-        if self._writes and not isinstance(exc, NonFiniteLossError):
+        if self._committing:
+            # The step ran to its end and every stage holds it (the model's state in memory, RNG and schedule
+            # too): only the manifest saying so failed. Nothing is lost; the same commit is taken again.
+            exc.add_note(self._pending_message(exc))
+        elif self.store.changed and not isinstance(exc, NonFiniteLossError):
             self._broken = self._failed_step(index, exc)
             exc.add_note(self._refusal())
 
     def _failed_step(self, index: int, exc: BaseException) -> str:
         """Why a step that changed stages leaves the route broken, as far as it got."""
-        failure = f"{type(exc).__name__}: {exc}"
-        if self._committing:
-            return (f"the commit of step {index} failed ({failure}) after the {self._writes} stages it updated "
-                    f"were written: they hold step {index}, but the manifest (step count, RNG, schedule) still "
-                    f"says step {index - 1}, so the store holds two different steps")
-        return (f"step {index} failed ({failure}) after updating {self._writes} of {len(self.stages)} stages: "
-                f"the step is partly applied, so the store holds two different steps")
+        # Counted in the files the store began to change, not in the stages updated in memory (io="copy" writes
+        # them later, and a failed write leaves the rest of the step's files as they were).
+        return (f"step {index} failed ({type(exc).__name__}: {exc}) after updating {self.store.changed} of "
+                f"{len(self.stages)} stages: the step is partly applied, so the store holds two different steps")
+
+    def _pending_message(self, exc: BaseException) -> str:
+        """What a route whose step's commit failed says, and what to do."""
+        index = self._pending_commit[0]
+        return (f"step {index} was applied to every stage, but its commit (the manifest in {self.store.directory} "
+                f"that records step {index}: step count, RNG, schedule) failed: {type(exc).__name__}: {exc}. "
+                f"Nothing is lost: this process holds step {index}, and the store on disk is refused until the "
+                f"commit is taken. Fix the cause (permissions, a read-only or failing disk, the directory removed), "
+                f"then go on: the next step(), or route.retry_commit(), commits step {index} first (its batch was "
+                f"used: go on with the next one)")
+
+    def retry_commit(self) -> None:
+        """Take again the commit of a step whose commit failed (see the error it raised); nothing if none.
+
+        Raises StoreError, naming the cause, while the commit still fails; the route then stays as it was.
+        """
+        if self._pending_commit is None:
+            return
+        index, fields = self._pending_commit
+        lost = self.store.lost_files()
+        if lost:  # a commit now would record files that are gone
+            raise StoreError(
+                f"step {index} was applied to every stage, but its commit failed and the store then lost "
+                f"{', '.join(lost[:4])}: it cannot be committed any more. This process still holds the whole "
+                f"training state of step {index}: bring it back with trainer.stream.to_memory() (or "
+                f"route.to_memory()), then the next step writes a new store in {self.store.directory}")
+        try:
+            self.store.commit(**fields)
+        except BaseException as exc:
+            raise StoreError(self._pending_message(exc)) from exc
+        self._took_pending(index, fields)
+
+    def _took_pending(self, index: int, fields: dict[str, Any]) -> None:
+        """The step whose commit failed counts now (committed, or its state brought into memory)."""
+        self._pending_commit = None
+        self.step_count = index
+        # The generators as the step left them: a caller may have put them back to before the step when it raised
+        # (Trainer does, for a step it takes as not taken), and the run must go on from the state the step left
+        # (the one the store records), or it would draw the masks of that step again.
+        generators = _generators(self.model)
+        for name, state in fields["rng"].items():
+            if name in generators:
+                generators[name].bit_generator.state = state
+        default_generator().bit_generator.state = fields["rng_default"]
 
     def _refusal(self) -> str:
         """What a broken route says, and what to do."""
@@ -512,6 +567,7 @@ class StreamingRoute:
         self._check_open()
         if self._broken:
             raise StoreError(self._refusal())
+        self.retry_commit()  # a step whose commit failed: every use starts by committing it
 
     def _reenter(self) -> None:
         """After to_memory(): the training state, maybe changed in memory, goes into a new store in the same
@@ -569,7 +625,19 @@ class StreamingRoute:
         and RNG were live objects all along. Continue streaming with `resume` (the store is
         unchanged) or `from_memory` (after editing the in-memory state).
         """
-        self._check_usable()
+        self._check_open()
+        if self._broken:
+            raise StoreError(self._refusal())
+        pending = self._pending_commit
+        if pending is not None:
+            try:
+                self.retry_commit()
+            except StoreError as exc:
+                # Bringing the state out is this method's whole point, and what a commit that cannot be taken
+                # (the directory removed, a read-only disk) leaves the user: the stages hold step `pending[0]`.
+                log.warning("to_memory: %s. The training state of step %d comes into memory; the next step writes "
+                            "a new store", exc, pending[0])
+                self._took_pending(*pending)
         self.store.drain()
         for k, stage in enumerate(self.stages):
             self.store.read(k, 0).result()
@@ -586,7 +654,15 @@ class StreamingRoute:
         self._in_memory = True
 
     def close(self) -> None:
-        """Finish I/O and release the store (parameters stay on disk unless to_memory() ran)."""
+        """Finish I/O and release the store (parameters stay on disk unless to_memory() ran).
+
+        A step whose commit failed is committed first if it can be now; else the store stays refused (a
+        warning says why: its stages hold a step its manifest does not record)."""
+        if self._pending_commit is not None and not self.store.closed:
+            try:
+                self.retry_commit()
+            except StoreError as exc:
+                log.warning("closing the streaming route with step %d uncommitted: %s", self._pending_commit[0], exc)
         self.store.close()
 
     def __enter__(self) -> "StreamingRoute":

@@ -35,6 +35,9 @@ fsync against power loss):
   step s:  room for the manifest allocated (.manifest.json.next, `reserve_commit`: a full disk fails here,
            before anything changed) -> per stage: journal "writing k" -> stage k's data -> journal "k written";
            after the last stage: manifest at step s (every stage, RNG, schedule) written into that room, one rename
+  a failure: one of a data write (copy), its journal entries or the manifest commit stops the step and is raised,
+           naming the file and errno; the route then knows from `changed` whether a stage file changed (see
+           StreamingRoute: nothing changed -> take the step again; commit failed -> retry the commit)
 
 With io="map" the stage's pages change while the optimizer runs, so the route journals
 "writing k" (`begin_write`) before it updates stage k, not when the write is queued; two stages
@@ -213,6 +216,11 @@ class ParamStore:
         self._manifest_bytes = 0
         self._journal_lock = threading.Lock()  # io="map": begin_write (caller) and _write (I/O thread)
         self._pending: list[Future] = []
+        # Stages whose file the step in flight may have changed (begin_write with io="map", a started data write
+        # with io="copy"): the route asks it after a failure, to tell a step that changed nothing (take it again)
+        # from one partly applied. A write that failed stops the step's later ones (_write_failed) until drain().
+        self.changed = 0
+        self._write_failed: BaseException | None = None
         self._io: ThreadPoolExecutor | None = None
         self.closed = False
         self._maps: list[tuple[int, mmap.mmap, int] | None] = [None, None]
@@ -450,23 +458,23 @@ class ParamStore:
             os.ftruncate(self._fd(i), layout.total_bytes)
 
     def commit(self, **fields: Any) -> None:
-        """Update manifest fields and write it atomically (after all pending writes finished)."""
+        """Update manifest fields and write it atomically (after all pending writes finished).
+
+        self.manifest changes only once the write succeeded: a failed commit leaves it the committed one (as on
+        disk), so the route can take the same commit again once the cause is fixed (StreamingRoute.retry_commit).
+        """
         self.drain()
         with self._manifest_lock:
-            if self.manifest is None:
-                self.manifest = {"format": FORMAT, "version": VERSION}
-            self.manifest.update(fields)
-            self._write_manifest()
+            manifest = dict(self.manifest) if self.manifest is not None else {"format": FORMAT, "version": VERSION}
+            manifest.update(fields)
+            self._replace(MANIFEST, manifest)
+            self.manifest = manifest
         if self._superseded:
             # Committed: the stage files of the store this one replaced (and of any move killed before) go.
             self._superseded = False
             for name in self.leftovers():
                 if name not in self.files:
                     (self.directory / name).unlink()
-
-    def _write_manifest(self) -> None:
-        # Caller holds _manifest_lock.
-        self._replace(MANIFEST, self.manifest)
 
     def reserve_commit(self, step: int) -> None:
         """Before `step` changes any stage: allocate on disk the room its manifest commit will be written into.
@@ -478,17 +486,29 @@ class ParamStore:
         fallocate per step; no byte is written here, and the commit writes its bytes into the room as before.
         """
         self.drop_reservation()
+        self._check_files_linked(step)
         size = 2 * self._manifest_bytes + 4096
         path = self.directory / MANIFEST_ROOM
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        except OSError as exc:  # a read-only or unwritable directory: found before anything changed
+            _name_file(exc, path)
+            exc.add_note(f"the streaming store {self.directory} cannot take step {step}'s manifest: nothing of "
+                         f"step {step} was written and the store still holds step {step - 1}. Fix the cause "
+                         f"(permissions, a read-only mount) and take the step again")
+            raise
         try:
             os.posix_fallocate(fd, 0, size)
         except OSError as exc:
             os.close(fd)
-            path.unlink(missing_ok=True)
-            exc.add_note(f"the streaming store {self.directory} has no room for step {step}'s manifest "
+            _unlink_quietly(path)
+            _name_file(exc, path)
+            cause = ("has no room for" if exc.errno in (errno.ENOSPC, errno.EDQUOT)
+                     else f"failed ({errno.errorcode.get(exc.errno, exc.errno)}) to allocate")
+            exc.add_note(f"the streaming store {self.directory} {cause} step {step}'s manifest "
                          f"({_fmt(size)}), reserved before any stage changes: nothing of step {step} was "
-                         f"written. Free space on that disk and take the step again")
+                         f"written. {'Free space on that disk' if 'room' in cause else 'Fix the cause'} and "
+                         f"take the step again")
             raise
         except BaseException:
             os.close(fd)
@@ -496,12 +516,32 @@ class ParamStore:
             raise
         self._room = (fd, size)
 
+    def lost_files(self) -> list[str]:
+        """What was removed under the run (rm -r, a cleaner of /tmp): the directory, or stage files; empty if
+        nothing. The open descriptors still reach a removed file's data, so training on would go on into files
+        no path names, every commit naming them, and all of it would vanish when the process ends."""
+        if not self.directory.is_dir():
+            return [f"the directory {self.directory} itself"]
+        return [str(self.directory / name) for name, fd in zip(self.files, self._fds)
+                if (os.fstat(fd).st_nlink == 0 if fd is not None else not (self.directory / name).exists())]
+
+    def _check_files_linked(self, step: int) -> None:
+        """Refuse a step when the store directory or a stage file was removed under the run (lost_files)."""
+        gone = self.lost_files()
+        if gone:
+            raise StoreError(
+                f"the streaming store lost {', '.join(gone[:4])}{' ...' if len(gone) > 4 else ''}: removed while "
+                f"the run trained. Nothing of step {step} was written, and this process still holds the whole "
+                f"training state of step {step - 1} (its files stay open): bring it back with "
+                f"trainer.stream.to_memory() (or route.to_memory()), then the next step writes a new store in "
+                f"{self.directory}; or save a checkpoint (trainer.save(path)) first")
+
     def drop_reservation(self) -> None:
         """Give back the room reserve_commit took (a step that failed, or a store being closed)."""
         room, self._room = self._room, None
         if room is not None:
             os.close(room[0])
-            (self.directory / MANIFEST_ROOM).unlink(missing_ok=True)
+            _unlink_quietly(self.directory / MANIFEST_ROOM)
 
     def _replace(self, name: str, content: dict[str, Any]) -> None:
         """Write `content` as JSON to `name` aside, then rename over it: a kill leaves the old or the new one.
@@ -515,12 +555,16 @@ class ParamStore:
                 return
         path = self.directory / name
         tmp = self.directory / f".{name}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(payload)
-            if self.durable:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(payload)
+                if self.durable:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as exc:
+            _unlink_quietly(tmp)
+            raise _name_file(exc, tmp)
         if self.durable:
             _fsync_dir(self.directory)
 
@@ -528,6 +572,7 @@ class ParamStore:
         """The manifest written over the reserved room's allocated bytes (no new block is needed unless the
         manifest outgrew it), cut to its length, then renamed over manifest.json."""
         (fd, _), self._room = self._room, None  # used once, by this commit
+        room = self.directory / MANIFEST_ROOM
         try:
             view, done = memoryview(payload), 0
             while done < len(payload):
@@ -535,12 +580,18 @@ class ParamStore:
             os.ftruncate(fd, len(payload))
             if self.durable:
                 os.fsync(fd)
-        except BaseException:
+        except BaseException as exc:
             os.close(fd)
-            (self.directory / MANIFEST_ROOM).unlink(missing_ok=True)  # the old manifest stays committed
+            _unlink_quietly(room)  # the old manifest stays committed
+            if isinstance(exc, OSError):
+                _name_file(exc, room)
             raise
         os.close(fd)
-        os.replace(self.directory / MANIFEST_ROOM, self.directory / MANIFEST)
+        try:
+            os.replace(room, self.directory / MANIFEST)
+        except OSError as exc:
+            _unlink_quietly(room)  # the old manifest stays committed; a retried commit writes a new one
+            raise _name_file(exc, room)
         if self.durable:
             _fsync_dir(self.directory)
 
@@ -672,9 +723,18 @@ class ParamStore:
 
     def begin_write(self, index: int, step: int) -> None:
         """Call before changing stage `index`'s arrays for `step`: io="map" changes the file itself, so
-        the journal must say "writing" first. With io="copy" the write task journals (nothing to do)."""
+        the journal must say "writing" first. With io="copy" the write task journals (nothing to do).
+        Refused once a write of this step failed: a stage changed after it could only widen the damage."""
+        self._refuse_after_failed_write(index)
         if self.io == "map":
             self._mark(step, index, done=False)
+            self.changed += 1
+
+    def _refuse_after_failed_write(self, index: int) -> None:
+        failed = self._write_failed
+        if failed is not None:
+            raise StoreError(f"stage {index} was left as it was: writing an earlier stage of this step failed "
+                             f"({type(failed).__name__}: {failed})") from failed
 
     # -- slots and I/O ------------------------------------------------------------
     def views(self, slot: int, index: int) -> StageViews:
@@ -729,7 +789,10 @@ class ParamStore:
             # into before the write that empties it has finished.
             self._io = ThreadPoolExecutor(1, thread_name_prefix="tensorarena-stream-io")
         future = self._io.submit(fn, *args)
-        self._pending = [f for f in self._pending if not f.done()] + [future]
+        # Forget only what finished well: a failed write must stay until drain() raises it, or the step would
+        # commit a stage its file never received (a copied write's EIO was lost this way: the store resumed
+        # holding one stage of the step before).
+        self._pending = [f for f in self._pending if not _succeeded(f)] + [future]
         return future
 
     def _read(self, index: int, slot: int, nbytes: int) -> None:
@@ -751,13 +814,24 @@ class ParamStore:
         self.bytes_read += nbytes
 
     def _write(self, index: int, slot: int, step: int | None) -> None:
+        try:
+            self._refuse_after_failed_write(index)
+            self._write_stage(index, slot, step)
+        except BaseException as exc:
+            self._write_failed = self._write_failed or exc
+            raise
+
+    def _write_stage(self, index: int, slot: int, step: int | None) -> None:
         nbytes = self.layouts[index].total_bytes
         if step is not None:
             self._mark(step, index, done=False)  # with io="map", begin_write did this already
         if self.io == "map":
             held = self._maps[slot]
             if self.durable and held[1] is not None:
-                held[1].flush()  # msync: the pages are the file's, so this is its write to disk
+                try:
+                    held[1].flush()  # msync: the pages are the file's, so this is its write to disk
+                except OSError as exc:
+                    raise _name_file(exc, self.directory / self.files[index])
             self._release(slot)
             self.bytes_written += nbytes
             if step is not None:
@@ -765,10 +839,15 @@ class ParamStore:
             return
         view = memoryview(self.slots[slot])[:nbytes]
         fd, done = self._fd(index), 0
-        while done < nbytes:
-            done += os.pwritev(fd, [view[done:]], done)
-        if self.durable:
-            os.fsync(fd)
+        if step is not None:
+            self.changed += 1  # journaled "writing": from here on the file may hold part of the step
+        try:
+            while done < nbytes:
+                done += os.pwritev(fd, [view[done:]], done)
+            if self.durable:
+                os.fsync(fd)
+        except OSError as exc:
+            raise _name_file(exc, self.directory / self.files[index])
         self.bytes_written += nbytes
         if step is not None:
             self._mark(step, index, done=True)
@@ -822,6 +901,7 @@ class ParamStore:
                 future.result()
             except BaseException as exc:  # noqa: BLE001 - keep draining, raise the first below
                 error = error or exc
+        self._write_failed = None  # every write queued has run: the caller hears of a failure below
         if error is not None:
             raise error
 
@@ -883,6 +963,28 @@ def _signature_diff(theirs: list, mine: list) -> str:
                             f"{y[0]} {tuple(y[1])} {y[2]}")
             return f"stage {b['stage']!r} has {len(pa)} parameters in the store but {len(pb)} in this model"
     return "the signatures differ"
+
+
+def _succeeded(future: Future) -> bool:
+    """Whether `future` finished without an exception (never waits)."""
+    return future.done() and not future.cancelled() and future.exception() is None
+
+
+def _name_file(exc: OSError, path: Path) -> OSError:
+    """`exc` naming `path` if it names no file (os.pwrite and friends on a descriptor name none), so the
+    error says which file of the store failed, with its errno."""
+    if exc.filename is None:
+        exc.filename = str(path)
+    return exc
+
+
+def _unlink_quietly(path: Path) -> None:
+    """Remove a temporary file after a failure, never hiding that failure: where the directory refuses the
+    unlink too (read-only, removed), the file stays, and the next write of it truncates or replaces it."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def _fsync_dir(path: Path) -> None:
