@@ -40,7 +40,9 @@ def peak_rss_bytes() -> int:
 def format_bytes(n: float) -> str:
     """Human-readable size: 1.50 GiB, 12.0 MiB, 512 B."""
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
+        # Also where the unit below would round up to 1024 of it: 1 MiB less a byte is "1.00 MiB", not the
+        # "1024.00 KiB" a table shows nowhere else.
+        if abs(n) >= size or (size > 1 << 10 and round(abs(n) / (size >> 10), 2) >= 1024):
             return f"{n / size:.2f} {unit}"
     return f"{int(n)} B"
 
@@ -49,6 +51,7 @@ def format_bytes_up(n: float) -> str:
     """format_bytes rounded up, never down: for advice ("raise the limit to at least ..."), which must be
     enough when followed to the letter."""
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
+        # As format_bytes, the next unit where the one below would round (up) to 1024 of it.
+        if n >= size or (size > 1 << 10 and math.ceil(n / (size >> 10) * 100) / 100 >= 1024):
             return f"{math.ceil(n / size * 100) / 100:.2f} {unit}"
     return f"{math.ceil(n)} B"
