@@ -18,6 +18,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 
 from .meter import format_bytes, rss_bytes
@@ -41,16 +42,22 @@ class MemoryBudget:
 
 
 def parse_size(text: str | int) -> int:
-    """Bytes from 2G, 2Gi, 512M, 1.5GiB, 4096 or an int; the units are binary (G = Gi = GiB = 2**30)."""
+    """Bytes from 2G, 2Gi, 512M, 1.5GiB, 4096, 1e9 or an int; the units are binary (G = Gi = GiB = 2**30).
+    A fraction of a byte is dropped (0.3K is 307)."""
+    if isinstance(text, bool):  # an int to Python, but True is no byte count
+        raise TypeError(f"a memory size must be a number of bytes or a string such as 2G, got the bool {text!r}")
     if isinstance(text, int):
         value = text
     else:
-        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(?:([kmgtKMGT])i?)?[bB]?\s*", str(text))
+        # A sign is read so that "-1G" is told it must be positive, not that it is unreadable; the number is
+        # read as a Decimal, exact where a float is not (byte counts above 2**53) and in exponent form (1e9).
+        match = re.fullmatch(r"\s*([-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)\s*(?:([kmgtKMGT])i?)?[bB]?\s*",
+                             str(text))
         if not match:
             raise ValueError(f"cannot read a memory size from {text!r}; use e.g. 2G, 2Gi, 512M, 1.5GiB or a byte count")
-        value = int(float(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
+        value = int(Decimal(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
     if value <= 0:
-        raise ValueError(f"a memory size must be positive, got {text!r}")
+        raise ValueError(f"a memory size must be positive (at least 1 byte), got {text!r}")
     return value
 
 
