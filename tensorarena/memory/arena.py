@@ -20,6 +20,7 @@ scope semantics and adds the reuse).
 from __future__ import annotations
 
 import bisect
+import operator
 import threading
 import weakref
 from dataclasses import dataclass
@@ -57,6 +58,33 @@ def current_arena() -> "Arena | None":
     """The innermost open arena of this thread, or None (allocate from the heap)."""
     stack = _stack()
     return stack[-1] if stack else None
+
+
+def _element_count(shape, dtype: np.dtype, name: str) -> int:
+    """Elements of an array of `shape` (an int or a sequence of them, as np.empty takes), checked before the
+    arena moves: a negative or non-integer dimension once sliced a wrong-sized array from the end of its slot,
+    or left a float bump pointer that failed every later request."""
+    if dtype.hasobject:
+        raise TypeError(f"{name} cannot hold a {dtype} array: an arena's bytes hold numbers, not Python object "
+                        f"references; make object arrays outside the arena (np.empty under heap_scope)")
+    try:
+        dims = (operator.index(shape),)  # np.empty(3): one dimension
+    except TypeError:
+        try:
+            dims = tuple(shape)
+        except TypeError:
+            raise TypeError(f"{name} got shape {shape!r}: a shape is an integer or a sequence of integers") from None
+    count = 1
+    for dim in dims:
+        try:
+            dim = operator.index(dim)
+        except TypeError:
+            raise TypeError(f"{name} got shape {shape!r}: every dimension must be an integer, "
+                            f"{dim!r} is a {type(dim).__name__}") from None
+        if dim < 0:
+            raise ValueError(f"{name} got shape {shape!r}: negative dimensions are not allowed")
+        count *= dim
+    return count
 
 
 class Arena:
@@ -101,9 +129,7 @@ class Arena:
         if self.closed:
             raise StaleTensorError(f"cannot allocate from {self.name}: it is closed")
         dtype = np.dtype(dtype)
-        count = 1
-        for dim in shape:
-            count *= dim
+        count = _element_count(shape, dtype, self.name)
         nbytes = count * dtype.itemsize
         padded = (nbytes + ALIGN - 1) // ALIGN * ALIGN or ALIGN
         where = self._take_free(padded)
