@@ -23,13 +23,17 @@ ALIGN = 64  # cache-line alignment so SIMD kernels never straddle lines
 class ArenaOutOfMemory(MemoryError):
     """A block request would exceed the pool's byte budget."""
 
-    def __init__(self, requested: int, budget: int, in_use: int, cached: int) -> None:
-        self.requested = requested
+    def __init__(self, requested: int, budget: int, in_use: int, cached: int, asked: int | None = None) -> None:
+        self.requested = requested  # the block: the request rounded up to its size class
         self.budget = budget
         self.in_use = in_use
         self.cached = cached
+        self.asked = requested if asked is None else asked  # what the caller asked for
+        # Both numbers where they differ: "requested 4 MiB" alone, for 3 MiB asked, named a size nobody asked for.
+        block = (f"a {_fmt(requested)} block for a request of {_fmt(asked)}" if asked is not None and asked != requested
+                 else _fmt(requested))
         super().__init__(
-            f"arena out of memory: requested {_fmt(requested)} but the budget is "
+            f"arena out of memory: requested {block} but the budget is "
             f"{_fmt(budget)} with {_fmt(in_use)} in use by open arenas "
             f"({_fmt(cached)} cached and evictable). Raise the budget "
             f"(BlockPool.set_budget), lower the batch size, "
@@ -111,12 +115,14 @@ class BlockPool:
 
     def acquire(self, nbytes: int) -> Block:
         """Hand out a block of at least `nbytes`, from the cache when one fits."""
+        if nbytes < 0:  # size_class would serve it with a whole block
+            raise ValueError(f"cannot acquire a block of {nbytes} bytes: a request is a byte count >= 0")
         size = size_class(nbytes)
         with self._lock:
             stats = self.stats
             # Checked before a cache hit too: a budget lowered below what was once in use must hold.
             if self.budget is not None and stats.bytes_in_use + size > self.budget:
-                raise ArenaOutOfMemory(size, self.budget, stats.bytes_in_use, stats.bytes_cached)
+                raise ArenaOutOfMemory(size, self.budget, stats.bytes_in_use, stats.bytes_cached, asked=nbytes)
             free = self._free.get(size)
             if free:
                 block = free.pop()
