@@ -98,17 +98,20 @@ def cmd_plan(args) -> dict:
     opt = {"adamw": optim.AdamW, "adam": optim.Adam}.get(args.optimizer, lambda p: optim.SGD(p, momentum=0.9))(params)
     budget = resolve_budget(args.memory_limit)
     # As the Trainer resolves update_in_backward: clipping needs every gradient, so flat gradients.
+    # route="auto" chooses between fused and streaming (`choose`: its reason and advice are about those two,
+    # never eager, which is shown for comparison only). A model without stream_stages() (simcse) has no
+    # streaming estimate.
     plan = plan_routes(model, opt, loss_fn, x, y, budget, routes=("fused", "eager", "streaming"),
-                       fused_keeps_grads=bool(args.clip))
-    # route="auto" chooses between fused and streaming; eager is shown for comparison. A model without
-    # stream_stages() (simcse) has no streaming estimate.
-    auto = next((r for r in ("fused", "streaming") if r in plan.estimates and plan.estimates[r].fits), None)
+                       fused_keeps_grads=bool(args.clip), choose=("fused", "streaming"))
     shape = {"mlp": "", "simcse": f" x {args.seq_len} tokens"}.get(args.model, f", {args.image_size}x{args.image_size}")
     print(f"{args.model}, batch {args.batch}{shape}, {args.optimizer}, {model.num_parameters():,} parameters")
-    print(plan.format().replace(f"chosen: {plan.chosen}", f"chosen by route=auto: {auto}", 1)
-          if plan.chosen != auto else plan.format())
+    print(plan.format())
     if args.json:
-        print(json.dumps({"budget": plan.budget.nbytes, "budget_source": plan.budget.source, "chosen": auto,
-                          "estimates": {r: vars(e) for r, e in plan.estimates.items()}}, default=str))
+        # Everything the text says, exactly: its reason and the routes that were not possible too.
+        print(json.dumps({"budget": plan.budget.nbytes, "budget_source": plan.budget.source,
+                          "budget_margin": plan.budget.margin, "chosen": plan.chosen, "reason": plan.reason,
+                          "process_other_bytes": plan.process_other_bytes, "activations": plan.activation_source,
+                          "estimates": {r: vars(e) for r, e in plan.estimates.items()},
+                          "unavailable": plan.unavailable}))
     sys.stdout.flush()
-    return {"plan": plan, "chosen": auto}
+    return {"plan": plan, "chosen": plan.chosen}

@@ -246,8 +246,13 @@ def _backward_peak(traced: list[TracedStage], peak: str) -> int:
 
 def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: Any, targets: Any,
                 budget: MemoryBudget, *, routes: tuple[str, ...] = ("fused", "streaming"),
-                process_other_bytes: int | None = None, fused_keeps_grads: bool = False) -> RoutePlan:
+                process_other_bytes: int | None = None, fused_keeps_grads: bool = False,
+                choose: tuple[str, ...] | None = None) -> RoutePlan:
     """Estimate each route in `routes` for this batch and pick the first that fits (see module docstring).
+
+    `choose`: the routes the choice is made from, in order (default: all of `routes`); the others are estimated
+    for comparison only (`tensorarena plan` shows eager, which route="auto" never takes, so its choice, reason
+    and advice must not be eager's).
 
     `fused_keeps_grads`: whether the fused step keeps flat gradients (the Trainer's resolved
     `not update_in_backward`: True only with clip_grad_norm or when asked); False is its default.
@@ -255,6 +260,11 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
     from ..compile.step import input_array
     from ..compile.targets import build, flatten
 
+    order = routes if choose is None else tuple(choose)
+    unknown = [r for r in order if r not in routes]
+    if unknown:  # before tracing: a typo should not cost a trace of the step first
+        raise ValueError(f"choose={order!r} names {unknown}, which are not among routes={routes!r}: a route is "
+                         f"chosen only from those estimated")
     x = input_array(inputs)  # as the model reads it (Tensor's dtype rules), as the fused plan holds it
     y, target_bytes = None, 0
     if targets is not None:  # one array, or a structure of them (compile/targets.py)
@@ -313,18 +323,18 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
         else:
             unavailable["streaming"] = no_streaming
     chosen, reason = None, ""
-    for route in routes:
+    for route in order:
         est = estimates.get(route)
         if est is not None and est.fits:
             chosen = route
+            before = [r for r in order[:order.index(route)] if r in estimates]
             reason = (f"{route} needs {format_bytes(est.required)} of {format_bytes(budget.nbytes)}"
-                      + ("" if route == routes[0] else
-                         f"; {', '.join(r for r in routes[:routes.index(route)] if r in estimates)} would need "
-                         + ", ".join(format_bytes(estimates[r].required) for r in routes[:routes.index(route)]
-                                     if r in estimates)))
+                      + (f"; {', '.join(before)} would need "
+                         + ", ".join(format_bytes(estimates[r].required) for r in before) if before else ""))
             break
     if chosen is None:
-        reason = _nothing_fits(estimates, unavailable, budget)
+        reason = _nothing_fits({r: e for r, e in estimates.items() if r in order},
+                               {r: why for r, why in unavailable.items() if r in order}, budget)
     return RoutePlan(budget, estimates, chosen, reason, process_other_bytes, source, details, unavailable)
 
 
@@ -379,13 +389,17 @@ def _streaming_parts(stream: dict[str, Any], inputs_bytes: int, traced: list[Tra
 
 
 def _nothing_fits(estimates: dict[str, RouteEstimate], unavailable: dict[str, str], budget: MemoryBudget) -> str:
-    """Why no route was chosen: the smallest estimate against the budget, and any asked route that was not
-    possible (so "train anyway by streaming" is not silently missing)."""
+    """Why no route was chosen: the smallest estimate against the budget, what each other route needs (the one
+    line a user reads: the MemoryError's first, `tensorarena plan`'s "chosen: none"), and any asked route that
+    was not possible (so "train anyway by streaming" is not silently missing)."""
     why_not = "; ".join(f"{route} is not possible: {why}" for route, why in unavailable.items())
     if not estimates:
         return f"no route could be planned: {why_not}"
     smallest = min(estimates.values(), key=lambda e: e.required)
+    others = [f"{e.route} needs {format_bytes(e.required)}" for e in estimates.values() if e is not smallest]
     reason = (f"nothing fits: the smallest, {smallest.route}, needs {format_bytes(smallest.required)} but the "
-              f"budget is {format_bytes(budget.nbytes)} ({budget.source}); raise the limit to at least "
-              f"{format_bytes_up(smallest.required + budget.margin)} or lower the batch size")
+              f"budget is {format_bytes(budget.nbytes)} ({budget.source})"
+              + (f", and {', '.join(others)}" if others else "")
+              + f"; raise the limit to at least {format_bytes_up(smallest.required + budget.margin)} or lower the "
+              f"batch size")
     return f"{reason}; {why_not}" if why_not else reason
