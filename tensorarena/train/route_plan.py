@@ -1,7 +1,7 @@
 """How much memory each training route needs for a model, batch and optimizer, and which one to take.
 
 Persistent bytes are exact, from the parameter shapes and the optimizer's declared state
-(`state_init` / `scalar_state_init`). Activations come from tracing: for a model with
+(`state_init` / `scalar_state_init`), plus the gradients of trainable parameters the optimizer does not hold. Activations come from tracing: for a model with
 `stream_stages()` each stage is traced on its own at the real batch size (so estimating never
 needs more memory than one stage: a model that does not fit can still be planned), identical
 stages once; otherwise the whole step is traced. From the traced buffers:
@@ -298,6 +298,12 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
         estimates[route] = RouteEstimate(route, parts, total, required, required <= budget.nbytes, note)
 
     base = dict(persistent, inputs=inputs_bytes)
+    # A parameter that requires a gradient but is in no optimizer group (an optimizer over the head only, the
+    # body not frozen) still gets one from every backward, and the eager route holds it in .grad: counted too.
+    in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    outside = sum(p._data.nbytes for p in model.parameters() if p.requires_grad and id(p) not in in_optimizer)
+    if outside:
+        base["grads outside the optimizer"] = outside
     if "fused" in routes:
         fused_parts = dict(base, **{"activations (slab)": fused_act})
         if not fused_keeps_grads:
