@@ -8,7 +8,7 @@ from . import ops
 from .random import manual_seed
 from .precision import float32_matmul_precision, get_float32_matmul_precision, set_float32_matmul_precision
 from . import kernels, models, nn, optim
-from .ops import (add, cat, concat, div, exp, flatten, log, matmul, max, mean, mul, neg, permute, pow,
+from .ops import (add, cat, clone, concat, div, exp, flatten, log, matmul, max, mean, mul, neg, permute, pow,
                   reshape, sqrt, squeeze, stack, sub, sum, tanh, transpose, unsqueeze, var, where)
 
 from .compile.step import FusedStep, compile_step

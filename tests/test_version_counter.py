@@ -9,14 +9,13 @@ stated below. Writes straight into a NumPy array (`t.data[...] = v`, `t.numpy()[
 Tensor wraps) are not seen by any counter; nothing here pretends they are.
 
 Ops that save a tensor only for its shape (add, sum, reshape...) and writes made after backward are allowed, in
-both. `x.data = y` keeps x's counter, as torch does. Not counted yet: the optimizers' step() and nn.init /
-load_state_dict write parameters through NumPy (outside this area; the one xfail below waits for
-optim/optimizer.py to call autograd.increment_version).
+both. `x.data = y` keeps x's counter, as torch does. Optimizer.step() and Module.load_state_dict count their
+writes (autograd.increment_version); nn.init's functions do not yet.
 
 Run: NUMBA_NUM_THREADS=1 timeout 900 python -m pytest -q -p no:cacheprovider tests/test_version_counter.py
 
-55 of these 118 tests fail on 499de7f, before the fixes (the counter: 50, among them every raise-in-both case and
-every counter test; clone: 1; the four bugs found on the way: 4); the strict xfail is an xfail there too. With this
+57 of these 119 tests fail on 499de7f, before the fixes (the counter: 50, among them every raise-in-both case and
+every counter test; clone: 1; the four bugs found on the way: 4; Optimizer.step and load_state_dict bumping: 2). With this
 file copied into a worktree of 499de7f (git worktree add /tmp/old-vc 499de7f), run in /tmp/old-vc:
 `NUMBA_NUM_THREADS=1 timeout 900 python -m pytest -q -p no:cacheprovider tests/test_version_counter.py`.
 """
@@ -610,8 +609,7 @@ def test_parameter_updated_by_hand_between_forward_and_backward_raises_like_torc
             loss.backward()
 
 
-@pytest.mark.xfail(strict=True, reason="optim/optimizer.py (not this area) writes parameters through NumPy without "
-                                       "autograd.increment_version(p); see the report")
+# Regression (fixed): Optimizer.step wrote parameters through NumPy without autograd.increment_version(p)
 def test_optimizer_step_between_forward_and_backward_raises_like_torch():
     p = Parameter(_values(0, (3, 2)), dtype=np.float64)
     p.grad = np.ones((3, 2))
@@ -620,6 +618,18 @@ def test_optimizer_step_between_forward_and_backward_raises_like_torch():
     opt.step()
     with pytest.raises(RuntimeError, match=VERSION_ERROR):
         loss.backward()
+
+
+# Regression (fixed): Module.load_state_dict copied into parameters without bumping their counters
+def test_load_state_dict_between_forward_and_backward_raises_like_torch():
+    ours, theirs = ta.nn.Linear(3, 2).double(), torch.nn.Linear(3, 2).double()
+    halves = {"weight": np.full((2, 3), 0.5), "bias": np.full(2, 0.5)}
+    x = _values(1, (4, 3))
+    for model, L, load in ((ours, TA, halves), (theirs, TORCH, {k: torch.tensor(v) for k, v in halves.items()})):
+        loss = model(L.leaf(x)).tanh().sum()  # the product saved the weight for x's gradient
+        model.load_state_dict(load)
+        with pytest.raises(RuntimeError, match=VERSION_ERROR):
+            loss.backward()
 
 
 def test_clone_is_the_way_out_and_its_gradient_matches_torch():

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 
+from ..autograd import increment_version
 from ..tensor import SUPPORTED_FLOATS, Tensor
 from .parameter import Parameter
 
@@ -415,7 +416,7 @@ class Module:
                                   f"{float(np.finfo(dst.dtype).max):.4g}): the checkpoint holds {span[0]:.4g} .. "
                                   f"{span[1]:.4g}")
             else:
-                copies.append((dst, src))
+                copies.append((target, dst, src))
         unexpected = [key for key in state_dict if key not in expected]
         errors = []
         if strict and missing:
@@ -428,8 +429,10 @@ class Module:
                     "shapes must always match)")
             raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}:\n\t"
                                + "\n\t".join(errors) + hint)
-        for dst, src in copies:
+        for target, dst, src in copies:
             np.copyto(dst, src, casting="same_kind")
+            if isinstance(target, Tensor):
+                increment_version(target)  # a graph built before the load must not differentiate at the new values
         return IncompatibleKeys(missing, unexpected)
 
     # -- printing -------------------------------------------------------------------

@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from ..autograd import enable_grad
+from ..autograd import enable_grad, increment_version
 from ..kernels import choose, kernel
 from ..tensor import SUPPORTED_FLOATS, Tensor
 
@@ -181,6 +181,9 @@ class Optimizer:
                 count = float(step) + 1.0
                 self.update_flat(group, p.data, g, {k: state[k] for k in keys}, count, None)
                 step[...] = count
+                # The update wrote p's array in place: a graph that saved p (a forward run before this step)
+                # must refuse its backward rather than differentiate at the new values (as torch does).
+                increment_version(p)
         return loss
 
     def initial_step(self, state: dict[str, Any]) -> float:
