@@ -67,8 +67,9 @@ def test_inplace_add_on_a_leaf_requiring_grad_is_refused_like_torch():
 
 # Regression (fixed): an in-place write through a view did not reach the base: `v = y[0:2]; v += 1` left y as
 # it was (no __iadd__: v was rebound to a new tensor). Expectation changed: torch records an in-place op on a
-# non-leaf view with grad enabled (CopySlices rewrites the base's history); tensorarena has no such rewrite and
-# no version counter, so there it raises, saying to write `v = v + 1`. Under no_grad() the write goes through.
+# non-leaf view with grad enabled (CopySlices rewrites the base's history); tensorarena has no such rewrite, so
+# there it raises, saying to write `v = v + 1`. Under no_grad() the write goes through (and bumps the version
+# counter the view shares with its base: see tests/test_version_counter.py).
 def test_inplace_add_through_a_view_changes_the_base_like_torch():
     x, tx = _pair([1.0, 2.0, 3.0])
     y, ty = x * 2.0, tx * 2.0
