@@ -472,9 +472,17 @@ class ParamStore:
         if self._superseded:
             # Committed: the stage files of the store this one replaced (and of any move killed before) go.
             self._superseded = False
-            for name in self.leftovers():
-                if name not in self.files:
-                    (self.directory / name).unlink()
+            self._remove_replaced([name for name in self.leftovers() if name not in self.files])
+
+    def _remove_replaced(self, names: list[str]) -> None:
+        """Remove stage files a commit just replaced. The commit holds whatever happens here: a file the directory
+        refuses to remove (EACCES, EROFS) stays, said in a warning, and the step or move is not failed for it."""
+        for name in names:
+            try:
+                (self.directory / name).unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning("streaming store: could not remove %s, which a committed store replaced (%s); it holds "
+                            "nothing the store uses: delete it to free its space", self.directory / name, exc)
 
     def reserve_commit(self, step: int) -> None:
         """Before `step` changes any stage: allocate on disk the room its manifest commit will be written into.
@@ -674,7 +682,7 @@ class ParamStore:
                 self.manifest = manifest
         except BaseException:
             for name in files:
-                (self.directory / name).unlink(missing_ok=True)
+                _unlink_quietly(self.directory / name)  # never hides why the relayout failed
             raise
         old = self.files
         for i, fd in enumerate(self._fds):
@@ -684,8 +692,7 @@ class ParamStore:
         self.files = files
         self.generation = generation
         self._set_spec(spec)
-        for name in old:
-            (self.directory / name).unlink(missing_ok=True)
+        self._remove_replaced(old)
 
     def _relayout_stage(self, k: int, layout: StageLayout, spec: StoreSpec, path: Path, fill) -> None:
         old_layout, stage = self.layouts[k], self.layouts[k].stage
