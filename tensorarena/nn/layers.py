@@ -17,6 +17,18 @@ from .module import Module, ModuleList
 from .parameter import Parameter
 
 
+def _size(owner: str, name: str, value) -> int:
+    """`value` as a non-negative int, or a TypeError/ValueError naming the layer and the argument.
+
+    bool is refused although it is an int: Linear(True, 3) is a typo, not a size of 1.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{owner}: {name} must be an integer, got {value!r} ({type(value).__name__})")
+    if value < 0:
+        raise ValueError(f"{owner}: {name} must be non-negative, got {value}")
+    return int(value)
+
+
 def _empty_param(shape: tuple[int, ...], dtype) -> Parameter:
     dt = np.dtype(dtype)
     if dt.kind != "f":
@@ -30,9 +42,7 @@ class Linear(Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
                  rng: np.random.Generator | None = None, dtype=np.float32) -> None:
         super().__init__()
-        if in_features < 0 or out_features < 0:
-            raise ValueError(f"Linear needs non-negative sizes, got in_features={in_features}, "
-                             f"out_features={out_features}")
+        in_features, out_features = _size("Linear", "in_features", in_features), _size("Linear", "out_features", out_features)
         self.in_features = in_features
         self.out_features = out_features
         self.weight = _empty_param((out_features, in_features), dtype)
@@ -60,7 +70,13 @@ class Embedding(Module):
     def __init__(self, num_embeddings: int, embedding_dim: int, *, rng: np.random.Generator | None = None,
                  padding_idx: int | None = None, dtype=np.float32) -> None:
         super().__init__()
+        num_embeddings = _size("Embedding", "num_embeddings", num_embeddings)
+        embedding_dim = _size("Embedding", "embedding_dim", embedding_dim)
         if padding_idx is not None:
+            # bool is an int, but padding_idx=True is a mistake, not row 1
+            if isinstance(padding_idx, bool) or not isinstance(padding_idx, (int, np.integer)):
+                raise TypeError(f"Embedding: padding_idx must be an integer row index or None, got {padding_idx!r}")
+            padding_idx = int(padding_idx)
             if not -num_embeddings <= padding_idx < num_embeddings:
                 raise ValueError(f"padding_idx {padding_idx} is outside [-{num_embeddings}, {num_embeddings})")
             padding_idx %= num_embeddings  # torch stores it non-negative
@@ -98,10 +114,14 @@ class LayerNorm(Module):
     def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, *,
                  bias: bool = True, dtype=np.float32) -> None:
         super().__init__()
-        if isinstance(normalized_shape, int):
+        if isinstance(normalized_shape, (int, np.integer)):
             normalized_shape = (normalized_shape,)
-        self.normalized_shape = tuple(int(n) for n in normalized_shape)
-        self.eps = eps
+        self.normalized_shape = tuple(_size("LayerNorm", "normalized_shape", n) for n in normalized_shape)
+        # A negative or NaN eps makes every output NaN (sqrt of a negative variance); inf makes it 0.
+        if isinstance(eps, bool) or not isinstance(eps, (int, float, np.integer, np.floating)) \
+                or not 0.0 <= eps < math.inf:
+            raise ValueError(f"LayerNorm: eps must be a finite number >= 0, got {eps!r}")
+        self.eps = float(eps)
         self.elementwise_affine = elementwise_affine
         self.weight = init.ones_(_empty_param(self.normalized_shape, dtype)) if elementwise_affine else None
         self.bias = init.zeros_(_empty_param(self.normalized_shape, dtype)) if elementwise_affine and bias else None
@@ -110,7 +130,9 @@ class LayerNorm(Module):
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
-        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+        # torch's: bias shows too, else LayerNorm(3, bias=False) reads as LayerNorm(3)
+        return (f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}, "
+                f"bias={self.bias is not None}")
 
 
 class Dropout(Module):
@@ -118,6 +140,8 @@ class Dropout(Module):
 
     def __init__(self, p: float = 0.5, *, rng: np.random.Generator | None = None) -> None:
         super().__init__()
+        if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
+            raise TypeError(f"Dropout: dropout probability must be a real number in [0, 1], got {p!r}")
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"dropout probability has to be between 0 and 1, got {p}")
         self.p = float(p)
