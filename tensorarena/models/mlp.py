@@ -30,6 +30,16 @@ class MLPConfig:
     dtype: type = field(default=np.float32)
 
     def __post_init__(self) -> None:
+        if isinstance(self.hidden, (str, bytes)) or not hasattr(self.hidden, "__iter__"):
+            raise TypeError(f"MLPConfig: hidden must be a sequence of layer widths, e.g. (64,) or (), "
+                            f"got {self.hidden!r}")
+        object.__setattr__(self, "hidden", tuple(self.hidden))
+        # No int() coercion: 4.5 would become 4 and True a width of 1 without a word.
+        named = [("in_features", self.in_features), *((f"hidden[{i}]", h) for i, h in enumerate(self.hidden)),
+                 ("out_features", self.out_features)]
+        for name, size in named:
+            if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
+                raise TypeError(f"MLPConfig: {name} must be an integer, got {size!r}")
         object.__setattr__(self, "hidden", tuple(int(h) for h in self.hidden))
         sizes = (self.in_features, *self.hidden, self.out_features)
         if any(s <= 0 for s in sizes):

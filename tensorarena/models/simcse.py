@@ -12,6 +12,8 @@ drop-in for `tensorarena embed`.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import ops
@@ -46,8 +48,9 @@ def info_nce(z1: Tensor, z2: Tensor, *, temperature: float = 0.05) -> Tensor:
     """
     if z1.shape != z2.shape or z1.ndim != 2:
         raise ValueError(f"info_nce: need two (B, D) views of the same shape, got {z1.shape} and {z2.shape}")
-    if not temperature > 0:
-        raise ValueError(f"info_nce: temperature must be positive, got {temperature}")
+    # inf would make every logit 0: a constant loss log(B) with no gradient, training that learns nothing
+    if not 0 < temperature < math.inf:
+        raise ValueError(f"info_nce: temperature must be positive and finite, got {temperature}")
     sim = ops.matmul(l2_normalize(z1), ops.transpose(l2_normalize(z2), 0, 1))  # (B, B) cosines
     logits = sim * (1.0 / temperature)
     labels = new((z1.shape[0],), np.int64)  # 0..B-1, in the arena like every array a recorded call reads
@@ -81,8 +84,8 @@ class SimCSE(Module):
 
     def __init__(self, encoder: Module, *, temperature: float = 0.05, pad_id: int = 0) -> None:
         super().__init__()
-        if not temperature > 0:
-            raise ValueError(f"temperature must be positive, got {temperature}")
+        if not 0 < temperature < math.inf:
+            raise ValueError(f"temperature must be positive and finite, got {temperature}")
         self.encoder = encoder
         self.temperature = float(temperature)
         self.pad_id = int(pad_id)

@@ -12,6 +12,7 @@ torchvision vit_b_16's 86,567,656 parameters. Parameter names follow timm
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -49,13 +50,23 @@ class ViTConfig:
     def __post_init__(self) -> None:
         sizes = dict(image_size=self.image_size, patch_size=self.patch_size, in_channels=self.in_channels,
                      num_classes=self.num_classes, dim=self.dim, depth=self.depth, num_heads=self.num_heads)
-        bad = {k: v for k, v in sizes.items() if not isinstance(v, (int, np.integer)) or v <= 0}
+        # bool is an int, but depth=True is a mistake, not one block
+        bad = {k: v for k, v in sizes.items()
+               if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0}
         if bad:
             raise ValueError(f"ViTConfig sizes must be positive integers, got {bad}")
         if self.image_size % self.patch_size:
             raise ValueError(f"image_size {self.image_size} must be a multiple of patch_size {self.patch_size}")
         if self.dim % self.num_heads:
             raise ValueError(f"dim {self.dim} must be a multiple of num_heads {self.num_heads}")
+        # Checked here, not when the first block is built: a str ratio made a 19 TiB allocation there.
+        real = (int, float, np.integer, np.floating)
+        if isinstance(self.mlp_ratio, bool) or not isinstance(self.mlp_ratio, real) \
+                or not 0 < self.mlp_ratio < math.inf or int(self.dim * self.mlp_ratio) < 1:
+            raise ValueError(f"mlp_ratio must be a positive finite number with int(dim * mlp_ratio) >= 1 "
+                             f"(dim={self.dim}), got {self.mlp_ratio!r}")
+        if isinstance(self.eps, bool) or not isinstance(self.eps, real) or not 0 <= self.eps < math.inf:
+            raise ValueError(f"eps (the LayerNorm epsilon) must be a finite number >= 0, got {self.eps!r}")
         for name in ("dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")

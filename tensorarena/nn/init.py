@@ -45,6 +45,9 @@ def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
     if nonlinearity == "relu":
         return math.sqrt(2.0)
     if nonlinearity == "leaky_relu":
+        # As torch: a bool or a string is not a slope (float(True) would silently be a slope of 1)
+        if param is not None and (isinstance(param, bool) or not isinstance(param, (int, float, np.integer, np.floating))):
+            raise ValueError(f"negative_slope {param!r} is not a valid number")
         slope = 0.01 if param is None else float(param)
         return math.sqrt(2.0 / (1 + slope ** 2))
     if nonlinearity == "selu":
@@ -61,14 +64,25 @@ def calculate_fan_in_and_fan_out(t: Tensor | np.ndarray) -> tuple[int, int]:
     return shape[1] * receptive, shape[0] * receptive
 
 
+def _check_normal(what: str, mean: float, std: float) -> None:
+    # NumPy would answer "scale < 0", or fill NaN/inf without a word
+    if not math.isfinite(mean):
+        raise ValueError(f"{what}: mean must be finite, got {mean}")
+    if not 0.0 <= std < math.inf:
+        raise ValueError(f"{what}: std must be finite and >= 0, got {std}")
+
+
 def uniform_(t, a: float = 0.0, b: float = 1.0, *, rng: np.random.Generator | None = None):
     """Fill with U(a, b)."""
+    if not (math.isfinite(a) and math.isfinite(b) and a <= b):
+        raise ValueError(f"uniform_: need finite bounds with a <= b, got a={a}, b={b}")
     arr = _target(t)
     return _fill(t, get_generator(rng).uniform(a, b, size=arr.shape))
 
 
 def normal_(t, mean: float = 0.0, std: float = 1.0, *, rng: np.random.Generator | None = None):
     """Fill with N(mean, std^2)."""
+    _check_normal("normal_", mean, std)
     arr = _target(t)
     return _fill(t, get_generator(rng).normal(mean, std, size=arr.shape))
 
@@ -78,6 +92,9 @@ def trunc_normal_(t, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: fl
     """Fill with N(mean, std^2) truncated to [a, b] (absolute bounds, as torch)."""
     if not a < b:
         raise ValueError(f"trunc_normal_: need a < b, got a={a}, b={b}")
+    _check_normal("trunc_normal_", mean, std)
+    if std == 0:  # the acceptance below divides by std (torch's raises ZeroDivisionError here)
+        raise ValueError("trunc_normal_: std must be > 0; for a constant fill use constant_(t, mean)")
     # Rejection sampling: redraw only the values that fell outside. It needs a fair
     # chance of landing inside, so refuse bounds that make that hopeless.
     cdf = lambda x: 0.5 * (1 + math.erf((x - mean) / (std * math.sqrt(2))))  # noqa: E731

@@ -17,7 +17,7 @@ from ..tape import host
 from ..tensor import Tensor
 from . import functional as F
 from . import init
-from .layers import Dropout, LayerNorm, Linear, _empty_param
+from .layers import Dropout, LayerNorm, Linear, _empty_param, _size
 from .module import Module
 
 Activation = Literal["gelu", "gelu_tanh"]
@@ -27,6 +27,15 @@ _APPROXIMATE = {"gelu": "none", "gelu_tanh": "tanh"}
 def _as_input(x, dtype) -> Tensor:
     """A Tensor for a model input given as a Tensor or an array-like."""
     return x if isinstance(x, Tensor) else Tensor(np.asarray(x, dtype=dtype))
+
+
+def _tokens(x, dtype, what: str, dim: int) -> Tensor:
+    """x as a (B, T, dim) Tensor (an array-like is wrapped as in PatchEmbedding), or a ValueError naming the shape."""
+    x = _as_input(x, dtype)
+    if x.ndim != 3:
+        raise ValueError(f"{what} expects (B, T, {dim}) tokens, got shape {tuple(x.shape)}; "
+                         f"a single sequence (T, {dim}) needs a batch axis: x[None]")
+    return x
 
 
 def _bool_mask(mask, shape: tuple[int, int], what: str) -> np.ndarray:
@@ -50,6 +59,7 @@ class MultiheadAttention(Module):
     def __init__(self, dim: int, num_heads: int, *, qkv_bias: bool = True, dropout: float = 0.0,
                  rng: np.random.Generator | None = None, dtype=np.float32) -> None:
         super().__init__()
+        dim, num_heads = _size("MultiheadAttention", "dim", dim), _size("MultiheadAttention", "num_heads", num_heads)
         if num_heads <= 0 or dim % num_heads:
             raise ValueError(f"dim {dim} must be a positive multiple of num_heads {num_heads}")
         if not 0.0 <= dropout < 1.0:
@@ -73,6 +83,7 @@ class MultiheadAttention(Module):
         for n rows instead of T. Not with attention dropout (ValueError): its mask is drawn over
         every query row.
         """
+        x = _tokens(x, self.qkv.weight.dtype, "MultiheadAttention", self.dim)
         B, T, C = x.shape
         if C != self.dim:
             raise ValueError(f"MultiheadAttention expects (B, T, {self.dim}), got {x.shape}")
@@ -177,6 +188,7 @@ class TransformerBlock(Module):
         dropout while training (see MultiheadAttention.forward); residual dropout draws its mask
         for the n rows only.
         """
+        x = _tokens(x, self.norm1.weight.dtype, "TransformerBlock", self.attn.dim)
         if query_tokens is None:
             if self.norm_first:
                 x = x + self.drop(self.attn(self.norm1(x), key_padding_mask, causal))
@@ -205,6 +217,10 @@ class PatchEmbedding(Module):
     def __init__(self, image_size: int, patch_size: int, in_channels: int, dim: int, *,
                  rng: np.random.Generator | None = None, dtype=np.float32) -> None:
         super().__init__()
+        for name, value in (("image_size", image_size), ("patch_size", patch_size), ("in_channels", in_channels),
+                            ("dim", dim)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+                raise ValueError(f"PatchEmbedding: {name} must be a positive integer, got {value!r}")
         if image_size % patch_size:
             raise ValueError(f"image_size {image_size} must be a multiple of patch_size {patch_size}")
         self.image_size = image_size
