@@ -10,8 +10,10 @@ target, so a crash leaves either the old checkpoint or the new one, never half.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
@@ -19,6 +21,7 @@ import numpy as np
 from safetensors.numpy import load_file, save
 
 from ..nn.module import Module
+from ..tensor import Tensor
 
 FORMAT = "tensorarena-checkpoint"
 VERSION = 1
@@ -32,6 +35,36 @@ def _generators(model: Module) -> dict[str, np.random.Generator]:
             if isinstance(value, np.random.Generator):
                 found[f"{name}.{attr}" if name else attr] = value
     return found
+
+
+def rng_state(generator: np.random.Generator) -> dict:
+    """A generator's state as JSON: MT19937, Philox and SFC64 keep NumPy arrays in theirs (PCG64 only ints);
+    NumPy's state setters take the lists back."""
+    return _jsonable(generator.bit_generator.state)
+
+
+def json_extra(value: Any, where: str = "extra") -> Any:
+    """`extra` as JSON that loads back equal: NumPy scalars and arrays become numbers and lists (lossless); a
+    key that is not a str (JSON would hand it back as one) or a value JSON has no form for is a TypeError
+    naming where it is, before anything is written."""
+    if where == "extra" and not isinstance(value, dict):
+        raise TypeError(f"extra must be a dict (JSON: str keys; numbers, strings, bools, None, lists, dicts), "
+                        f"got a {type(value).__name__}")
+    if isinstance(value, dict):
+        for key in value:
+            if not isinstance(key, str):
+                raise TypeError(f"{where}[{key!r}]: keys must be str (a JSON object's keys come back as strings); "
+                                f"convert it, e.g. str({key!r})")
+        return {key: json_extra(item, f"{where}[{key!r}]") for key, item in value.items()}
+    if isinstance(value, (list, tuple)):  # a tuple comes back as a list: JSON has one sequence
+        return [json_extra(item, f"{where}[{i}]") for i, item in enumerate(value)]
+    if isinstance(value, (np.generic, np.ndarray)):
+        return json_extra(value.tolist(), where)
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    raise TypeError(f"{where} is a {type(value).__name__}, which a checkpoint's JSON metadata cannot hold; keep "
+                    f"numbers, strings, bools, None, lists and dicts in extra (arrays: save them in the model "
+                    f"as buffers, or in a file of their own)")
 
 
 def _jsonable(value: Any) -> Any:
@@ -51,10 +84,12 @@ def save_checkpoint(path: str | os.PathLike, *, model: Module, optimizer=None, s
     """Write a checkpoint of model (+ optimizer, scheduler, RNGs, step) to `path` atomically."""
     from ..random import peek_default_generator
 
+    path = Path(path)
+    check_target(path)  # before the file is built: a path that cannot take it says so at once
+    meta: dict[str, Any] = {"format": FORMAT, "version": VERSION, "step": step, "extra": json_extra(extra or {})}
     tensors: dict[str, np.ndarray] = {}
     for name, array in model.state_dict().items():
         tensors[f"model.{name}"] = np.ascontiguousarray(array)
-    meta: dict[str, Any] = {"format": FORMAT, "version": VERSION, "step": step, "extra": extra or {}}
     if optimizer is not None:
         state = optimizer.state_dict()
         scalars: dict[str, dict[str, Any]] = {}
@@ -69,28 +104,59 @@ def save_checkpoint(path: str | os.PathLike, *, model: Module, optimizer=None, s
                              "scalar_state": scalars}
     if scheduler is not None:
         meta["scheduler"] = {"class": type(scheduler).__name__, "state": _jsonable(scheduler.state_dict())}
-    meta["rng"] = {name: g.bit_generator.state for name, g in _generators(model).items()}
-    meta["rng_default"] = peek_default_generator().bit_generator.state
+    meta["rng"] = {name: rng_state(g) for name, g in _generators(model).items()}
+    meta["rng_default"] = rng_state(peek_default_generator())
     payload = save(tensors, metadata={"tensorarena": json.dumps(meta)})
-    _atomic_write(Path(path), payload)
+    _atomic_write(path, payload)
+
+
+def check_target(path: Path) -> None:
+    """Refuse, before anything is built or written, a checkpoint path that cannot be a file: a directory, or a
+    path under a file. (A missing directory is created by the write, as the docstring of save says.)"""
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, f"cannot save the checkpoint: {path} is a directory; pass a file "
+                                              f"path such as {path / 'checkpoint.safetensors'}")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, f"cannot save the checkpoint {path}: {parent} is a file, "
+                                                        f"not a directory; pass a path in a directory")
+            break
+
+
+def _write_error(exc: OSError, path: Path) -> OSError:
+    """`exc` again (same class and errno, so callers can still tell a full disk), saying which checkpoint could
+    not be written and that the one there before is untouched: the OS names only the hidden temporary file."""
+    what = exc.strerror or str(exc)
+    message = (f"cannot save the checkpoint {path}: {what}. The file there before (if any) is unchanged; pass a "
+               f"path in a writable directory with room for the checkpoint")
+    return type(exc)(exc.errno, message) if exc.errno is not None else type(exc)(message)
 
 
 def _atomic_write(path: Path, payload: bytes | Callable[[BinaryIO], None]) -> None:
-    """Write `payload` (bytes, or a function writing into the open file) to `path` atomically and durably."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    """Write `payload` (bytes, or a function writing into the open file) to `path` atomically and durably.
+
+    Missing directories are created. An OSError (no permission, a full disk, a write failing half-way) leaves
+    the file at `path` as it was and no temporary file behind, and names `path`."""
+    check_target(path)
+    # pid and thread: two trainers of one process saving to one path must not share a temporary file.
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
-        with open(tmp, "wb") as f:
-            if callable(payload):
-                payload(f)
-            else:
-                f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with open(tmp, "wb") as f:
+                if callable(payload):
+                    payload(f)
+                else:
+                    f.write(payload)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise _write_error(exc, path) from exc
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)  # make the rename itself durable
@@ -98,36 +164,213 @@ def _atomic_write(path: Path, payload: bytes | Callable[[BinaryIO], None]) -> No
         os.close(dir_fd)
 
 
-def read_metadata(path: str | os.PathLike) -> dict:
-    """The JSON metadata of a checkpoint, without loading its arrays."""
+def _unreadable(path, err: Exception) -> ValueError:
+    return ValueError(f"{path} is not a readable tensorarena checkpoint ({type(err).__name__}: {err}); it may be "
+                      f"truncated, corrupt or still being written. Load an earlier checkpoint")
+
+
+def _open(path: Path):
+    """safe_open of `path`, its errors naming the file: missing, a directory, or not a whole safetensors file."""
     from safetensors import safe_open
 
-    with safe_open(str(path), framework="numpy") as f:
+    if not path.exists():
+        raise FileNotFoundError(errno.ENOENT, f"no checkpoint at {path}", str(path))
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, f"{path} is a directory, not a checkpoint file; pass the file "
+                                              f"Trainer.save wrote", str(path))
+    try:
+        return safe_open(str(path), framework="numpy")
+    except OSError:
+        raise
+    except Exception as err:  # noqa: BLE001 - safetensors' SafetensorError for a file cut short or overwritten
+        raise _unreadable(path, err) from err
+
+
+def read_metadata(path: str | os.PathLike) -> dict:
+    """The JSON metadata of a checkpoint, without loading its arrays."""
+    path = Path(path)
+    with _open(path) as f:
         raw = (f.metadata() or {}).get("tensorarena")
     if raw is None:
         raise ValueError(f"{path} is a safetensors file but not a tensorarena checkpoint (no 'tensorarena' metadata)")
-    meta = json.loads(raw)
-    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-        raise ValueError(f"{path}: unsupported checkpoint format {meta.get('format')} v{meta.get('version')}")
+    try:
+        meta = json.loads(raw)
+    except ValueError as err:
+        raise _unreadable(path, err) from err
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != VERSION:
+        found = (meta.get("format"), meta.get("version")) if isinstance(meta, dict) else (type(meta).__name__, "?")
+        raise ValueError(f"{path}: unsupported checkpoint format {found[0]} v{found[1]}")
+    step = meta.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise _unreadable(path, ValueError(f"its step count is {step!r}, not an integer >= 0"))
+    return meta
+
+
+def _shape_problems(path: Path, f, names: set[str], model: Module) -> list[str]:
+    """What of the model's state the file lacks, has too much of, or has in another shape or an uncastable
+    dtype (read from the header: no array loaded)."""
+    problems, expected = [], set()
+    for key, value in model.state_dict(keep_vars=True).items():
+        name = f"model.{key}"
+        expected.add(name)
+        if name not in names:
+            problems.append(f"{key}: missing from the checkpoint")
+            continue
+        # shape and dtype, not .data: a streamed parameter's data lives in the store and must not be read.
+        array = value if isinstance(value, Tensor) else np.asarray(value)
+        saved = f.get_slice(name)
+        shape, want = tuple(saved.get_shape()), tuple(array.shape)
+        if shape != want:
+            problems.append(f"{key}: the checkpoint has shape {shape}, the model {want}")
+            continue
+        dtype = _SAFETENSORS_DTYPES.get(saved.get_dtype())
+        if dtype is not None and not np.can_cast(dtype, array.dtype, casting="same_kind"):
+            problems.append(f"{key}: the checkpoint's {dtype} cannot be cast to the model's {array.dtype}")
+    problems.extend(f"{name[len('model.'):]}: in the checkpoint, not in the model"
+                    for name in sorted(names - expected) if name.startswith("model."))
+    return problems
+
+
+_SAFETENSORS_DTYPES = {"F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
+                       "I64": np.dtype(np.int64), "I32": np.dtype(np.int32), "I16": np.dtype(np.int16),
+                       "I8": np.dtype(np.int8), "U8": np.dtype(np.uint8), "BOOL": np.dtype(np.bool_)}
+
+
+def _optimizer_problems(path: Path, f, names: set[str], meta: dict, optimizer) -> None:
+    """Refuse (ValueError naming the file) optimizer state this optimizer cannot take, before anything loads:
+    another class, other groups, a state array of another shape than its parameter, bad hyperparameters."""
+    saved = meta.get("optimizer")
+    if saved is None:
+        raise ValueError(f"{path} holds no optimizer state; load the model alone with "
+                         f"tensorarena.train.checkpoint.load_checkpoint(path, model=model)")
+    if saved.get("class") != type(optimizer).__name__:
+        raise ValueError(f"{path} holds {saved.get('class')} state but the optimizer is {type(optimizer).__name__}. "
+                         f"Build the optimizer as a {saved.get('class')} to resume, or load the weights alone "
+                         f"(the new optimizer then starts fresh) with "
+                         f"tensorarena.train.checkpoint.load_checkpoint(path, model=model)")
+    groups = saved.get("param_groups")
+    if not isinstance(groups, list) or len(groups) != len(optimizer.param_groups):
+        count = len(groups) if isinstance(groups, list) else groups
+        raise ValueError(f"{path} holds {count} parameter groups but the optimizer has {len(optimizer.param_groups)}")
+    params: dict[int, Any] = {}
+    for gi, (group_saved, group) in enumerate(zip(groups, optimizer.param_groups)):
+        if len(group_saved.get("params", ())) != len(group["params"]):
+            raise ValueError(f"parameter group {gi} of {path} has {len(group_saved.get('params', ()))} parameters "
+                             f"but the optimizer's group {gi} has {len(group['params'])}")
+        merged = dict(group)
+        merged.update({k: tuple(v) if k == "betas" else v for k, v in group_saved.items() if k != "params"})
+        try:
+            optimizer._check_hyperparams(merged)
+        except ValueError as err:
+            raise ValueError(f"{path}: parameter group {gi}: {err}") from err
+        params.update({int(j): p for j, p in zip(group_saved["params"], group["params"])})
+    wrong = []
+    for name in sorted(names):
+        if not name.startswith("optim."):
+            continue
+        _, index, key = name.split(".", 2)
+        p = params.get(int(index))
+        shape = tuple(f.get_slice(name).get_shape())
+        if p is None:
+            wrong.append(f"optimizer state {key!r} of parameter {index}, which is in no parameter group")
+        elif shape and shape != tuple(p.shape):  # 0-d entries are scalars (step, ...)
+            wrong.append(f"optimizer state {key!r} of parameter {index}: the checkpoint has shape {shape}, the "
+                         f"parameter {tuple(p.shape)}")
+    if wrong:
+        raise ValueError(f"{path} does not fit this optimizer: " + "; ".join(wrong[:6]))
+
+
+def _scheduler_problem(saved: Any, scheduler, where: str = "") -> str | None:
+    """Why `saved` (a scheduler's state_dict) cannot load into `scheduler`, or None: another class's keys, or
+    a SequentialLR with other inner schedulers. Checked before anything loads; load_state_dict checks after."""
+    if not isinstance(saved, dict):
+        return f"its {where or 'scheduler'} state is a {type(saved).__name__}, not a dict"
+    own = scheduler.state_dict()
+    unknown = sorted(k for k in saved if k not in own and not k.startswith("_"))
+    if unknown:
+        return f"its {where or 'scheduler'} state has keys {unknown} that {type(scheduler).__name__} does not have"
+    inner, mine = saved.get("_schedulers"), getattr(scheduler, "_schedulers", None)
+    if mine is not None:
+        if not isinstance(inner, list) or len(inner) != len(mine):
+            return (f"it holds {len(inner) if isinstance(inner, list) else 'no'} inner schedulers, "
+                    f"{type(scheduler).__name__} has {len(mine)}")
+        for i, (state, s) in enumerate(zip(inner, mine)):
+            problem = _scheduler_problem(state, s, f"inner scheduler {i} ({type(s).__name__})")
+            if problem:
+                return problem
+    return None
+
+
+def check_checkpoint(path: str | os.PathLike, *, model: Module, optimizer=None, scheduler=None) -> dict:
+    """Everything about the file at `path` that can be checked against these objects without loading an array:
+    it is a whole checkpoint, its parameters match the model's names, shapes and dtypes, its optimizer and
+    schedule are of these classes and fit them, its generators are of the model's kinds. A ValueError naming the
+    file and what does not match, before anything changed; else the metadata."""
+    path = Path(path)
+    meta = read_metadata(path)
+    with _open(path) as f:
+        names = set(f.keys())
+        problems = _shape_problems(path, f, names, model)
+        if problems:
+            raise ValueError(f"{path} does not fit this {type(model).__name__} (another model or configuration?): "
+                             + "; ".join(problems[:8]) + (f"; and {len(problems) - 8} more" if len(problems) > 8
+                                                          else ""))
+        if optimizer is not None:
+            _optimizer_problems(path, f, names, meta, optimizer)
+    if scheduler is not None:
+        if "scheduler" not in meta:
+            raise ValueError(f"{path} holds no scheduler state; build the trainer without a scheduler (scheduler="
+                             f"None) or load a checkpoint of a run that had one")
+        saved = meta["scheduler"]
+        if saved.get("class") != type(scheduler).__name__:
+            raise ValueError(f"{path} holds a {saved.get('class')} schedule but the trainer's scheduler is "
+                             f"{type(scheduler).__name__}; build the same scheduler as the saved run to resume it")
+        problem = _scheduler_problem(saved.get("state"), scheduler)
+        if problem:
+            raise ValueError(f"{path} holds a schedule this {type(scheduler).__name__} cannot take: {problem}")
+    generators = _generators(model)
+    for name, state in meta.get("rng", {}).items():
+        kind = state.get("bit_generator") if isinstance(state, dict) else None
+        if name in generators and kind != generators[name].bit_generator.state["bit_generator"]:
+            raise ValueError(f"{path} holds a {kind} state for the generator {name}, which is a "
+                             f"{generators[name].bit_generator.state['bit_generator']}; build the model with the "
+                             f"generator the saved run had")
     return meta
 
 
 def load_checkpoint(path: str | os.PathLike, *, model: Module, optimizer=None, scheduler=None) -> dict:
-    """Restore what `save_checkpoint` wrote into existing objects; returns the metadata."""
+    """Restore what `save_checkpoint` wrote into existing objects; returns the metadata.
+
+    All or nothing: the file is checked against model, optimizer and scheduler (check_checkpoint) before any of
+    them changes, so a load that fails leaves them as they were."""
+    path = Path(path)
+    meta = check_checkpoint(path, model=model, optimizer=optimizer, scheduler=scheduler)
+    try:
+        arrays = load_file(str(path))
+    except OSError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the header was whole, the data not (changed since the check?)
+        raise _unreadable(path, err) from err
+    # Casting a checkpoint to a narrower dtype (float64 -> float32) rounds tiny moments to zero, as torch's
+    # .to() does: under np.seterr(under="raise") that must not fail the load half way (weights loaded, the
+    # optimizer not). Overflow and invalid values still raise (the model refuses them before copying).
+    with np.errstate(under="ignore"):
+        _apply(path, meta, arrays, model, optimizer, scheduler)
+    return meta
+
+
+def _apply(path: Path, meta: dict, arrays: dict[str, np.ndarray], model: Module, optimizer, scheduler) -> None:
+    """Copy a checked checkpoint's arrays and state into the objects."""
     from ..random import peek_default_generator
 
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no checkpoint at {path}")
-    meta = read_metadata(path)
-    arrays = load_file(str(path))
-    model.load_state_dict({k[len("model."):]: v for k, v in arrays.items() if k.startswith("model.")})
+    # The model first: its load_state_dict is all or nothing and checks what needs the data (values beyond the
+    # range of the model's dtype); what comes after was checked above and does not fail on this file.
+    try:
+        model.load_state_dict({k[len("model."):]: v for k, v in arrays.items() if k.startswith("model.")})
+    except RuntimeError as err:
+        raise ValueError(f"{path} does not fit this {type(model).__name__}: {err}") from err
     if optimizer is not None:
-        if "optimizer" not in meta:
-            raise ValueError(f"{path} holds no optimizer state; pass optimizer=None to load the model only")
         saved = meta["optimizer"]
-        if saved["class"] != type(optimizer).__name__:
-            raise ValueError(f"{path} holds {saved['class']} state but the optimizer is {type(optimizer).__name__}")
         state: dict[int, dict[str, Any]] = {}
         for key, value in arrays.items():
             if key.startswith("optim."):
@@ -137,8 +380,6 @@ def load_checkpoint(path: str | os.PathLike, *, model: Module, optimizer=None, s
             state.setdefault(int(index), {}).update(entries)
         optimizer.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
     if scheduler is not None:
-        if "scheduler" not in meta:
-            raise ValueError(f"{path} holds no scheduler state; pass scheduler=None")
         scheduler.load_state_dict(meta["scheduler"]["state"])
     generators = _generators(model)
     for name, state in meta.get("rng", {}).items():
@@ -146,4 +387,3 @@ def load_checkpoint(path: str | os.PathLike, *, model: Module, optimizer=None, s
             generators[name].bit_generator.state = state
     if "rng_default" in meta:
         peek_default_generator().bit_generator.state = meta["rng_default"]
-    return meta

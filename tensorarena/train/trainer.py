@@ -532,14 +532,18 @@ class Trainer:
         """Write model, optimizer, schedule, RNG states and step count atomically to `path`.
 
         The same file on every route; a streaming run writes it stage by stage from its store. Not while
-        another thread steps this trainer (a torn checkpoint): that is a RuntimeError.
+        another thread steps this trainer (a torn checkpoint): that is a RuntimeError. Missing directories are
+        created; a path that cannot take the file (a directory, under a file, no permission, a full disk) is an
+        OSError naming it, the file there before unchanged and no half file left. `extra` is JSON (str keys;
+        NumPy scalars and arrays become numbers and lists): anything else is a TypeError before writing.
         """
         with self._one_at_a_time("save"):
             self._save(path, extra)
 
     def _save(self, path, extra: dict | None) -> None:
-        from .checkpoint import save_checkpoint
+        from .checkpoint import json_extra, save_checkpoint
 
+        extra = json_extra(extra or {})  # a TypeError naming the bad entry before any route writes, on every route
         if self.stream is not None:
             from ..stream.checkpoint import save_streaming_checkpoint
 
@@ -551,15 +555,23 @@ class Trainer:
     def load(self, path) -> dict:
         """Restore everything `save` wrote (on any route); returns the checkpoint's `extra` dict.
 
+        All or nothing: a file that is not a whole checkpoint, or one of another model (names, shapes),
+        optimizer or scheduler class, is a ValueError naming it and what does not match, and the trainer
+        keeps its weights, optimizer state, schedule, RNGs and step count.
+
         On route="streaming" the checkpoint goes into the store stage by stage, never whole into memory.
         """
         with self._one_at_a_time("load"):
             return self._load(path)
 
     def _load(self, path) -> dict:
-        from .checkpoint import load_checkpoint
+        from .checkpoint import check_checkpoint, load_checkpoint
 
         if self.route == "streaming":
+            # The file checked against the model, optimizer and schedule first, on this route too: a bad file
+            # must not start the route (moving the whole state into the store) nor fail after the store's
+            # rewrite began (a schedule of another class), and is named alike on every route.
+            check_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
             from ..stream.checkpoint import load_into_streaming
 
             if self.stream is None:
