@@ -7,7 +7,7 @@ or other optimizer's or scheduler's checkpoint names the file and the mismatch a
 generators of every NumPy bit generator, numpy scalars in `extra`, another dtype, frozen and tied parameters, and
 torch's own state dicts.
 
-25 of its 37 tests fail on the base commit c5b9b31, before the fixes (each failing one is under a "Regression
+26 of its 38 tests fail on the base commit c5b9b31, before the fixes (each failing one is under a "Regression
 (fixed)" comment saying what was wrong). With this file copied into a worktree of the base (git worktree add
 /tmp/old-ckpt c5b9b31), run in /tmp/old-ckpt:
 `NUMBA_NUM_THREADS=1 timeout 900 python -m pytest -q -p no:cacheprovider tests/test_checkpoint_hunt.py`.
@@ -565,3 +565,15 @@ def test_save_checkpoint_and_load_checkpoint_without_a_trainer_round_trip(tmp_pa
     assert meta["step"] == 1
     for p, q in zip(model.parameters(), other.parameters()):
         np.testing.assert_array_equal(p.data, q.data)
+
+
+def test_save_checkpoint_takes_a_numpy_step_count_and_refuses_a_negative_one(tmp_path):
+    model = _Net()
+    # Regression (fixed): np.int64(2) (a counter from np.arange) failed in json.dumps ("int64 is not JSON
+    # serializable"); -1 and 2.5 were written, and refused only when loading.
+    save_checkpoint(tmp_path / "m.ckpt", model=model, step=np.int64(2))
+    assert read_metadata(tmp_path / "m.ckpt")["step"] == 2
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match=r"step must be an integer >= 0"):
+            save_checkpoint(tmp_path / "m.ckpt", model=model, step=bad)
+    assert read_metadata(tmp_path / "m.ckpt")["step"] == 2

@@ -86,6 +86,9 @@ def save_checkpoint(path: str | os.PathLike, *, model: Module, optimizer=None, s
 
     path = Path(path)
     check_target(path)  # before the file is built: a path that cannot take it says so at once
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+        raise ValueError(f"step must be an integer >= 0 (the steps taken so far), got {step!r}")
+    step = int(step)  # a NumPy integer (a loop counter from np.arange) is no JSON number
     meta: dict[str, Any] = {"format": FORMAT, "version": VERSION, "step": step, "extra": json_extra(extra or {})}
     tensors: dict[str, np.ndarray] = {}
     for name, array in model.state_dict().items():
