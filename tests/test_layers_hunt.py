@@ -7,7 +7,7 @@ grad; float32 and float64; one class, one channel, one patch) on the eager route
 SGD steps on the fused route against torch; init distributions within stated statistical bounds, fan-in/out
 and gains as torch computes them, seeded determinism; bad arguments give errors naming what to do.
 
-N of these M tests failed on the base commit c5b9b31, before the fixes (each marked "Regression (fixed)").
+45 of these 245 tests failed on the base commit c5b9b31, before the fixes (each marked "Regression (fixed)").
 To see it: `git worktree add /tmp/old-layers c5b9b31`, copy this file into /tmp/old-layers/tests/, then in
 /tmp/old-layers run
 `NUMBA_NUM_THREADS=1 timeout 900 python -m pytest -q -p no:cacheprovider tests/test_layers_hunt.py`
