@@ -5,8 +5,9 @@ schedules over 100 steps against torch, add_param_group under a running schedule
 without a gradient on some steps (a data-dependent branch), optimizer state dicts loaded into a model on another
 route (and in another dtype), maximize / weight decay / state kinds switched by hand mid-run on every route.
 
-19 of these 88 tests fail on 499de7f, before the fixes (each under a "Regression (fixed)" comment): the 12
-eager-vs-torch and 5 every-route model.double() tests, the streaming one and the error-message one. With this file
+20 of these 89 tests fail on 499de7f, before the fixes (each under a "Regression (fixed)" comment): the 12
+eager-vs-torch and 5 every-route model.double() tests, the streaming one, the error-message one and the
+tiny-moments load. With this file
 copied into a worktree of 499de7f (git worktree add /tmp/old-optim-routes 499de7f), run in /tmp/old-optim-routes:
 `NUMBA_NUM_THREADS=1 timeout 900 python -m pytest -q -p no:cacheprovider tests/test_optim_routes_hunt.py`.
 """
@@ -397,6 +398,32 @@ def test_float32_optimizer_state_loads_into_a_float64_model_as_torch_casts_it(ro
             np.testing.assert_array_equal(opt2.state[p][key], opt1.state[q][key].astype(F64))
     losses = [t2.step(*b).loss for b in _batches(F64)[3:6]]
     assert all(np.isfinite(losses)) and all(float(opt2.state[p]["step"]) == 6.0 for p in second.parameters())
+
+
+# Regression (fixed): Optimizer.load_state_dict narrowing a float64 state with tiny moments into a float32 model
+# raised FloatingPointError (underflow, under the suite's np.seterr(all="raise")) part way through the entries;
+# torch's cast flushes them to 0. The step is still exact and the large moments cast as torch casts them.
+def test_float64_state_with_tiny_moments_loads_into_a_float32_model_as_torch_casts_it():
+    model = small_mlp(dtype=F32)
+    opt = optim.Adam(model.parameters(), lr=1e-2)
+    tmodel_params = [torch.tensor(np.asarray(p.data), requires_grad=True) for p in model.parameters()]
+    topt = torch.optim.Adam(tmodel_params, lr=1e-2)
+    saved = {"state": {}, "param_groups": copy.deepcopy(opt.state_dict()["param_groups"])}
+    tsaved = {"state": {}, "param_groups": copy.deepcopy(topt.state_dict()["param_groups"])}
+    for i, p in enumerate(model.parameters()):
+        moments = np.full(p.shape, 1e-300)  # below float32's smallest subnormal: flushes to 0
+        moments.flat[0] = 0.25
+        entry = {"step": 3.0, "exp_avg": moments, "exp_avg_sq": moments * 2}
+        saved["state"][i] = entry
+        tsaved["state"][i] = {"step": torch.tensor(3.0), "exp_avg": torch.tensor(entry["exp_avg"]),
+                              "exp_avg_sq": torch.tensor(entry["exp_avg_sq"])}
+    opt.load_state_dict(saved)
+    topt.load_state_dict(tsaved)
+    for i, p in enumerate(model.parameters()):
+        for key in ("exp_avg", "exp_avg_sq"):
+            want = topt.state[tmodel_params[i]][key].numpy()
+            assert opt.state[p][key].dtype == F32 and want.dtype == np.float32
+            np.testing.assert_array_equal(opt.state[p][key], want)
 
 
 # -- maximize, weight decay and state kinds switched by hand, on every route ---------------------------------------

@@ -207,7 +207,8 @@ class Optimizer:
                 # load_state_dict casts state to its parameter's dtype (torch's own step raises instead).
                 log.info("optimizer state %r of a %s parameter of shape %s was %s: cast to %s", key, p.dtype,
                          p.shape, current.dtype, p.dtype)
-                state[key] = current.astype(p.dtype)  # a new heap array: the old dtype's buffer is let go
+                with np.errstate(under="ignore"):  # narrowing flushes tiny moments to 0, as torch's cast does
+                    state[key] = current.astype(p.dtype)  # a new heap array: the old dtype's buffer is let go
         for key, value in self.scalar_state_init(group).items():
             if state.get(key) is None:
                 state[key] = np.array(value, dtype=np.float64)
@@ -395,14 +396,18 @@ class Optimizer:
             elif key in scalars:
                 out[key] = _scalar_array(key, value)
             elif self._is_array(value):
+                value = np.asarray(value)
                 prev = old.get(key)
-                if isinstance(prev, np.ndarray) and prev.shape == p.shape and prev.dtype == p.dtype:
-                    np.copyto(prev, np.asarray(value))  # keep the existing heap buffer (a plan may hold it)
-                    out[key] = prev
-                else:
-                    # np.asarray first: np.array(copy=True) hands copy= to a torch Tensor's __array__, which
-                    # does not take it (NumPy 2's DeprecationWarning, an error under the test settings).
-                    out[key] = np.array(np.asarray(value), dtype=p.dtype, copy=True)  # heap, owned, never aliased
+                # A float64 state loaded into a float32 model narrows: tiny moments flush to 0 (as torch's cast
+                # does) instead of raising under np.seterr(under="raise") after earlier entries had loaded.
+                with np.errstate(under="ignore"):
+                    if isinstance(prev, np.ndarray) and prev.shape == p.shape and prev.dtype == p.dtype:
+                        np.copyto(prev, value)  # keep the existing heap buffer (a plan may hold it)
+                        out[key] = prev
+                    else:
+                        # np.asarray first: np.array(copy=True) hands copy= to a torch Tensor's __array__, which
+                        # does not take it (NumPy 2's DeprecationWarning, an error under the test settings).
+                        out[key] = np.array(value, dtype=p.dtype, copy=True)  # heap, owned, never aliased
             else:
                 out[key] = value
         return out
