@@ -40,11 +40,20 @@ class Tensor:
 
     def __init__(self, data: Any, *, dtype=None, requires_grad: bool = False) -> None:
         source = data.data if isinstance(data, Tensor) else data  # .data: a stale tensor raises here
-        array = np.asarray(source)
+        hint = ("Pass arrays of numbers (e.g. an Encoding's .input_ids); Trainer(route='eager') hands a batch "
+                "that is not array-like to the model as it is")
+        try:
+            array = np.asarray(source)
+        except ValueError as exc:
+            # A sequence whose items are sequences of themselves (an Encoding indexes to a batch of one)
+            # nests without end, and NumPy gives up at 64 dimensions with a message naming nothing.
+            if isinstance(source, (np.ndarray, list, tuple)):
+                raise
+            raise TypeError(f"cannot make a Tensor of {type(source).__name__}: NumPy could not make an array of "
+                            f"numbers of it ({exc}). {hint}") from exc
         if array.dtype == object:  # NumPy's last resort for what is no array of numbers (a tokenizer's Encoding)
             raise TypeError(f"cannot make a Tensor of {type(source).__name__}: NumPy made a {array.shape} object "
-                            f"array of it. Pass arrays of numbers (e.g. an Encoding's .input_ids); "
-                            f"Trainer(route='eager') hands a batch that is not array-like to the model as it is")
+                            f"array of it. {hint}")
         if array.dtype.kind == "c" or (dtype is not None and np.dtype(dtype).kind == "c"):
             raise TypeError(f"complex tensors are not supported (got {array.dtype}); pass real and "
                             f"imaginary parts as separate float tensors")

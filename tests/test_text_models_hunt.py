@@ -395,6 +395,8 @@ def test_trainer_step_on_an_encoding_trains_as_on_its_input_ids():
 def test_the_fused_route_refuses_an_encoding_naming_its_arrays():
     # The fused route holds its inputs in a plan buffer: an Encoding is refused by Tensor() before anything runs,
     # saying what to pass (it was a (B, T) object array, refused by the model with a message naming Encoding).
+    # Since Encoding[i] became a batch of one (8edb4ad), np.asarray recursed to NumPy's 64-dimension limit and
+    # raised its ValueError naming nothing; Tensor() turns that into this TypeError too.
     from tensorarena.text import WordPieceTokenizer
 
     enc = WordPieceTokenizer(_minilm_dir())(["hello world", "third one"], pad_to=8)
