@@ -7,7 +7,8 @@ grad; float32 and float64; one class, one channel, one patch) on the eager route
 SGD steps on the fused route against torch; init distributions within stated statistical bounds, fan-in/out
 and gains as torch computes them, seeded determinism; bad arguments give errors naming what to do.
 
-45 of these 245 tests failed on the base commit c5b9b31, before the fixes (each marked "Regression (fixed)").
+45 of these 245 tests failed on the base commit c5b9b31, before the fixes (each marked "Regression (fixed)"); the
+4 zero-feature Linear tests added after them fail there too (49 of 249).
 To see it: `git worktree add /tmp/old-layers c5b9b31`, copy this file into /tmp/old-layers/tests/, then in
 /tmp/old-layers run
 `NUMBA_NUM_THREADS=1 timeout 900 python -m pytest -q -p no:cacheprovider tests/test_layers_hunt.py`
@@ -77,6 +78,27 @@ def test_linear_matches_torch_for_every_input_rank_and_empty_batches(dtype, bias
     _backward_both(out, ref)
     np.testing.assert_allclose(_grad(xt), xr.grad.numpy(), **TOL[dtype])
     _assert_param_grads(ours, theirs, TOL[dtype])
+
+
+# Regression (fixed): with 0 in- or out-features, ops.linear reshaped with -1, which NumPy cannot resolve for a
+# zero-size axis ("cannot reshape array of size 0 into shape (0)"); torch gives the bias broadcast (in = 0)
+# or an empty output (out = 0), and the gradients of that.
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors is a no-op:UserWarning")  # torch's init
+@pytest.mark.parametrize("in_f, out_f, shape", [(0, 3, (2, 0)), (0, 3, (2, 4, 0)), (5, 0, (2, 5)), (0, 0, (3, 0))])
+def test_linear_with_zero_features_matches_torch(in_f, out_f, shape):
+    rng = np.random.default_rng(1)
+    ours = nn.Linear(in_f, out_f, rng=rng, dtype=np.float64)
+    theirs = torch.nn.Linear(in_f, out_f, dtype=torch.float64)
+    ours.bias.data[...] = rng.standard_normal(out_f)  # torch's init of a zero-fan-in layer is a no-op
+    _copy_params(ours, theirs)
+    x = rng.standard_normal(shape)
+    xt, xr = Tensor(x.copy(), requires_grad=True), torch.tensor(x, requires_grad=True)
+    out, ref = ours(xt), theirs(xr)
+    assert out.shape == tuple(ref.shape)
+    np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), **TOL[np.float64])
+    _backward_both(out, ref)
+    np.testing.assert_allclose(_grad(xt), xr.grad.numpy(), **TOL[np.float64])
+    _assert_param_grads(ours, theirs, TOL[np.float64])
 
 
 def test_linear_refuses_wrong_features_and_dtypes_naming_them():

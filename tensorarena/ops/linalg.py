@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..kernels import elementwise
@@ -116,9 +118,11 @@ def linear(x, weight, bias=None) -> Tensor:
         raise ValueError(f"linear: bias shape {bias.shape} must be ({weight.shape[0]},) for weight {weight.shape}")
     xd, wd = x.data, weight.data
     lead = xd.shape[:-1]
-    x2 = reshaped(xd, (-1, xd.shape[-1]))  # (N, in); a copy (arena) only if xd is not contiguous
+    # Row counts are spelled out, not -1: with 0 features (Linear(0, k), or k = 0) -1 is ambiguous to NumPy.
+    rows = math.prod(lead)
+    x2 = reshaped(xd, (rows, xd.shape[-1]))  # (N, in); a copy (arena) only if xd is not contiguous
     out = new(lead + (wd.shape[0],), np.result_type(xd.dtype, wd.dtype))
-    out2 = out.reshape(-1, wd.shape[0])  # (N, out)
+    out2 = out.reshape(rows, wd.shape[0])  # (N, out)
     # At bfloat16 precision the input is rounded once, and that copy (half the bytes) is all backward
     # keeps of it. The weight is rounded again in backward rather than held rounded from here: holding
     # it grew ViT-Base's slab by 108 MiB and its step by nothing (0.99x and 1.016x, A/B in one process).
@@ -141,13 +145,13 @@ def linear(x, weight, bias=None) -> Tensor:
     del xd
 
     def backward(g):
-        g2 = reshaped(g, (-1, g.shape[-1]))  # (N, out)
+        g2 = reshaped(g, (rows, g.shape[-1]))  # (N, out)
         gx = gw = gbias = None
         # Rounded once (when forward rounded) for both products; the bias reads the float32 one.
         gs = rounded(g2) if in_bf16 else g2
         if x_needs_grad:
             gx = new(x_shape, g.dtype)
-            product(gs, wd, gx.reshape(-1, wd.shape[1]))
+            product(gs, wd, gx.reshape(rows, wd.shape[1]))
         if w_needs_grad:
             gw = grad_out(w_leaf, wd.shape, g.dtype)
             product(gs.T, x2, gw)
