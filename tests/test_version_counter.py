@@ -10,12 +10,13 @@ Tensor wraps) are not seen by any counter; nothing here pretends they are.
 
 Ops that save a tensor only for its shape (add, sum, reshape...) and writes made after backward are allowed, in
 both. `x.data = y` keeps x's counter, as torch does. Optimizer.step() and Module.load_state_dict count their
-writes (autograd.increment_version); nn.init's functions do not yet.
+writes (autograd.increment_version), and so do nn.init's fills.
 
 Run: NUMBA_NUM_THREADS=1 timeout 900 python -m pytest -q -p no:cacheprovider tests/test_version_counter.py
 
-57 of these 119 tests fail on 499de7f, before the fixes (the counter: 50, among them every raise-in-both case and
-every counter test; clone: 1; the four bugs found on the way: 4; Optimizer.step and load_state_dict bumping: 2). With this
+63 of these 125 tests fail on 499de7f, before the fixes (the counter: 50, among them every raise-in-both case and
+every counter test; clone: 1; the four bugs found on the way: 4; Optimizer.step, load_state_dict and the 6
+nn.init fills bumping: 8). With this
 file copied into a worktree of 499de7f (git worktree add /tmp/old-vc 499de7f), run in /tmp/old-vc:
 `NUMBA_NUM_THREADS=1 timeout 900 python -m pytest -q -p no:cacheprovider tests/test_version_counter.py`.
 """
@@ -628,6 +629,21 @@ def test_load_state_dict_between_forward_and_backward_raises_like_torch():
     for model, L, load in ((ours, TA, halves), (theirs, TORCH, {k: torch.tensor(v) for k, v in halves.items()})):
         loss = model(L.leaf(x)).tanh().sum()  # the product saved the weight for x's gradient
         model.load_state_dict(load)
+        with pytest.raises(RuntimeError, match=VERSION_ERROR):
+            loss.backward()
+
+
+# Regression (fixed): nn.init's fills wrote through NumPy without bumping the counter, so a re-initialised
+# weight was differentiated at its new values by a graph built before the fill
+@pytest.mark.parametrize("fill", ["constant_", "zeros_", "normal_", "uniform_", "kaiming_uniform_", "xavier_uniform_"])
+def test_init_fill_between_forward_and_backward_raises_like_torch(fill):
+    args = (0.5,) if fill == "constant_" else ()
+    for L, init in ((TA, ta.nn.init), (TORCH, torch.nn.init)):
+        w = (ta.nn.Parameter(_values(0, (3, 2)), dtype=np.float64) if L is TA
+             else torch.tensor(_values(0, (3, 2)), requires_grad=True))
+        loss = (L.leaf(_values(1, (4, 3))) @ w).tanh().sum()
+        with L.no_grad():
+            getattr(init, fill)(w, *args)
         with pytest.raises(RuntimeError, match=VERSION_ERROR):
             loss.backward()
 

@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from ..autograd import increment_version
 from ..tensor import Tensor
 
 from ..random import DEFAULT_SEED, default_generator, get_generator, manual_seed  # noqa: F401  (re-exported)
@@ -29,9 +30,16 @@ def _target(t: Tensor | np.ndarray) -> np.ndarray:
     return arr
 
 
+def _written(t):
+    """Count an in-place fill of a tensor: a graph that saved it must refuse its backward (as torch's init)."""
+    if isinstance(t, Tensor):
+        increment_version(t)
+    return t
+
+
 def _fill(t, values: np.ndarray):
     np.copyto(_target(t), values, casting="same_kind")
-    return t
+    return _written(t)
 
 
 def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
@@ -115,7 +123,7 @@ def trunc_normal_(t, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: fl
 def constant_(t, value: float):
     """Fill with `value`."""
     _target(t)[...] = value
-    return t
+    return _written(t)
 
 
 def zeros_(t):
