@@ -535,24 +535,50 @@ def test_a_full_disk_at_the_manifest_commit_loses_no_committed_step(small_disk):
         _assert_continues(*_continue_route(route, model), start=start, depth=4)
 
 
-# A commit that fails for another reason after the stages were written (an I/O error; the room was reserved) cannot
-# be undone: the error says what happened (not "partly applied") and the store refuses to open, naming the step.
+# A commit that fails for another reason after the stages were written (an I/O error; the room was reserved): the step
+# is whole in every stage and in the process, only the manifest recording it is missing. The error says so (not
+# "partly applied"); while the cause lasts the route refuses, training nothing; once it is fixed the next step
+# commits step 3 first and trains step 4, so the run is the uninterrupted one (step 3's batch was used: the caller
+# goes on with the next), and the store resumes after close.
 def test_a_commit_that_fails_after_every_stage_was_written_says_so(tmp_path, monkeypatch):
-    tr = _trainer("streaming", tmp_path / "store")
-    for x, y in BATCHES[:2]:
-        tr.step(x, y)
+    store = tmp_path / "store"
+    tr = _trainer("streaming", store)
+    losses = [tr.step(x, y).loss for x, y in BATCHES[:2]]
 
-    def fail(self, payload):
-        raise OSError(errno.EIO, "Input/output error (injected)")
+    real = store_module.ParamStore._replace
 
-    monkeypatch.setattr(store_module.ParamStore, "_replace_in_room", fail)
-    with pytest.raises(OSError) as info:
-        tr.step(*BATCHES[2])
-    notes = " ".join(getattr(info.value, "__notes__", []))
-    assert "the commit of step 3 failed" in notes and "the 4 stages it updated were written" in notes, notes
-    assert not list((tmp_path / "store").glob(".manifest.json*")), "the reserved room was left behind"
-    with pytest.raises(StoreError, match="the commit of step 3 failed"):
-        tr.step(*BATCHES[2])
+    def fail(self, name, content):  # every manifest write (into the step's reserved room or not); journals pass
+        if name == store_module.MANIFEST:
+            raise OSError(errno.EIO, "Input/output error (injected)")
+        real(self, name, content)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(store_module.ParamStore, "_replace", fail)
+        with pytest.raises(OSError) as info:
+            tr.step(*BATCHES[2])
+        notes = " ".join(getattr(info.value, "__notes__", []))
+        assert "step 3 was applied to every stage" in notes and "commits step 3 first" in notes, notes
+        assert "partly applied" not in notes, notes
+        assert not list(store.glob(".manifest.json*")), "the reserved room was left behind"
+        assert read_metadata_step(store) == 2
+        with pytest.raises(StoreError, match="step 3 was applied to every stage"):  # the cause is still there
+            tr.step(*BATCHES[3])
+        assert read_metadata_step(store) == 2 and tr.stream.step_count == 2
+    report = tr.step(*BATCHES[3])  # the cause fixed: commits step 3, then trains step 4
+    assert report.step == 4 and tr.step_count == 4 and read_metadata_step(store) == 4
+    losses.append(report.loss)
     tr.stream.close()
-    with pytest.raises(StoreError, match=r"very end of step 3 \(killed, or its manifest commit failed\).*[Dd]elete"):
-        _resume_store(tmp_path / "store")
+    route, model = _resume_store(store)
+    assert route.step_count == 4
+    more, params = _continue_route(route, model)
+    ref_losses, ref_params = _reference("streaming")
+    assert losses + more == ref_losses[:2] + ref_losses[3:], (losses + more, ref_losses)
+    for i, (a, b) in enumerate(zip(params, ref_params)):
+        np.testing.assert_array_equal(a, b, err_msg=f"parameter {i}")
+
+
+def read_metadata_step(store):
+    """The step the store's manifest on disk records."""
+    import json
+
+    return json.loads((store / "manifest.json").read_text())["step"]
