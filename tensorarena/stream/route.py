@@ -515,6 +515,11 @@ class StreamingRoute:
                 f"then go on: the next step(), or route.retry_commit(), commits step {index} first (its batch was "
                 f"used: go on with the next one)")
 
+    @property
+    def uncommitted_step(self) -> int | None:
+        """The step that ran to its end but whose commit failed (taken again by retry_commit); None if none."""
+        return None if self._pending_commit is None else self._pending_commit[0]
+
     def retry_commit(self) -> None:
         """Take again the commit of a step whose commit failed (see the error it raised); nothing if none.
 

@@ -135,7 +135,7 @@ class Trainer:
             raise ValueError(f"stream_io must be one of {IO_MODES}, got {stream_io!r}")
         self.stream_io = stream_io
         self.pool = pool
-        self.step_count = 0  # applied or skipped steps so far
+        self._step_count = 0  # applied or skipped steps so far, off the streaming route (see step_count)
         self.fallback_to_eager = fallback_to_eager
         self.fallback_reason: str | None = None
         self.max_plans = max_plans
@@ -154,6 +154,16 @@ class Trainer:
         self._buffer_slots = None  # the model's buffers (compile.step.buffer_slots), found with the generators
         self._busy = threading.Lock()  # held by step/save/load (_one_at_a_time)
         self._busy_with: str | None = None
+
+    @property
+    def step_count(self) -> int:
+        """Applied or skipped steps so far. Once training streams, the route's own count: a step whose commit failed
+        counts from when its commit is taken, which may be outside a step (route.retry_commit(), a save, evaluate)."""
+        return self.stream.step_count if self.stream is not None else self._step_count
+
+    @step_count.setter
+    def step_count(self, value: int) -> None:
+        self._step_count = value
 
     # -- options a user may change between steps, as in a hand-written PyTorch loop ------
     @property
@@ -404,6 +414,10 @@ class Trainer:
                                          f"loader (its last batch?)") from None
             raise
         except BaseException:
+            if self.stream is not None and self.stream.uncommitted_step is not None:
+                # Only the streaming step's commit failed: its updates stand and are committed first thing later
+                # (stream/route.py retry_commit), so its buffer writes and draws stand too.
+                raise
             _restore_step_state(before)
             raise
 
