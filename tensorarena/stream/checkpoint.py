@@ -25,11 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from ..random import default_generator
+from ..random import peek_default_generator
 from ..tensor import Tensor
 from . import optim_state
 from .follow import group_map, grow_state_kinds
-from ..train.checkpoint import FORMAT, VERSION, _atomic_write, _generators, _jsonable, read_metadata
+from .route import generator_states_problem, restore_generators
+from ..train.checkpoint import FORMAT, VERSION, _atomic_write, _generators, _jsonable, read_metadata, rng_state
 
 _DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float64): "F64", np.dtype(np.float16): "F16",
            np.dtype(np.int64): "I64", np.dtype(np.int32): "I32", np.dtype(np.uint8): "U8", np.dtype(np.bool_): "BOOL"}
@@ -89,8 +90,9 @@ def _meta(route, step: int, extra: dict | None) -> dict:
     if route.scheduler is not None:
         meta["scheduler"] = {"class": type(route.scheduler).__name__,
                              "state": _jsonable(route.scheduler.state_dict())}
-    meta["rng"] = {name: g.bit_generator.state for name, g in _generators(route.model).items()}
-    meta["rng_default"] = default_generator().bit_generator.state
+    # As JSON (MT19937, Philox and SFC64 keep arrays in their states), and as save_checkpoint writes them.
+    meta["rng"] = {name: rng_state(g) for name, g in _generators(route.model).items()}
+    meta["rng_default"] = rng_state(peek_default_generator())
     return meta
 
 
@@ -181,6 +183,9 @@ def load_into_streaming(route, path: str | os.PathLike) -> dict:
     optimizer = route.optimizer
     if saved["class"] != type(optimizer).__name__:
         raise ValueError(f"{path} holds {saved['class']} state but the optimizer is {type(optimizer).__name__}")
+    problem = generator_states_problem(route.model, meta.get("rng", {}))
+    if problem:  # found before the store is rewritten, not when the generators are set after it
+        raise ValueError(f"{path} {problem}")
     groups = _loaded_groups(optimizer, saved["param_groups"], path)
     index = _saved_index(optimizer, saved["param_groups"])
     store = route.store
@@ -218,12 +223,7 @@ def load_into_streaming(route, path: str | os.PathLike) -> dict:
         optimizer.state.pop(p, None)
     if route.scheduler is not None and "scheduler" in meta:
         route.scheduler.load_state_dict(meta["scheduler"]["state"])
-    generators = _generators(route.model)
-    for name, state in meta.get("rng", {}).items():
-        if name in generators:
-            generators[name].bit_generator.state = state
-    if "rng_default" in meta:
-        default_generator().bit_generator.state = meta["rng_default"]
+    restore_generators(route.model, meta.get("rng", {}), meta.get("rng_default"))
     step = int(meta["step"])
     route.step_count = step
     route._group_of = group_of

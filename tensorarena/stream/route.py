@@ -57,9 +57,9 @@ from ..memory.pool import BlockPool, aligned_bytes
 from ..nn.module import Module
 from ..optim.clip import _norm
 from ..optim.optimizer import Optimizer
-from ..random import default_generator
+from ..random import default_generator, peek_default_generator
 from ..tensor import Tensor
-from ..train.checkpoint import _generators, _jsonable
+from ..train.checkpoint import _generators, _jsonable, rng_state
 from ..train.report import NonFiniteLossError, check_step_options
 from . import optim_state
 from .buffers import StageBuffers
@@ -299,8 +299,9 @@ class StreamingRoute:
                 "param_groups": [_jsonable({k: v for k, v in g.items() if k != "params"})
                                  for g in self.optimizer.param_groups],
                 "scheduler": None if self.scheduler is None else _jsonable(self.scheduler.state_dict()),
-                "rng": {name: g.bit_generator.state for name, g in _generators(self.model).items()},
-                "rng_default": default_generator().bit_generator.state}
+                # As JSON: MT19937, Philox and SFC64 keep arrays in their states (rng_state); peek: no draw.
+                "rng": {name: rng_state(g) for name, g in _generators(self.model).items()},
+                "rng_default": rng_state(peek_default_generator())}
 
     def _resume(self) -> None:
         manifest = self.store.open()
@@ -311,6 +312,9 @@ class StreamingRoute:
         if manifest.get("param_groups_of") != self._groups_of_params():
             raise StoreError(f"the optimizer's parameter groups differ from the ones the store {where} was trained "
                              f"with; build the optimizer with the same groups (or delete the directory)")
+        problem = generator_states_problem(self.model, manifest.get("rng", {}))
+        if problem:
+            raise StoreError(f"the store {where} {problem}")
         if (manifest.get("scheduler") is None) != (self.scheduler is None):
             raise StoreError(f"the store {where} was trained {'without' if manifest.get('scheduler') is None else 'with'} "
                              f"an LR scheduler but this route was given "
@@ -320,11 +324,7 @@ class StreamingRoute:
             group.update({k: tuple(v) if k == "betas" else v for k, v in entries.items()})
         if self.scheduler is not None:
             self.scheduler.load_state_dict(manifest["scheduler"])
-        generators = _generators(self.model)
-        for name, state in manifest.get("rng", {}).items():
-            if name in generators:
-                generators[name].bit_generator.state = state
-        default_generator().bit_generator.state = manifest["rng_default"]
+        restore_generators(self.model, manifest.get("rng", {}), manifest["rng_default"])
         self.step_count = int(manifest["step"])
         self._offload_all()
 
@@ -548,11 +548,7 @@ class StreamingRoute:
         # The generators as the step left them: a caller may have put them back to before the step when it raised
         # (Trainer does, for a step it takes as not taken), and the run must go on from the state the step left
         # (the one the store records), or it would draw the masks of that step again.
-        generators = _generators(self.model)
-        for name, state in fields["rng"].items():
-            if name in generators:
-                generators[name].bit_generator.state = state
-        default_generator().bit_generator.state = fields["rng_default"]
+        restore_generators(self.model, fields["rng"], fields["rng_default"])
 
     def _refusal(self) -> str:
         """What a broken route says, and what to do."""
@@ -832,6 +828,30 @@ class _Sweep:
             if any(math.isnan(v) for v in self.norms):
                 total = math.nan
         return total
+
+
+def generator_states_problem(model: Module, states: dict[str, Any]) -> str | None:
+    """What keeps saved generator `states` (name -> JSON state) from going into `model`'s generators, in words
+    ("holds a MT19937 state for ..."); None if they fit. Asked before anything changes, as check_checkpoint does."""
+    generators = _generators(model)
+    for name, state in states.items():
+        kind = state.get("bit_generator") if isinstance(state, dict) else None
+        if name in generators and kind != type(generators[name].bit_generator).__name__:
+            return (f"holds a {kind} state for the generator {name}, which is a "
+                    f"{type(generators[name].bit_generator).__name__}; build the model with the generator the saved "
+                    f"run had")
+    return None
+
+
+def restore_generators(model: Module, states: dict[str, Any], default_state: dict | None) -> None:
+    """Put saved states (rng_state's JSON; NumPy's setters take its lists back) into `model`'s generators and the
+    default one (None: leave it). Setting a state draws nothing, so the default generator is peeked at."""
+    generators = _generators(model)
+    for name, state in states.items():
+        if name in generators:
+            generators[name].bit_generator.state = state
+    if default_state is not None:
+        peek_default_generator().bit_generator.state = default_state
 
 
 def _in_memory_bytes(stages: list[Stage], optimizer: Optimizer) -> int:
