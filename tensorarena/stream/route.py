@@ -751,6 +751,9 @@ class _Sweep:
         for k in reversed(range(n)):
             stage = route.stages[k]
             slot = self.loads.get(k)
+            # This read was queued after the write of stage k + 2 (and k + 1 may be done): a write that failed
+            # stops the step here, with its own error, before a stage is computed that could not be kept.
+            route.store.raise_failed_write()
             views = route._attach(k, slot)
             route._rng_restore(self.rng_before[k])
             for p, g in zip(stage.params, self.grad_views[k]):

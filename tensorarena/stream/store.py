@@ -732,10 +732,18 @@ class ParamStore:
         """Call before changing stage `index`'s arrays for `step`: io="map" changes the file itself, so
         the journal must say "writing" first. With io="copy" the write task journals (nothing to do).
         Refused once a write of this step failed: a stage changed after it could only widen the damage."""
-        self._refuse_after_failed_write(index)
+        self.raise_failed_write()
         if self.io == "map":
             self._mark(step, index, done=False)
             self.changed += 1
+
+    def raise_failed_write(self) -> None:
+        """Raise the error of a write of this step that failed on the I/O thread, itself (it names the file and
+        errno), so the step stops there; nothing if none failed. The caller's own check: later writes are refused
+        on the I/O thread too (_refuse_after_failed_write), but the step should not compute stages it cannot keep."""
+        failed = self._write_failed
+        if failed is not None:
+            raise failed
 
     def _refuse_after_failed_write(self, index: int) -> None:
         failed = self._write_failed
