@@ -4,7 +4,8 @@ approximate="none" (exact): gelu(x) = x * Phi(x) = x * 0.5 * (1 + erf(x / sqrt(2
 gelu'(x) = Phi(x) + x * exp(-x^2 / 2) / sqrt(2 pi).
 approximate="tanh" (Hendrycks & Gimpel 2016): u = sqrt(2/pi) * (x + 0.044715 x^3),
 gelu(x) = 0.5 x (1 + tanh u), gelu'(x) = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) sqrt(2/pi) (1 + 3 * 0.044715 x^2).
-Both as torch.nn.functional.gelu. The twins evaluate the tanh form through the exact identity
+Both as torch.nn.functional.gelu, whose float64 derivative is NaN at +-inf in both forms (x times a
+factor that is 0 there): so are the twins'. The twins evaluate the tanh form through the exact identity
 0.5 (1 + tanh u) = 1 / (1 + exp(-2u)) = s, so gelu = x s and 1 - tanh^2 u = 4 s (1 - s): one exp
 instead of a tanh and no cancellation in 1 + tanh u for negative x. The bias variants fuse the
 Linear's bias add into the activation (pre = x + bias is saved for backward) and reduce dbias
@@ -63,7 +64,9 @@ def _gelu_grad_np(x: np.ndarray, tanh: bool) -> np.ndarray:
             e = np.exp(-2.0 * _SQRT_2_PI * (x + _K * x * x * x))
             s = 1.0 / (1.0 + e)
             one_minus_s = np.where(e < 1.0, e * s, 1.0 - s)  # e * s is inf * 0 where e overflows
-        return s + 2.0 * x * s * one_minus_s * _SQRT_2_PI * (1.0 + 3.0 * _K * x * x)
+            # The unclipped x times s (1 - s) (0 beyond the clip): the same value for every finite x, and
+            # inf * 0 = NaN at +-inf, as torch's tanh-form derivative gives there (as the exact form's x * pdf)
+            return s + unclipped * (s * one_minus_s) * (2.0 * _SQRT_2_PI) * (1.0 + 3.0 * _K * x * x)
     with np.errstate(under="ignore"):  # the density underflows to 0 for |x| > ~38: correct, not an error
         pdf = np.exp(-0.5 * x * x) * _INV_SQRT_2PI
     # The unclipped x times the density (0 beyond the clip): the same value for every finite x, and
@@ -155,11 +158,13 @@ def _gelu_grad_erf(x):
 @numba.njit(inline="always", error_model="numpy")
 def _gelu_grad_tanh(x):
     lim, one = fm.like(x, _GRAD_CLIP), fm.like(x, 1.0)
-    x = -lim if x < -lim else (lim if x > lim else x)  # keeps x**3 finite, changes no result
-    e = fm.exp(fm.like(x, -2.0 * _SQRT_2_PI) * (x + fm.like(x, _K) * x * x * x))
+    c = -lim if x < -lim else (lim if x > lim else x)  # keeps x**3 finite
+    e = fm.exp(fm.like(c, -2.0 * _SQRT_2_PI) * (c + fm.like(c, _K) * c * c * c))
     s = one / (one + e)
     one_minus_s = e * s if e < one else one - s  # both computed, one selected: e * s is inf * 0 = NaN far left
-    return s + fm.like(x, 2.0 * _SQRT_2_PI) * x * s * one_minus_s * (one + fm.like(x, 3.0 * _K) * x * x)
+    # the unclipped x times s (1 - s), which is 0 beyond the clip: x * 0 = c * 0 for finite x, NaN at +-inf
+    # (torch's), as _gelu_grad_erf's x * pdf
+    return s + x * (s * one_minus_s) * fm.like(c, 2.0 * _SQRT_2_PI) * (one + fm.like(c, 3.0 * _K) * c * c)
 
 
 @numba.njit(parallel=True, **_JIT)
@@ -239,7 +244,8 @@ def _gelu_and_grad_tanh(x):
     e = fm.exp(fm.like(c, -2.0 * _SQRT_2_PI) * (c + fm.like(c, _K) * c * c * c))
     s = one / (one + e)
     one_minus_s = e * s if e < one else one - s  # as _gelu_grad_tanh
-    return x / (one + e), s + fm.like(c, 2.0 * _SQRT_2_PI) * c * s * one_minus_s * (one + fm.like(c, 3.0 * _K) * c * c)
+    # x, not c, times s (1 - s): NaN at +-inf, as _gelu_grad_tanh
+    return x / (one + e), s + x * (s * one_minus_s) * fm.like(c, 2.0 * _SQRT_2_PI) * (one + fm.like(c, 3.0 * _K) * c * c)
 
 
 @numba.njit(parallel=True, **_JIT)
