@@ -176,6 +176,7 @@ def load_into_streaming(route, path: str | os.PathLike) -> dict:
     from safetensors import safe_open
 
     route._check_open()
+    route._check_stages()  # a replaced module: the file would go into the old stages, not the model's
     meta = read_metadata(path)
     saved = meta.get("optimizer")
     if saved is None:

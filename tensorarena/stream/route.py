@@ -231,10 +231,8 @@ class StreamingRoute:
 
     # -- setup --------------------------------------------------------------------
     def _index_params(self, model: Module, optimizer: Optimizer) -> None:
-        names = {id(p): name for name, p in model.named_parameters()}
-        self._names = [[names.get(id(p), f"{s.name}.{i}") for i, p in enumerate(s.params)] for s in self.stages]
+        self._index_stages()
         self._group_of: dict[int, int] = {}
-        self._staged = {id(p): p for s in self.stages for p in s.params}
         staged = self._staged
         for gi, group in enumerate(optimizer.param_groups):
             for p in group["params"]:
@@ -243,6 +241,39 @@ class StreamingRoute:
                                      f"{type(model).__name__}.stream_stages(); the streaming route cannot update it")
                 self._group_of[id(p)] = gi
         self._placeholder = self._placeholders()
+
+    def _index_stages(self) -> None:
+        """The stages' parameter names (as model.named_parameters() says them) and id -> parameter of each."""
+        names = {id(p): name for name, p in self.model.named_parameters()}
+        self._names = [[names.get(id(p), f"{s.name}.{i}") for i, p in enumerate(s.params)] for s in self.stages]
+        self._staged = {id(p): p for s in self.stages for p in s.params}
+
+    def _check_stages(self) -> None:
+        """Refuse to go on when the model's stages no longer hold the parameters the store was built with.
+
+        A module or parameter replaced between steps (`model.head = nn.Linear(...)`) is what the eager step trains
+        from then on, but the store keeps training the old one: the run would silently leave the eager one. Moving
+        the state out and back in (to_memory(), then _reenter) builds the stages again from the model as it is.
+        """
+        now = model_stages(self.model)
+        was = [(s.name, [id(p) for p in s.params]) for s in self.stages]
+        if [(s.name, [id(p) for p in s.params]) for s in now] == was:
+            return
+        if [s.name for s in now] != [name for name, _ in was]:
+            what = (f"its stages are now {[s.name for s in now][:6]} ({len(now)}), not {[n for n, _ in was][:6]} "
+                    f"({len(was)})")
+        else:
+            names = {id(p): name for name, p in self.model.named_parameters()}
+            k = next(k for k, (s, (_, ids)) in enumerate(zip(now, was)) if [id(p) for p in s.params] != ids)
+            new = [names.get(id(p), f"parameter {i}") for i, p in enumerate(now[k].params) if id(p) not in was[k][1]]
+            what = (f"stage {now[k].name!r} now holds {', '.join(new[:4]) or 'other parameters'}, which its store "
+                    f"does not" if new else f"stage {now[k].name!r} lost parameters its store holds")
+        raise StoreError(
+            f"the model changed since this StreamingRoute started: {what} (a module or parameter replaced or added, "
+            f"e.g. model.head = nn.Linear(...)). The store trains the parameters it was built with, so training on "
+            f"would not train the model as it is. Nothing was changed. Bring the training state into memory: "
+            f"trainer.stream.to_memory() (a route of your own: route.to_memory()); the next step then moves the model "
+            f"as it is now into the store")
 
     def _placeholders(self) -> dict[int, np.ndarray]:
         """What an offloaded parameter points at: no memory, but its shape and dtype (p.dtype stays true)."""
@@ -569,11 +600,16 @@ class StreamingRoute:
         if self._broken:
             raise StoreError(self._refusal())
         self.retry_commit()  # a step whose commit failed: every use starts by committing it
+        self._check_stages()
 
     def _reenter(self) -> None:
         """After to_memory(): the training state, maybe changed in memory, goes into a new store in the same
         directory (as from_memory(..., overwrite=True) would, but the committed store stays whole until the new
         one commits: to_memory() promised to leave it as it was), and the route goes on from there."""
+        # The stages again from the model as it is: a module replaced while the state was in memory is trained
+        # from here on, as on the eager route (_check_stages refuses to train on without this).
+        self.stages = model_stages(self.model)
+        self._index_stages()
         self.kinds = optim_state.state_kinds(self.optimizer)
         self._group_of = group_map(self)
         self.store = ParamStore(self.store.directory, self._spec(self.kinds), **self._store_options)
