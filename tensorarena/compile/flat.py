@@ -252,7 +252,13 @@ class FlatState:
         self._initial_step = getattr(optimizer, "initial_step", _no_step_taken)
         self._names = {id(p): name for name, p in model.named_parameters()}
         left_out = {id(p) for p in leave_out}
-        superseded = _live_bounds()  # an older layout of these values, if any: copied out of below
+        # An older layout of these values, if any, copied out of below (_let_go). Its groups are held here until
+        # then: a garbage collection while this layout is built (an old layout in a reference cycle) would free
+        # their buffers, the new ones could be allocated at the same addresses, and _let_go would then take this
+        # layout's own parameters and gradients for the old one's and detach them (tests/test_fused_programs_hunt).
+        with _LIVE_LOCK:
+            older = list(_LIVE)
+        superseded = _bounds(older)
         self.groups: list[FlatGroup] = []
         self._group_index: list[int] = []  # each FlatGroup's position in optimizer.param_groups (several may share one)
         for index, group in enumerate(optimizer.param_groups):
@@ -272,6 +278,7 @@ class FlatState:
         with _LIVE_LOCK:
             _LIVE.update(self.groups)
         self._let_go(superseded, model)
+        del older  # now they may go
         return_freed_memory()
 
     def name(self, p: Tensor) -> str:
@@ -464,11 +471,9 @@ class FlatState:
         return total
 
 
-def _live_bounds() -> list[tuple[int, int]]:
-    """(first byte, end) of every buffer of every FlatGroup alive."""
-    with _LIVE_LOCK:
-        live = list(_LIVE)
-    return [(a.ctypes.data, a.ctypes.data + a.nbytes) for g in live for a in g.buffers() if a.size]
+def _bounds(groups: list[FlatGroup]) -> list[tuple[int, int]]:
+    """(first byte, end) of every buffer of `groups` (valid while the caller holds them)."""
+    return [(a.ctypes.data, a.ctypes.data + a.nbytes) for g in groups for a in g.buffers() if a.size]
 
 
 def _inside(a: Any, bounds: list[tuple[int, int]]) -> bool:
