@@ -108,6 +108,7 @@ class Capture:
     prepared: dict = field(default_factory=dict)
     prepared_generation: int = 0
     dispatch: tuple = ()  # kernels.dispatch_key() when recorded: the recorded calls are the kernels handed out then
+    loss_state: Any = None  # LossState of the loss function when recorded: a change records the step again
 
 
 class GradSink:
@@ -399,14 +400,20 @@ class ModelState:
     `describe_change()` names the first change found (slow; for the log)."""
 
     def __init__(self, model: "Module") -> None:
+        self._start()
+        for name, module in model.named_modules():
+            self._watch(vars(module), type(module).__name__, True, f" of {name!r}" if name else " of the model", 0)
+        named = list(model.named_parameters())
+        self._finish([n for n, _ in named], [p for _, p in named])
+
+    def _start(self) -> None:
         self.spaces: list[tuple[str, bool, str, Any]] = []  # (prefix, attributes, suffix, container): lengths compared
         self.space_keys: list[tuple] = []  # each space's keys when read (describe_change names what came or went)
         self.slots: list[tuple[str, Any, Any]] = []  # (what, container, key): each value is compared
         self.expected: list[Any] = []  # what each slot held: the value, the object, a copy, or _Same(container)
-        for name, module in model.named_modules():
-            self._watch(vars(module), type(module).__name__, True, f" of {name!r}" if name else " of the model", 0)
-        named = list(model.named_parameters())
-        self.param_names, self.params = [n for n, _ in named], [p for _, p in named]
+
+    def _finish(self, param_names: list[str], params: list[Tensor]) -> None:
+        self.param_names, self.params = param_names, params
         self.spaced = [c for *_, c in self.spaces]
         self.getters, self.wanted = self._group()
         self.lengths, _, self.grads = self._read()
@@ -491,6 +498,88 @@ class ModelState:
         return "no change"
 
 
+class _LiveNames(dict):
+    """name -> what `read(name)` gives now (a closure cell's contents, a global's value): a function's state
+    watched as a module's attributes are. The dict holds the names only; every read goes to `read`."""
+
+    def __init__(self, names: list[str], read: Any) -> None:
+        super().__init__(dict.fromkeys(names))
+        self._read = read
+
+    def __getitem__(self, name: str) -> Any:
+        return self._read(name)
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(name, self[name]) for name in self]
+
+
+_EMPTY_CELL = "<empty cell>"
+
+
+def _cell_reader(code: types.CodeType, closure: tuple) -> Any:
+    cells = dict(zip(code.co_freevars, closure))
+
+    def read(name: str) -> Any:
+        try:
+            return cells[name].cell_contents
+        except ValueError:  # a cell not bound yet
+            return _EMPTY_CELL
+    return read
+
+
+def _code_names(code: types.CodeType) -> list[str]:
+    """The global names `code` and the functions and lambdas defined in it may read."""
+    names = list(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names += _code_names(const)
+    return list(dict.fromkeys(names))
+
+
+def _loss_spaces(fn: Any, where: str, depth: int = 0) -> list[tuple[Any, str]]:
+    """(space, name) for what a loss function of the user's own may read besides its arguments: its closure
+    cells, the globals its code names, a callable object's or a bound method's instance attributes, a partial's
+    arguments. tensorarena's own functions are audited (module docstring) and not watched."""
+    if depth > _MAX_DEPTH:
+        return []
+    if isinstance(fn, functools.partial):
+        return [(list(fn.args), f"{where} args"), (fn.keywords, f"{where} keywords"),
+                *_loss_spaces(fn.func, where, depth + 1)]
+    if isinstance(fn, types.MethodType):
+        owner = fn.__self__
+        spaces = [(vars(owner), f"{where}.__self__")] if hasattr(owner, "__dict__") else []
+        return spaces + _loss_spaces(fn.__func__, where, depth + 1)
+    if isinstance(fn, types.FunctionType):
+        if (fn.__module__ or "").startswith("tensorarena."):
+            return []
+        code = fn.__code__
+        spaces = []
+        if fn.__closure__:
+            spaces.append((_LiveNames(list(code.co_freevars), _cell_reader(code, fn.__closure__)),
+                           f"{where}'s closure"))
+        names = [n for n in _code_names(code) if n in fn.__globals__]
+        if names:
+            spaces.append((_LiveNames(names, fn.__globals__.get), f"{where}'s globals"))
+        return spaces
+    if hasattr(fn, "__dict__") and not isinstance(fn, (type, types.BuiltinFunctionType, types.ModuleType)):
+        call = getattr(type(fn), "__call__", None)
+        return [(vars(fn), where), *(_loss_spaces(call, where, depth + 1) if call is not None else [])]
+    return []
+
+
+class LossState(ModelState):
+    """What the loss function reads besides its arguments (_loss_spaces), watched as ModelState watches a
+    module: a scale in a closure, a global, a loss object's attribute. A recording holds the numbers the loss
+    computed with as constants (`2.0 * loss`), so a change makes the step record again (`changed`), as the
+    Python replay, which calls the loss every step, follows it."""
+
+    def __init__(self, loss_fn: Any) -> None:
+        self._start()
+        for space, where in _loss_spaces(loss_fn, "loss_fn"):
+            self._watch(space, where, not isinstance(space, (list, tuple)), "", 0)
+        self._finish([], [])
+
+
 def changed(capture: Capture) -> str | None:
     """Why `capture` no longer does what the Python replay would, or None: the kernel dispatch changed
     (kernels.dispatch_key: the recording calls the kernels handed out when it was made, where the Python
@@ -502,6 +591,8 @@ def changed(capture: Capture) -> str | None:
     if capture.dispatch is not now and capture.dispatch != now:
         return ("the kernel dispatch changed since its step was recorded (kernels.use_reference or using, "
                 "kernels.register, gemm.use_backend or gemm_jobs.use_jobs)")
+    if capture.loss_state is not None and capture.loss_state.changed():
+        return f"the loss function's state changed since its step was recorded ({capture.loss_state.describe_change()})"
     return None
 
 
@@ -533,6 +624,7 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
                           "cannot be checked against a second batch")
     sink = step.grad_sink
     dispatch = kernels.dispatch_key()  # the kernels the recording will hold are the ones handed out now
+    loss_state = LossState(step.loss_fn)  # and the numbers the loss computes with now
     saved = _rng_states(step.model)  # every pass starts from these states, and the real steps after them
     # And from these buffers: a forward's buffer writes in training (running statistics) are the real step's
     # to make, once, as on eager; the passes' writes are compared (_left_buffers) and undone.
@@ -576,7 +668,8 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
             if (first["loss"], first["grads"]) == (second["loss"], second["grads"]):
                 return _Unchecked("the batch and the second batch give the same loss and gradients, so the "
                                   "recording cannot be checked")
-            result = Capture(tape, first["loss_buffer"], first["forward_end"], dispatch=dispatch)
+            result = Capture(tape, first["loss_buffer"], first["forward_end"], dispatch=dispatch,
+                             loss_state=loss_state)
             try:
                 again, other, random_outside = _tape_passes(step, plan, sink, result, (x, y), (xb, yb), saved,
                                                             drawn, buffers, (first["buffers"], second["buffers"]))
