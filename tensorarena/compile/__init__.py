@@ -1,10 +1,10 @@
 """Compiling a training step: trace it, plan its buffers into one slab by liveness, replay it (the fused route)."""
 
 from .planner import BufferSpec, MemoryPlan, plan_memory
-from .trace import PlanMismatchError, UnsupportedOpError, is_tracing, unsupported
+from .trace import PlanMismatchError, UnsupportedInputError, UnsupportedOpError, is_tracing, unsupported
 
-__all__ = ["BufferSpec", "MemoryPlan", "plan_memory", "PlanMismatchError", "UnsupportedOpError", "is_tracing",
-           "unsupported", "compile_step", "FusedStep"]
+__all__ = ["BufferSpec", "MemoryPlan", "plan_memory", "PlanMismatchError", "UnsupportedOpError",
+           "UnsupportedInputError", "is_tracing", "unsupported", "compile_step", "FusedStep"]
 
 
 def __getattr__(name: str):

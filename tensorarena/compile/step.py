@@ -73,7 +73,7 @@ from . import captured
 from . import targets as target_layout
 from .flat import FlatState
 from .planner import MemoryPlan, plan_memory
-from .trace import PlanMismatchError, TracedBuffer, TracingArena, UnsupportedOpError
+from .trace import PlanMismatchError, TracedBuffer, TracingArena, UnsupportedInputError, UnsupportedOpError
 
 log = logging.getLogger("tensorarena")
 
@@ -84,7 +84,20 @@ def input_array(inputs: Any) -> np.ndarray:
     """The array the model reads for `inputs`, by Tensor's own rules (as the eager route's Tensor(inputs)):
     Python floats and float16 become float32, a big-endian float32 a native one. The plan's input buffer
     has this dtype, so a replay never converts the batch into a heap copy."""
-    return inputs.data if isinstance(inputs, Tensor) else Tensor(inputs).data
+    if isinstance(inputs, Tensor):
+        return inputs.data
+    try:
+        return Tensor(inputs).data
+    except TypeError as exc:
+        if isinstance(inputs, (np.ndarray, list, tuple, int, float, np.generic)):
+            raise  # an array-like the eager route makes a Tensor of too, and fails the same way
+        # The eager route hands such a batch (a dict of arrays, a tokenizer's Encoding) to the model as it is; a
+        # plan holds its inputs in one array buffer. An UnsupportedOpError, so fallback_to_eager=True applies.
+        raise UnsupportedInputError(
+            f"the fused route holds the inputs in one array buffer, and cannot hold a batch of type "
+            f"{type(inputs).__name__} ({exc}). Pass the inputs as one array (and read the rest from the targets or "
+            f"the model), or train with route='eager' (Trainer(..., fallback_to_eager=True) falls back and logs "
+            f"why)") from None
 
 
 def _input_tensor(buffer: np.ndarray, source: Tensor) -> Tensor:
@@ -137,8 +150,9 @@ class StepPlan:
         return rows
 
     def memory_report(self) -> dict[str, int]:
-        """Bytes by kind, known before step 1: persistent (params, grads, state.*, inputs), slab, the predicted
-        peak (everything training holds) and predicted growth (what it adds to a process that has the model)."""
+        """Bytes by kind, known before step 1: persistent (params, grads, state.*, inputs; "grads outside the
+        optimizer": the .grad kept for trainable parameters in no param group), slab, the predicted peak
+        (everything training holds) and predicted growth (what it adds to a process that has the model)."""
         report = dict(self.persistent)
         report["inputs"] = self.inputs.nbytes + sum(b.nbytes for b in self.target_buffers)
         persistent = sum(report.values())
@@ -228,13 +242,14 @@ class FusedStep:
                  replay: str = "auto") -> None:
         if not isinstance(max_plans, int) or max_plans < 1:
             raise ValueError(f"max_plans must be a positive integer, got {max_plans!r}")
+        self.replay_asked = replay
         self.replay, self.replay_reason = captured.choose_replay(replay, model, loss_fn)
         log.info("fused route: %s replay (%s)", self.replay, self.replay_reason)
         self.grad_sink = captured.GradSink(self)
         # Every trace and replay runs under it (tensorarena.precision); settable between steps (the property).
         self._matmul_precision = (normalize_precision(matmul_precision) if matmul_precision is not None
                                   else get_float32_matmul_precision())
-        self.model, self.loss_fn, self.optimizer = model, loss_fn, optimizer
+        self.model, self._loss_fn, self.optimizer = model, loss_fn, optimizer
         self.scheduler, self.clip_grad_norm, self.max_plans = scheduler, clip_grad_norm, max_plans
         self.update_in_backward = resolve_update_in_backward(update_in_backward, clip_grad_norm)
         log.info("fused route: %s", "each parameter updated inside backward (no gradient buffer)"
@@ -247,6 +262,26 @@ class FusedStep:
         self.layouts = 1  # flat layouts built: 1 + one per change of the optimizer's groups or trainable set
         self.left_out: dict[int, Tensor] = {}  # id -> optimizer parameter a trace gave no gradient (not laid out)
         self.replays = 0
+
+    @property
+    def loss_fn(self) -> Callable:
+        """loss_fn(outputs, targets) -> scalar Tensor, traced into every plan."""
+        return self._loss_fn
+
+    @loss_fn.setter
+    def loss_fn(self, value: Callable) -> None:
+        """A new loss from the next step on, as a PyTorch loop that calls another function: every plan was traced
+        (and recorded) with the old loss's ops, so they are all dropped and the next step traces anew, and
+        replay="auto" chooses again (a loss of the user's own keeps the Python replay)."""
+        if not callable(value):
+            raise TypeError(f"loss_fn must be callable as loss_fn(outputs, targets), got {type(value).__name__}")
+        if value is self._loss_fn:
+            return
+        self._loss_fn = value
+        self.replay, self.replay_reason = captured.choose_replay(self.replay_asked, self.model, value)
+        log.info("fused route: a new loss_fn; its plans (%d) are traced anew at the next step, %s replay (%s)",
+                 len(self.plans), self.replay, self.replay_reason)
+        self.plans.clear()
 
     @property
     def matmul_precision(self) -> str:
@@ -388,6 +423,10 @@ class FusedStep:
                 for p in [*params, *others]:  # the others get theirs back below; None tells who got one
                     p.grad = None
                 loss = self.loss_fn(self.model(_input_tensor(x, source)), y)
+                if not isinstance(loss, Tensor):  # a float or NumPy value has no graph to differentiate
+                    raise TypeError(f"loss_fn must return the loss as a scalar Tensor, computed with tensorarena ops "
+                                    f"from the model's output, got {type(loss).__name__}; a number made with "
+                                    f".item() or NumPy has no gradient")
                 if loss.data.size != 1:
                     raise ValueError(f"loss_fn must return a scalar, got shape {loss.shape}")
                 if self.update_in_backward:
@@ -403,6 +442,10 @@ class FusedStep:
                 regained = [p for p in self.left_out.values() if p.grad is not None]
                 if no_grad or regained:
                     raise _GradientsMoved(self.flat, no_grad, regained)
+                # A trainable parameter in no optimizer group (an optimizer over the head only) keeps the
+                # gradient every backward gives it in .grad, a heap array of its own, as torch keeps it: that
+                # is memory the step holds, so the report counts it (train/route_plan.py's part of this name).
+                grads_outside = sum(p._data.nbytes for p in others if p.grad is not None)
                 if not self.update_in_backward:
                     outside = [name for name, p in self.model.named_parameters()
                                if p.grad is not None and not self.flat.owns(p)]
@@ -439,6 +482,8 @@ class FusedStep:
         if self.scheduler is not None:
             host.append(f"{type(self.scheduler).__name__}.step()")
         persistent = {**self.flat.nbytes(), **self._untrained_bytes()}
+        if grads_outside:
+            persistent["grads outside the optimizer"] = grads_outside
         plan = StepPlan(sig, buffers, memory, slab, views, x, y, host, persistent, self.matmul_precision,
                         target_buffers=target_buffers)
         log.info("fused route: traced %s (float32 products in %s)", memory.summary(), self.matmul_precision)

@@ -39,6 +39,11 @@ class UnsupportedOpError(RuntimeError):
     """The traced step used something a replayed plan cannot reproduce."""
 
 
+class UnsupportedInputError(UnsupportedOpError, TypeError):
+    """A batch the fused route cannot hold in its plan's input buffer (a dict, an object), which the eager route
+    hands to the model as it is: a TypeError, and an UnsupportedOpError, so that fallback_to_eager=True applies."""
+
+
 class PlanMismatchError(RuntimeError):
     """A replayed step asked for different buffers than the traced one (input-dependent control flow)."""
 
