@@ -32,7 +32,8 @@ That costs one more backward (and recompute) per step; the result equals eager c
 Between steps the user may change the optimizer as in a PyTorch loop (add_param_group, momentum or
 amsgrad switched on, load_state_dict): each step first brings the store in line (stream/follow.py).
 To read or change parameters themselves, to_memory() brings everything back into memory; the next
-step (or predict, or a checkpoint) moves it into the store again. A step that fails after updating
+step (or predict, or a checkpoint) moves it into the store again. A module or parameter replaced between steps
+(model.head = nn.Linear(...)) is refused until then: the move back in builds the stages again from the model. A step that fails after updating
 some stages leaves the route refusing to go on (the error says so) until a checkpoint is loaded. A step
 whose stages were all written but whose manifest commit failed (EIO, EACCES, a read-only remount) is
 whole: the route keeps that commit and takes it again first thing at the next step (or retry_commit(),
