@@ -152,8 +152,12 @@ def normalize_axes(axis, ndim: int) -> tuple[int, ...]:
     for ax in axis:
         if not -bound <= ax < bound:
             raise IndexError(f"dimension {ax} is out of range for a tensor with {ndim} dimensions")
+        if ax % bound in out:
+            # torch refuses (0, -2) on a 2-d tensor; reducing once would hide the caller's mistake
+            raise ValueError(f"dim {ax % bound} appears more than once in the dims {tuple(axis)}; name each "
+                             f"dimension once")
         out.append(ax % bound)
-    return tuple(sorted(set(out))) if ndim else ()
+    return tuple(sorted(out)) if ndim else ()
 
 
 def as_dtype(g: np.ndarray, dtype: np.dtype) -> np.ndarray:

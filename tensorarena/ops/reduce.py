@@ -49,8 +49,12 @@ def sum(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:  # noqa: A001 - t
     """Sum over `dim` (int, tuple or None for all)."""
     ad = a.data
     axes = _reduce_axes(dim, ad.ndim)
-    out = new(_reduced_shape(ad.shape, axes, keepdim), ad.dtype)
-    host(np.sum, ad, axis=axes, keepdims=keepdim, out=out)
+    # torch sums bool and integer tensors into int64: NumPy would keep the input's dtype for `out` (a bool
+    # sum would be True, not a count, and an int32 sum would wrap)
+    dtype = np.dtype(np.int64) if ad.dtype.kind in "bi" or (ad.dtype.kind == "u" and ad.dtype.itemsize < 8) \
+        else ad.dtype
+    out = new(_reduced_shape(ad.shape, axes, keepdim), dtype)
+    host(np.sum, ad, axis=axes, keepdims=keepdim, out=out, dtype=dtype)
     a_shape = ad.shape  # not ad: backward reads no values, and would keep `a`'s memory alive
 
     def backward(g):
@@ -62,8 +66,9 @@ def sum(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:  # noqa: A001 - t
 
 
 def mean(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:
-    """Mean over `dim` (int, tuple or None for all)."""
+    """Mean over `dim` (int, tuple or None for all); NaN over no elements, as in torch."""
     ad = a.data
+    _need_float(ad, "mean")
     axes = _reduce_axes(dim, ad.ndim)
     count = 1
     for ax in axes:
@@ -93,6 +98,9 @@ def max(a: Tensor, dim=None, keepdim: bool = False):  # noqa: A001 - torch's nam
 
 def _max_all(a: Tensor) -> Tensor:
     ad = a.data
+    if ad.size == 0:  # torch's refusal; NumPy's ("zero-size array to reduction operation") names no way out
+        raise RuntimeError(f"max: the tensor of shape {ad.shape} has no elements, so it has no maximum; give a "
+                           f"dim to reduce along a non-empty dimension")
     out = new((), ad.dtype)
     host(np.max, ad, out=out)
 
@@ -110,6 +118,8 @@ def _max_dim(a: Tensor, dim: int, keepdim: bool) -> MaxResult:
         _reduce_axes(dim, 0)
         ad = ad.reshape(1)
     (axis,) = normalize_axes(dim, ad.ndim)
+    if ad.shape[axis] == 0:  # as torch's IndexError; NumPy's says "attempt to get argmax of an empty sequence"
+        raise IndexError(f"max: dim {axis} has size 0 in shape {ad.shape}: there is no maximum along it")
     keep_shape = _reduced_shape(ad.shape, (axis,), True)
     shape = a.shape if a.ndim == 0 else _reduced_shape(ad.shape, (axis,), keepdim)
     idx = new(keep_shape, np.int64)
@@ -134,6 +144,7 @@ def _max_dim(a: Tensor, dim: int, keepdim: bool) -> MaxResult:
 def var(a: Tensor, dim=None, *, correction: int = 1, keepdim: bool = False) -> Tensor:
     """Variance with Bessel's correction by default (torch.var)."""
     ad = a.data
+    _need_float(ad, "var")
     axes = _reduce_axes(dim, ad.ndim)
     count = 1
     for ax in axes:
@@ -202,20 +213,34 @@ def _softmax_last(a: Tensor, x: np.ndarray, shape: tuple[int, ...]) -> Tensor:
 def log_softmax(a: Tensor, dim: int = -1) -> Tensor:
     """log(softmax(a)) along `dim`, computed without forming softmax's log."""
     ad = a.data
-    (axis,) = normalize_axes(_int_dim(dim, "log_softmax"), ad.ndim)
+    a_shape = ad.shape
+    if ad.ndim == 0:  # torch allows dim 0/-1 on a scalar: log_softmax of one element is 0
+        _reduce_axes(_int_dim(dim, "log_softmax"), 0)
+        ad, axis = ad.reshape(1), 0
+    else:
+        (axis,) = normalize_axes(_int_dim(dim, "log_softmax"), ad.ndim)
     keep = _reduced_shape(ad.shape, (axis,), True)
     out = new_like(ad)
     m = new(keep, ad.dtype)
     lse = new(keep, ad.dtype)
-    host(_log_softmax_forward, ad, axis, m, lse, out)
+    if ad.size:  # an empty input has an empty result (NumPy's max over an empty dim would raise)
+        host(_log_softmax_forward, ad, axis, m, lse, out)
 
     def backward(g):
         ga = new_like(out)
         s = new(keep, out.dtype)
-        host(_log_softmax_grad, out, g, axis, s, ga)
-        return (ga,)
+        if ga.size:
+            host(_log_softmax_grad, out, reshaped(g, out.shape), axis, s, ga)
+        return (ga.reshape(a_shape),)
 
-    return Tensor._make(out, (a,), backward, saved_output=True)
+    return Tensor._make(out.reshape(a_shape), (a,), backward, saved_output=True)
+
+
+def _need_float(ad: np.ndarray, op: str) -> None:
+    # As torch: an integer mean has no dtype to be in (NumPy would fail casting its float result into `out`).
+    if ad.dtype.kind != "f":
+        raise TypeError(f"{op}: the tensor has dtype {ad.dtype}; {op} needs a floating-point tensor: convert it "
+                        f"first (e.g. ta.Tensor(x.numpy().astype(np.float32)))")
 
 
 def _int_dim(dim, op: str) -> int:
@@ -230,7 +255,8 @@ def _int_dim(dim, op: str) -> int:
 
 def _mean_forward(ad, axes, keepdim, count, out):
     np.sum(ad, axis=axes, keepdims=keepdim, out=out)
-    out /= count
+    with np.errstate(invalid="ignore"):  # over no elements: 0 / 0 = NaN, torch's answer, not an error
+        out /= count
 
 
 def _max_all_grad(ad, out, g, ga):
@@ -257,7 +283,8 @@ def _scatter_along(ga, idx, g, axis):
 
 def _var_forward(ad, axes, keepdim, count, dof, mu, sq, out):
     np.sum(ad, axis=axes, keepdims=True, out=mu)
-    mu /= count
+    with np.errstate(invalid="ignore"):  # over no elements: NaN (var warned about dof <= 0)
+        mu /= count
     np.subtract(ad, mu, out=sq)
     np.square(sq, out=sq)
     np.sum(sq, axis=axes, keepdims=keepdim, out=out)
