@@ -11,13 +11,13 @@ from ..tensor import Tensor
 from ._base import as_tensor, grad_dtype, new, new_like, result_dtype, unbroadcast
 
 
-def _binary_out(a: Tensor, b: Tensor) -> np.ndarray:
+def _binary_out(a: Tensor, b: Tensor, dtype=None) -> np.ndarray:
     # Touch .data first: a stale operand must raise before we allocate anything.
     try:
         shape = np.broadcast_shapes(a.data.shape, b.data.shape)
     except ValueError:
         raise ValueError(f"shapes {a.shape} and {b.shape} do not broadcast") from None
-    return new(shape, result_dtype(a, b))
+    return new(shape, result_dtype(a, b) if dtype is None else dtype)
 
 
 # Every binary op's backward hands each parent its gradient in the parent's own dtype (unbroadcast's
@@ -81,9 +81,9 @@ def mul(a, b) -> Tensor:
 
 
 def div(a, b) -> Tensor:
-    """a / b, broadcasting."""
+    """a / b, broadcasting; true division, as torch's: integer / integer is float32."""
     a, b = _pair(a, b)
-    out = _binary_out(a, b)
+    out = _binary_out(a, b, _true_divide_dtype(a, b))
     bd = b.data
     host(np.divide, a.data, bd, out=out)
     # Backward never reads a; it reads the quotient only for b's gradient.
@@ -124,7 +124,10 @@ def neg(a: Tensor) -> Tensor:
 def pow(a, exponent) -> Tensor:  # noqa: A001 - torch's name
     """a ** exponent; exponent a Python number or a tensor (broadcasting)."""
     if not isinstance(exponent, Tensor):
-        return _pow_scalar(as_tensor(a), float(exponent))
+        a = as_tensor(a)
+        if a.dtype.kind != "f":
+            return _pow_integer_tensor(a, exponent)
+        return _pow_scalar(a, float(exponent))
     a, b = _pair(a, exponent)
     out = _binary_out(a, b)
     ad, bd = a.data, b.data
@@ -146,6 +149,22 @@ def pow(a, exponent) -> Tensor:  # noqa: A001 - torch's name
         return ga, gb
 
     return Tensor._make(out, (a, b), backward, saved=(a, b), saved_output=b_needs_grad)
+
+
+def _pow_integer_tensor(a: Tensor, exponent) -> Tensor:
+    """An integer (or bool) tensor to a number, with torch's dtypes: an integer power keeps the integers (int64
+    for bool), a float one is float32 (a Python float's default dtype). No gradient: integers never need one."""
+    ad = a.data
+    if isinstance(exponent, (int, np.integer)):
+        if exponent < 0:  # torch's refusal too: the result would not be an integer
+            raise ValueError(f"pow: integers to negative integer powers are not allowed (exponent {exponent}, "
+                             f"tensor dtype {ad.dtype}); use a float tensor or a float exponent")
+        out = new(ad.shape, ad.dtype if ad.dtype.kind in "iu" else np.int64)
+        host(np.power, ad, out.dtype.type(exponent), out=out)
+    else:
+        out = new(ad.shape, np.float32)
+        host(np.power, ad, float(exponent), out=out, casting="same_kind")
+    return Tensor._make(out)
 
 
 def _pow_scalar(a: Tensor, p: float) -> Tensor:
@@ -261,10 +280,13 @@ def _div_grad_b(g, quotient, bd, gb):
 
 
 def _pow_grad_a(ad, bd, g, ga):
-    # b * a^(b-1)
-    np.power(ad, bd - 1, out=ga)
-    ga *= bd
-    ga *= g
+    # b * a^(b-1), and 0 where b == 0 as torch defines it: there b * a^(b-1) would be 0 * inf = NaN at a = 0
+    # (and a divide-by-zero under np.seterr(all="raise")), so those elements are never computed
+    nonzero = np.broadcast_to(bd != 0, ga.shape)
+    ga.fill(0)
+    np.power(ad, bd - 1, out=ga, where=nonzero)
+    np.multiply(ga, bd, out=ga, where=nonzero)
+    np.multiply(ga, g, out=ga, where=nonzero)
 
 
 def _pow_grad_b(ad, bd, g, out, gb):
@@ -275,9 +297,12 @@ def _pow_grad_b(ad, bd, g, out, gb):
 
 
 def _pow_scalar_grad(ad, p, g, ga):
-    if p == 2.0:
+    if p == 0.0:  # torch: the gradient of a ** 0 is 0 everywhere (0 * a^-1 would be NaN at a = 0)
+        ga.fill(0)
+    elif p == 2.0:
         np.multiply(ad, 2.0, out=ga)
     else:
         np.power(ad, p - 1.0, out=ga)
         ga *= p
-    ga *= g
+    if p != 0.0:
+        ga *= g
