@@ -9,7 +9,7 @@ from ..kernels import kernel
 from ..compile.trace import unsupported
 from ..tape import host
 from ..tensor import Tensor
-from ._base import as_tensor, contiguous, new, reshaped, unbroadcast
+from ._base import as_tensor, contiguous, new, reshaped, result_dtype, unbroadcast
 
 
 def _normalize_index(index) -> tuple:
@@ -106,18 +106,21 @@ def where(condition, a, b) -> Tensor:
     if cond.dtype != np.bool_:
         raise TypeError(f"where: condition must be a bool array or Tensor, got dtype {cond.dtype}")
     a_is_tensor, b_is_tensor = isinstance(a, Tensor), isinstance(b, Tensor)
-    if isinstance(a, Tensor):
+    if a_is_tensor:
         b = as_tensor(b, like=a)
-    else:
-        b = as_tensor(b)
+    elif b_is_tensor:
         a = as_tensor(a, like=b)
+    else:  # two numbers: each in torch's default dtype for its kind (a Python float is float32, not float64)
+        a, b = _number(a), _number(b)
     ad, bd = a.data, b.data
     try:
         shape = np.broadcast_shapes(cond.shape, ad.shape, bd.shape)
     except ValueError:
         raise ValueError(f"where: shapes do not broadcast: condition {cond.shape}, a {ad.shape}, "
                          f"b {bd.shape}") from None
-    dtype = np.result_type(ad.dtype, bd.dtype)
+    # torch's promotion (result_dtype), not NumPy's: an int64 and a float32 give float32, and a 0-d float64
+    # tensor does not widen a float32 one
+    dtype = result_dtype(a, b)
     out = new(shape, dtype)
     host(_where_forward, cond, _operand(ad, a_is_tensor), _operand(bd, b_is_tensor), out)
     # Shapes and dtypes of the inputs needing grad: backward reads neither input's values.
@@ -139,6 +142,13 @@ def where(condition, a, b) -> Tensor:
 
     # Backward reads the condition only (a plain array condition has no counter to check).
     return Tensor._make(out, (a, b), backward, saved=(condition if isinstance(condition, Tensor) else None,))
+
+
+def _number(x) -> Tensor:
+    """A number given to `where` for both branches, as torch types it: a Python float as float32."""
+    if isinstance(x, float) and not isinstance(x, np.generic):  # np.float64 is a float subclass: it keeps float64
+        return as_tensor(np.float32(x))
+    return as_tensor(x)
 
 
 def embedding(indices, weight: Tensor) -> Tensor:
