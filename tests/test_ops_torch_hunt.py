@@ -407,6 +407,11 @@ def test_layer_norm_over_zero_features_is_empty_like_torch(impl, dtype):
     with kernels.using(impl):
         _compare(lambda x, w, b: ops.layer_norm(x, (0,), w, b), lambda x, w, b: F.layer_norm(x, (0,), w, b),
                  [np.zeros((3, 0)), np.zeros(0), np.zeros(0)], dtype)
+    # the twins' saved row statistics agree: 0 / 0 = NaN for each of the 3 rows
+    mean, rstd = np.zeros(3), np.zeros(3)
+    kernels.kernel("layer_norm_forward", impl)(np.zeros((3, 0), dtype), None, None, 1e-5, np.zeros((3, 0), dtype),
+                                               mean, rstd)
+    assert np.isnan(mean).all() and np.isnan(rstd).all()
 
 
 # -- Tensor protocol -------------------------------------------------------------------------------------------------

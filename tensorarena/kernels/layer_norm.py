@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 from . import cpu as _cpu  # noqa: F401 - before numba: it picks the vector width (cpu.py)
+del _cpu  # imported for that side effect only
 import numba
 import numpy as np
 
@@ -36,6 +37,10 @@ def layer_norm_forward_reference(x: np.ndarray, weight: np.ndarray | None, bias:
                                  out: np.ndarray, mean: np.ndarray, rstd: np.ndarray) -> None:
     """Normalise each row of x (N, D) into `out`; save mean and rstd (N,) for backward (plain NumPy)."""
     d = x.shape[1]
+    if d == 0:  # no features: an empty output (torch's) and NaN statistics (0 / 0), as the fused twin's
+        mean.fill(np.nan)
+        rstd.fill(np.nan)
+        return
     mu = x.sum(axis=1, dtype=np.float64) / d  # (N,)
     xc = x - mu[:, None]  # float64, (N, D)
     rs = 1.0 / np.sqrt((xc * xc).sum(axis=1) / d + eps)
@@ -55,6 +60,8 @@ def layer_norm_backward_reference(g: np.ndarray, x: np.ndarray, weight: np.ndarr
                                   dbias: np.ndarray | None) -> None:
     """Gradients of layer_norm_forward w.r.t. x, weight and bias from the saved mean/rstd (plain NumPy); dx may be g."""
     d = x.shape[1]
+    if d == 0:  # dx, dweight and dbias are all empty: nothing to write (the row means below would be 0 / 0)
+        return
     rs = rstd.astype(np.float64)[:, None]
     xhat = (x - mean.astype(np.float64)[:, None]) * rs  # (N, D) float64
     gw = g.astype(np.float64)

@@ -42,6 +42,9 @@ def cross_entropy(logits: Tensor, target, *, ignore_index: int = -100, label_smo
         raise ValueError(f"cross_entropy: target shape {t.shape} does not match logits shape {x.shape}: "
                          f"logits (N, C, d1, ...) need target (N, d1, ...), here {expected}")
     num_classes = x.shape[1] if x.ndim >= 2 else x.shape[0]
+    if num_classes == 0:  # torch: "Target 0 is out of bounds"; NumPy would fail reshaping to (-1, 0)
+        raise IndexError(f"cross_entropy: logits of shape {x.shape} have 0 classes, so no target is in range; the "
+                         f"class dim (dim 1, or dim 0 for unbatched logits) must not be empty")
     # The kernels take (rows, C) logits and (rows,) int64 targets: (N, C, d...) moves C last and
     # flattens to (N*d..., C), whose rows are the target's positions in C order; (C,) is one row.
     if x.ndim > 2:
