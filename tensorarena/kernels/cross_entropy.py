@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 from . import cpu as _cpu  # noqa: F401 - before numba: it picks the vector width (cpu.py)
+del _cpu  # imported for that side effect only
 import numba
 import numpy as np
 

@@ -13,6 +13,7 @@ into the output inside Numba, without the (D,) float64 temporary that part.sum(a
 from __future__ import annotations
 
 from . import cpu as _cpu  # noqa: F401 - before numba: it picks the vector width (cpu.py)
+del _cpu  # imported for that side effect only
 import numba
 import numpy as np
 

@@ -23,6 +23,7 @@ ulps, 1e-14 relative in float64 (tests/test_fastmath.py).
 from __future__ import annotations
 
 from . import cpu as _cpu  # noqa: F401 - before numba: it picks the vector width (cpu.py)
+del _cpu  # imported for that side effect only
 import numba
 import numpy as np
 

@@ -15,6 +15,7 @@ row to its mask offset from the mask's strides.
 from __future__ import annotations
 
 from . import cpu as _cpu  # noqa: F401 - before numba: it picks the vector width (cpu.py)
+del _cpu  # imported for that side effect only
 import numba
 import numpy as np
 
