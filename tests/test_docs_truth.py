@@ -534,3 +534,36 @@ def test_stream_docstring_example_runs(tmp_path):
              "steps_done": 0, "batches": batches}
     exec(compile(block, "stream/__init__.py", "exec"), scope)
     assert np.isfinite(scope["loss"]) and scope["route"].step_count == 2
+
+
+def test_dropout_replays_when_the_generator_state_is_restored():
+    rng = np.random.default_rng(3)
+    x = ta.tensor(np.ones((64, 64), np.float32))
+    state = rng.bit_generator.state
+    first = ta.ops.dropout(x, 0.5, rng=rng).numpy().copy()
+    second = ta.ops.dropout(x, 0.5, rng=rng).numpy().copy()
+    rng.bit_generator.state = state
+    np.testing.assert_array_equal(ta.ops.dropout(x, 0.5, rng=rng).numpy(), first)
+    assert not np.array_equal(first, second)  # one seed per call
+
+
+@pytest.mark.parametrize("preset,millions", [("tiny", 5.7), ("small", 22)])
+def test_vit_preset_docstrings_parameter_counts(preset, millions):
+    from tensorarena.models import ViT, ViTConfig
+
+    assert f"({millions}M parameters at 224 / 1000 classes)" in getattr(ViTConfig, preset).__doc__
+    model = ViT(getattr(ViTConfig, preset)(), rng=np.random.default_rng(0))
+    assert round(sum(p.data.size for p in model.parameters()) / 1e6, 1 if millions < 10 else 0) == millions
+
+
+def test_cli_help_default_numbers_are_the_models_defaults():
+    from tensorarena.cli import MLP_DEFAULTS, MLP_TRAIN_SIZE, model_defaults
+
+    train, plan = subparsers()["train"].format_help(), subparsers()["plan"].format_help()
+    squash = " ".join(train.split())
+    for flag, key in (("--steps", "steps"), ("--batch-size", "batch_size"), ("--lr", "lr"), ("--warmup", "warmup")):
+        said = re.search(rf"{flag} [A-Z_]+ .*?mlp ([\d.e-]+)\)", squash).group(1)
+        assert float(said) == MLP_DEFAULTS[key], flag
+    assert f"mlp {MLP_TRAIN_SIZE}" in squash
+    batches = {m: model_defaults(m)["batch_size"] for m in ("mlp", "vit-tiny", "simcse")}
+    assert f"mlp {batches['mlp']}, vit {batches['vit-tiny']}, simcse {batches['simcse']}" in " ".join(plan.split())
