@@ -180,7 +180,16 @@ class Tensor:
         return self._data.size
 
     def __len__(self) -> int:
+        if self._data.ndim == 0:  # torch's TypeError; shape[0] would raise "tuple index out of range"
+            raise TypeError("len() of a 0-d tensor")
         return self._data.shape[0]
+
+    def __iter__(self):
+        """The sub-tensors along dim 0, as torch. Without this Python would iterate through __getitem__ until an
+        IndexError, and a 0-d tensor would silently iterate as empty."""
+        if self._data.ndim == 0:
+            raise TypeError("iteration over a 0-d tensor")
+        return (self[i] for i in range(self._data.shape[0]))
 
     @property
     def is_leaf(self) -> bool:
