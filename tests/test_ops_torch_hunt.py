@@ -207,6 +207,16 @@ def test_max_of_empty_names_the_problem_like_torch():
     assert out.values.shape == tuple(ref.values.shape) and out.indices.shape == tuple(ref.indices.shape)
 
 
+# Regression (fixed): a NumPy integer as the dim of sum/mean/var/squeeze failed with "'numpy.int64' object is not
+# iterable" (only Python ints were taken as one dim); torch accepts it, as softmax/max/cat here already did.
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_numpy_integer_dims_like_torch(dtype):
+    for name in ("sum", "mean", "var"):
+        _compare(lambda x: getattr(ops, name)(x, np.int64(-2)), lambda x: getattr(torch, name)(x, -2), [_D], dtype)
+    _compare(lambda x: x.squeeze(np.int64(1)), lambda x: x.squeeze(1), [_B], dtype)
+    _compare(lambda x: ops.sum(x, np.int32(0)), lambda x: torch.sum(x, 0), [np.array(1.5)], dtype)
+
+
 # -- softmax family -------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("impl", ["fused", "reference"])

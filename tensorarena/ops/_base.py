@@ -145,7 +145,7 @@ def normalize_axes(axis, ndim: int) -> tuple[int, ...]:
     """Sorted tuple of non-negative axes; None or () means all axes (torch's convention)."""
     if axis is None or (isinstance(axis, tuple) and not axis):
         return tuple(range(ndim))
-    if isinstance(axis, int):
+    if isinstance(axis, (int, np.integer)):  # a NumPy integer too (a dim read from a shape array), as torch
         axis = (axis,)
     bound = max(ndim, 1)  # a 0-d tensor accepts dim 0 and -1, as in torch
     out = []

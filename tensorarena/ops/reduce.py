@@ -33,7 +33,7 @@ def _reduce_axes(dim, ndim: int) -> tuple[int, ...]:
     if isinstance(dim, (tuple, list)) and len(dim) == 0:
         dim = None
     if ndim == 0:
-        for ax in (() if dim is None else (dim,) if isinstance(dim, int) else dim):
+        for ax in (() if dim is None else (dim,) if isinstance(dim, (int, np.integer)) else dim):
             if ax not in (0, -1):
                 raise IndexError(f"dimension {ax} is out of range for a tensor with 0 dimensions")
         return ()

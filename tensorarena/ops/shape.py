@@ -120,7 +120,7 @@ def squeeze(a: Tensor, dim=None) -> Tensor:
     if dim is None:
         axes = tuple(i for i, n in enumerate(ad.shape) if n == 1)
     else:
-        dims = (dim,) if isinstance(dim, int) else tuple(dim)
+        dims = (dim,) if isinstance(dim, (int, np.integer)) else tuple(dim)
         # torch leaves a named dim alone when its size is not 1 instead of raising.
         axes = tuple(sorted({d for d in (_dim(x, ad.ndim, "squeeze") for x in dims)
                              if ad.ndim and ad.shape[d] == 1}))
