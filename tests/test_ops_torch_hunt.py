@@ -7,7 +7,10 @@ gradient at +-inf. Each test compares with torch, or with an exact value or erro
 failed mark a bug, now under a "# Regression (fixed):" comment saying what was wrong.
 
 Run: NUMBA_NUM_THREADS=1 python -m pytest -q -p no:cacheprovider tests/test_ops_torch_hunt.py
-(see the end of this docstring for how many fail on the base commit and how to show it).
+
+26 of these 174 tests fail on 5b48d7c, before the fixes. With this file copied into a worktree of 5b48d7c
+(git worktree add /tmp/old-ops-torch-hunt 5b48d7c), run in /tmp/old-ops-torch-hunt:
+`NUMBA_NUM_THREADS=1 timeout 900 python -m pytest -q -p no:cacheprovider tests/test_ops_torch_hunt.py`.
 """
 
 from __future__ import annotations
