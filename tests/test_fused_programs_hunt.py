@@ -7,8 +7,8 @@ dicts; detach() and no_grad() inside forward; a parameter used twice or not at a
 other sizes; float64; dropout; bool inputs; inputs the fused route cannot hold (a dict batch); a loss_fn returning
 no Tensor; a new loss_fn between steps; a flat layout built while an older one is garbage-collected.
 
-12 of its 34 tests failed on 2db448b, before the fixes (each under a "Regression (fixed)" comment); one more is a
-strict xfail that needs a change in train/trainer.py (its reason says which). To see them fail:
+13 of its 34 tests failed on 2db448b, before the fixes (each under a "Regression (fixed)" comment; the 13th, the
+Trainer.loss_fn setter, was fixed in train/trainer.py after this file was written). To see them fail:
 `git worktree add /tmp/old-programs 2db448b`, copy this file into /tmp/old-programs/tests/, then in /tmp/old-programs:
     PYTHONPATH=/tmp/old-programs NUMBA_NUM_THREADS=1 timeout 900 python -m pytest -q -p no:cacheprovider \
         tests/test_fused_programs_hunt.py
@@ -423,8 +423,8 @@ def test_a_new_loss_fn_on_the_fused_step_takes_effect_at_the_next_step(replay):
         fused.loss_fn = None
 
 
-@pytest.mark.xfail(strict=True, reason="needs train/trainer.py: Trainer.loss_fn as a property whose setter passes "
-                                       "the new loss on to self.fused (FusedStep.loss_fn), as it does the scheduler")
+# Regression (fixed): `trainer.loss_fn = new` was ignored on the fused route (the FusedStep kept the old loss);
+# Trainer.loss_fn is now a property passing the new loss on to the fused and streaming routes.
 def test_a_new_trainer_loss_fn_takes_effect_on_the_fused_route():
     def swap(i, trainer):
         if i == 2:

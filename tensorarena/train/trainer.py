@@ -61,8 +61,8 @@ class Trainer:
         clip_grad_norm: if set, global-norm gradient clipping to this value.
         route: "eager" (the define-by-run tape) or "fused" (the step traced once per batch signature
             into a static slab plan and replayed without allocating; see compile/step.py).
-        fallback_to_eager: with route="fused", a step the tracer cannot handle (UnsupportedOpError)
-            runs on the eager route instead of raising; the reason is logged once and kept in
+        fallback_to_eager: with route="fused" (or "auto"), a step the tracer cannot handle (UnsupportedOpError,
+            e.g. a dict batch) runs on the eager route instead of raising; the reason is logged once and kept in
             `fallback_reason`. Off by default: a silent change of route would hide a memory change.
         max_plans: how many fused plans (one per input shape/dtype signature) to keep, least
             recently used evicted first.
@@ -203,6 +203,22 @@ class Trainer:
             self.fused.matmul_precision = self._matmul_precision
 
     @property
+    def loss_fn(self) -> LossFn:
+        return self._loss_fn
+
+    @loss_fn.setter
+    def loss_fn(self, value: LossFn) -> None:
+        """A new loss from the next step on, on every route (as a PyTorch loop that calls another function): the
+        fused step drops the plans traced with the old one, the streaming route calls the new one."""
+        if not callable(value):
+            raise TypeError(f"loss_fn must be callable as loss_fn(outputs, targets), got {type(value).__name__}")
+        self._loss_fn = value
+        for route in (getattr(self, "fused", None), getattr(self, "stream", None)):
+            if route is not None:
+                route.loss_fn = value
+        self._route_plan_batch = None  # a route plan traced with the old loss is not this step's
+
+    @property
     def scheduler(self):
         return self._scheduler
 
@@ -240,7 +256,17 @@ class Trainer:
         return self.plan(inputs, targets, routes)
 
     def _choose_route(self, inputs: Any, targets: Any) -> None:
-        plan = self._planned_for(inputs, targets, ("fused", "streaming"))
+        from ..compile.trace import UnsupportedOpError
+
+        try:
+            plan = self._planned_for(inputs, targets, ("fused", "streaming"))
+        except UnsupportedOpError as err:  # e.g. a dict batch, which neither fused nor streaming can hold
+            if not self.fallback_to_eager:
+                raise
+            self.route, self.fallback_reason = "eager", str(err)
+            log.warning("route auto: neither the fused nor the streaming route can run this step, training on the "
+                        "eager route (its memory is not planned before step 1): %s", err)
+            return
         if plan.chosen is None:
             raise MemoryError(f"no training route fits before step 1: {plan.reason}\n{plan.format()}")
         self.route = plan.chosen
@@ -447,6 +473,7 @@ class Trainer:
         arena = Arena(pool=self.pool, name=f"step {index} arena")
         with arena:  # closed (blocks returned) before any exception below propagates
             loss = self.loss_fn(self.model(_model_input(inputs)), targets)
+            _check_loss(loss, self.loss_fn)
             loss_value = loss.item()
             if not math.isfinite(loss_value):
                 if self.on_nonfinite == "raise":
@@ -596,6 +623,17 @@ class Trainer:
         meta = load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
         self.step_count = meta["step"]
         return meta.get("extra") or {}
+
+
+def _check_loss(loss: Any, loss_fn: LossFn) -> None:
+    """The eager step differentiates what loss_fn returned: a Tensor of one value (a number has no graph)."""
+    if not isinstance(loss, Tensor):
+        raise TypeError(f"loss_fn {getattr(loss_fn, '__name__', type(loss_fn).__name__)!r} returned a "
+                        f"{type(loss).__name__}; it must return the loss as a scalar Tensor computed from the outputs "
+                        f"(a Python or NumPy number has no graph to differentiate: keep the tensor ops, drop .item())")
+    if math.prod(loss.shape) != 1:
+        raise ValueError(f"loss_fn returned a Tensor of shape {loss.shape}; it must return one value (reduce it, "
+                         f"e.g. .mean() or .sum(), as torch's backward needs a scalar)")
 
 
 def _model_input(inputs: Any) -> Any:
