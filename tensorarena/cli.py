@@ -173,8 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "fused if it fits, else streaming (simcse has no streaming route: fused if it fits)")
     train.add_argument("--memory-limit", metavar="SIZE", type=memory_size, default=None,
                        help="memory budget, e.g. 2G or 512M; binary units, 2G = 2Gi = 2GiB = 2 x 2^30 bytes; "
-                            "never above the cgroup limit less a margin (default: the cgroup limit or available "
-                            "RAM, minus a margin)")
+                            "never above the cgroup limit less a margin (default: the smaller of the cgroup limit and "
+                            "this process's RSS plus the available RAM, minus a margin)")
     train.add_argument("--store-dir", metavar="DIR", default=None,
                        help="streaming route: where parameters and optimizer state live (default: a new temporary "
                             "directory)")

@@ -567,3 +567,22 @@ def test_cli_help_default_numbers_are_the_models_defaults():
     assert f"mlp {MLP_TRAIN_SIZE}" in squash
     batches = {m: model_defaults(m)["batch_size"] for m in ("mlp", "vit-tiny", "simcse")}
     assert f"mlp {batches['mlp']}, vit {batches['vit-tiny']}, simcse {batches['simcse']}" in " ".join(plan.split())
+
+
+# Regression (fixed): --memory-limit's help said the default is "the cgroup limit or available RAM, minus a
+# margin"; resolve_budget takes the smaller of the cgroup limit and this process's RSS plus the available RAM.
+def test_memory_limit_help_states_the_default_budget_resolve_budget_computes(monkeypatch):
+    from tensorarena.memory import budget
+
+    monkeypatch.setattr(budget, "cgroup_limit", lambda: None)  # the RAM rule alone, as on a machine without a cgroup
+    monkeypatch.setattr(budget, "available_ram", lambda: 8 << 30)
+    monkeypatch.setattr(budget, "rss_bytes", lambda: 1 << 30)
+    resolved = budget.resolve_budget()
+    assert resolved.source == "this process's RSS plus the RAM still available"
+    assert resolved.nbytes + resolved.margin == 9 << 30
+    monkeypatch.setattr(budget, "cgroup_limit", lambda: (2 << 30, "the cgroup's memory.max"))
+    assert budget.resolve_budget().nbytes + budget.resolve_budget().margin == 2 << 30  # the smaller of the two
+    for command in ("train", "plan"):
+        text = " ".join(subparsers()[command].format_help().split())
+        assert ("the smaller of the cgroup limit and this process's RSS plus the available RAM, minus a margin"
+                in text), command

@@ -31,8 +31,8 @@ def add_plan_parser(sub) -> None:
                       help="examples per step (simcse: sentences, each run twice) (default: train's --batch-size "
                            "for the model: mlp 128, vit 32, simcse 16)")
     plan.add_argument("--memory-limit", metavar="SIZE", type=memory_size, default=None,
-                      help="budget, e.g. 2G (binary units, as train's) (default: the cgroup limit or available "
-                           "RAM, minus a margin)")
+                      help="budget, e.g. 2G (binary units, as train's) (default: the smaller of the cgroup limit "
+                           "and this process's RSS plus the available RAM, minus a margin)")
     plan.add_argument("--image-size", type=positive_int, default=train.get_default("image_size"),
                       help="vit: image side (224 is the models' native size)")
     plan.add_argument("--patch-size", type=positive_int, default=train.get_default("patch_size"), help="vit: patch side")
