@@ -123,9 +123,8 @@ def test_the_second_groups_hyperparameters_set_by_hand_match_eager(clip):
 
 
 def test_lr_set_by_hand_with_a_scheduler_running_matches_eager():
-    # tensorarena's schedules are closed form and own the lr (optim/lr_scheduler.py docstring, a documented
-    # difference from torch, whose chainable StepLR would end at 0.125 here): the hand-set lr lasts until the
-    # next decay, where the schedule's 0.1 * 0.5 ** 3 = 0.0125 takes over. The fused route must do the same.
+    # The schedule goes on from the hand-set lr as torch's chainable StepLR does: 0.5, halved at epochs 4 and 6,
+    # ends at 0.125. The fused route must do the same.
     def scenario(model, opt, trainer):
         _steps(trainer, 0, 3)
         opt.param_groups[0]["lr"] = 0.5
@@ -136,7 +135,8 @@ def test_lr_set_by_hand_with_a_scheduler_running_matches_eager():
                         make_sched=lambda o: optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.5))
     for replay in REPLAYS:
         assert runs[replay][3] == runs["eager"][3]
-    assert runs["eager"][3][0] == 0.5 and runs["eager"][3][-1] == 0.1 * 0.5 ** 3
+    # Regression (fixed): the closed-form schedule overwrote the hand-set lr at its next decay (0.1 * 0.5 ** 3)
+    assert runs["eager"][3][0] == 0.5 and runs["eager"][3][-1] == 0.5 * 0.5 ** 2  # torch's value
 
 
 # Regression (failed on d412136): momentum switched on by hand (0 -> 0.9) mid-run trained on eager (lazy momentum

@@ -1,17 +1,22 @@
-"""Learning-rate schedules with torch.optim.lr_scheduler semantics, computed in closed form.
+"""Learning-rate schedules with torch.optim.lr_scheduler semantics, in torch's chainable form.
 
-Call `scheduler.step()` after `optimizer.step()`. Each scheduler computes the lr
-of step `last_epoch` directly from the base lrs (torch's `_get_closed_form_lr`)
-instead of torch's recursive update of the current lr: the two are equal in exact
-arithmetic, the closed form does not drift, and a traced/replayed step can
-evaluate it from the step count alone. One consequence: a scheduler owns the lr
-of its groups. Edits to `group["lr"]` and two schedulers chained on one optimizer
-(torch's ChainedScheduler idiom) are overwritten at the next step, not composed.
-`SequentialLR` (switching schedulers at milestones) works as in torch.
+Call `scheduler.step()` after `optimizer.step()`. As torch's, each step updates the lr each group has now
+(ExponentialLR multiplies it by gamma, StepLR at every step_size-th epoch, ...), so the schedule composes with
+what else changes the lr: an lr edited by hand between steps goes on from the edited value, two schedulers on
+one optimizer chain (each multiplies what the other left), and a group added with `add_param_group` goes on
+from its own lr. The same float operations as torch's give the same lrs, bit for bit.
 
-Resuming with `last_epoch=k` sets the lr of epoch k + 1 from the closed form;
-torch instead keeps the group's current lr at construction and continues
-recursively from it. Restoring with `load_state_dict` behaves the same in both.
+Where torch uses the closed form from the base lrs (`initial_lr`), so does this module: at a SequentialLR
+milestone (torch's `_update_lr(0)`) and at a CosineAnnealingLR restart. A group added after the scheduler was
+built has no base lr in torch, which then fails there ("zip() argument 2 is longer than argument 1"); here it
+joins with its lr when first seen as its base lr (`initial_lr`, kept by optimizer.state_dict()).
+
+`get_lr()` is the closed form at `last_epoch`: pure (it steps and sets nothing), unlike torch's, which applies
+one more chainable step to the current lrs. `get_last_lr()` is what the last step set.
+
+Resuming with `last_epoch=k` sets the lr a fresh schedule sets at epoch k + 1 (its steps replayed from
+`initial_lr`, bit for bit what an uninterrupted run has); torch instead keeps the group's current lr at
+construction. Restoring with `load_state_dict` behaves the same in both.
 """
 
 from __future__ import annotations
@@ -62,7 +67,8 @@ def _power_lr(base_lr: float, gamma: float, n: int) -> float:
 
 
 class LRScheduler:
-    """Base class: sets each group's lr to `base_lr * factor(last_epoch)` at construction and every `step()`."""
+    """Base class. Each `step()` advances `last_epoch` and updates every group's current lr (`_chain`, torch's
+    `get_lr`); `_lr` is the closed form from the base lrs (torch's `_get_closed_form_lr`) for explicit epochs."""
 
     def __init__(self, optimizer: Optimizer, last_epoch: int = -1) -> None:
         if not isinstance(optimizer, Optimizer):
@@ -79,21 +85,40 @@ class LRScheduler:
                                    f"scheduler with last_epoch={last_epoch}; load the optimizer's state_dict first")
         self.base_lrs: list[float] = [group["initial_lr"] for group in optimizer.param_groups]
         self.last_epoch = last_epoch
-        self._initial_step()
+        if last_epoch == -1:
+            self._initial_step()
+        else:
+            self._resume()
 
     def _initial_step(self) -> None:
-        self._step_count = 0
-        self.step()
+        """torch's step at construction, to epoch 0 (SequentialLR calls it for the scheduler it starts with)."""
+        self._step_count = 1
+        self._update_lr(initial=True)
 
-    def _factor(self, epoch: int) -> float:
-        """Multiplier of the base lr at `epoch` (subclasses)."""
-        raise NotImplementedError
+    def _resume(self) -> None:
+        """Construction with last_epoch=k: the lrs a fresh run of this schedule sets at epoch k + 1, its steps
+        replayed from initial_lr so that they are bit for bit an uninterrupted run's (torch keeps the current lr)."""
+        self._step_count = 1
+        lrs = []
+        for base_lr in self.base_lrs:
+            lr = self._chain(base_lr, base_lr, 0, initial=True)
+            for epoch in range(1, self.last_epoch + 2):
+                lr = self._chain(lr, base_lr, epoch)
+            lrs.append(lr)
+        self.last_epoch += 1
+        self._set_lrs(lrs)
 
     def _lr(self, base_lr: float, epoch: int) -> float:
-        return base_lr * self._factor(epoch)
+        """Closed form: the lr at `epoch` of a group whose base lr is `base_lr` (subclasses)."""
+        raise NotImplementedError
+
+    def _chain(self, lr: float, base_lr: float, epoch: int, initial: bool = False) -> float:
+        """torch's chainable step: the lr at `epoch` of a group whose lr is now `lr` (subclasses). `initial` is
+        the step at construction (torch's `_is_initial`), where some schedules keep the lr as it is."""
+        raise NotImplementedError
 
     def get_lr(self) -> list[float]:
-        """The lr of every group at `last_epoch` (pure: does not step or set anything)."""
+        """The closed-form lr of every group at `last_epoch` (pure: does not step or set anything)."""
         return [self._lr(base_lr, self.last_epoch) for base_lr in self.base_lrs]
 
     def get_last_lr(self) -> list[float]:
@@ -101,21 +126,39 @@ class LRScheduler:
         return list(self._last_lr)
 
     def step(self) -> None:
-        """Advance one step and set the groups' lr (call after optimizer.step())."""
+        """Advance one step and update the groups' lr (call after optimizer.step())."""
         self._step_count += 1
         self._update_lr()
 
     def _adopt_added_groups(self) -> None:
-        """Param groups added since (optimizer.add_param_group) join the schedule with their own lr as their
-        base lr: the same closed form from the current epoch. Before, the next step updated every parameter
-        and then failed here (zip of more groups than base lrs), half-applied."""
+        """Param groups added since (optimizer.add_param_group) join with their lr now as base lr (initial_lr): the
+        chainable steps go on from their lr, and the closed form (a milestone, a cosine restart) needs a base lr."""
+        self._check_base_lrs(self.base_lrs)
         for group in self.optimizer.param_groups[len(self.base_lrs):]:
             self.base_lrs.append(group.setdefault("initial_lr", group["lr"]))
 
-    def _update_lr(self, epoch: int | None = None) -> None:
+    def _check_base_lrs(self, base_lrs: list[float]) -> None:
+        """More base lrs than groups: a state saved with another optimizer (groups are only ever added)."""
+        n = len(self.optimizer.param_groups)
+        if len(base_lrs) > n:
+            raise ValueError(f"{type(self).__name__}: the scheduler state has {len(base_lrs)} base lrs but the "
+                             f"optimizer has {n} param groups; load the state saved with this optimizer's state")
+
+    def _update_lr(self, epoch: int | None = None, *, initial: bool = False) -> None:
+        """One step: the next epoch from each group's current lr, or (torch's explicit epoch, which SequentialLR
+        uses at a milestone) `epoch` in closed form from the base lrs."""
         self._adopt_added_groups()
-        self.last_epoch = self.last_epoch + 1 if epoch is None else epoch
-        for group, lr in zip(self.optimizer.param_groups, self.get_lr(), strict=True):
+        if epoch is None:
+            self.last_epoch += 1
+            lrs = [self._chain(group["lr"], base_lr, self.last_epoch, initial)
+                   for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs, strict=True)]
+        else:
+            self.last_epoch = epoch
+            lrs = self.get_lr()
+        self._set_lrs(lrs)
+
+    def _set_lrs(self, lrs: list[float]) -> None:
+        for group, lr in zip(self.optimizer.param_groups, lrs, strict=True):
             group["lr"] = lr
         self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
@@ -134,6 +177,8 @@ class LRScheduler:
         if unknown:
             raise ValueError(f"scheduler state has keys {sorted(unknown)} that {type(self).__name__} does not "
                              f"have; was it saved from a different scheduler?")
+        # Regression (fixed): this loaded, and every later step failed with zip()'s "argument 2 is shorter".
+        self._check_base_lrs(state_dict.get("base_lrs", self.base_lrs))
         self.__dict__.update({k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in state_dict.items()})
 
     def __repr__(self) -> str:
@@ -141,7 +186,7 @@ class LRScheduler:
 
 
 class ConstantLR(LRScheduler):
-    """lr = base_lr * factor until `total_iters`, then base_lr (torch's defaults: factor 1/3 for 5 steps)."""
+    """lr * factor from epoch 0 until `total_iters`, where the factor is undone (torch's defaults: 1/3 for 5 steps)."""
 
     def __init__(self, optimizer: Optimizer, factor: float = 1.0 / 3, total_iters: int = 5,
                  last_epoch: int = -1) -> None:
@@ -150,13 +195,24 @@ class ConstantLR(LRScheduler):
         super().__init__(optimizer, last_epoch)
 
     def _lr(self, base_lr: float, epoch: int) -> float:
-        if self.total_iters == 0:
-            return base_lr * self.factor  # torch's recursive form never lifts the factor in this case
+        # Regression (fixed): with total_iters=0 this gave base_lr * factor; torch's closed form (a SequentialLR
+        # milestone) gives base_lr. (Its chainable steps keep the factor: epoch 0 applies it, none undoes it.)
         return base_lr * (self.factor + (epoch >= self.total_iters) * (1 - self.factor))
+
+    def _chain(self, lr: float, base_lr: float, epoch: int, initial: bool = False) -> float:
+        if epoch == 0:
+            return lr * self.factor
+        if epoch != self.total_iters:
+            return lr
+        if self.factor == 0:
+            # torch divides by the factor here (ZeroDivisionError). No lr is left to undo a factor of 0 from, so
+            # the group returns to its base lr, as the closed form gives.
+            return base_lr
+        return lr * (1.0 / self.factor)
 
 
 class LinearLR(LRScheduler):
-    """lr = base_lr * factor, factor going linearly from start_factor to end_factor over `total_iters` steps."""
+    """lr * factor, the factor going linearly from start_factor to end_factor over `total_iters` steps."""
 
     def __init__(self, optimizer: Optimizer, start_factor: float = 1.0 / 3, end_factor: float = 1.0,
                  total_iters: int = 5, last_epoch: int = -1) -> None:
@@ -167,13 +223,24 @@ class LinearLR(LRScheduler):
 
     def _lr(self, base_lr: float, epoch: int) -> float:
         if self.total_iters == 0:
-            return base_lr * self.start_factor  # torch's recursive form never leaves the start factor
+            # torch divides by total_iters here (ZeroDivisionError); its chainable steps hold the start factor
+            return base_lr * self.start_factor
         return base_lr * (self.start_factor + (self.end_factor - self.start_factor)
                           * min(self.total_iters, epoch) / self.total_iters)
 
+    def _chain(self, lr: float, base_lr: float, epoch: int, initial: bool = False) -> float:
+        if epoch == 0:
+            return lr * self.start_factor
+        if initial or epoch > self.total_iters:
+            return lr
+        # the ratio of consecutive factors; the denominator is > 0 as start_factor > 0 and epoch <= total_iters
+        return lr * (1.0 + (self.end_factor - self.start_factor)
+                     / (self.total_iters * self.start_factor + (epoch - 1) * (self.end_factor - self.start_factor)))
+
 
 class CosineAnnealingLR(LRScheduler):
-    """lr = eta_min + (base_lr - eta_min) * (1 + cos(pi * epoch / T_max)) / 2 (periodic past T_max, as torch)."""
+    """eta_min + (lr - eta_min) scaled by the ratio of consecutive (1 + cos(pi * epoch / T_max)); at each restart
+    (epoch T_max + 1, 3 T_max + 1, ...) the lr rises from eta_min by a step of the base lr's curve, as torch's."""
 
     def __init__(self, optimizer: Optimizer, T_max: int, eta_min: float = 0.0, last_epoch: int = -1) -> None:
         self.T_max = _check_int("T_max", T_max, 1)
@@ -183,9 +250,19 @@ class CosineAnnealingLR(LRScheduler):
     def _lr(self, base_lr: float, epoch: int) -> float:
         return self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * epoch / self.T_max)) / 2
 
+    def _chain(self, lr: float, base_lr: float, epoch: int, initial: bool = False) -> float:
+        # (torch's branch for _step_count == 1 with last_epoch > 0 is the closed form after a resume by
+        # last_epoch; here _resume replays the steps instead.)
+        if initial:
+            return lr
+        if (epoch - 1 - self.T_max) % (2 * self.T_max) == 0:  # the previous epoch was a trough: 1 + cos = 0
+            return lr + (base_lr - self.eta_min) * (1 - math.cos(math.pi / self.T_max)) / 2
+        return ((1 + math.cos(math.pi * epoch / self.T_max)) / (1 + math.cos(math.pi * (epoch - 1) / self.T_max))
+                * (lr - self.eta_min) + self.eta_min)
+
 
 class StepLR(LRScheduler):
-    """lr = base_lr * gamma ** (epoch // step_size) (inf once that passes the float range, as torch's)."""
+    """lr * gamma at every `step_size`-th epoch (inf once that passes the float range, as torch's)."""
 
     def __init__(self, optimizer: Optimizer, step_size: int, gamma: float = 0.1, last_epoch: int = -1) -> None:
         self.step_size = _check_int("step_size", step_size, 1)
@@ -195,9 +272,14 @@ class StepLR(LRScheduler):
     def _lr(self, base_lr: float, epoch: int) -> float:
         return _power_lr(base_lr, self.gamma, epoch // self.step_size)
 
+    def _chain(self, lr: float, base_lr: float, epoch: int, initial: bool = False) -> float:
+        if epoch == 0 or epoch % self.step_size != 0:
+            return lr
+        return lr * self.gamma
+
 
 class ExponentialLR(LRScheduler):
-    """lr = base_lr * gamma ** epoch (inf once that passes the float range, as torch's)."""
+    """lr * gamma every epoch (inf once that passes the float range, as torch's)."""
 
     def __init__(self, optimizer: Optimizer, gamma: float, last_epoch: int = -1) -> None:
         self.gamma = _check_float("gamma", gamma, 0.0)
@@ -205,6 +287,9 @@ class ExponentialLR(LRScheduler):
 
     def _lr(self, base_lr: float, epoch: int) -> float:
         return _power_lr(base_lr, self.gamma, epoch)
+
+    def _chain(self, lr: float, base_lr: float, epoch: int, initial: bool = False) -> float:
+        return lr if initial else lr * self.gamma
 
 
 class SequentialLR(LRScheduler):
