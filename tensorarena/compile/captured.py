@@ -364,7 +364,7 @@ def _copy(v: Any) -> Any:
         return [_copy(x) for x in v]
     if isinstance(v, tuple):
         return tuple(_copy(x) for x in v)
-    return v
+    return _Same(v) if isinstance(v, Tensor) else v  # a Parameter by identity: Tensor == is elementwise
 
 
 def _entry(prefix: str, key: Any, attributes: bool) -> str:
@@ -440,7 +440,7 @@ class ModelState:
             if isinstance(v, np.ndarray) or (isinstance(v, Tensor) and not isinstance(v, Parameter)):
                 continue  # data, not config (the space's length still notices it going away)
             if isinstance(v, _PLAIN + _SAME):
-                self._slot(what, space, key, v)
+                self._slot(what, space, key, _Same(v) if isinstance(v, Tensor) else v)  # == is elementwise
             elif isinstance(v, _CONTAINERS):
                 copyable = _copyable(v, depth + 1, [_MAX_LEAVES])
                 if copyable:
