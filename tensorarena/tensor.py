@@ -37,6 +37,10 @@ class Tensor:
     _parents: tuple = ()  # in the graph a tensor is always a leaf node (autograd.graph_node)
     _saved: tuple = ()  # ... which saved nothing for a backward (autograd.check_saved)
     __array_priority__ = 1000  # make `ndarray + Tensor` defer to Tensor.__radd__
+    # == is elementwise (ops/_sugar.py), as torch's; hashing stays identity, as torch's, so a tensor keys a dict
+    # or a set by the object it is (dict and set lookups try `is` before ==). Lists are another matter:
+    # `p in params` / `params.index(p)` ask == of every other tensor they meet: the engine compares ids instead.
+    __hash__ = object.__hash__
 
     def __init__(self, data: Any, *, dtype=None, requires_grad: bool = False) -> None:
         source = data.data if isinstance(data, Tensor) else data  # .data: a stale tensor raises here
@@ -329,10 +333,21 @@ class Tensor:
         return f"tensor({body}, dtype={self._data.dtype}{extra})"
 
     def __bool__(self) -> bool:
-        return bool(self.data)
+        """The truth of a one-element tensor; more or fewer elements raise, as in torch."""
+        d = self.data
+        if d.size != 1:
+            what = "no values" if d.size == 0 else "more than one value"
+            raise RuntimeError(f"Boolean value of Tensor with {what} is ambiguous (shape {d.shape}): reduce it "
+                               f"first, e.g. `(a == b).all()` or `t.any()`, or compare whole tensors with "
+                               f"`ta.equal(a, b)`")
+        return bool(d.reshape(()))
 
     def __float__(self) -> float:
         return float(self.item())
+
+    def __int__(self) -> int:
+        """int() of a one-element tensor, truncated toward zero (as int() of its float)."""
+        return int(self.item())
 
 
 def tensor(data: Any, *, dtype=None, requires_grad: bool = False) -> Tensor:

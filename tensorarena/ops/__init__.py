@@ -2,13 +2,14 @@
 
 from .arith import add, div, mul, neg, pow, sub
 from .attention import bias_gelu, bias_gelu_linear, packed_self_attention, scaled_dot_product_attention
+from .compare import allclose, eq, equal, ge, gt, le, lt, ne
 from .index import embedding, getitem, where
 from .linalg import linear, matmul
 from .loss import cross_entropy, mse_loss
 from .nn_ops import dropout, layer_norm
-from .reduce import log_softmax, max, mean, softmax, sum, var
+from .reduce import all, any, argmax, argmin, log_softmax, max, mean, softmax, sum, var
 from .shape import cat, clone, expand, flatten, permute, reshape, squeeze, stack, transpose, unsqueeze
-from .unary import exp, gelu, log, relu, sigmoid, sqrt, tanh
+from .unary import abs, exp, gelu, log, relu, sigmoid, sqrt, tanh
 from ._sugar import install as _install_sugar
 
 _install_sugar()  # attaches the methods and operators to Tensor, once, when ops is first imported
@@ -20,5 +21,6 @@ __all__ = [
     "softmax", "log_softmax", "sum", "mean", "max", "var", "matmul", "linear", "reshape", "transpose",
     "permute", "clone", "expand", "unsqueeze", "squeeze", "flatten", "cat", "concat", "stack", "getitem", "where",
     "embedding", "dropout", "layer_norm", "cross_entropy", "mse_loss", "scaled_dot_product_attention", "bias_gelu",
-    "packed_self_attention", "bias_gelu_linear",
+    "packed_self_attention", "bias_gelu_linear", "abs", "argmax", "argmin", "all", "any", "eq", "ne", "lt", "le",
+    "gt", "ge", "equal", "allclose",
 ]

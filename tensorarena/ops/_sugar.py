@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..tensor import Tensor
-from . import arith, index, linalg, reduce, shape, unary
+from . import arith, cast, compare, index, linalg, reduce, shape, unary
 
 
 def install() -> None:
@@ -27,12 +27,21 @@ def install() -> None:
     T.__matmul__ = lambda a, b: linalg.matmul(a, b)
     T.__rmatmul__ = lambda a, b: linalg.matmul(b, a)
     T.__getitem__ = lambda a, idx: index.getitem(a, idx)
+    T.__abs__ = lambda a: unary.abs(a)
+    # Elementwise, as torch's; Python reflects `1 < t` to `t > 1` itself. __hash__ stays identity (tensor.py).
+    T.__eq__, T.__ne__ = compare.comparison_operator(compare.eq), compare.comparison_operator(compare.ne)
+    T.__lt__, T.__le__ = compare.comparison_operator(compare.lt), compare.comparison_operator(compare.le)
+    T.__gt__, T.__ge__ = compare.comparison_operator(compare.gt), compare.comparison_operator(compare.ge)
+    T.eq, T.ne, T.lt, T.le, T.gt, T.ge = compare.eq, compare.ne, compare.lt, compare.le, compare.gt, compare.ge
+    T.equal, T.allclose = compare.equal, compare.allclose
     T.add, T.sub, T.mul, T.div = arith.add, arith.sub, arith.mul, arith.div
     T.neg, T.pow, T.matmul = arith.neg, arith.pow, linalg.matmul
     T.exp, T.log, T.sqrt, T.tanh = unary.exp, unary.log, unary.sqrt, unary.tanh
-    T.relu, T.sigmoid, T.gelu = unary.relu, unary.sigmoid, unary.gelu
+    T.relu, T.sigmoid, T.gelu, T.abs = unary.relu, unary.sigmoid, unary.gelu, unary.abs
     T.sum, T.mean, T.max, T.var = reduce.sum, reduce.mean, reduce.max, reduce.var
+    T.argmax, T.argmin, T.all, T.any = reduce.argmax, reduce.argmin, reduce.all, reduce.any
     T.softmax, T.log_softmax = reduce.softmax, reduce.log_softmax
+    T.float, T.double, T.long, T.int, T.bool = cast.to_float, cast.to_double, cast.to_long, cast.to_int, cast.to_bool
     T.reshape = T.view = shape.reshape
     T.clone = shape.clone
     T.transpose, T.permute, T.flatten = shape.transpose, shape.permute, shape.flatten

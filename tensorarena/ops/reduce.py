@@ -1,4 +1,4 @@
-"""Reductions over axes (keepdim as in torch): sum mean max var, and softmax / log_softmax."""
+"""Reductions over axes (keepdim as in torch): sum mean max var argmax argmin all any, and softmax / log_softmax."""
 
 from __future__ import annotations
 
@@ -139,6 +139,60 @@ def _max_dim(a: Tensor, dim: int, keepdim: bool) -> MaxResult:
     indices_t = Tensor._make(idx.reshape(shape))
     values_t = Tensor._make(values.reshape(shape), (a,), backward, saved=(indices_t,))
     return MaxResult(values_t, indices_t)
+
+
+def argmax(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:
+    """int64 index of the first maximum (the first NaN if any), of the flattened tensor or along `dim` (torch's)."""
+    return _arg_extreme(a, dim, keepdim, np.argmax, "argmax")
+
+
+def argmin(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:
+    """int64 index of the first minimum (the first NaN if any), of the flattened tensor or along `dim` (torch's)."""
+    return _arg_extreme(a, dim, keepdim, np.argmin, "argmin")
+
+
+def _arg_extreme(a: Tensor, dim, keepdim: bool, fn, op: str) -> Tensor:
+    # An index has no gradient: the result is outside the graph whatever `a` is.
+    ad = a.data
+    if ad.dtype == np.bool_:  # as torch, which refuses bool here
+        raise TypeError(f"{op}: the tensor is bool; convert it first (t.long())")
+    if dim is None:
+        if ad.size == 0:  # torch's IndexError; NumPy's "attempt to get argmax of an empty sequence" names no way out
+            raise IndexError(f"{op}: the tensor of shape {ad.shape} has no elements; give a dim to reduce along a "
+                             f"non-empty dimension")
+        out = new((1,) * ad.ndim if keepdim else (), np.int64)  # keepdim: every dimension kept as 1, as torch
+        host(fn, ad, axis=None, out=out, keepdims=keepdim)
+        return Tensor._make(out)
+    dim = _int_dim(dim, op)
+    if ad.ndim == 0:  # torch allows dim 0/-1 on a scalar: it is its own extreme, at index 0
+        _reduce_axes(dim, 0)
+        out = new((), np.int64)
+        host(np.copyto, out, 0)
+        return Tensor._make(out)
+    (axis,) = normalize_axes(dim, ad.ndim)
+    if ad.shape[axis] == 0:
+        raise IndexError(f"{op}: dim {axis} has size 0 in shape {ad.shape}: there is no extreme along it")
+    out = new(_reduced_shape(ad.shape, (axis,), keepdim), np.int64)
+    host(fn, ad, axis=axis, out=out, keepdims=keepdim)
+    return Tensor._make(out)
+
+
+def all(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:  # noqa: A001 - torch's name
+    """Whether every element (over `dim`) is nonzero: bool (uint8 for a uint8 tensor, as torch)."""
+    return _logical(a, dim, keepdim, np.all)
+
+
+def any(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:  # noqa: A001 - torch's name
+    """Whether some element (over `dim`) is nonzero: bool (uint8 for a uint8 tensor, as torch)."""
+    return _logical(a, dim, keepdim, np.any)
+
+
+def _logical(a: Tensor, dim, keepdim: bool, fn) -> Tensor:
+    ad = a.data
+    axes = _reduce_axes(dim, ad.ndim)
+    out = new(_reduced_shape(ad.shape, axes, keepdim), np.uint8 if ad.dtype == np.uint8 else np.bool_)
+    host(fn, ad, axis=axes, out=out, keepdims=keepdim)
+    return Tensor._make(out)  # a truth value has no gradient
 
 
 def var(a: Tensor, dim=None, *, correction: int = 1, keepdim: bool = False) -> Tensor:

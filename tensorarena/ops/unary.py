@@ -1,4 +1,4 @@
-"""Elementwise functions and activations: exp log sqrt tanh relu gelu sigmoid."""
+"""Elementwise functions and activations: exp log sqrt tanh abs relu gelu sigmoid."""
 
 from __future__ import annotations
 
@@ -66,6 +66,23 @@ def tanh(a: Tensor) -> Tensor:
     return Tensor._make(out, (a,), backward, saved_output=True)
 
 
+def abs(a: Tensor) -> Tensor:  # noqa: A001 - torch's name
+    """|a|; the gradient is sign(a) * g, so 0 at 0, as torch's."""
+    ad = a.data
+    if ad.dtype == np.bool_:  # as torch, which has no abs for bool
+        raise TypeError("abs: the tensor is bool, which has no absolute value; convert it first (t.long() or "
+                        "t.float())")
+    out = new_like(ad)
+    host(np.abs, ad, out=out)
+
+    def backward(g):
+        ga = new_like(ad)
+        host(_abs_grad, ad, g, ga)
+        return (ga,)
+
+    return Tensor._make(out, (a,), backward, saved=(a,))
+
+
 def relu(a: Tensor) -> Tensor:
     """max(a, 0); gradient 0 at 0, as torch."""
     ad = a.data
@@ -107,6 +124,11 @@ def _sqrt_grad(out, g, ga):
 def _tanh_grad(out, g, ga):
     np.square(out, out=ga)
     np.subtract(1.0, ga, out=ga)
+    ga *= g
+
+
+def _abs_grad(ad, g, ga):
+    np.sign(ad, out=ga)  # 0 at +-0: the subgradient torch picks
     ga *= g
 
 

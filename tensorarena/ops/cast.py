@@ -1,0 +1,60 @@
+"""Dtype conversions: float() double() long() int() bool(), as torch's Tensor methods."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..tape import host
+from ..tensor import Tensor
+from ._base import as_dtype, new
+
+
+def to_dtype(a: Tensor, dtype) -> Tensor:
+    """`a` converted to `dtype`: `a` itself if it already is (as torch); float to float keeps the gradient
+    (handed back in a's dtype), a result that is no float has none (torch: an integer tensor has no gradient)."""
+    dtype = np.dtype(dtype)
+    ad = a.data
+    if ad.dtype == dtype:
+        return a
+    out = new(ad.shape, dtype)
+    host(_convert, out, ad)
+    if dtype.kind != "f":
+        return Tensor._make(out)
+    source = ad.dtype
+
+    def backward(g):
+        return (as_dtype(g, source),)
+
+    return Tensor._make(out, (a,), backward)  # records nothing unless `a` requires grad (a float)
+
+
+def to_float(a: Tensor) -> Tensor:
+    """a as float32 (torch's Tensor.float)."""
+    return to_dtype(a, np.float32)
+
+
+def to_double(a: Tensor) -> Tensor:
+    """a as float64 (torch's Tensor.double)."""
+    return to_dtype(a, np.float64)
+
+
+def to_long(a: Tensor) -> Tensor:
+    """a as int64 (torch's Tensor.long), truncated toward zero."""
+    return to_dtype(a, np.int64)
+
+
+def to_int(a: Tensor) -> Tensor:
+    """a as int32 (torch's Tensor.int), truncated toward zero."""
+    return to_dtype(a, np.int32)
+
+
+def to_bool(a: Tensor) -> Tensor:
+    """a != 0 as a bool tensor (torch's Tensor.bool)."""
+    return to_dtype(a, np.bool_)
+
+
+def _convert(out: np.ndarray, ad: np.ndarray) -> None:
+    # float64 -> float32 rounds a tiny value to 0 and a huge one to inf: torch's answer, not an error (NumPy's
+    # seterr would raise on it). Float to int truncates toward zero, as torch; NaN to int stays NumPy's error.
+    with np.errstate(under="ignore", over="ignore"):
+        np.copyto(out, ad, casting="unsafe")
