@@ -256,22 +256,27 @@ def test_add_param_group_under_a_schedule_trains_alike_on_every_route(opt_name, 
     _, opt, sched, lrs = runs["eager"]
     # The added group trained from its first step (its weights moved) and counts its own steps: 5 of 8.
     assert [float(opt.state[p]["step"]) for p in opt.param_groups[1]["params"]] == [5.0, 5.0]
-    # The groups present at construction follow torch's schedule exactly; the added one joins the closed form
-    # with its own lr as base lr (lr_scheduler._adopt_added_groups): 0.05 * factor(epoch) from the step it joined.
-    model = torch.nn.Linear(2, 2)
-    topt = torch.optim.SGD(model.parameters(), lr=opt.param_groups[0]["initial_lr"])
+    # Every group follows torch's chainable schedule: the added one goes on from the lr it was added with (each
+    # step scales the lr a group has). Torch's schedulers track only the groups present at construction
+    # (base_lrs), which a milestone or a restart reads: the added group's base lr is appended there by hand, as
+    # tensorarena adopts it (its lr when added), where torch would fail or skip it.
+    w0, w1 = torch.zeros(2, requires_grad=True), torch.zeros(2, requires_grad=True)
+    topt = torch.optim.SGD([w0], lr=opt.param_groups[0]["initial_lr"])
     tsched = {"step": lambda o: TLS.StepLR(o, 2, 0.5),
               "warmup-cosine": lambda o: TLS.SequentialLR(o, [TLS.LinearLR(o, 1e-3, 1.0, 2),
                                                               TLS.CosineAnnealingLR(o, 6)], [2])}[sched_name](topt)
-    factor = []
-    for _ in range(8):
+    want = []
+    for i in range(8):
+        if i == 3:
+            topt.add_param_group({"params": [w1], "lr": 0.05})
+            for inner in getattr(tsched, "_schedulers", (tsched,)):  # SequentialLR keeps none of its own
+                inner.base_lrs.append(0.05)
         topt.step()
         tsched.step()
-        factor.append(topt.param_groups[0]["lr"] / topt.param_groups[0]["initial_lr"])
-    np.testing.assert_allclose([row[0] for row in lrs], [f * opt.param_groups[0]["initial_lr"] for f in factor],
-                               rtol=1e-12, atol=0)
+        want.append([g["lr"] for g in topt.param_groups])
+    np.testing.assert_allclose([row[0] for row in lrs], [row[0] for row in want], rtol=1e-12, atol=0)
     assert opt.param_groups[1]["initial_lr"] == 0.05
-    np.testing.assert_allclose([row[1] for row in lrs[3:]], [0.05 * f for f in factor[3:]], rtol=1e-12, atol=0)
+    np.testing.assert_allclose([row[1] for row in lrs[3:]], [row[1] for row in want[3:]], rtol=1e-12, atol=0)
 
 
 # -- parameters with no gradient on some steps ---------------------------------------------------------------
