@@ -17,7 +17,9 @@ the ParamStore keeps every stage's parameters and optimizer state in files. One 
 
 Memory: two stage-sized slots + one stage of gradients + the largest stage's activations
 (in a nested arena closed per stage) + the boundary activations and two gradient buffers per
-boundary shape (_Sweep._io_grad). Nothing grows with depth but the boundary activations (batch x tokens x dim per stage). Every step runs inside its own
+boundary shape (_Sweep._io_grad) + the step's side inputs (a BERT's attention mask, computed once per step
+by model.stream_inputs and read by every stage: stages.py). Nothing grows with depth but the boundary
+activations (batch x tokens x dim per stage). Every step runs inside its own
 `Arena`, closed in `finally` (the `with` block), each stage's work in a nested one.
 
 The update is the eager update: the same functional kernels (optim.adam.adam, optim.sgd.sgd)
@@ -66,7 +68,7 @@ from . import optim_state
 from .buffers import StageBuffers
 from .follow import follow_user_changes, group_map
 from .heap import return_freed_pages
-from .stages import Stage, model_stages
+from .stages import Stage, model_stages, run_stage, stage_inputs
 from .store import ArraySpec, ParamStore, StageLayout, StageSpec, StoreError, StoreSpec
 
 LossFn = Callable[[Tensor, Any], Tensor]
@@ -118,6 +120,9 @@ class StreamStepStats:
     bytes_read: int
     bytes_written: int
     resident_bytes: int  # store slots + gradient buffer (independent of depth)
+    # Stage 0's input and the side inputs (model.stream_inputs: a BERT's mask) in the step arena, held all step and
+    # part of step_arena_high_water; 0 for a model none of whose stages reads side inputs.
+    side_input_bytes: int = 0
 
 
 class StreamingRoute:
@@ -209,7 +214,7 @@ class StreamingRoute:
         store's files. read/written_bytes_per_step: the I/O of one step (clipping reads the
         parameters once more). Activations are not included: they depend on the batch (the largest
         stage's recompute + backward, one boundary activation per stage but the last, and two gradient
-        buffers per boundary shape: train/route_plan.py adds them). move_in_bytes: what starting from memory
+        buffers per boundary shape: train/route_plan.py adds them; nor are side inputs: side_input_bytes). move_in_bytes: what starting from memory
         holds at its peak: the in-memory parameters and optimizer state (freed only once the store is
         committed, so a failed start loses nothing: in_memory_bytes) and the slot a stage is copied through.
         """
@@ -431,7 +436,7 @@ class StreamingRoute:
             # the stages were updated in place (store.reserve_commit).
             self.store.reserve_commit(index)
             with arena:  # closed (blocks returned) before any exception propagates
-                loss, grad_norm, skipped, stage_hw = self._run(arena, inputs, targets, index)
+                loss, grad_norm, skipped, stage_hw, side_bytes = self._run(arena, inputs, targets, index)
                 step_hw = arena.stats.high_water
             self.store.drain()  # every stage's write has finished: what fails from here on is the commit
             if not skipped and self.scheduler is not None:
@@ -451,12 +456,16 @@ class StreamingRoute:
             seconds=time.perf_counter() - start, arena_high_water=step_hw + stage_hw,
             step_arena_high_water=step_hw, stage_arena_high_water=stage_hw,
             bytes_read=self.store.bytes_read - read0, bytes_written=self.store.bytes_written - written0,
-            resident_bytes=self.resident_bytes)
+            resident_bytes=self.resident_bytes, side_input_bytes=side_bytes)
         return loss
 
     def _run(self, arena: Arena, inputs: Any, targets: Any, index: int):
         n = len(self.stages)
-        x = inputs if isinstance(inputs, Tensor) else Tensor(inputs)
+        # Once per step, first in the step arena (so they live until every stage's backward ran, and the arena's
+        # bytes so far are theirs): stage 0's input and the side inputs every stage reading them gets.
+        with no_grad():
+            x, side = stage_inputs(self.model, self.stages, inputs)
+        side_bytes = arena.stats.bytes_in_use if side is not None else 0
         acts: list[Any] = [x] + [None] * (n - 1)  # acts[k]: the input of stage k
         rng_before: list[Any] = [None] * n
         plan = [(k, True) for k in range(n - 1)]
@@ -476,7 +485,7 @@ class StreamingRoute:
                     rng_before[k] = self._rng_snapshot()
                     with Arena(pool=self.pool, name=f"stage {self.stages[k].name!r} forward arena") as inner:
                         xin = acts[0] if k == 0 else Tensor(acts[k])
-                        y = _as_tensor(self.stages[k].forward(xin), self.stages[k].name).data
+                        y = _as_tensor(run_stage(self.stages[k], xin, side), self.stages[k].name).data
                         keep = arena.alloc(y.shape, y.dtype)  # the outer step arena: lives until backward
                         np.copyto(keep, y)
                     stage_hw = max(stage_hw, inner.stats.high_water)
@@ -485,20 +494,20 @@ class StreamingRoute:
                     acts[k + 1] = keep
             rng_before[n - 1] = self._rng_snapshot()
             io_grads: dict[tuple, list[np.ndarray]] = {}
-            sweep = _Sweep(self, arena, loads, acts, rng_before, targets, io_grads, grad_views, buffers)
+            sweep = _Sweep(self, arena, loads, acts, side, rng_before, targets, io_grads, grad_views, buffers)
             grad_norm = scale = None
             if self.clip_grad_norm is not None:
                 loss, finite = sweep.run(update=False)
                 if not finite:
-                    return self._nonfinite(loss, index, sweep, loads, stage_hw)
+                    return self._nonfinite(loss, index, sweep, loads, stage_hw) + (side_bytes,)
                 grad_norm = sweep.total_norm()
                 coef = self.clip_grad_norm / (grad_norm + 1e-6)  # as clip_grad_norm_ (and torch)
                 scale = None if coef >= 1.0 else coef  # NaN scales too, as there
             loss, finite = sweep.run(update=True, coef=scale)
             if not finite:
-                return self._nonfinite(loss, index, sweep, loads, stage_hw)
+                return self._nonfinite(loss, index, sweep, loads, stage_hw) + (side_bytes,)
             self._rng_restore(sweep.rng_after)  # where the eager step leaves the generators
-            return loss, grad_norm, False, max(stage_hw, sweep.high_water)
+            return loss, grad_norm, False, max(stage_hw, sweep.high_water), side_bytes
         finally:
             loads.finish()
             for k in range(n):
@@ -637,13 +646,13 @@ class StreamingRoute:
         self._check_usable()
         self.model.eval()
         loads = _Loads(self.store, [(k, True) for k in range(len(self.stages))])
-        y: Any = inputs if isinstance(inputs, Tensor) else Tensor(inputs)
         try:
             with no_grad(), Arena(pool=self.pool, name="streaming predict arena") as arena:
+                y, side = stage_inputs(self.model, self.stages, inputs)  # as a step computes them, then kept
                 for k, stage in enumerate(self.stages):
                     self._attach(k, loads.get(k))
                     with Arena(pool=self.pool, name=f"stage {stage.name!r} predict arena"):
-                        out = _as_tensor(stage.forward(y), stage.name).data
+                        out = _as_tensor(run_stage(stage, y, side), stage.name).data
                         keep = arena.alloc(out.shape, out.dtype)
                         np.copyto(keep, out)
                     self._detach(k)
@@ -751,9 +760,11 @@ class _Loads:
 class _Sweep:
     """One backward pass over the stages, last to first; see StreamingRoute's module docstring."""
 
-    def __init__(self, route: StreamingRoute, arena: Arena, loads: _Loads, acts: list, rng_before: list,
-                 targets: Any, io_grads: dict, grad_views: list[list[np.ndarray]], buffers: StageBuffers) -> None:
+    def __init__(self, route: StreamingRoute, arena: Arena, loads: _Loads, acts: list, side: dict | None,
+                 rng_before: list, targets: Any, io_grads: dict, grad_views: list[list[np.ndarray]],
+                 buffers: StageBuffers) -> None:
         self.route, self.arena, self.loads, self.acts = route, arena, loads, acts
+        self.side = side  # the step's side inputs (stages.py), the same arrays the forward pass read
         self.buffers = buffers  # the model's buffers: each stage's forward writes them once a step, not per sweep
         self.rng_before, self.targets, self.io_grads = rng_before, targets, io_grads
         self.grad_views = grad_views  # per stage, over the route's one gradient buffer
@@ -804,7 +815,7 @@ class _Sweep:
                     xin._grad_buffer = self._io_grad(self.acts[k].shape, self.acts[k].dtype, k % 2)
                 with enable_grad():
                     self.buffers.before(k)
-                    out = _as_tensor(stage.forward(xin), stage.name)
+                    out = _as_tensor(run_stage(stage, xin, self.side), stage.name)
                     self.buffers.after(k)  # before the loss: a non-finite one still keeps the real forward's writes
                     if last:
                         loss_t = route.loss_fn(out, self.targets)
