@@ -9,6 +9,11 @@ Checkpoints are exchanged by name with the Hugging Face layout (`load_hf_state_d
 so e.g. sentence-transformers' all-MiniLM-L6-v2 model.safetensors loads directly. Our own
 parameter names differ in one way that matters: query/key/value are one fused `attn.qkv`
 Linear, whose weight rows are [query; key; value].
+
+The streaming route (tensorarena.stream) cuts the encoder into the embeddings and each layer
+(`encoder_stages`); every stage reads the attention mask and token types as side inputs, computed
+once per step by `encoder_inputs` exactly as forward computes them, so a padded batch streams as it
+trains eagerly. Models built on the encoder (SimCSE, a classifier) append their head to the last stage.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import json
 import os
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 
@@ -154,7 +159,13 @@ class BertModel(Module):
                 init.ones_(m.weight)
                 init.zeros_(m.bias)
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> Tensor:
+    def encoder_inputs(self, input_ids, attention_mask=None, token_type_ids=None) -> tuple[np.ndarray, dict]:
+        """The checked token ids and what every layer reads besides the hidden states, as forward computes them.
+
+        Returns (ids (B, T), side) with side {"padding": (B, T) bool, True = padding (not attended), or None
+        without a mask; "token_type_ids": (B, T) int}. forward and the streaming route both start here, so
+        a streamed step masks exactly what an eager one masks.
+        """
         ids = _int_array(input_ids, "input_ids")
         if ids.ndim != 2:
             raise ValueError(f"input_ids must be (B, T), got shape {ids.shape}")
@@ -181,10 +192,49 @@ class BertModel(Module):
             # tape.host, so a recording computes it again from each batch's mask.
             padding = new((B, T), np.bool_)
             host(np.equal, mask, 0, out=padding)
-        x = self.embeddings(ids, token_type_ids)  # (B, T, hidden)
+        return ids, {"padding": padding, "token_type_ids": token_type_ids}
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> Tensor:
+        ids, side = self.encoder_inputs(input_ids, attention_mask, token_type_ids)
+        x = self.embeddings(ids, side["token_type_ids"])  # (B, T, hidden)
         for layer in self.layers:
-            x = layer(x, padding)
+            x = layer(x, side["padding"])
         return x
+
+    # -- the streaming route ----------------------------------------------------------------------
+    def stream_inputs(self, batch) -> tuple[np.ndarray, dict]:
+        """Stage 0's input and the side inputs of model(batch), batch being input_ids as forward takes them."""
+        return self.encoder_inputs(batch)
+
+    def stream_stages(self) -> list:
+        """The cut for the streaming route: the embeddings, then each layer (see encoder_stages)."""
+        return self.encoder_stages()
+
+    def encoder_stages(self, *, head: Callable[[Tensor, dict], Tensor] | None = None, head_params: tuple = (),
+                       prefix: str = "") -> list:
+        """Stages computing forward (then `head`) from encoder_inputs' (ids, side): embeddings, layers.0, ....
+
+        Each stage reads the side inputs (stream.stages.SideForward), so every layer gets the attention mask.
+        head(hidden (B, T, hidden), side) -> outputs runs in the last layer's stage, whose parameters
+        `head_params` join: a model built on the encoder passes its pooling/loss/classifier there, with its own
+        entries added to side by its stream_inputs. `prefix` goes before the stage names (the encoder's
+        attribute name in that model).
+        """
+        from ..stream.stages import SideForward, Stage  # lazy: models load without the streaming machinery
+
+        reads = "the attention mask and token types (BertModel.encoder_inputs)"
+        stages = [Stage(f"{prefix}embeddings", tuple(self.embeddings.parameters()),
+                        SideForward(self._embed_stage, reads=reads))]
+        *inner, last = self.layers
+        for i, layer in enumerate(inner):
+            stages.append(Stage(f"{prefix}layers.{i}", tuple(layer.parameters()),
+                                SideForward(_LayerStage(layer), reads=reads)))
+        stages.append(Stage(f"{prefix}layers.{len(inner)}", tuple(last.parameters()) + tuple(head_params),
+                            SideForward(_LayerStage(last, head), reads=reads)))
+        return stages
+
+    def _embed_stage(self, ids, side: dict) -> Tensor:
+        return self.embeddings(_int_array(ids, "input_ids"), side["token_type_ids"])  # (B, T, hidden)
 
     # -- Hugging Face checkpoints -------------------------------------------------------------
     @classmethod
@@ -212,6 +262,17 @@ class BertModel(Module):
         with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as f:
             json.dump(self.config.to_json_dict(), f, indent=2)
         save_file(dict(to_hf_state_dict(self)), os.path.join(directory, "model.safetensors"))
+
+
+class _LayerStage:
+    """One encoder layer as a streaming stage: layer(x, padding), then the model's head if it is the last."""
+
+    def __init__(self, layer: TransformerBlock, head: Callable[[Tensor, dict], Tensor] | None = None) -> None:
+        self.layer, self.head = layer, head
+
+    def __call__(self, x: Tensor, side: dict) -> Tensor:
+        x = self.layer(x, side["padding"])  # (B, T, hidden)
+        return x if self.head is None else self.head(x, side)
 
 
 def _int_array(x, what: str) -> np.ndarray:

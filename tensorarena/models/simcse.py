@@ -8,6 +8,10 @@ so each sentence must pick out its own other view among the batch's sentences.
 Pooling is the attention-masked mean of the last hidden states (as all-MiniLM-L6-v2
 was trained with), not the paper's [CLS] + MLP head, so the fine-tuned encoder stays a
 drop-in for `tensorarena embed`.
+
+On the streaming route the encoder's stages (BertModel.encoder_stages) carry the pooling and the
+loss in their last stage; the stacked batch, its attention mask and token types are the step's side
+inputs (`stream_inputs`), computed once per step and read by every layer and by the pooling.
 """
 
 from __future__ import annotations
@@ -111,19 +115,54 @@ class SimCSE(Module):
         hidden = self.encoder(ids, attention_mask=mask, token_type_ids=types)  # (B, T, H)
         return mean_pool(hidden, mask)
 
-    def forward(self, batch) -> Tensor:
-        """The InfoNCE loss of the batch against a second dropout view of itself (scalar)."""
+    def _stacked(self, batch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The batch stacked twice: (ids, mask, types), each (2B, T). Dropout masks are drawn per element,
+        so row i and row B+i become two independent views of sentence i, as in the paper's code."""
         ids, mask, types = self._arrays(batch)
-        b = ids.shape[0]
-        if b < 2:
+        if ids.shape[0] < 2:
             raise ValueError("SimCSE needs at least 2 sentences per batch (the others are the negatives)")
-        # One pass over the batch stacked twice: (2B, T). Dropout masks are drawn per element,
-        # so row i and row B+i are two independent views of sentence i, as in the paper's code.
-        mask2 = _twice(mask)
-        hidden = self.encoder(_twice(ids), attention_mask=mask2, token_type_ids=_twice(types))  # (2B, T, H)
+        return _twice(ids), _twice(mask), _twice(types)
+
+    def _loss(self, hidden: Tensor, mask2: np.ndarray) -> Tensor:
+        """InfoNCE of the two views in hidden (2B, T, H), mean-pooled over mask2's real tokens (scalar)."""
         pooled = mean_pool(hidden, mask2)  # (2B, H)
+        b = pooled.shape[0] // 2
         z1, z2 = pooled[:b], pooled[b:]  # (B, H) each
         return info_nce(z1, z2, temperature=self.temperature)
+
+    def forward(self, batch) -> Tensor:
+        """The InfoNCE loss of the batch against a second dropout view of itself (scalar)."""
+        ids2, mask2, types2 = self._stacked(batch)  # one pass over the batch stacked twice: (2B, T)
+        hidden = self.encoder(ids2, attention_mask=mask2, token_type_ids=types2)  # (2B, T, H)
+        return self._loss(hidden, mask2)
+
+    # -- the streaming route ----------------------------------------------------------------------
+    def _encoder_stages(self):
+        """The encoder's encoder_stages, or StreamingUnsupportedError saying why there are none."""
+        from ..stream.stages import StreamingUnsupportedError
+
+        build, inputs = getattr(self.encoder, "encoder_stages", None), getattr(self.encoder, "encoder_inputs", None)
+        if not (callable(build) and callable(inputs)):
+            raise StreamingUnsupportedError(
+                f"SimCSE can stream only an encoder that cuts itself into stages reading the attention mask, and "
+                f"its {type(self.encoder).__name__} has no encoder_stages() and encoder_inputs() (BertModel has "
+                f"both), so the streaming route cannot split it. Train it with route='eager' or 'fused'")
+        return build
+
+    def stream_inputs(self, batch) -> tuple[np.ndarray, dict]:
+        """Stage 0's input (the stacked ids) and the side inputs: the encoder's (padding, token types) and
+        the stacked mask the pooling reads, computed once per step as forward computes them."""
+        ids2, mask2, types2 = self._stacked(batch)
+        first, side = self.encoder.encoder_inputs(ids2, attention_mask=mask2, token_type_ids=types2)
+        if side.get("padding") is None:  # a mask was passed: an encoder that drops it would not mask padding
+            raise ValueError(f"{type(self.encoder).__name__}.encoder_inputs() returned no padding mask for the "
+                             f"attention mask SimCSE passed it")
+        return first, dict(side, pool_mask=mask2)
+
+    def stream_stages(self) -> list:
+        """The encoder's stages with the pooling and InfoNCE in the last one (it outputs the loss)."""
+        head = lambda hidden, side: self._loss(hidden, side["pool_mask"])  # noqa: E731 - the stage's tail
+        return self._encoder_stages()(head=head, prefix="encoder.")
 
     def extra_repr(self) -> str:
         return f"temperature={self.temperature}"
