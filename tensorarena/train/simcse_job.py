@@ -7,6 +7,8 @@ embedded Python language-reference corpus (text.corpus), every batch padded to e
 --seq-len tokens so all steps have the same shapes and the same arena high-water.
 A fixed held-out "probe" batch is scored before and after training with the same dropout
 masks, which measures progress without the batch-to-batch noise of the step losses.
+--route streaming trains the encoder layer by layer from a store on disk (BertModel.encoder_stages: the
+attention mask goes to every layer), then brings it back into memory for the probe and --save.
 --save DIR writes a Hugging Face BERT directory (model.safetensors, config.json, tokenizer
 files) that `tensorarena embed --model-dir DIR`, BertModel.from_pretrained and
 sentence-transformers all load.
@@ -49,9 +51,6 @@ def _check_args(args) -> None:
     if args.resume:
         raise SystemExit("tensorarena train: --resume is not supported for simcse; --save writes a model "
                          "directory (weights only), not a trainer checkpoint")
-    if getattr(args, "route", None) == "streaming":
-        raise SystemExit("tensorarena train: simcse cannot take --route streaming: SimCSE has no stream_stages() "
-                         "to cut it into blocks; use --route auto (fused when it fits), fused or eager")
 
 
 def _model_loss(loss, _targets):
@@ -173,6 +172,10 @@ def train_simcse(args) -> dict:
         bar.set_postfix(loss=f"{report.loss:.4f}", lr=f"{report.lr:.2e}")
     bar.close()
     elapsed = time.perf_counter() - started
+    if trainer.stream is not None:
+        # Streamed (asked, or after running out of memory): the parameters are in the store on disk, and the probe
+        # (train-mode dropout, not predict's eval) and --save read them in the model.
+        trainer.stream.to_memory()
     probe_after = _probe_loss(model, probe_ids, args.seed + 2)
     if args.save:
         save_model_dir(encoder, model_dir, args.save)
