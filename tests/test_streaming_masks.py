@@ -11,7 +11,7 @@ Each test compares the streamed run with the eager run on the same padded batche
 to one real token; float64: 1e-10, float32: 1e-5, losses and every parameter), with transformers' BertModel,
 or an exact expectation (bytes in the step arena, an error's text). Tiny models: hidden 16, 3 layers.
 
-Before the changes, 15 of its 17 tests fail on commit 36a8d855e23aeed9cd7b30ff6603faf0fbd77ac7; the other two
+Before the changes, 16 of its 18 tests fail on commit 36a8d855e23aeed9cd7b30ff6603faf0fbd77ac7; the other two
 are the premise check (a dropped mask changes the loss) and a strict xfail that needs a change in
 train/route_plan.py (the planner traces stages with one activation). To see it:
     git worktree add /tmp/base-masks 36a8d855e23aeed9cd7b30ff6603faf0fbd77ac7 && \\
@@ -275,6 +275,21 @@ def test_simcse_over_an_encoder_without_stages_is_refused_naming_why(tmp_path):
         trainer.step(BATCHES[0], None)
     assert not list((tmp_path / "store").glob("stage-*"))
     assert np.isfinite(Trainer(model, trainer.optimizer, _model_loss).step(BATCHES[0], None).loss)
+
+
+# Regression (fixed): refused before; a batch stream_inputs rejects fails before any stage changes, and the run goes on.
+def test_a_batch_simcse_rejects_changes_nothing_and_the_run_goes_on(tmp_path):
+    eager = _train("eager", _simcse(np.float64), BATCHES[:2], [None] * 2, _model_loss, tmp_path)
+    model = _simcse(np.float64)
+    opt = optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    trainer = Trainer(model, opt, _model_loss, route="streaming", store_dir=tmp_path / "store")
+    losses = [trainer.step(BATCHES[0], None).loss]
+    with pytest.raises(ValueError, match="at least 2 sentences"):
+        trainer.step(BATCHES[1][:1], None)
+    losses.append(trainer.step(BATCHES[1], None).loss)
+    trainer.stream.to_memory()
+    assert trainer.step_count == 2
+    _assert_same(eager, (losses, model, opt), 1e-10)
 
 
 # Regression (fixed): new protocol: a mask-reading stage refuses to run unmasked.

@@ -214,8 +214,8 @@ class StreamingRoute:
         store's files. read/written_bytes_per_step: the I/O of one step (clipping reads the
         parameters once more). Activations are not included: they depend on the batch (the largest
         stage's recompute + backward, one boundary activation per stage but the last, and two gradient
-        buffers per boundary shape: train/route_plan.py adds them; nor are side inputs: side_input_bytes). move_in_bytes: what starting from memory
-        holds at its peak: the in-memory parameters and optimizer state (freed only once the store is
+        buffers per boundary shape: train/route_plan.py adds them; nor are side inputs, StreamStepStats.
+        side_input_bytes). move_in_bytes: what starting from memory holds at its peak: the in-memory parameters and optimizer state (freed only once the store is
         committed, so a failed start loses nothing: in_memory_bytes) and the slot a stage is copied through.
         """
         kinds = optim_state.state_kinds(optimizer)
