@@ -11,9 +11,9 @@ Each test compares the streamed run with the eager run on the same padded batche
 to one real token; float64: 1e-10, float32: 1e-5, losses and every parameter), with transformers' BertModel,
 or an exact expectation (bytes in the step arena, an error's text). Tiny models: hidden 16, 3 layers.
 
-Before the changes, 16 of its 18 tests fail on commit 36a8d855e23aeed9cd7b30ff6603faf0fbd77ac7; the other two
-are the premise check (a dropped mask changes the loss) and a strict xfail that needs a change in
-train/route_plan.py (the planner traces stages with one activation). To see it:
+Before the changes, 21 of its 22 tests fail on commit 36a8d855e23aeed9cd7b30ff6603faf0fbd77ac7; the other is
+the premise check (a dropped mask changes the loss). The five route-planner tests (train/route_plan.py traced
+stages with one activation) also fail on d79847b, where the planner one was a strict xfail. To see it:
     git worktree add /tmp/base-masks 36a8d855e23aeed9cd7b30ff6603faf0fbd77ac7 && \\
         cp tests/test_streaming_masks.py /tmp/base-masks/tests/ && cd /tmp/base-masks && \\
         PYTHONPATH=/tmp/base-masks NUMBA_NUM_THREADS=1 python -m pytest -q -p no:cacheprovider \\
@@ -327,15 +327,81 @@ def test_simcse_cli_takes_route_streaming():
     _check_args(SimpleNamespace(steps=1, batch_size=4, seq_len=8, temperature=0.05, resume=None, route="streaming"))
 
 
-@pytest.mark.xfail(strict=True, reason="train/route_plan.py trace_stages calls each stage with one activation; "
-                                       "it must pass stream_inputs' side inputs (stream.stages.stage_inputs, "
-                                       "run_stage) and count their bytes before route='auto' can stream BERT")
-def test_the_route_planner_estimates_streaming_for_simcse(tmp_path):
+# Regression (fixed): train/route_plan.py trace_stages called each stage with one activation, so every SideForward
+# stage raised, the plan said "streaming: not possible" and route="auto" never streamed BERT or SimCSE. Now the
+# stages are traced with stream_inputs' side inputs, whose bytes are their own part of the estimate.
+@pytest.mark.parametrize("clip", [None, 0.5], ids=["no-clip", "clip"])
+def test_the_route_planner_estimates_streaming_for_simcse(tmp_path, clip):
+    """As for ViT (tests/test_streaming_hunt.py): the planned streaming activations (one stage's slab, boundary
+    activations and gradients, side inputs) equal the step's measured transient peak exactly."""
     model = _simcse(np.float32)
-    trainer = Trainer(model, optim.Adam(model.parameters(), lr=1e-3), _model_loss, route="auto",
-                      memory_limit="1G", store_dir=tmp_path / "store")
-    plan = trainer.plan(BATCHES[0].input_ids, None)
+    trainer = Trainer(model, optim.Adam(model.parameters(), lr=1e-3), _model_loss, route="streaming",
+                      clip_grad_norm=clip, store_dir=tmp_path / "store")
+    plan = trainer.plan(BATCHES[0].input_ids, None, routes=("streaming",))
     assert "streaming" in plan.estimates, plan.unavailable
+    parts = plan.estimates["streaming"].parts
+    for b in BATCHES[:2]:
+        trainer.step(b.input_ids, None)
+    stats = trainer.stream.last_stats
+    assert parts["side inputs (attention mask)"] == stats.side_input_bytes > 0
+    assert parts["activations (one stage)"] == stats.stage_arena_high_water
+    planned = sum(parts[k] for k in ("side inputs (attention mask)", "activations (one stage)",
+                                     "boundary activations", "boundary gradients"))
+    assert planned == stats.arena_high_water, (planned, stats.arena_high_water)
+    assert "side inputs (attention mask)" in plan.format()
+
+
+# With stages, the planner traces SimCSE stage by stage for every route; the stage traces start after the side
+# inputs, which the eager and fused forward compute too, so they are a part of those estimates as well.
+@pytest.mark.parametrize("rows", [5, 42])
+def test_the_staged_fused_estimate_of_simcse_counts_the_side_inputs_and_is_within_the_bar(rows):
+    """The -3%..+5% bar of tests/test_routes.py for stage-traced fused estimates, against compile_step's real slab."""
+    from tensorarena.compile.step import compile_step
+    from tensorarena.memory.budget import MemoryBudget
+    from tensorarena.train.route_plan import plan_routes
+
+    x = _padded(5, lengths=tuple(range(1, T + 1)) * 6).input_ids if rows == 42 else BATCHES[0].input_ids
+    model = _simcse(np.float32)
+    opt = optim.AdamW(model.parameters(), lr=1e-3)
+    plan = plan_routes(model, opt, _model_loss, x, None, MemoryBudget(1 << 40, "test"), routes=("fused", "eager"),
+                       fused_keeps_grads=True, process_other_bytes=0)
+    assert plan.activation_source.startswith("traced stage by stage")
+    parts = plan.estimates["fused"].parts
+    with Arena() as arena, ta.no_grad():
+        kept = model.stream_inputs(x)  # ids given: the mask is made from [PAD], its temporaries freed
+        side = arena.stats.bytes_in_use
+        del kept
+    assert parts["side inputs (attention mask)"] == plan.estimates["eager"].parts["side inputs (attention mask)"]
+    assert parts["side inputs (attention mask)"] == side
+    real = compile_step(model, _model_loss, opt, (x, None), update_in_backward=False).memory_report()["slab"]
+    estimate = parts["activations (slab)"] + parts["side inputs (attention mask)"]
+    assert -0.03 * real <= estimate - real <= 0.05 * real, (estimate, real)
+
+
+# Regression (fixed): with the planner unable to trace SimCSE's stages, route="auto" under a budget fused does not
+# fit raised MemoryError ("streaming is not possible"); now it picks streaming and trains as eager does.
+def test_auto_streams_simcse_when_fused_does_not_fit(tmp_path):
+    # 6 layers, 48 rows (96 stacked): fused's activations (every layer's) exceed streaming's (one layer's) by MiBs,
+    # far more than the process's RSS (part of each plan) moves between the probe's plan and the trainer's.
+    batches = [_padded(s, lengths=tuple(range(1, T + 1)) * 6 + (T,) * 6).input_ids for s in range(3)]
+
+    def simcse():
+        return SimCSE(BertModel(_config(np.float64, layers=6), rng=np.random.default_rng(0)), temperature=0.05)
+
+    eager = _train("eager", simcse(), batches, [None] * 3, _model_loss, tmp_path)
+    probe = simcse()
+    plan = Trainer(probe, optim.AdamW(probe.parameters(), lr=1e-2, weight_decay=0.01), _model_loss).plan(
+        batches[0], None, routes=("fused", "streaming"))
+    fused, streaming = (plan.estimates[r].required for r in ("fused", "streaming"))
+    assert fused - streaming > 3 << 20, plan.format()
+    model = simcse()
+    opt = optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    trainer = Trainer(model, opt, _model_loss, route="auto", memory_limit=(streaming + fused) // 2,
+                      store_dir=tmp_path / "auto")
+    reports = [trainer.step(b, None) for b in batches]
+    assert {r.route for r in reports} == {"streaming"}, trainer.route_plan.format()
+    trainer.stream.to_memory()
+    _assert_same(eager, ([r.loss for r in reports], model, opt), TOL[np.float64])
 
 
 # Regression (fixed): refused before; the job now brings the streamed state back for the probe and --save.

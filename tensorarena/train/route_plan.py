@@ -17,10 +17,16 @@ stages once; otherwise the whole step is traced. From the traced buffers:
   state, one stage's gradients; stream.StreamingRoute.estimate), the largest stage's traced
   slab, the boundary activations the step arena keeps (every stage's output but the last's,
   which lives in its stage's slab) and the two gradient buffers per boundary shape that
-  _Sweep._io_grad alternates between, each padded as the arena pads it. That is the step's
-  measured transient peak exactly (tests/test_streaming_hunt.py). Starting from memory holds the
+  _Sweep._io_grad alternates between, each padded as the arena pads it, and the side inputs
+  (below). That is the step's measured transient peak exactly (tests/test_streaming_hunt.py,
+  tests/test_streaming_masks.py). Starting from memory holds the
   parameters, their optimizer state and a slot at once until the store takes over; where that is
   more than the step, the difference is the part "moving into the store" (_streaming_parts).
+
+Stages that read side inputs (stream/stages.py SideForward: every BERT layer reads the attention
+mask) are traced with them: model.stream_inputs(batch), computed once as the streaming step computes
+them, in an arena whose bytes are the part "side inputs (attention mask)" of every route (the step
+arena holds them all step; eager and fused compute them in the forward, before the first stage).
 
 A model that cannot stream (no stream_stages(), or stages model_stages refuses: a shared block,
 tied weights across stages) is traced as a whole step, and streaming is left out of the plan
@@ -51,6 +57,9 @@ from ..optim.optimizer import Optimizer
 from ..tensor import Tensor
 
 ROUTE_ORDER = ("fused", "eager", "streaming")
+# The part for what model.stream_inputs computes once a step for stages that read it (stream/stages.py SideForward):
+# for BERT and SimCSE, the attention mask and token types (and SimCSE's stacked ids).
+SIDE_INPUTS = "side inputs (attention mask)"
 log = logging.getLogger("tensorarena")
 
 
@@ -105,8 +114,8 @@ class RoutePlan:
 
 
 def _part_order(name: str) -> tuple:
-    order = ["params", "grads", "optimizer", "inputs", "activations", "stream buffers", "boundary activations",
-             "boundary gradients"]
+    order = ["params", "grads", "optimizer", "inputs", "side inputs", "activations", "stream buffers",
+             "boundary activations", "boundary gradients"]
     for i, prefix in enumerate(order):
         if name.startswith(prefix):
             return (i, name)
@@ -176,18 +185,24 @@ def _trace(run: Callable[[], Any], params: list[Tensor], model: Module) -> tuple
     return TracedStage(live, sum(b.nbytes for b in buffers), slab, peak, result[1]), result[0]
 
 
-def trace_stages(model: Module, loss_fn: Callable, inputs: np.ndarray, targets: Any) -> list[TracedStage]:
-    """Each stage of `model.stream_stages()` traced once at this batch (identical stages share one trace)."""
-    from ..stream.stages import model_stages
+def trace_stages(model: Module, loss_fn: Callable, inputs: np.ndarray, targets: Any) -> tuple[list[TracedStage], int]:
+    """Each stage of `model.stream_stages()` traced once at this batch (identical stages share one trace), and
+    the bytes of the side inputs the route's step arena holds for it (0 when no stage reads any)."""
+    from ..stream.stages import SideForward, model_stages, run_stage
 
     stages = model_stages(model)
     model.train()
+    first_input, side, side_bytes = _side_inputs(model, stages, inputs)
     cache: dict[tuple, tuple[TracedStage, tuple, np.dtype]] = {}
-    x = np.zeros(inputs.shape, inputs.dtype)
+    # Stage 0 reads what the route gives it: the batch, or stream_inputs' first array (a SimCSE's stacked ids),
+    # which must agree with the side inputs computed from the same batch (the mask's shape).
+    x = np.zeros(inputs.shape, inputs.dtype) if side is None else first_input
     out_stats = []
     for i, stage in enumerate(stages):
         last = i == len(stages) - 1
-        owner = getattr(stage.forward, "__self__", stage.forward)
+        # What the stage computes, for sharing traces: a SideForward wraps it (BERT's layers: one _LayerStage each).
+        fn = stage.forward.fn if isinstance(stage.forward, SideForward) else stage.forward
+        owner = getattr(fn, "__self__", fn)
         key = (type(owner).__name__, tuple((p.shape, p.dtype.str) for p in stage.params), x.shape, x.dtype.str, last)
         if key in cache and not last:
             stats, shape, dtype = cache[key]
@@ -197,7 +212,9 @@ def trace_stages(model: Module, loss_fn: Callable, inputs: np.ndarray, targets: 
 
         def run(mark, stage=stage, x=x, first=(i == 0), last=last):
             inp = Tensor(x, requires_grad=not first and np.dtype(x.dtype).kind == "f")
-            out = stage.forward(inp)
+            # Regression (fixed): stages were called with the activation alone, so a SideForward stage (every
+            # BERT layer reads the attention mask) raised and BERT/SimCSE were planned as "streaming not possible".
+            out = run_stage(stage, inp, side)
             mark()
             if last:
                 loss_fn(out, targets).backward()
@@ -210,7 +227,31 @@ def trace_stages(model: Module, loss_fn: Callable, inputs: np.ndarray, targets: 
         cache[key] = (stats, nxt.shape, nxt.dtype)
         out_stats.append(stats)
         x = nxt
-    return out_stats
+    return out_stats, side_bytes
+
+
+def _side_inputs(model: Module, stages: list, batch: np.ndarray) -> tuple[np.ndarray | None, dict | None, int]:
+    """stream.stages.stage_inputs for `batch` as the streaming step computes them (under no_grad, first in an
+    arena of its own), copied out of that arena for the traces, and the bytes they took in it: what the route's
+    step arena holds all step (StreamStepStats.side_input_bytes). (None, None, 0) when no stage reads side inputs."""
+    from ..autograd import no_grad
+    from ..compile.step import _restore_rng, _rng_states
+    from ..memory.arena import Arena
+    from ..stream.stages import reads_side, stage_inputs
+
+    if not reads_side(stages):
+        return None, None, 0
+    rng = _rng_states(model)  # a stream_inputs drawing random numbers must not shift the first step's
+    try:
+        with no_grad(), Arena(name="route estimate side inputs arena") as arena:
+            first, side = stage_inputs(model, stages, batch)
+            nbytes = arena.stats.bytes_in_use
+            # Copies: the arena's blocks go back to its pool when it closes, and the traces read these after.
+            first = np.array(first.data)
+            side = {key: None if value is None else np.array(value) for key, value in side.items()}
+    finally:
+        _restore_rng(rng)
+    return first, side, nbytes
 
 
 def trace_whole(model: Module, loss_fn: Callable, inputs: np.ndarray, targets: Any) -> TracedStage:
@@ -273,7 +314,7 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
     persistent = persistent_bytes(optimizer)
     inputs_bytes = x.nbytes + target_bytes
     details: dict[str, Any] = {}
-    traced, no_streaming = _stage_traces(model, loss_fn, x, y)
+    traced, side_bytes, no_streaming = _stage_traces(model, loss_fn, x, y)
     if no_streaming is not None:
         log.info("route plan: streaming is not possible (%s); activations are traced over the whole step%s",
                  no_streaming, ", and streaming is left out of the plan" if "streaming" in routes else "")
@@ -298,6 +339,11 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
         estimates[route] = RouteEstimate(route, parts, total, required, required <= budget.nbytes, note)
 
     base = dict(persistent, inputs=inputs_bytes)
+    if side_bytes:
+        # The stage traces start after the side inputs (a BERT's mask and token types), which eager and fused
+        # compute in the forward and read until the last layer's backward: counted beside the activations, as the
+        # streaming step arena holds them (a whole-step SimCSE trace had them within 1% of this).
+        base[SIDE_INPUTS] = side_bytes
     # A parameter that requires a gradient but is in no optimizer group (an optimizer over the head only, the
     # body not frozen) still gets one from every backward, and the eager route holds it in .grad: counted too.
     in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
@@ -322,7 +368,7 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
             from ..stream.route import StreamingRoute
 
             stream = StreamingRoute.estimate(model, optimizer)
-            add("streaming", _streaming_parts(stream, inputs_bytes, traced),
+            add("streaming", _streaming_parts(stream, inputs_bytes, side_bytes, traced),
                 note=f"{stream['stages']} stages, largest {stream['largest_stage']}; "
                      f"{format_bytes(stream['disk_bytes'])} on disk")
             details["streaming"] = stream
@@ -344,19 +390,21 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
     return RoutePlan(budget, estimates, chosen, reason, process_other_bytes, source, details, unavailable)
 
 
-def _stage_traces(model: Module, loss_fn: Callable, x: np.ndarray, y: Any) -> tuple[list[TracedStage] | None,
+def _stage_traces(model: Module, loss_fn: Callable, x: np.ndarray, y: Any) -> tuple[list[TracedStage] | None, int,
                                                                                      str | None]:
-    """The model's stages traced one by one, or None and why the model cannot stream (then no route streams
-    it, and the caller traces the whole step: a route that never streams must still be planned)."""
+    """The model's stages traced one by one and their side inputs' bytes (trace_stages), or (None, 0, why the
+    model cannot stream): then no route streams it, and the caller traces the whole step (a route that never
+    streams must still be planned)."""
     from ..stream.stages import StreamingUnsupportedError
 
     if not callable(getattr(model, "stream_stages", None)):
-        return None, (f"{type(model).__name__} has no stream_stages() to cut it into blocks "
-                      f"(see tensorarena/stream/stages.py)")
+        return None, 0, (f"{type(model).__name__} has no stream_stages() to cut it into blocks "
+                         f"(see tensorarena/stream/stages.py)")
     try:
-        return trace_stages(model, loss_fn, x, y), None
-    except StreamingUnsupportedError as exc:  # model_stages refused the stages, before anything was traced
-        return None, str(exc)
+        traced, side_bytes = trace_stages(model, loss_fn, x, y)
+    except StreamingUnsupportedError as exc:  # model_stages or stage_inputs refused, before anything was traced
+        return None, 0, str(exc)
+    return traced, side_bytes, None
 
 
 def _padded(nbytes: int) -> int:
@@ -374,7 +422,8 @@ def _boundaries(traced: list[TracedStage]) -> dict[str, int]:
             "boundary gradients": 2 * sum(_padded(nbytes) for nbytes in shapes.values())}
 
 
-def _streaming_parts(stream: dict[str, Any], inputs_bytes: int, traced: list[TracedStage]) -> dict[str, int]:
+def _streaming_parts(stream: dict[str, Any], inputs_bytes: int, side_bytes: int,
+                     traced: list[TracedStage]) -> dict[str, int]:
     """The streaming route's parts: its step, and what moving the in-memory state into the store holds on top.
 
     "process, not params" (added to every route) leaves the parameters out, which is true for streaming only
@@ -388,6 +437,8 @@ def _streaming_parts(stream: dict[str, Any], inputs_bytes: int, traced: list[Tra
 
     parts = dict({"inputs": inputs_bytes, "stream buffers": stream["resident_bytes"],
                   "activations (one stage)": max(s.slab for s in traced)}, **_boundaries(traced))
+    if side_bytes:  # in the step arena all step, beside the boundaries (StreamStepStats.side_input_bytes)
+        parts[SIDE_INPUTS] = side_bytes
     if not HEAP_RETURNS_PAGES:
         parts["params (pages kept)"] = stream["in_memory_bytes"]
     parts["moving into the store"] = max(0, stream["move_in_bytes"] - sum(parts.values()))
