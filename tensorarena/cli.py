@@ -170,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--patch-size", type=positive_int, default=16, help="vit: patch side in pixels")
     train.add_argument("--route", choices=["auto", "fused", "eager", "streaming"], default="auto",
                        help="training route; auto estimates each against --memory-limit before step 1 and takes "
-                            "fused if it fits, else streaming (simcse has no streaming route: fused if it fits)")
+                            "fused if it fits, else streaming")
     train.add_argument("--memory-limit", metavar="SIZE", type=memory_size, default=None,
                        help="memory budget, e.g. 2G or 512M; binary units, 2G = 2Gi = 2GiB = 2 x 2^30 bytes; "
                             "never above the cgroup limit less a margin (default: the smaller of the cgroup limit and "
@@ -374,7 +374,7 @@ def train_mlp(args) -> dict:
 _VIT = {"vit-tiny", "vit-small", "vit-base"}
 MODEL_OPTIONS = {"hidden": {"mlp"}, "activation": {"mlp"}, "image_size": _VIT, "patch_size": _VIT,
                  "train_size": {"mlp"} | _VIT, "test_size": {"mlp"} | _VIT, "seq_len": {"simcse"},
-                 "temperature": {"simcse"}, "store_dir": {"mlp"} | _VIT}
+                 "temperature": {"simcse"}, "store_dir": {"mlp", "simcse"} | _VIT}  # simcse streams (BERT stages)
 # Likewise for the optimizer and the schedule: --momentum 0.5 with --optimizer adam trained as without it.
 OPTIMIZER_OPTIONS = {"momentum": {"sgd"}}
 SCHEDULE_OPTIONS = {"warmup": {"warmup-cosine", "linear-warmup"}}

@@ -11,9 +11,9 @@ Each test compares the streamed run with the eager run on the same padded batche
 to one real token; float64: 1e-10, float32: 1e-5, losses and every parameter), with transformers' BertModel,
 or an exact expectation (bytes in the step arena, an error's text). Tiny models: hidden 16, 3 layers.
 
-Before the changes, 21 of its 22 tests fail on commit 36a8d855e23aeed9cd7b30ff6603faf0fbd77ac7; the other is
-the premise check (a dropped mask changes the loss). The five route-planner tests (train/route_plan.py traced
-stages with one activation) also fail on d79847b, where the planner one was a strict xfail. To see it:
+Before the changes, 22 of its 23 tests fail on commit 36a8d855e23aeed9cd7b30ff6603faf0fbd77ac7; the other is
+the premise check (a dropped mask changes the loss). Six also fail on d79847b: the five route-planner tests
+(train/route_plan.py traced stages with one activation; there, one was a strict xfail) and --store-dir. To see it:
     git worktree add /tmp/base-masks 36a8d855e23aeed9cd7b30ff6603faf0fbd77ac7 && \\
         cp tests/test_streaming_masks.py /tmp/base-masks/tests/ && cd /tmp/base-masks && \\
         PYTHONPATH=/tmp/base-masks NUMBA_NUM_THREADS=1 python -m pytest -q -p no:cacheprovider \\
@@ -325,6 +325,18 @@ def test_simcse_cli_takes_route_streaming():
     from tensorarena.train.simcse_job import _check_args
 
     _check_args(SimpleNamespace(steps=1, batch_size=4, seq_len=8, temperature=0.05, resume=None, route="streaming"))
+
+
+# Regression (fixed): cli.py's MODEL_OPTIONS gave --store-dir to mlp and vit only, so `--model simcse --route
+# streaming --store-dir DIR` exited ("does not apply to --model simcse") though the job streams into it; and the
+# --route help said "simcse has no streaming route".
+def test_simcse_cli_takes_store_dir_and_the_route_help_says_it_streams():
+    from tensorarena.cli import build_parser, check_model_options
+
+    check_model_options("simcse", {"route", "store_dir"})  # raised SystemExit
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    route_help = next(a.help for a in train._actions if a.dest == "route")
+    assert "no streaming" not in route_help and "else streaming" in route_help, route_help
 
 
 # Regression (fixed): train/route_plan.py trace_stages called each stage with one activation, so every SideForward

@@ -99,8 +99,8 @@ def cmd_plan(args) -> dict:
     budget = resolve_budget(args.memory_limit)
     # As the Trainer resolves update_in_backward: clipping needs every gradient, so flat gradients.
     # route="auto" chooses between fused and streaming (`choose`: its reason and advice are about those two,
-    # never eager, which is shown for comparison only). A model without stream_stages() (simcse) has no
-    # streaming estimate.
+    # never eager, which is shown for comparison only). simcse streams too: its BERT stages read the attention
+    # mask as side inputs, a part of their own in the plan.
     plan = plan_routes(model, opt, loss_fn, x, y, budget, routes=("fused", "eager", "streaming"),
                        fused_keeps_grads=bool(args.clip), choose=("fused", "streaming"))
     shape = {"mlp": "", "simcse": f" x {args.seq_len} tokens"}.get(args.model, f", {args.image_size}x{args.image_size}")
