@@ -1,12 +1,14 @@
 """Bug hunt on the streaming route beyond the plain ViT/MLP cases: every optimizer it accepts, parameter
-groups, frozen, shared and tied parameters, BERT / SimCSE (which have no stream_stages()), a BERT given
-stages by the user, memory promises, the store directory and checkpoints across routes.
+groups, frozen, shared and tied parameters, BERT / SimCSE (refused at first, having no stream_stages(); since
+fd913c0 they stream with their attention mask), a BERT given stages by the user, memory promises, the store
+directory and checkpoints across routes.
 
 Each test compares against route="eager" (float64: 1e-10, float32: 1e-5), torch, or an exact value.
 Tiny models only: ViT image 16, patch 4, dim 32, depth 2, 4 heads; BERT hidden 32, 2 layers.
 
 Before the fixes, 14 of its first 50 tests failed on commit 4139106 (each marked BUG below; 4 tests added with
-the fixes). To see it:
+the fixes). Two of those 50 asserted that BERT / SimCSE are refused; they now assert that they stream (one split in
+two: bert, simcse), which 4139106 cannot, so 17 of those 51 fail there now (23 of the file's 57). To see it:
     git worktree add /tmp/old 4139106 && cp tests/test_streaming_hunt.py /tmp/old/tests/ && cd /tmp/old && \
         NUMBA_NUM_THREADS=1 python -m pytest -q -p no:cacheprovider tests/test_streaming_hunt.py"""
 
@@ -326,41 +328,78 @@ def _no_targets(loss, _targets):
     return loss
 
 
-def test_bert_and_simcse_on_the_streaming_route_are_refused_clearly(tmp_path):
-    for model in (BertModel(_bert_config()), SimCSE(BertModel(_bert_config()))):
-        trainer = Trainer(model, optim.AdamW(model.parameters(), lr=1e-3), _no_targets, route="streaming",
-                          store_dir=tmp_path / type(model).__name__)
-        with pytest.raises(StreamingUnsupportedError, match=f"{type(model).__name__} has no stream_stages"):
-            trainer.step(_token_batches(1)[0][0], None)
-        assert not list((tmp_path / type(model).__name__).glob("stage-*"))  # nothing was written
-        # the in-memory state is untouched: eager trains it
-        eager = Trainer(model, trainer.optimizer, _cls_loss if isinstance(model, BertModel) else _no_targets)
-        x, y = _token_batches(1)[0]
-        assert np.isfinite(eager.step(x, y if isinstance(model, BertModel) else None).loss)
+# Was: route="streaming" refused BertModel and SimCSE (no stream_stages()), writing nothing. Now both stream, every
+# layer reading the attention mask (tests/test_streaming_masks.py): here, with this file's [PAD]-ended batches, the
+# streamed run matches eager and writes its stages to the store.
+@pytest.mark.parametrize("kind", ["bert", "simcse"])
+def test_bert_and_simcse_on_the_streaming_route_train_as_eager(tmp_path, kind):
+    batches = _token_batches(4)
+    runs = {}
+    for route in ("eager", "streaming"):
+        encoder = BertModel(_bert_config(), rng=np.random.default_rng(0))
+        model = encoder if kind == "bert" else SimCSE(encoder)
+        opt = optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+        trainer = Trainer(model, opt, _cls_loss if kind == "bert" else _no_targets, route=route,
+                          store_dir=tmp_path / route)
+        reports = [trainer.step(x, y if kind == "bert" else None) for x, y in batches]
+        assert {r.route for r in reports} == {route}
+        if trainer.stream is not None:
+            assert len(list((tmp_path / route).glob("stage-*"))) == 3  # embeddings, two layers
+            trainer.stream.to_memory()
+        runs[route] = model, opt, [r.loss for r in reports]
+    (m1, o1, l1), (m2, o2, l2) = runs["eager"], runs["streaming"]
+    np.testing.assert_allclose(l2, l1, rtol=0, atol=TOL[np.float64])
+    assert _max_diff(m1, m2) <= TOL[np.float64]
+    _same_state(o1, o2, m1, m2, TOL[np.float64])
 
 
-def test_simcse_cli_refuses_route_streaming_before_loading_anything():
+# Was: `--model simcse --route streaming` exited in _check_args, before loading anything. Now it is taken, and the
+# options the job cannot use are still refused there, before the model is loaded.
+def test_simcse_cli_takes_route_streaming_and_still_checks_before_loading_anything():
     from types import SimpleNamespace
 
     from tensorarena.train.simcse_job import _check_args
 
-    args = SimpleNamespace(steps=1, batch_size=4, seq_len=8, temperature=0.05, resume=None, route="streaming")
-    with pytest.raises(SystemExit, match="stream_stages"):
-        _check_args(args)
+    args = dict(steps=1, batch_size=4, seq_len=8, temperature=0.05, resume=None, route="streaming")
+    _check_args(SimpleNamespace(**args))  # raised SystemExit ("no stream_stages()")
+    with pytest.raises(SystemExit, match="resume"):
+        _check_args(SimpleNamespace(**dict(args, resume="ckpt")))
+    with pytest.raises(SystemExit, match="batch-size >= 2"):
+        _check_args(SimpleNamespace(**dict(args, batch_size=1)))
 
 
 # Regression (fixed; unclear error): route="auto" with a memory_limit nothing fits, on a model without stream_stages()
-# (BERT, SimCSE), says only "nothing fits: the smallest, fused, needs ... raise the limit or lower the batch
+# (then BERT, SimCSE), says only "nothing fits: the smallest, fused, needs ... raise the limit or lower the batch
 # size". The promise is "if it does not fit, train anyway by streaming"; the error never says that streaming
 # was not considered because the model has no stream_stages() (nor that eager's estimate was not made).
 # Cause: train/route_plan.py plan_routes leaves "streaming" out of `estimates` silently when has_stages is
 # False (and the reason built at the end only names estimated routes). Fix: when "streaming" is asked and the
 # model has no stages, add to the reason "streaming is not possible: <Model> has no stream_stages() (see
-# tensorarena/stream/stages.py)".
+# tensorarena/stream/stages.py)". BERT and SimCSE stream now; the models without stages are a BERT classifier that
+# defines none, and SimCSE over an encoder that cannot cut itself (no encoder_stages()).
+class _BertWithoutStages(ta.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = BertModel(_bert_config(np.float32))
+
+    def forward(self, ids):
+        return self.encoder(ids)
+
+
+class _EncoderWithoutStages(ta.nn.Module):
+    """BERT's forward, but not its encoder_stages() / encoder_inputs()."""
+
+    def __init__(self):
+        super().__init__()
+        self.bert = BertModel(_bert_config(np.float32))
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        return self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+
+
 @pytest.mark.parametrize("kind", ["bert", "simcse"])
 def test_auto_with_a_small_limit_on_a_model_without_stages_says_it_cannot_stream(kind):
-    encoder = BertModel(_bert_config(np.float32))
-    model = encoder if kind == "bert" else SimCSE(encoder)
+    model = _BertWithoutStages() if kind == "bert" else SimCSE(_EncoderWithoutStages())
     x, y = _token_batches(1)[0]
     trainer = Trainer(model, optim.AdamW(model.parameters(), lr=1e-3),
                       _cls_loss if kind == "bert" else _no_targets, route="auto", memory_limit="1M")
@@ -368,7 +407,9 @@ def test_auto_with_a_small_limit_on_a_model_without_stages_says_it_cannot_stream
         trainer.step(x, y if kind == "bert" else None)
     message = str(info.value)
     assert "raise the limit" in message  # what it says now
-    assert "stream_stages" in message, message
+    assert "streaming is not possible" in message, message
+    assert ("_BertWithoutStages has no stream_stages()" if kind == "bert" else
+            "_EncoderWithoutStages has no encoder_stages()") in message, message
 
 
 class _StagedBert(BertModel):
