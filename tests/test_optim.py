@@ -239,8 +239,8 @@ def test_load_state_dict_reuses_existing_state_buffers():
     opt.load_state_dict(snapshot)
     for p, s in opt.state.items():
         assert s["exp_avg"] is buffers[p]["exp_avg"]
-        np.testing.assert_array_equal(s["exp_avg"], snapshot["state"][params.index(p)]["exp_avg"])
-        assert float(s["step"]) == float(snapshot["state"][params.index(p)]["step"]) > 0
+        np.testing.assert_array_equal(s["exp_avg"], snapshot["state"][[id(q) for q in params].index(id(p))]["exp_avg"])
+        assert float(s["step"]) == float(snapshot["state"][[id(q) for q in params].index(id(p))]["step"]) > 0
 
 
 def _trained_adam():
