@@ -221,8 +221,11 @@ def test_plan_command_plans_simcse_as_its_train_job_does(capsys):
     out = capsys.readouterr().out
     assert out.startswith("simcse, batch 2 x 8 tokens, adamw, 22,565,376 parameters")
     estimates = json.loads(out.strip().splitlines()[-1])
-    assert estimates["chosen"] == "fused" and set(estimates["estimates"]) == {"fused", "eager"}  # no stream_stages()
+    # SimCSE streams with its attention mask since 7edf13a/66c7d51: all three routes are estimated, the mask's bytes
+    # as their own part (it was {"fused", "eager"}: no stream_stages() then)
+    assert estimates["chosen"] == "fused" and set(estimates["estimates"]) == {"fused", "eager", "streaming"}
     assert estimates["estimates"]["fused"]["parts"]["activations (slab)"] > 0
+    assert estimates["estimates"]["streaming"]["parts"]["side inputs (attention mask)"] > 0
     with pytest.raises(SystemExit, match="simcse needs --batch >= 2"):
         main(["plan", "--model", "simcse", "--batch", "1"])
 

@@ -61,9 +61,9 @@ class SideForward:
             # attention mask: padding attended to). A caller that knows only single-activation stages lands here.
             raise StreamingUnsupportedError(
                 f"this stage reads {self.reads}, and its caller passed only the activation; a caller that knows "
-                f"only one-activation stages (the route planner, train/route_plan.py, so far) cannot run it, since "
-                f"without them it would compute another model (a BERT attending to padding). route='streaming' "
-                f"runs such stages (it passes model.stream_inputs(batch)); to run one yourself, use "
+                f"only one-activation stages cannot run it, since without them it would compute another model "
+                f"(a BERT attending to padding). route='streaming' and the route planner "
+                f"run such stages (they pass model.stream_inputs(batch)); to run one yourself, use "
                 f"tensorarena.stream.stages.stage_inputs and run_stage")
         return self.fn(x, side)
 
