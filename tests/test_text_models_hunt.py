@@ -15,6 +15,7 @@ run in /tmp/old: `NUMBA_NUM_THREADS=1 python -m pytest -q -p no:cacheprovider te
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -343,8 +344,7 @@ def test_simcse_job_is_deterministic_and_routes_agree(simcse_runs):
     (["--batch-size", "5000"], "--batch-size 5000 exceeds the corpus"),
     (["--resume", "x"], "--resume is not supported for simcse"),
     (["--total-steps", "1"], "--total-steps 1"),
-    (["--store-dir", "x"], "--store-dir does not apply to --model simcse"),
-])
+])  # --store-dir applies to simcse since it streams (96f45ad): the case refusing it is gone
 def test_simcse_bad_values_are_clean_errors_naming_the_flag(argv, needle):
     _minilm_dir()
     with pytest.raises(SystemExit) as info:
@@ -358,7 +358,10 @@ def test_simcse_memory_limit_too_small_is_a_clean_error():
         main(["train", "--model", "simcse", "--steps", "1", "--batch-size", "4", "--seq-len", "8", "--no-progress",
               "--memory-limit", "100M"])
     msg = info.value.code
-    assert msg.startswith("tensorarena train: no training route fits") and "streaming is not possible" in msg, msg
+    # SimCSE streams since 7edf13a: the error names streaming's need (the smallest route) against the budget
+    # (it said "streaming is not possible" when SimCSE had no stages)
+    assert msg.startswith("tensorarena train: no training route fits"), msg
+    assert re.search(r"the smallest, streaming, needs [\d.]+ [MG]iB but the budget is 100.00 MiB", msg), msg
 
 
 # Regression (fixed): --temperature is parsed with type=float (cli.py:183) and simcse_job._check_args (line 46) only

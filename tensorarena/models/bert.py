@@ -166,6 +166,15 @@ class BertModel(Module):
         without a mask; "token_type_ids": (B, T) int}. forward and the streaming route both start here, so
         a streamed step masks exactly what an eager one masks.
         """
+        if hasattr(input_ids, "input_ids") and hasattr(input_ids, "attention_mask"):
+            # A tokenizer's Encoding as the whole batch (what a Trainer hands the model): its mask and token
+            # types are used, as transformers' model(**encoding); passing them again as well is ambiguous.
+            if attention_mask is not None or token_type_ids is not None:
+                raise TypeError("input_ids is an Encoding, which carries its own attention_mask and "
+                                "token_type_ids: pass the Encoding alone, or its arrays one by one")
+            enc = input_ids
+            input_ids, attention_mask = enc.input_ids, enc.attention_mask
+            token_type_ids = getattr(enc, "token_type_ids", None)
         ids = _int_array(input_ids, "input_ids")
         if ids.ndim != 2:
             raise ValueError(f"input_ids must be (B, T), got shape {ids.shape}")
@@ -195,6 +204,8 @@ class BertModel(Module):
         return ids, {"padding": padding, "token_type_ids": token_type_ids}
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None) -> Tensor:
+        """input_ids (B, T) with the optional mask and token types, or a tokenizer's Encoding alone (its mask
+        and token types used: a Trainer passes the batch as the one argument)."""
         ids, side = self.encoder_inputs(input_ids, attention_mask, token_type_ids)
         x = self.embeddings(ids, side["token_type_ids"])  # (B, T, hidden)
         for layer in self.layers:
