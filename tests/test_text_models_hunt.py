@@ -7,8 +7,9 @@ and against a fresh process's RSS; `tensorarena train --model simcse` (--json, -
 the saved directory in transformers and back; `tensorarena embed` (format, determinism, equality with an
 eval forward + mean pooling + L2 normalisation, empty / long / non-ASCII input).
 
-8 of these tests failed on 4139106 (each under a "Regression (fixed)" comment saying what was wrong), and the
-fused-route Encoding one. With this file copied into a worktree of 4139106 (git worktree add /tmp/old 4139106),
+11 of these 29 tests fail on 4139106 (measured 2026-12-01): those under a "Regression (fixed)" comment saying
+what was wrong, the fused-route Encoding one, and the too-small --memory-limit one, whose expectation changed
+when SimCSE learned to stream (7edf13a: the error now names streaming's need). With this file copied into a worktree of 4139106 (git worktree add /tmp/old 4139106),
 run in /tmp/old: `NUMBA_NUM_THREADS=1 python -m pytest -q -p no:cacheprovider tests/test_text_models_hunt.py`.
 """
 
