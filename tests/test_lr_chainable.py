@@ -8,7 +8,7 @@ its base lr: a SequentialLR milestone, a CosineAnnealingLR restart) the expectat
 the added group's lr as its base lr: torch with that base lr appended by hand.
 
 Before the change to optim/lr_scheduler.py (base 36a8d855e23aeed9cd7b30ff6603faf0fbd77ac7), 75 of the 80 tests
-here fail. Seen with:
+here fail; the 81st (SequentialLR's all-or-nothing load, added after) fails there too. Seen with:
     git -C /work/main worktree add /tmp/lr_base 36a8d855e23aeed9cd7b30ff6603faf0fbd77ac7
     cp /work/main/tests/test_lr_chainable.py /tmp/lr_base/tests/
     cd /tmp/lr_base && NUMBA_NUM_THREADS=1 PYTHONPATH=/tmp/lr_base python -m pytest -q tests/test_lr_chainable.py
@@ -277,3 +277,31 @@ def test_a_state_with_more_base_lrs_than_groups_is_refused_when_loaded():
         sched.load_state_dict(state)
     assert sched.base_lrs == list(LRS)  # nothing loaded
     sched.step()
+
+
+# Regression (fixed): SequentialLR.load_state_dict loaded its own state and the inner schedulers' one by one, so a
+# bad inner state (here the last) left the others loaded: the schedule then half the saved run's, half this one's.
+def test_a_sequential_state_with_a_bad_inner_state_loads_nothing():
+    source = OURS.opt()
+    saved_sched = lr_scheduler.warmup_cosine(source, 2, 10)
+    for _ in range(5):
+        saved_sched.step()
+    state = copy.deepcopy(saved_sched.state_dict())
+    state["_schedulers"][-1]["not_a_cosine_key"] = 1
+    opt = OURS.opt()
+    sched = lr_scheduler.warmup_cosine(opt, 2, 10)
+    sched.step()
+    before = [copy.deepcopy(s.state_dict()) for s in (sched, *sched._schedulers)]
+    with pytest.raises(ValueError, match=r"not_a_cosine_key"):
+        sched.load_state_dict(state)
+    assert [s.state_dict() for s in (sched, *sched._schedulers)] == before
+    del state["_schedulers"][-1]["not_a_cosine_key"]
+    sched.load_state_dict(state)  # the good state loads afterwards, every part of it
+    assert sched.state_dict() == saved_sched.state_dict()
+    # with the optimizer's state too (its lrs: the chainable steps go on from them, as in torch), the run goes
+    # on as the saved one
+    for group, saved_group in zip(opt.param_groups, source.param_groups):
+        group["lr"] = saved_group["lr"]
+    sched.step()
+    saved_sched.step()
+    assert sched.get_last_lr() == saved_sched.get_last_lr()

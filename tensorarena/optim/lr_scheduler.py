@@ -364,9 +364,19 @@ class SequentialLR(LRScheduler):
         if inner is None or len(inner) != len(self._schedulers):
             raise ValueError(f"SequentialLR state has {0 if inner is None else len(inner)} inner schedulers, "
                              f"this one has {len(self._schedulers)}")
-        super().load_state_dict(state)
-        for s, sd in zip(self._schedulers, inner):
-            s.load_state_dict(sd)
+        # All or nothing: a bad inner state (the last one, say) must not leave this one and the inner ones
+        # before it loaded, the schedule then half the saved run's and half this one's.
+        everyone = (self, *self._schedulers)
+        before = [dict(s.__dict__) for s in everyone]  # shallow: loading replaces values, never mutates them
+        try:
+            super().load_state_dict(state)
+            for s, sd in zip(self._schedulers, inner):
+                s.load_state_dict(sd)
+        except BaseException:
+            for s, saved in zip(everyone, before):
+                s.__dict__.clear()
+                s.__dict__.update(saved)
+            raise
 
 
 def warmup_cosine(optimizer: Optimizer, warmup_steps: int, total_steps: int, *, start_factor: float = 1e-3,
