@@ -6,14 +6,20 @@ hyperparameters and scalar state, schedule position, RNG states, user extras)
 is JSON in the safetensors header metadata under "tensorarena". Writing goes
 to a temporary file in the same directory, is fsynced, then renamed over the
 target, so a crash leaves either the old checkpoint or the new one, never half.
+
+safetensors has no checksum, so the metadata also holds, under "tensorarena.crc32", a JSON object of every
+tensor's name -> the CRC32 of its bytes in the file (8 hex digits). A load verifies them before anything
+changes; a file without them (written before they existed) loads unverified, saying so in one info line.
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import threading
+import zlib
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
@@ -25,6 +31,65 @@ from ..tensor import Tensor
 
 FORMAT = "tensorarena-checkpoint"
 VERSION = 1
+CHECKSUM_KEY = "tensorarena.crc32"  # a metadata entry of its own: files without it still read as VERSION 1
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointCorruptError(ValueError):
+    """A checkpoint whose data does not match the checksums saved with it: damaged after it was written."""
+
+
+def tensor_crc32(array: np.ndarray) -> int:
+    """CRC32 of `array`'s bytes as safetensors stores them (C order, little-endian), read in place: no copy of
+    the array unless it is not C-contiguous little-endian already (tiny 0-d and empty arrays are copied)."""
+    array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+    if array.ndim == 0 or array.size == 0:  # memoryview.cast refuses these
+        return zlib.crc32(array.tobytes())
+    return zlib.crc32(memoryview(array).cast("B"))
+
+
+def checksums_json(crcs: dict[str, int]) -> str:
+    """The metadata entry under CHECKSUM_KEY: name -> CRC32 as 8 hex digits (fixed width, so a writer that
+    must write the header before the data can reserve it and fill it in after)."""
+    return json.dumps({name: f"{crc:08x}" for name, crc in crcs.items()}, separators=(",", ":"))
+
+
+def _corrupt(path, what: str) -> CheckpointCorruptError:
+    return CheckpointCorruptError(f"{path} is corrupt: {what}. The file was damaged after it was written (disk, "
+                                  f"copy or transfer); nothing was loaded. Restore from an older checkpoint")
+
+
+def saved_checksums(path, metadata: dict | None, names) -> dict[str, int] | None:
+    """The checksums a file's metadata holds, one for each tensor in `names`; None for a file written before
+    checksums (logged once, as unverified). Unreadable checksums, or a tensor without one, are corruption."""
+    raw = (metadata or {}).get(CHECKSUM_KEY)
+    if raw is None:
+        log.info("%s has no checksums (written before tensorarena stored them): its data is not verified", path)
+        return None
+    try:
+        sums = json.loads(raw)
+        crcs = {name: int(value, 16) for name, value in sums.items() if len(value) == 8}
+    except (ValueError, TypeError, AttributeError) as err:
+        raise _corrupt(path, f"its checksums cannot be read ({type(err).__name__}: {err})") from err
+    if len(crcs) != len(sums):
+        raise _corrupt(path, "its checksums cannot be read (not all are 8 hex digits)")
+    names = set(names)
+    missing, extra = sorted(names - set(crcs)), sorted(set(crcs) - names)
+    if missing:
+        raise _corrupt(path, f"its checksums do not cover the tensors it holds (none for {missing[:4]})")
+    if extra:
+        raise _corrupt(path, f"its checksums name tensors it does not hold ({extra[:4]})")
+    return crcs
+
+
+def verify_arrays(path, crcs: dict[str, int] | None, arrays: dict[str, np.ndarray]) -> None:
+    """CheckpointCorruptError naming the first tensor of `arrays` whose bytes do not match its checksum."""
+    if crcs is None:
+        return
+    for name, array in arrays.items():
+        if tensor_crc32(array) != crcs[name]:
+            raise _corrupt(path, f"the data of tensor {name!r} does not match the CRC32 saved with it")
 
 
 def _generators(model: Module) -> dict[str, np.random.Generator]:
@@ -109,7 +174,8 @@ def save_checkpoint(path: str | os.PathLike, *, model: Module, optimizer=None, s
         meta["scheduler"] = {"class": type(scheduler).__name__, "state": _jsonable(scheduler.state_dict())}
     meta["rng"] = {name: rng_state(g) for name, g in _generators(model).items()}
     meta["rng_default"] = rng_state(peek_default_generator())
-    payload = save(tensors, metadata={"tensorarena": json.dumps(meta)})
+    crcs = checksums_json({name: tensor_crc32(array) for name, array in tensors.items()})
+    payload = save(tensors, metadata={"tensorarena": json.dumps(meta), CHECKSUM_KEY: crcs})
     _atomic_write(path, payload)
 
 
@@ -348,12 +414,17 @@ def load_checkpoint(path: str | os.PathLike, *, model: Module, optimizer=None, s
     them changes, so a load that fails leaves them as they were."""
     path = Path(path)
     meta = check_checkpoint(path, model=model, optimizer=optimizer, scheduler=scheduler)
+    with _open(path) as f:
+        metadata, names = f.metadata(), list(f.keys())
+    crcs = saved_checksums(path, metadata, names)
     try:
         arrays = load_file(str(path))
     except OSError:
         raise
     except Exception as err:  # noqa: BLE001 - the header was whole, the data not (changed since the check?)
         raise _unreadable(path, err) from err
+    # The arrays that will be applied are the ones checked: the whole state is in memory here anyway.
+    verify_arrays(path, crcs, arrays)
     # Casting a checkpoint to a narrower dtype (float64 -> float32) rounds tiny moments to zero, as torch's
     # .to() does: under np.seterr(under="raise") that must not fail the load half way (weights loaded, the
     # optimizer not). Overflow and invalid values still raise (the model refuses them before copying).
