@@ -2,14 +2,14 @@
 
 The safetensors format has no checksum, so a flipped byte in a tensor's data loaded silently. Now each save (the
 eager/fused writer in train/checkpoint.py and the stage-by-stage streaming writer in stream/checkpoint.py) stores a
-CRC32 of every tensor's bytes in the file's metadata (key "tensorarena.crc32"), and each load (eager, fused,
+CRC32 of every tensor's bytes in the file's metadata (key "crc32" of its JSON), and each load (eager, fused,
 streaming) verifies them before the model, optimizer, schedule or store changes: a mismatch is a ValueError naming
 the file and the tensor and saying the file is corrupt. A checkpoint written before checksums existed still loads,
 with one logged info line saying it was not verified.
 
-16 of its 18 tests fail on the base commit 3338a8d (each under a "Regression (fixed)" comment). With this file
-copied into a worktree of the base (git worktree add /tmp/base-crc 3338a8d), run in /work/main:
-`PYTHONPATH=/tmp/base-crc NUMBA_NUM_THREADS=1 python -m pytest -q -p no:cacheprovider /tmp/base-crc/tests/test_checkpoint_integrity.py`.
+16 of its 20 tests fail on the base commit 3338a8d (each under a "Regression (fixed)" comment). With this file
+copied into a worktree of the base (git worktree add /tmp/base-crc 3338a8d), run in /tmp/base-crc:
+`PYTHONPATH=/tmp/base-crc NUMBA_NUM_THREADS=1 python -m pytest -q -p no:cacheprovider tests/test_checkpoint_integrity.py`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from tensorarena.nn.functional import cross_entropy
 from tensorarena.train.checkpoint import load_checkpoint
 from tensorarena.train.trainer import Trainer
 
-CRC_KEY = "tensorarena.crc32"
+CRC_KEY = "crc32"  # in the JSON of the metadata entry "tensorarena"
 ROUTES = ["eager", "fused", "streaming"]
 SAVERS = ["eager", "streaming"]  # the two writers: fused saves through the eager one
 
@@ -89,13 +89,10 @@ def _flip_a_byte(path, key, out):
 
 
 def _rewritten(path, out, change):
-    """The checkpoint at `path` written again with `change(metadata)` applied to its metadata."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="numpy") as f:
-        metadata = dict(f.metadata())
-    change(metadata)
-    save_file(load_file(str(path)), str(out), metadata=metadata)
+    """The checkpoint at `path` written again with `change(meta)` applied to its metadata JSON."""
+    meta = ck.read_metadata(path)
+    change(meta)
+    save_file(load_file(str(path)), str(out), metadata={"tensorarena": json.dumps(meta)})
     return out
 
 
@@ -123,10 +120,20 @@ def test_every_tensor_of_a_checkpoint_has_the_crc32_of_its_bytes_in_the_metadata
     raw = _saved(saver, tmp_path).read_bytes()
     header, _ = _header(raw)
     # Regression (fixed): no checksum at all (KeyError here): a damaged tensor could not be told from a good one.
-    saved = json.loads(header["__metadata__"][CRC_KEY])
+    saved = json.loads(header["__metadata__"]["tensorarena"])[CRC_KEY]
     want = {name: f"{zlib.crc32(data):08x}" for name, data in _tensor_bytes(raw).items()}
     assert any(k.startswith("optim.") for k in want) and any(k.startswith("model.") for k in want)
     assert saved == want
+
+
+@pytest.mark.parametrize("saver", SAVERS)
+def test_two_saves_of_one_state_are_the_same_bytes(saver, tmp_path):
+    # The checksums live inside the one "tensorarena" entry: safetensors writes two entries in random order.
+    _, t = _trainer(saver, tmp_path, "t")
+    t.step(*BATCHES[0])
+    t.save(tmp_path / "a.ckpt")
+    t.save(tmp_path / "b.ckpt")
+    assert (tmp_path / "a.ckpt").read_bytes() == (tmp_path / "b.ckpt").read_bytes()
 
 
 def test_the_checksum_of_an_array_is_its_bytes_crc32_computed_without_a_copy():
@@ -178,20 +185,17 @@ def test_load_checkpoint_refuses_a_flipped_byte_before_the_model_changes(tmp_pat
         np.testing.assert_array_equal(value, before[key])
 
 
-@pytest.mark.parametrize("damage", ["a tensor without a checksum", "not JSON", "not a checksum"])
+@pytest.mark.parametrize("damage", ["a tensor without a checksum", "not a dict", "not a checksum"])
 def test_damaged_checksums_in_the_metadata_are_refused_as_a_corrupt_file(damage, tmp_path):
     good = _saved("eager", tmp_path)
 
-    def change(metadata):
-        sums = json.loads(metadata[CRC_KEY])
+    def change(meta):
         if damage == "a tensor without a checksum":
-            del sums["model.head.bias"]
-            metadata[CRC_KEY] = json.dumps(sums)
-        elif damage == "not JSON":
-            metadata[CRC_KEY] = metadata[CRC_KEY][:-3]
+            del meta[CRC_KEY]["model.head.bias"]
+        elif damage == "not a dict":
+            meta[CRC_KEY] = list(meta[CRC_KEY].values())
         else:
-            sums["model.head.bias"] = "zz"
-            metadata[CRC_KEY] = json.dumps(sums)
+            meta[CRC_KEY]["model.head.bias"] = "zz"
 
     bad = _rewritten(good, tmp_path / "bad.ckpt", change)
     for route in ("eager", "streaming"):
@@ -210,7 +214,7 @@ def test_damaged_checksums_in_the_metadata_are_refused_as_a_corrupt_file(damage,
 @pytest.mark.parametrize("loader", ROUTES)
 def test_a_checkpoint_from_before_checksums_loads_with_one_info_line(loader, tmp_path, caplog):
     good = _saved("eager", tmp_path)
-    old = _rewritten(good, tmp_path / "old.ckpt", lambda metadata: metadata.pop(CRC_KEY, None))
+    old = _rewritten(good, tmp_path / "old.ckpt", lambda meta: meta.pop(CRC_KEY, None))
     _, want = _trainer(loader, tmp_path, "want", seed=5)
     want.load(good)
     _, t = _trainer(loader, tmp_path, "old", seed=5)

@@ -13,6 +13,11 @@ during the run, written and loaded directly) and one key per path of a parameter
 safetensors layout (from its format description): 8 bytes little-endian header length, the
 JSON header (name -> dtype, shape, data_offsets; "__metadata__" -> str -> str) padded with
 spaces to a multiple of 8, then the tensors' bytes back to back.
+
+The CRC32 of each tensor (the metadata JSON's "crc32", as train/checkpoint.py writes it) is known only once its
+data is written, after the header: the header reserves the entry with zeros of the same width, and the writer
+fills it in place at the end, in the temporary file before it is fsynced and renamed (still atomic). A load reads
+the file once to verify them, in chunks, before the store is touched.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +36,8 @@ from ..tensor import Tensor
 from . import optim_state
 from .follow import group_map, grow_state_kinds
 from .route import generator_states_problem, restore_generators
-from ..train.checkpoint import FORMAT, VERSION, _atomic_write, _generators, _jsonable, read_metadata, rng_state
+from ..train.checkpoint import (CHECKSUM_KEY, FORMAT, VERSION, _atomic_write, _corrupt, _generators, _jsonable,
+                                checksums_entry, read_metadata, rng_state, saved_checksums)
 
 _DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float64): "F64", np.dtype(np.float16): "F16",
            np.dtype(np.int64): "I64", np.dtype(np.int32): "I32", np.dtype(np.uint8): "U8", np.dtype(np.bool_): "BOOL"}
@@ -128,18 +135,27 @@ def save_streaming_checkpoint(route, path: str | os.PathLike, *, step: int, extr
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         header[name] = {"dtype": _DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
-    header["__metadata__"] = {"tensorarena": json.dumps(_meta(route, step, extra))}
+    # The checksums are known once the data is written: reserve their entry (all zeros, the same width) and
+    # fill it in at the end. The metadata JSON's last key, it ends the header's last string, just before `}"}}`
+    # (the metadata's closing brace, the string's quote, then __metadata__'s and the header's braces).
+    meta = _meta(route, step, extra)
+    meta[CHECKSUM_KEY] = checksums_entry(dict.fromkeys((name for _, name, _, _ in rows), 0))
+    header["__metadata__"] = {"tensorarena": json.dumps(meta)}
     raw = json.dumps(header, separators=(",", ":")).encode()
+    escaped = _in_header(meta[CHECKSUM_KEY])
+    at = len(raw) - len(b'}"}}') - len(escaped)
+    assert raw[at:at + len(escaped)] == escaped
     raw += b" " * (-len(raw) % 8)
 
     def write(f) -> None:
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
+        crcs: dict[str, int] = {}
         loaded = views = array = None
         for k, name, what, key in rows:
             if what == "memory":
                 array = np.ascontiguousarray(_in_memory(key))
-                f.write(_raw(array))
+                crcs[name] = _write(f, array)
                 continue
             if loaded != k:
                 views = array = None  # io="map": no view of the slot may outlive this read (store._release)
@@ -151,9 +167,28 @@ def save_streaming_checkpoint(route, path: str | os.PathLike, *, step: int, extr
                 array = views.state[key[0]][key[1]]
             else:
                 array = views.scalars[key[0], key[1]:key[1] + 1].reshape(())
-            f.write(_raw(array))
+            crcs[name] = _write(f, array)
+        filled = _in_header(checksums_entry(crcs))
+        assert len(filled) == len(escaped)  # hex digits need no escaping: the same width as the zeros
+        end = f.tell()
+        f.seek(8 + at)
+        f.write(filled)
+        f.seek(end)
 
     _atomic_write(Path(path), write)
+
+
+def _in_header(entry: dict) -> bytes:
+    """`entry` as the header holds it: JSON inside the metadata's JSON, then escaped as a string in the header
+    (escaping goes character by character, so a part escapes as it does within the whole)."""
+    return json.dumps(json.dumps(entry))[1:-1].encode()
+
+
+def _write(f, array: np.ndarray) -> int:
+    """Write `array`'s bytes to `f`; returns their CRC32, computed over the same bytes (no extra copy)."""
+    data = _raw(array)
+    f.write(data)
+    return zlib.crc32(data)
 
 
 def _raw(array: np.ndarray):
@@ -161,6 +196,33 @@ def _raw(array: np.ndarray):
     a zero-size one, "cannot cast view with zeros in shape": those are tiny, so copied)."""
     array = np.ascontiguousarray(array)
     return array.tobytes() if array.ndim == 0 or array.size == 0 else memoryview(array).cast("B")
+
+
+_CHUNK = 8 << 20  # verification reads the file through one buffer of this size: memory stays bounded
+
+
+def _verify_file(path, crcs: dict[str, int] | None) -> None:
+    """Read every tensor's bytes from the file at `path` in chunks and compare their CRC32 with `crcs` (None: a
+    file from before checksums, already logged as unverified); CheckpointCorruptError naming the first that
+    differs. The header was parsed by safetensors already (safe_open): here only its offsets are needed."""
+    if crcs is None:
+        return
+    buffer = memoryview(bytearray(_CHUNK))
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+        entries = sorted((entry["data_offsets"], name) for name, entry in header.items() if name != "__metadata__")
+        for (start, stop), name in entries:
+            f.seek(8 + length + start)
+            crc, left = 0, stop - start
+            while left:
+                got = f.readinto(buffer[:min(left, _CHUNK)])
+                if not got:
+                    raise _corrupt(path, f"the data of tensor {name!r} is cut short")
+                crc = zlib.crc32(buffer[:got], crc)
+                left -= got
+            if crc != crcs[name]:
+                raise _corrupt(path, f"the data of tensor {name!r} does not match the CRC32 saved with it")
 
 
 def load_into_streaming(route, path: str | os.PathLike) -> dict:
@@ -195,6 +257,8 @@ def load_into_streaming(route, path: str | os.PathLike) -> dict:
         names = set(f.keys())
         outside = _outside_stages(route)
         _check_arrays(route, f, names, index, path, outside)
+        # Verified before the store is laid out again or rewritten: a corrupt file changes nothing.
+        _verify_file(path, saved_checksums(path, meta, names))
         # The checkpoint's settings may need state kinds the store lacks (momentum on): lay it out first.
         group_of = group_map(route)
         grow_state_kinds(route, optim_state.state_kinds(optimizer, groups), groups, group_of)

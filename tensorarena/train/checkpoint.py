@@ -7,9 +7,11 @@ is JSON in the safetensors header metadata under "tensorarena". Writing goes
 to a temporary file in the same directory, is fsynced, then renamed over the
 target, so a crash leaves either the old checkpoint or the new one, never half.
 
-safetensors has no checksum, so the metadata also holds, under "tensorarena.crc32", a JSON object of every
-tensor's name -> the CRC32 of its bytes in the file (8 hex digits). A load verifies them before anything
-changes; a file without them (written before they existed) loads unverified, saying so in one info line.
+safetensors has no checksum, so the metadata JSON also holds, under "crc32" (its last key), every tensor's
+name -> the CRC32 of its bytes in the file (8 hex digits). A load verifies them before anything changes; a
+file without them (written before they existed) loads unverified, saying so in one info line. (Inside the one
+"tensorarena" entry, not an entry of its own: safetensors writes its metadata entries in random order, and a
+checkpoint of the same state must be the same bytes.)
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from ..tensor import Tensor
 
 FORMAT = "tensorarena-checkpoint"
 VERSION = 1
-CHECKSUM_KEY = "tensorarena.crc32"  # a metadata entry of its own: files without it still read as VERSION 1
+CHECKSUM_KEY = "crc32"  # in the metadata JSON: files without it still read as VERSION 1, unverified
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +51,10 @@ def tensor_crc32(array: np.ndarray) -> int:
     return zlib.crc32(memoryview(array).cast("B"))
 
 
-def checksums_json(crcs: dict[str, int]) -> str:
-    """The metadata entry under CHECKSUM_KEY: name -> CRC32 as 8 hex digits (fixed width, so a writer that
-    must write the header before the data can reserve it and fill it in after)."""
-    return json.dumps({name: f"{crc:08x}" for name, crc in crcs.items()}, separators=(",", ":"))
+def checksums_entry(crcs: dict[str, int]) -> dict[str, str]:
+    """The metadata's CHECKSUM_KEY entry: name -> CRC32 as 8 hex digits (fixed width, so a writer that must
+    write the header before the data can reserve it and fill it in after)."""
+    return {name: f"{crc:08x}" for name, crc in crcs.items()}
 
 
 def _corrupt(path, what: str) -> CheckpointCorruptError:
@@ -60,15 +62,15 @@ def _corrupt(path, what: str) -> CheckpointCorruptError:
                                   f"copy or transfer); nothing was loaded. Restore from an older checkpoint")
 
 
-def saved_checksums(path, metadata: dict | None, names) -> dict[str, int] | None:
-    """The checksums a file's metadata holds, one for each tensor in `names`; None for a file written before
-    checksums (logged once, as unverified). Unreadable checksums, or a tensor without one, are corruption."""
-    raw = (metadata or {}).get(CHECKSUM_KEY)
-    if raw is None:
+def saved_checksums(path, meta: dict, names) -> dict[str, int] | None:
+    """The checksums in a file's metadata (`meta`, as read_metadata gives it), one for each tensor in `names`;
+    None for a file written before checksums (logged once, as unverified). Unreadable checksums, or a tensor
+    without one, are corruption."""
+    sums = meta.get(CHECKSUM_KEY)
+    if sums is None:
         log.info("%s has no checksums (written before tensorarena stored them): its data is not verified", path)
         return None
     try:
-        sums = json.loads(raw)
         crcs = {name: int(value, 16) for name, value in sums.items() if len(value) == 8}
     except (ValueError, TypeError, AttributeError) as err:
         raise _corrupt(path, f"its checksums cannot be read ({type(err).__name__}: {err})") from err
@@ -174,8 +176,8 @@ def save_checkpoint(path: str | os.PathLike, *, model: Module, optimizer=None, s
         meta["scheduler"] = {"class": type(scheduler).__name__, "state": _jsonable(scheduler.state_dict())}
     meta["rng"] = {name: rng_state(g) for name, g in _generators(model).items()}
     meta["rng_default"] = rng_state(peek_default_generator())
-    crcs = checksums_json({name: tensor_crc32(array) for name, array in tensors.items()})
-    payload = save(tensors, metadata={"tensorarena": json.dumps(meta), CHECKSUM_KEY: crcs})
+    meta[CHECKSUM_KEY] = checksums_entry({name: tensor_crc32(array) for name, array in tensors.items()})
+    payload = save(tensors, metadata={"tensorarena": json.dumps(meta)})
     _atomic_write(path, payload)
 
 
@@ -414,9 +416,6 @@ def load_checkpoint(path: str | os.PathLike, *, model: Module, optimizer=None, s
     them changes, so a load that fails leaves them as they were."""
     path = Path(path)
     meta = check_checkpoint(path, model=model, optimizer=optimizer, scheduler=scheduler)
-    with _open(path) as f:
-        metadata, names = f.metadata(), list(f.keys())
-    crcs = saved_checksums(path, metadata, names)
     try:
         arrays = load_file(str(path))
     except OSError:
@@ -424,7 +423,7 @@ def load_checkpoint(path: str | os.PathLike, *, model: Module, optimizer=None, s
     except Exception as err:  # noqa: BLE001 - the header was whole, the data not (changed since the check?)
         raise _unreadable(path, err) from err
     # The arrays that will be applied are the ones checked: the whole state is in memory here anyway.
-    verify_arrays(path, crcs, arrays)
+    verify_arrays(path, saved_checksums(path, meta, arrays.keys()), arrays)
     # Casting a checkpoint to a narrower dtype (float64 -> float32) rounds tiny moments to zero, as torch's
     # .to() does: under np.seterr(under="raise") that must not fail the load half way (weights loaded, the
     # optimizer not). Overflow and invalid values still raise (the model refuses them before copying).
