@@ -7,7 +7,7 @@ streaming) verifies them before the model, optimizer, schedule or store changes:
 the file and the tensor and saying the file is corrupt. A checkpoint written before checksums existed still loads,
 with one logged info line saying it was not verified.
 
-16 of its 20 tests fail on the base commit 3338a8d (each under a "Regression (fixed)" comment). With this file
+17 of its 21 tests fail on the base commit 3338a8d (each under a "Regression (fixed)" comment; the 21st, a fresh streaming Trainer refusing before its route starts, was added with the fix in train/trainer.py). With this file
 copied into a worktree of the base (git worktree add /tmp/base-crc 3338a8d), run in /tmp/base-crc:
 `PYTHONPATH=/tmp/base-crc NUMBA_NUM_THREADS=1 python -m pytest -q -p no:cacheprovider tests/test_checkpoint_integrity.py`.
 """
@@ -171,6 +171,24 @@ def test_a_flipped_byte_in_a_tensor_is_refused_naming_file_and_tensor_and_change
         _same(_fingerprint(t, tmp_path), before)
     t.load(good)  # the intact file still loads into the same trainer, which trains on
     assert t.step_count == 2 and t.step(*BATCHES[2]).step == 3
+
+
+# Regression (fixed): a streaming Trainer that had not stepped yet started its route (moving the whole state into a
+# new store) before load_into_streaming found the corruption; the file is now verified first.
+def test_a_corrupt_file_does_not_start_the_streaming_route_of_a_fresh_trainer(tmp_path):
+    good = _saved("eager", tmp_path)
+    key = next(n for n in sorted(_tensor_bytes(good.read_bytes())) if n.startswith("model."))
+    bad = _flip_a_byte(good, key, tmp_path / "bad.ckpt")
+    model, t = _trainer("streaming", tmp_path, "fresh", seed=5)
+    before = {k: p.data.copy() for k, p in model.named_parameters()}
+    with pytest.raises(ValueError, match=r"bad\.ckpt is corrupt"):
+        t.load(bad)
+    store = tmp_path / "store-fresh"  # (the Trainer checks the directory at construction: it may exist, empty)
+    assert t.stream is None and not (store.exists() and any(store.iterdir()))  # no route, nothing in a store
+    for k, p in model.named_parameters():
+        np.testing.assert_array_equal(p.data, before[k], err_msg=k)
+    t.load(good)
+    assert t.stream is not None and t.step_count == 2
 
 
 def test_load_checkpoint_refuses_a_flipped_byte_before_the_model_changes(tmp_path):

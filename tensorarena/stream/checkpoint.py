@@ -225,7 +225,18 @@ def _verify_file(path, crcs: dict[str, int] | None) -> None:
                 raise _corrupt(path, f"the data of tensor {name!r} does not match the CRC32 saved with it")
 
 
-def load_into_streaming(route, path: str | os.PathLike) -> dict:
+def verify_checkpoint_file(path: str | os.PathLike) -> None:
+    """The file's data against its checksums (CheckpointCorruptError naming the tensor), read in chunks: for a
+    caller that must refuse a corrupt file before it does anything else (the Trainer, before starting the route
+    whose store it would fill)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="numpy") as f:
+        names = set(f.keys())
+    _verify_file(path, saved_checksums(path, read_metadata(path), names))
+
+
+def load_into_streaming(route, path: str | os.PathLike, *, verified: bool = False) -> dict:
     """Fill the route's store from a checkpoint of any route, stage by stage; returns its metadata.
 
     As `load_checkpoint` on the eager route: parameters, optimizer state (a parameter without state in the
@@ -233,7 +244,8 @@ def load_into_streaming(route, path: str | os.PathLike) -> dict:
     count. Everything that can be checked without writing is checked first (a failure then changes
     nothing); the stage writes are journaled (ParamStore.begin_rewrite), so a load interrupted half-way
     leaves a store that refuses to open and a route that refuses to train until a load completes. A
-    completed load also recovers a route a failed step left half-written.
+    completed load also recovers a route a failed step left half-written. `verified`: the caller ran
+    verify_checkpoint_file on this file already.
     """
     from safetensors import safe_open
 
@@ -258,7 +270,8 @@ def load_into_streaming(route, path: str | os.PathLike) -> dict:
         outside = _outside_stages(route)
         _check_arrays(route, f, names, index, path, outside)
         # Verified before the store is laid out again or rewritten: a corrupt file changes nothing.
-        _verify_file(path, saved_checksums(path, meta, names))
+        if not verified:  # (verify_checkpoint_file did it already: one read of the file is enough)
+            _verify_file(path, saved_checksums(path, meta, names))
         # The checkpoint's settings may need state kinds the store lacks (momentum on): lay it out first.
         group_of = group_map(route)
         grow_state_kinds(route, optim_state.state_kinds(optimizer, groups), groups, group_of)

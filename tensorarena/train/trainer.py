@@ -613,11 +613,14 @@ class Trainer:
             # must not start the route (moving the whole state into the store) nor fail after the store's
             # rewrite began (a schedule of another class), and is named alike on every route.
             check_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
-            from ..stream.checkpoint import load_into_streaming
+            from ..stream.checkpoint import load_into_streaming, verify_checkpoint_file
 
+            # The data against its checksums too, before the route starts: a corrupt file must not move the
+            # whole state into a new store first (nothing would be lost, but nothing should change).
+            verify_checkpoint_file(path)
             if self.stream is None:
                 self._start_streaming()
-            meta = load_into_streaming(self.stream, path)
+            meta = load_into_streaming(self.stream, path, verified=True)
             self.step_count = meta["step"]
             return meta.get("extra") or {}
         meta = load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
