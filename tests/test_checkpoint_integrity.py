@@ -7,7 +7,8 @@ streaming) verifies them before the model, optimizer, schedule or store changes:
 the file and the tensor and saying the file is corrupt. A checkpoint written before checksums existed still loads,
 with one logged info line saying it was not verified.
 
-17 of its 21 tests fail on the base commit 3338a8d (each under a "Regression (fixed)" comment; the 21st, a fresh streaming Trainer refusing before its route starts, was added with the fix in train/trainer.py). With this file
+17 of its 21 tests fail on the base commit 3338a8d (each under a "Regression (fixed)" comment; the 21st, a fresh
+streaming Trainer refusing before its route starts, was added with the fix in train/trainer.py). With this file
 copied into a worktree of the base (git worktree add /tmp/base-crc 3338a8d), run in /tmp/base-crc:
 `PYTHONPATH=/tmp/base-crc NUMBA_NUM_THREADS=1 python -m pytest -q -p no:cacheprovider tests/test_checkpoint_integrity.py`.
 """
