@@ -312,7 +312,9 @@ _MAX_LEAVES = 256  # nor one holding more values: a config is small; a table or 
 
 class _Same:
     """An expected value that equals only `obj` itself: a container watched as a space of its own, so that
-    a new container with equal contents, which the space no longer watches, still counts as a change."""
+    a new container with equal contents, which the space no longer watches, still counts as a change; and a
+    watched Parameter (Tensor == is elementwise: a one-element Parameter replaced by an equal-valued one
+    would otherwise compare equal)."""
 
     __slots__ = ("obj",)
     __hash__ = None
@@ -395,8 +397,9 @@ class ModelState:
     container nested more than _MAX_DEPTH deep or holding more than _MAX_LEAVES values.
 
     `changed()` runs before every step: the dicts and keys are found once here, and a read is three list
-    comprehensions compared in C (~0.025 ms on a ViT-Base; 0.020 for the narrower watch before), not the
-    ~1 ms a walk over model.modules() takes.
+    comprehensions compared in C (~0.06 ms on a ViT-Base since Parameters compare through _Same's __eq__ in
+    Python, ~0.025 before; 0.020 for the narrower watch before that), not the ~1 ms a walk over
+    model.modules() takes.
     `describe_change()` names the first change found (slow; for the log)."""
 
     def __init__(self, model: "Module") -> None:
