@@ -428,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `tensorarena` command."""
     args = build_parser().parse_args(argv)
     if args.command == "train":
-        given = _given_options(argv)
+        given = args.given_options = _given_options(argv)  # --resume fills the others from the checkpoint
         check_model_options(args.model, given)
         check_step_options(args, given)
         cmd_train(args)

@@ -167,7 +167,7 @@ def test_simcse_json_to_stdout_parses_alone_and_agrees_with_the_file(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     summary = json.loads(run.stdout)
     assert summary["route"] == "streaming" and summary["steps"] == 2 and len(summary["step_losses"]) == 2
-    assert f"for 2 steps on the streaming route" in run.stderr
+    assert "for 2 steps on the streaming route" in run.stderr
 
 
 # Regression (fixed): a non-finite loss that stopped a simcse run lost every step before it, though --save was given

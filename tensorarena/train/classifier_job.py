@@ -27,8 +27,37 @@ def prepare_resume(args) -> dict | None:
     from ..cli import resolve_total_steps
 
     meta = _read_checkpoint_metadata(args) if args.resume else None
+    if meta is not None:
+        _take_run_options(args, _saved(meta, "options") or {})
     args.total_steps = resolve_total_steps(args, _saved(meta, "total_steps"))
     return meta
+
+
+# Options a resumed run must share with the checkpoint's run. --seed draws the data set and the test set, and
+# --activation / --dropout build the model: other values (even the defaults, when the first run set them)
+# silently made another run of the same shapes. --lr, --weight-decay, --momentum and --warmup live in the
+# optimizer's and the schedule's state, which the checkpoint overwrites: another value was ignored unsaid.
+RUN_OPTIONS = ("seed", "activation", "dropout", "lr", "weight_decay", "momentum", "warmup")
+
+
+def _run_options(args) -> dict:
+    return {name: getattr(args, name) for name in RUN_OPTIONS if hasattr(args, name)}
+
+
+def _take_run_options(args, saved: dict) -> None:
+    """Options left out on --resume become the checkpoint's; one given with another value is refused, naming
+    it and the checkpoint's value. `args.given_options` (cli.main sets it) says which the user typed; without
+    it every option counts as typed, so nothing is overridden unasked."""
+    given = getattr(args, "given_options", None)
+    for name, value in saved.items():
+        if name not in RUN_OPTIONS or not hasattr(args, name) or getattr(args, name) == value:
+            continue
+        if given is not None and name not in given:
+            setattr(args, name, value)
+            continue
+        flag = "--" + name.replace("_", "-")
+        _refuse_resume(args, f"was trained with {flag} {value}, not {flag} {getattr(args, name)}: a resumed run "
+                             f"goes on with its checkpoint's; leave {flag} out or pass {flag} {value}")
 
 
 def _saved(meta: dict | None, key: str):
@@ -185,9 +214,9 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
 
 def _checkpoint_extra(args, loader: BatchLoader, route: str | None) -> dict:
     """What a --resume needs besides the trainer's state: the loader's position, the run's length (the
-    schedule's), the data set's size and the route the model last trained on."""
+    schedule's), the data set's size, the route the model last trained on and the RUN_OPTIONS."""
     return {"loader": loader.state(), "total_steps": args.total_steps, "train_size": len(loader.inputs),
-            "route": route}
+            "route": route, "options": _run_options(args)}
 
 
 def _save_before_failure(args, trainer: Trainer, loader: BatchLoader, reports: list, resumed: dict | None) -> str:
