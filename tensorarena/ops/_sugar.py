@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..tensor import Tensor
-from . import arith, cast, compare, index, linalg, reduce, shape, unary
+from . import arith, cast, compare, index, inplace, linalg, reduce, shape, unary
 
 
 def install() -> None:
@@ -27,6 +27,7 @@ def install() -> None:
     T.__matmul__ = lambda a, b: linalg.matmul(a, b)
     T.__rmatmul__ = lambda a, b: linalg.matmul(b, a)
     T.__getitem__ = lambda a, idx: index.getitem(a, idx)
+    T.__setitem__ = lambda a, idx, value: inplace.setitem(a, idx, value)
     T.__abs__ = lambda a: unary.abs(a)
     # Elementwise, as torch's; Python reflects `1 < t` to `t > 1` itself. __hash__ stays identity (tensor.py).
     T.__eq__, T.__ne__ = compare.comparison_operator(compare.eq), compare.comparison_operator(compare.ne)
@@ -36,6 +37,9 @@ def install() -> None:
     T.equal, T.allclose = compare.equal, compare.allclose
     T.add, T.sub, T.mul, T.div = arith.add, arith.sub, arith.mul, arith.div
     T.neg, T.pow, T.matmul = arith.neg, arith.pow, linalg.matmul
+    # In place, as torch's methods of these names: each returns the tensor and counts one write.
+    T.add_, T.mul_, T.clamp_ = arith.add_, arith.mul_, arith.clamp_
+    T.zero_, T.fill_, T.copy_ = inplace.zero_, inplace.fill_, inplace.copy_
     T.exp, T.log, T.sqrt, T.tanh = unary.exp, unary.log, unary.sqrt, unary.tanh
     T.relu, T.sigmoid, T.gelu, T.abs = unary.relu, unary.sigmoid, unary.gelu, unary.abs
     T.sum, T.mean, T.max, T.var = reduce.sum, reduce.mean, reduce.max, reduce.var

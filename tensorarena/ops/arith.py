@@ -216,44 +216,109 @@ def idiv(a: Tensor, b) -> Tensor:
 
 
 def _inplace(a: Tensor, b, ufunc: np.ufunc, symbol: str) -> Tensor:
-    grad_mode = is_grad_enabled()
-    if a.requires_grad and grad_mode:
-        _refuse_inplace_in_graph(a, symbol)
-    b = as_tensor(b, like=a)
-    if b.requires_grad and grad_mode:
-        # torch records the op and `a` joins the graph; with no op recorded, b's gradient would be lost silently.
-        raise RuntimeError(f"in-place {symbol}= of a tensor that requires grad into one that does not, while grad is "
-                           f"enabled: autograd cannot record it and the gradient through the result would be lost; "
-                           f"write `x = x {symbol} y` instead (a new tensor in the graph), or do it under "
-                           f"`with no_grad():` if it is not meant to be differentiated")
-    ad, bd = a.data, b.data  # both through .data: a stale operand raises before anything is written
-    if np.broadcast_shapes(ad.shape, bd.shape) != ad.shape:
-        raise ValueError(f"in-place {symbol}=: shape {bd.shape} does not broadcast to the tensor's shape {ad.shape}")
-    dtype = result_dtype(a, b) if ufunc is not np.divide else _true_divide_dtype(a, b)
-    if not np.can_cast(dtype, ad.dtype, casting="same_kind"):
-        raise TypeError(f"in-place {symbol}=: the result type {dtype} can't be cast to the tensor's dtype {ad.dtype}")
-    if not ad.flags.writeable:
-        raise RuntimeError(f"in-place {symbol}= on a read-only tensor (an expand() view or a constant): its "
-                           f"elements share memory; write `x = x {symbol} y` for a new tensor")
-    host(ufunc, ad, bd, out=ad, casting="same_kind")
-    a._version_counter[0] += 1  # after the write: a refused one above changed nothing
+    return binary_inplace(a, b, ufunc, f"{symbol}=", f"`x = x {symbol} y`")
+
+
+def add_(a: Tensor, other, *, alpha=1) -> Tensor:
+    """torch's a.add_(other, alpha=alpha): a += alpha * other in place (other broadcasts to a's shape); returns a."""
+    return binary_inplace(a, other, np.add, "add_()", "`x = x + alpha * y`", alpha=alpha)
+
+
+def mul_(a: Tensor, other) -> Tensor:
+    """torch's a.mul_(other): a *= other in place (other broadcasts to a's shape); returns a."""
+    return binary_inplace(a, other, np.multiply, "mul_()", "`x = x * y`")
+
+
+def clamp_(a: Tensor, min=None, max=None) -> Tensor:
+    """torch's a.clamp_(min, max): each element raised to min, then lowered to max (so min > max gives max)."""
+    if min is None and max is None:
+        raise ValueError("clamp_() needs min or max (or both); with neither there is nothing to clamp")
+    # One write as torch counts it: the checks for both bounds run before either is applied.
+    bounds = [(np.maximum, min), (np.minimum, max)]
+    checked = [(ufunc, _inplace_operand(a, bound, "clamp_()", "`ops.where(x < lo, lo, x)`"))
+               for ufunc, bound in bounds if bound is not None]
+    ad = a.data
+    for ufunc, bd in checked:
+        host(ufunc, ad, bd, out=ad, casting="same_kind")
+    a._version_counter[0] += 1
     return a
+
+
+def binary_inplace(a: Tensor, b, ufunc: np.ufunc, what: str, instead: str, *, alpha=1) -> Tensor:
+    """a = ufunc(a, alpha * b) written into a's memory; one version bump; returns a. `what` names the operation
+    in errors and `instead` the out-of-place way to write it."""
+    bd = _inplace_operand(a, b, what, instead, alpha=alpha, divide=ufunc is np.divide)
+    ad = a.data
+    host(ufunc, ad, bd, out=ad, casting="same_kind")
+    a._version_counter[0] += 1  # after the write: a refused one changed nothing
+    return a
+
+
+def _inplace_operand(a: Tensor, b, what: str, instead: str, *, alpha=1, divide=False) -> np.ndarray:
+    """b's array (times alpha) for an in-place write into a, after every check: nothing is written yet."""
+    check_inplace_graph(a, b, what, instead)
+    b = as_tensor(b, like=a)
+    ad, bd = writable(a, what, instead), b.data  # both through .data: a stale operand raises here
+    if not broadcasts_to(bd.shape, ad.shape):
+        raise ValueError(f"in-place {what}: shape {bd.shape} does not broadcast to the tensor's shape {ad.shape}")
+    dtype = _true_divide_dtype(a, b) if divide else result_dtype(a, b)
+    if alpha != 1:
+        if isinstance(alpha, (float, np.floating)) and ad.dtype.kind != "f":
+            raise TypeError(f"in-place {what}: a floating-point alpha ({alpha}) with a tensor of dtype {ad.dtype}; "
+                            f"torch refuses it too (pass an integer alpha, or use a float tensor)")
+        scaled = new(bd.shape, dtype)
+        host(np.multiply, bd, np.asarray(alpha, dtype), out=scaled, casting="same_kind")
+        bd = scaled
+    if not np.can_cast(dtype, ad.dtype, casting="same_kind"):
+        raise TypeError(f"in-place {what}: the result type {dtype} can't be cast to the tensor's dtype {ad.dtype}")
+    return bd
+
+
+def broadcasts_to(shape: tuple, target: tuple) -> bool:
+    """Whether an operand of `shape` broadcasts to `target` without changing it (what an in-place write needs)."""
+    try:
+        return np.broadcast_shapes(shape, target) == target
+    except ValueError:  # NumPy's message would name neither side as the write's operand and target
+        return False
+
+
+def check_inplace_graph(a: Tensor, value, what: str, instead: str) -> None:
+    """Refuse an in-place write autograd cannot record, while grad is enabled (every in-place op's first check).
+
+    A leaf that requires grad is refused as torch refuses it. torch records a write into a graph tensor, or of a
+    value that requires grad, as an op; the engine records none, and the gradient would be lost or wrong, so
+    those are refused too, naming the out-of-place way (`instead`) to write the same thing.
+    """
+    if not is_grad_enabled():
+        return
+    if a.requires_grad and a.is_leaf:
+        raise RuntimeError(f"a leaf tensor that requires grad is being used in an in-place operation ({what}); "
+                           f"update it under `with no_grad():`, as an optimizer step does")
+    if a.requires_grad:
+        raise RuntimeError(
+            f"in-place {what} on a tensor that is part of the graph (a non-leaf) while grad is enabled: autograd "
+            f"cannot record it (ops may have saved its values for backward); write {instead} instead, or "
+            f"do it under `with no_grad():` if it is not meant to be differentiated")
+    if isinstance(value, Tensor) and value.requires_grad:
+        raise RuntimeError(
+            f"in-place {what} with a value that requires grad into a tensor that does not, while grad is enabled: "
+            f"autograd cannot record it and the gradient through the value would be lost; write {instead} instead "
+            f"(a new tensor in the graph), or do it under `with no_grad():` if it is not meant to be differentiated")
+
+
+def writable(a: Tensor, what: str, instead: str) -> np.ndarray:
+    """a's array, refused when it is read-only (several elements share memory, or a constant)."""
+    ad = a.data
+    if not ad.flags.writeable:
+        raise RuntimeError(f"in-place {what} on a read-only tensor (an expand() view or a constant): its "
+                           f"elements share memory; write {instead} for a new tensor")
+    return ad
 
 
 def _true_divide_dtype(a: Tensor, b: Tensor) -> np.dtype:
     # `/` is true division: int / int is a float, so an integer tensor cannot be divided in place (as in torch).
     dtype = result_dtype(a, b)
     return dtype if dtype.kind == "f" else np.dtype(np.float32)
-
-
-def _refuse_inplace_in_graph(a: Tensor, symbol: str) -> None:
-    if a.is_leaf:
-        raise RuntimeError(f"a leaf tensor that requires grad is being used in an in-place operation ({symbol}=); "
-                           f"update it under `with no_grad():`, as an optimizer step does")
-    raise RuntimeError(
-        f"in-place {symbol}= on a tensor that is part of the graph (a non-leaf) while grad is enabled: autograd "
-        f"cannot record it (ops may have saved its values for backward); write `x = x {symbol} y` instead, or "
-        f"do it under `with no_grad():` if it is not meant to be differentiated")
 
 
 def _meta(t: Tensor) -> tuple[tuple[int, ...], np.dtype]:
