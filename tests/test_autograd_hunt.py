@@ -84,11 +84,16 @@ def test_inplace_add_through_a_view_changes_the_base_like_torch():
     np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), **F64)
 
 
-def test_item_assignment_is_refused_with_a_type_error():
-    # No __setitem__: torch users' `x[0] = 5` fails loudly instead of silently writing nothing.
+def test_item_assignment_on_a_grad_leaf_is_refused_as_torch():
+    # Expectation changed: Tensor now has __setitem__ (tests/test_torch_idioms.py); on a leaf that requires grad,
+    # outside no_grad, `x[0] = 5` is refused as torch refuses it (RuntimeError), and writes nothing.
+    tx = torch.ones(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf"):
+        tx[0] = 5.0
     x = ta.tensor(np.ones(3), requires_grad=True)
-    with pytest.raises(TypeError):
+    with pytest.raises(RuntimeError, match="leaf"):
         x[0] = 5.0
+    np.testing.assert_array_equal(x.numpy(), [1.0, 1.0, 1.0])
 
 
 # --- backward twice, retain_graph, non-scalar backward ----------------------------------------------------
