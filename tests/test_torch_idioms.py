@@ -282,7 +282,7 @@ def test_torch_style_training_loop_matches_torch_for_ten_steps():
         out = model(x)
         loss = F.cross_entropy(out, y)
         loss.backward()
-        ta.optim.clip_grad_norm_(model.parameters(), max_norm=1.0)  # torch.nn.utils.clip_grad_norm_ in torch
+        ta.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)  # torch's name (also ta.optim's)
         opt.step()
         sched.step()
         acc = (out.argmax(1) == y).float().mean().item()

@@ -1,6 +1,6 @@
 """Neural-network building blocks: Module, Parameter, layers, init and functional (torch.nn names)."""
 
-from . import functional, init
+from . import functional, init, utils
 from .layers import GELU, Dropout, Embedding, Identity, LayerNorm, Linear, ReLU, Sequential, Tanh
 from .module import IncompatibleKeys, Module, ModuleDict, ModuleList, ParameterDict, ParameterList
 from .parameter import Parameter
@@ -8,6 +8,6 @@ from .transformer import (FeedForward, MultiheadAttention, PatchEmbedding, Posit
                           cls_pool, mean_pool)
 
 __all__ = ["Module", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict", "Parameter", "IncompatibleKeys", "Linear", "Embedding",
-           "LayerNorm", "Dropout", "GELU", "ReLU", "Tanh", "Identity", "Sequential", "functional", "init",
+           "LayerNorm", "Dropout", "GELU", "ReLU", "Tanh", "Identity", "Sequential", "functional", "init", "utils",
            "MultiheadAttention", "FeedForward", "TransformerBlock", "PatchEmbedding", "PositionEmbedding",
            "cls_pool", "mean_pool"]
