@@ -160,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="what a NaN/inf loss does: raise naming the step, or skip that step")
     train.add_argument("--save", metavar="PATH",
                        help="write a checkpoint (safetensors + JSON metadata) here at the end, or when a "
-                            "non-finite loss stops an mlp or vit run (simcse: a model directory, at the end)")
+                            "non-finite loss stops the run (simcse: a model directory)")
     train.add_argument("--resume", metavar="PATH", help="resume from a checkpoint written by --save")
     train.add_argument("--json", metavar="PATH", help="also write the summary as JSON to PATH ('-' for stdout)")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..memory.meter import peak_rss_bytes, rss_bytes
+from .report import NonFiniteLossError
 from .summary import bf16_products_since, finish, plan_before_step_1, print_fused_lines, route_summary, step_rate
 
 SIMCSE_DEFAULTS = {"steps": 30, "batch_size": 16, "lr": 3e-5, "warmup": 3}
@@ -107,6 +108,17 @@ def _carry_untrained_tensors(source: Path, saved: Path) -> None:
         save_file({**written, **carried}, str(saved))
 
 
+def _save_before_failure(args, trainer, encoder, model_dir: Path, reports: list) -> str:
+    """On a non-finite loss that stops the run: write the steps before it to --save; returns a sentence saying so."""
+    if not args.save or not reports:
+        return ""
+    if trainer.stream is not None:  # streamed: the trained parameters are in the store, not the model
+        trainer.stream.to_memory()
+    save_model_dir(encoder, model_dir, args.save)
+    steps = f"{len(reports)} step{'s' if len(reports) != 1 else ''}"
+    return f" The model after the {steps} before it is saved in --save {args.save}."
+
+
 def train_simcse(args) -> dict:
     """Fine-tune all-MiniLM-L6-v2 with unsupervised SimCSE on the embedded corpus; returns the summary it prints."""
     from tqdm import tqdm
@@ -164,12 +176,18 @@ def train_simcse(args) -> dict:
     planning = plan_before_step_1(trainer, train_ids[:args.batch_size], None)
     started = time.perf_counter()
     bar = tqdm(total=args.steps, disable=args.no_progress, unit="step", file=sys.stderr)
-    for _ in range(args.steps):
-        ids, _ = loader.next()
-        report = trainer.step(ids, None)
-        reports.append(report)
-        bar.update(1)
-        bar.set_postfix(loss=f"{report.loss:.4f}", lr=f"{report.lr:.2e}")
+    try:
+        for _ in range(args.steps):
+            ids, _ = loader.next()
+            report = trainer.step(ids, None)
+            reports.append(report)
+            bar.update(1)
+            bar.set_postfix(loss=f"{report.loss:.4f}", lr=f"{report.lr:.2e}")
+    except NonFiniteLossError as err:
+        # The failed step updated nothing: the steps before it are a model worth keeping, as the mlp and vit
+        # jobs keep theirs (they were lost here).
+        bar.close()
+        raise NonFiniteLossError(f"{err}{_save_before_failure(args, trainer, encoder, model_dir, reports)}") from None
     bar.close()
     elapsed = time.perf_counter() - started
     if trainer.stream is not None:
