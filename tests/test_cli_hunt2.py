@@ -5,7 +5,7 @@ tests/test_cli_hunt.py was the first hunt; nothing here repeats it.
 Each test states an exact expectation: one uninterrupted run, the eager route, or an exact message / status.
 Runs are tiny (MLP 256->16->10; simcse at batch 2 x 8 tokens, 2-3 steps).
 
-Before the fixes, 9 of these 21 tests failed on base commit b49fbac. To see it:
+Before the fixes, 10 of these 20 tests failed on base commit b49fbac. To see it:
     git worktree add /tmp/base b49fbac && cp tests/test_cli_hunt2.py /tmp/base/tests/
     cd /tmp/base && NUMBA_NUM_THREADS=1 PYTHONPATH=/tmp/base python -m pytest -q -p no:cacheprovider \
         tests/test_cli_hunt2.py
