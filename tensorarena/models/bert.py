@@ -264,15 +264,23 @@ class BertModel(Module):
         load_hf_state_dict(model, load_file(weights))
         return model
 
-    def save_pretrained(self, directory: str | os.PathLike) -> None:
-        """Write config.json and model.safetensors in the Hugging Face layout (from_pretrained reads them back)."""
+    def save_pretrained(self, directory: str | os.PathLike, *, extra: dict[str, np.ndarray] | None = None) -> None:
+        """Write config.json and model.safetensors in the Hugging Face layout (from_pretrained reads them back).
+
+        extra: tensors this model does not hold to write beside its own (a pooler carried over from the source
+        checkpoint), in the same single write: adding them afterwards meant reading the whole file back."""
         from safetensors.numpy import save_file
 
         directory = os.fspath(directory)
         os.makedirs(directory, exist_ok=True)
         with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as f:
             json.dump(self.config.to_json_dict(), f, indent=2)
-        save_file(dict(to_hf_state_dict(self)), os.path.join(directory, "model.safetensors"))
+        tensors = dict(to_hf_state_dict(self))
+        clash = sorted(set(tensors) & set(extra or {}))
+        if clash:
+            raise ValueError(f"save_pretrained: extra tensors {clash[:4]} are the model's own; pass only others")
+        tensors.update(extra or {})
+        save_file(tensors, os.path.join(directory, "model.safetensors"))
 
 
 class _LayerStage:

@@ -672,6 +672,18 @@ class StreamingRoute:
         and RNG were live objects all along. Continue streaming with `resume` (the store is
         unchanged) or `from_memory` (after editing the in-memory state).
         """
+        self._bring_back(with_state=True)
+        self._in_memory = True
+
+    def params_to_memory(self) -> None:
+        """Write the trained parameters (only) back into the model, then close: what a run that ends needs for its
+        outputs (an evaluation, a saved model), without the memory of the optimizer's state (for Adam, twice the
+        parameters' bytes), which stays in the store. The route is closed after: to train on, resume from the
+        store (StreamingRoute.resume) or use to_memory() instead."""
+        self._bring_back(with_state=False)
+
+    def _bring_back(self, *, with_state: bool) -> None:
+        what = "to_memory" if with_state else "params_to_memory"
         self._check_open()
         if self._broken:
             raise StoreError(self._refusal())
@@ -682,8 +694,8 @@ class StreamingRoute:
             except StoreError as exc:
                 # Bringing the state out is this method's whole point, and what a commit that cannot be taken
                 # (the directory removed, a read-only disk) leaves the user: the stages hold step `pending[0]`.
-                log.warning("to_memory: %s. The training state of step %d comes into memory; the next step writes "
-                            "a new store", exc, pending[0])
+                log.warning("%s: %s. The training state of step %d comes into memory; the next step writes "
+                            "a new store", what, exc, pending[0])
                 self._took_pending(*pending)
         self.store.drain()
         for k, stage in enumerate(self.stages):
@@ -693,12 +705,11 @@ class StreamingRoute:
                 kept = self._kept.pop(id(p), None)
                 array = optim_state._into(kept, views.params[i])
                 gi = self._group_of.get(id(p))
-                if gi is not None:
+                if with_state and gi is not None:
                     optim_state.write_state(self.kinds, self.optimizer, p, self.optimizer.param_groups[gi],
                                             views.state[i], views.scalars[i], self._kept_state.pop(id(p), None))
                 p._data, p._arena, p._generation = array, None, 0
         self.close()
-        self._in_memory = True
 
     def close(self) -> None:
         """Finish I/O and release the store (parameters stay on disk unless to_memory() ran).

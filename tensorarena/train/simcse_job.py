@@ -84,8 +84,8 @@ def save_model_dir(encoder, source_dir: Path, target: str | Path) -> Path:
     target = Path(target)
     if target.exists() and not target.is_dir():
         raise SystemExit(f"tensorarena train: --save {target} must be a directory for simcse, and a file is there")
-    encoder.save_pretrained(target)  # model.safetensors (to_hf_state_dict) + config.json
-    _carry_untrained_tensors(source_dir / "model.safetensors", target / "model.safetensors")
+    # model.safetensors (to_hf_state_dict, plus the source's untrained pooler) + config.json, in one write
+    encoder.save_pretrained(target, extra=_untrained_tensors(source_dir / "model.safetensors", encoder))
     for name in _COPIED_FILES:
         src = source_dir / name
         if src.is_file():
@@ -94,18 +94,20 @@ def save_model_dir(encoder, source_dir: Path, target: str | Path) -> Path:
     return target
 
 
-def _carry_untrained_tensors(source: Path, saved: Path) -> None:
-    """Copy the source checkpoint's tensors the encoder does not hold (MiniLM's pooler.dense) into the saved file
-    unchanged: without them transformers' from_pretrained reports them missing and initialises them at random,
-    so the fine-tuned model's pooler_output would be noise though SimCSE never touched the pooler."""
-    from safetensors.numpy import load_file, save_file
+def _untrained_tensors(source: Path, encoder) -> dict[str, np.ndarray]:
+    """The source checkpoint's tensors the encoder does not hold (MiniLM's pooler.dense), to be saved unchanged:
+    without them transformers' from_pretrained reports them missing and initialises them at random, so the
+    fine-tuned model's pooler_output would be noise though SimCSE never touched the pooler. Read one by one
+    (safe_open), not the whole file: a --save at the end of a run within a memory budget."""
+    from safetensors import safe_open
+
+    from ..models.bert import _name_map
 
     if not source.is_file():
-        return
-    written = load_file(str(saved))
-    carried = {k: v for k, v in load_file(str(source)).items() if k not in written and ".pooler." in f".{k}"}
-    if carried:
-        save_file({**written, **carried}, str(saved))
+        return {}
+    ours = {key for _, hf_keys in _name_map(encoder.config.num_hidden_layers) for key in hf_keys}
+    with safe_open(str(source), framework="numpy") as f:
+        return {k: f.get_tensor(k) for k in f.keys() if k not in ours and ".pooler." in f".{k}"}
 
 
 def _save_before_failure(args, trainer, encoder, model_dir: Path, reports: list) -> str:
@@ -113,7 +115,7 @@ def _save_before_failure(args, trainer, encoder, model_dir: Path, reports: list)
     if not args.save or not reports:
         return ""
     if trainer.stream is not None:  # streamed: the trained parameters are in the store, not the model
-        trainer.stream.to_memory()
+        trainer.stream.params_to_memory()  # (not the optimizer's state: the run ends here)
     save_model_dir(encoder, model_dir, args.save)
     steps = f"{len(reports)} step{'s' if len(reports) != 1 else ''}"
     return f" The model after the {steps} before it is saved in --save {args.save}."
@@ -192,8 +194,10 @@ def train_simcse(args) -> dict:
     elapsed = time.perf_counter() - started
     if trainer.stream is not None:
         # Streamed (asked, or after running out of memory): the parameters are in the store on disk, and the probe
-        # (train-mode dropout, not predict's eval) and --save read them in the model.
-        trainer.stream.to_memory()
+        # (train-mode dropout, not predict's eval) and --save read them in the model. Only the parameters: the
+        # run ends here, and the optimizer's state (twice the parameters for AdamW) would break the budget the
+        # run streamed to keep (a --save of MiniLM under 595M peaked at 818 MiB with it).
+        trainer.stream.params_to_memory()
     probe_after = _probe_loss(model, probe_ids, args.seed + 2)
     if args.save:
         save_model_dir(encoder, model_dir, args.save)
