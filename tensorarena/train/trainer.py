@@ -270,6 +270,10 @@ class Trainer:
         if plan.chosen is None:
             raise MemoryError(f"no training route fits before step 1: {plan.reason}\n{plan.format()}")
         self.route = plan.chosen
+        # The choice was the check against the limit: checking again at the next step would plan once more, with
+        # the chosen route's buffers now in the process's memory counted a second time (simcse at 640M: fused
+        # needs 607 MiB, then "901 MiB" at step 2, a MemoryError after a step that fit).
+        self._limit_to_check = False
         log.info("route auto -> %s: %s", plan.chosen, plan.reason)
 
     def _check_the_limit(self, inputs: Any, targets: Any) -> None:
