@@ -17,6 +17,14 @@ from .summary import bf16_products_since, plan_before_step_1, print_fused_lines,
 from .trainer import Trainer
 
 
+def classifier_data_bytes(n_train: int, n_test: int, example_shape: tuple[int, ...], dtype=np.float32) -> int:
+    """Bytes of the train and held-out sets a classifier job holds all run: (n, *example_shape) inputs of
+    `dtype` and one int64 label per example (data.digits and data.images draw them so). `tensorarena plan`
+    counts the data with it, without drawing any; run_classifier takes the arrays' own nbytes."""
+    per_example = int(np.prod(example_shape)) * np.dtype(dtype).itemsize + np.dtype(np.int64).itemsize
+    return (n_train + n_test) * per_example
+
+
 def _refuse_resume(args, why: str):
     raise SystemExit(f"tensorarena train: --resume {args.resume} {why}")
 
@@ -166,6 +174,9 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
                       clip_grad_norm=args.clip or None, on_nonfinite=args.on_nonfinite, route=route,
                       memory_limit=getattr(args, "memory_limit", None), store_dir=getattr(args, "store_dir", None),
                       matmul_precision=getattr(args, "matmul_precision", "float32"))
+    # The arrays held all run are a part of the route plan, not of its measured process share: `tensorarena
+    # plan` (which draws no data) counts the same bytes, so the two agree (route_plan.TRAINING_DATA).
+    trainer.data_bytes = sum(a.nbytes for a in (*train, *test))
     loader = BatchLoader(x_train, y_train, args.batch_size, rng=np.random.default_rng(args.seed + 1))
     if args.resume:
         _resume(args, trainer, loader)

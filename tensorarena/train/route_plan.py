@@ -35,7 +35,12 @@ with the reason (`RoutePlan.unavailable`, logged, and in the reason when nothing
 With update_in_backward the fused route holds no gradient buffer, only about the largest
 parameter's gradient in flight.
 
-`plan_routes` compares each total, added to what the process holds besides the parameters, with
+The data a job holds for its run (its train and held-out arrays, `data_bytes`) is the part "training data" of
+every route, and is taken out of the measured process share: the share is RSS, which holds the data once a job
+has drawn it, and `tensorarena plan` (which draws none) computes the same part from the job's sizes, so both
+plan the same run alike.
+
+`plan_routes` compares each total, added to what the process holds besides the parameters and the data, with
 the budget and picks fused if it fits, else streaming (eager when asked and it fits).
 """
 
@@ -60,6 +65,8 @@ ROUTE_ORDER = ("fused", "eager", "streaming")
 # The part for what model.stream_inputs computes once a step for stages that read it (stream/stages.py SideForward):
 # for BERT and SimCSE, the attention mask and token types (and SimCSE's stacked ids).
 SIDE_INPUTS = "side inputs (attention mask)"
+# The part for the arrays a train job holds for the whole run (train and held-out sets): plan_routes' data_bytes.
+TRAINING_DATA = "training data"
 log = logging.getLogger("tensorarena")
 
 
@@ -114,7 +121,7 @@ class RoutePlan:
 
 
 def _part_order(name: str) -> tuple:
-    order = ["params", "grads", "optimizer", "inputs", "side inputs", "activations", "stream buffers",
+    order = ["params", "grads", "optimizer", "training data", "inputs", "side inputs", "activations", "stream buffers",
              "boundary activations", "boundary gradients"]
     for i, prefix in enumerate(order):
         if name.startswith(prefix):
@@ -288,7 +295,7 @@ def _backward_peak(traced: list[TracedStage], peak: str) -> int:
 def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: Any, targets: Any,
                 budget: MemoryBudget, *, routes: tuple[str, ...] = ("fused", "streaming"),
                 process_other_bytes: int | None = None, fused_keeps_grads: bool = False,
-                choose: tuple[str, ...] | None = None) -> RoutePlan:
+                choose: tuple[str, ...] | None = None, data_bytes: int = 0, data_held: bool = True) -> RoutePlan:
     """Estimate each route in `routes` for this batch and pick the first that fits (see module docstring).
 
     `choose`: the routes the choice is made from, in order (default: all of `routes`); the others are estimated
@@ -297,6 +304,11 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
 
     `fused_keeps_grads`: whether the fused step keeps flat gradients (the Trainer's resolved
     `not update_in_backward`: True only with clip_grad_norm or when asked); False is its default.
+
+    `data_bytes`: the bytes of the data the caller holds for the run (train and held-out arrays), the part
+    TRAINING_DATA of every route. `data_held`: whether they are in this process's memory now (a train job's,
+    drawn before planning), so that the measured process share holds them and leaves them out, not to count
+    them twice; False for `tensorarena plan`, which counts them without drawing any.
     """
     from ..compile.step import input_array
     from ..compile.targets import build, flatten
@@ -330,7 +342,10 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
     if process_other_bytes is None:
         # Measured after tracing: the kernels are compiled (or loaded from the cache) by now, and
         # that code is part of what the process holds whatever the route.
-        process_other_bytes = max(0, rss_bytes() - persistent["params"])
+        # Regression (fixed): the data a train job had drawn was inside this share and `tensorarena plan` (no data)
+        # had none, so plan said vit-tiny streams in 213 MiB and train refused 215M ("needs 239.66 MiB"). The data
+        # is its own part now, the same bytes on both sides, so it is taken out here.
+        process_other_bytes = max(0, rss_bytes() - persistent["params"] - (data_bytes if data_held else 0))
     estimates: dict[str, RouteEstimate] = {}
 
     def add(route: str, parts: dict[str, int], note: str = "") -> None:
@@ -339,6 +354,8 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
         estimates[route] = RouteEstimate(route, parts, total, required, required <= budget.nbytes, note)
 
     base = dict(persistent, inputs=inputs_bytes)
+    if data_bytes:
+        base[TRAINING_DATA] = data_bytes
     if side_bytes:
         # The stage traces start after the side inputs (a BERT's mask and token types), which eager and fused
         # compute in the forward and read until the last layer's backward: counted beside the activations, as the
@@ -368,7 +385,7 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
             from ..stream.route import StreamingRoute
 
             stream = StreamingRoute.estimate(model, optimizer)
-            add("streaming", _streaming_parts(stream, inputs_bytes, side_bytes, traced),
+            add("streaming", _streaming_parts(stream, inputs_bytes, side_bytes, traced, data_bytes),
                 note=f"{stream['stages']} stages, largest {stream['largest_stage']}; "
                      f"{format_bytes(stream['disk_bytes'])} on disk")
             details["streaming"] = stream
@@ -423,7 +440,7 @@ def _boundaries(traced: list[TracedStage]) -> dict[str, int]:
 
 
 def _streaming_parts(stream: dict[str, Any], inputs_bytes: int, side_bytes: int,
-                     traced: list[TracedStage]) -> dict[str, int]:
+                     traced: list[TracedStage], data_bytes: int = 0) -> dict[str, int]:
     """The streaming route's parts: its step, and what moving the in-memory state into the store holds on top.
 
     "process, not params" (added to every route) leaves the parameters out, which is true for streaming only
@@ -442,6 +459,8 @@ def _streaming_parts(stream: dict[str, Any], inputs_bytes: int, side_bytes: int,
     if not HEAP_RETURNS_PAGES:
         parts["params (pages kept)"] = stream["in_memory_bytes"]
     parts["moving into the store"] = max(0, stream["move_in_bytes"] - sum(parts.values()))
+    if data_bytes:  # held all run beside whatever the route holds (the move's peak included): added after it
+        parts[TRAINING_DATA] = data_bytes
     return parts
 
 

@@ -37,6 +37,14 @@ _COPIED_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.
                  "1_Pooling/config.json")
 
 
+def corpus_data_bytes(n_train: int, batch_size: int, seq_len: int) -> int:
+    """Bytes of the token arrays the job holds all run: the n_train training sentences' ids and their (unread)
+    int64 targets, and the probe batch's ids, every row padded to seq_len int64 tokens. `tensorarena plan`
+    counts the data with it; train_simcse takes the arrays' own nbytes."""
+    probe = min(max(batch_size, 2), PROBE_SIZE)
+    return 8 * (n_train * seq_len + n_train + probe * seq_len)
+
+
 def _check_args(args) -> None:
     for name in ("steps", "batch_size", "seq_len"):
         if getattr(args, name) <= 0:
@@ -170,12 +178,16 @@ def train_simcse(args) -> dict:
                       clip_grad_norm=args.clip or None, on_nonfinite=args.on_nonfinite, route=route,
                       memory_limit=getattr(args, "memory_limit", None), store_dir=getattr(args, "store_dir", None),
                       matmul_precision=getattr(args, "matmul_precision", "float32"))
+    # The tokenized corpus is held all run: a part of the route plan of its own, as `tensorarena plan` counts it.
+    trainer.data_bytes = train_ids.nbytes + loader.targets.nbytes + probe_ids.nbytes
 
+    # Planned before the probe: the probe's forward leaves its arena's blocks in the pool, and so in the RSS that
+    # the plan measures as the process's share; the steps reuse those blocks, so they were counted twice.
+    planning = plan_before_step_1(trainer, train_ids[:args.batch_size], None)
     probe_before = _probe_loss(model, probe_ids, args.seed + 2)
     reports = []
     rss_before = rss_bytes()
     products_before = bf16_products_since()
-    planning = plan_before_step_1(trainer, train_ids[:args.batch_size], None)
     started = time.perf_counter()
     bar = tqdm(total=args.steps, disable=args.no_progress, unit="step", file=sys.stderr)
     try:

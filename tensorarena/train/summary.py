@@ -68,6 +68,10 @@ def route_summary(trainer, planning: float | None) -> dict:
     """The summary entries every train job reports about its route: budget, plan, switches, fused step."""
     return {"memory_budget_bytes": trainer.budget.nbytes, "memory_budget_source": trainer.budget.source,
             "route_plan": trainer.route_plan.format() if trainer.route_plan else None,
+            # The plan's figures as `tensorarena plan --json` gives them, so the two can be compared by number.
+            "route_plan_estimates": ({r: vars(e) for r, e in trainer.route_plan.estimates.items()}
+                                     if trainer.route_plan else None),
+            "route_plan_process_other_bytes": trainer.route_plan.process_other_bytes if trainer.route_plan else None,
             "route_switches": trainer.route_switches, "route_planning_seconds": planning,
             "fused_update": fused_update(trainer), "fused_replay": fused_replay(trainer)}
 

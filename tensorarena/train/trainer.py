@@ -231,15 +231,23 @@ class Trainer:
                 route.scheduler = value
 
     # -- routes ------------------------------------------------------------------------
-    def plan(self, inputs: Any, targets: Any, routes: tuple[str, ...] = ("fused", "streaming")):
-        """Estimate the routes for this batch against the budget (before step 1); returns the RoutePlan."""
+    def plan(self, inputs: Any, targets: Any, routes: tuple[str, ...] = ("fused", "streaming"), *,
+             data_bytes: int | None = None):
+        """Estimate the routes for this batch against the budget (before step 1); returns the RoutePlan.
+
+        `data_bytes`: the bytes of the data the caller holds for the run (its train and held-out arrays), a part
+        of every route (route_plan.TRAINING_DATA) rather than of the measured process share. Kept as
+        `self.data_bytes` (which a caller may also set) for the plans the Trainer makes itself before step 1."""
         from .route_plan import plan_routes
 
         from ..compile.step import batch_signature
 
+        if data_bytes is not None:
+            self.data_bytes = data_bytes
         with float32_matmul_precision(self.matmul_precision):  # its traces hold the bfloat16 buffers too
             self.route_plan = plan_routes(self.model, self.optimizer, self.loss_fn, inputs, targets, self.budget,
-                                          routes=routes, fused_keeps_grads=not self.update_in_backward)
+                                          routes=routes, fused_keeps_grads=not self.update_in_backward,
+                                          data_bytes=getattr(self, "data_bytes", 0))
         self._route_plan_batch = (batch_signature(inputs, targets), routes)
         return self.route_plan
 

@@ -30,6 +30,18 @@ def _positive(args, *names: str) -> None:
             raise SystemExit(f"tensorarena train: --{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
 
 
+def default_train_images(total_steps: int, batch_size: int) -> int:
+    """Training images a run draws without --train-size: what its total_steps x batch_size show once, at most
+    MAX_DEFAULT_TRAIN_IMAGES and at least one batch. `tensorarena plan` counts the data with it too."""
+    return max(min(MAX_DEFAULT_TRAIN_IMAGES, total_steps * batch_size), batch_size)
+
+
+def test_images(test_size: int, image_size: int) -> int:
+    """Held-out images a run draws for --test-size: at most MAX_TEST_BYTES of float32 RGB, at least one."""
+    per_image = 3 * image_size ** 2 * 4
+    return max(min(test_size, MAX_TEST_BYTES // per_image), 1)
+
+
 def build_vit(args, *, command: str = "train"):
     """The ViT preset named by args.model ('vit-tiny' ...) at args.image_size / args.patch_size, 10 classes;
     errors name the `tensorarena COMMAND` that asked (train or plan)."""
@@ -62,10 +74,9 @@ def train_vit(args) -> dict:
     if args.dtype != "float32":
         raise SystemExit("tensorarena train: the ViT presets train in float32; drop --dtype float64")
     resumed = prepare_resume(args)  # the run's length (args.total_steps) and the checkpoint's data size
-    default_size = max(min(MAX_DEFAULT_TRAIN_IMAGES, args.total_steps * args.batch_size), args.batch_size)
-    n_train = args.train_size = resolve_train_size(args, resumed, default_size)
-    per_image = 3 * args.image_size ** 2 * 4
-    n_test = max(min(args.test_size, MAX_TEST_BYTES // per_image), 1)
+    n_train = args.train_size = resolve_train_size(args, resumed, default_train_images(args.total_steps,
+                                                                                        args.batch_size))
+    n_test = test_images(args.test_size, args.image_size)
     (x_train, y_train), (x_test, y_test) = train_test_split(n_train, n_test, size=args.image_size, seed=args.seed)
     manual_seed(args.seed)
     model = build_vit(args)
