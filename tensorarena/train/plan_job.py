@@ -6,6 +6,9 @@ Builds the model (parameters only: nothing is trained), estimates the fused, eag
 streaming routes (train/route_plan.py: persistent bytes from shapes, activations traced
 stage by stage at the real batch size) and prints the table the Trainer's route="auto" uses.
 Left out, --batch, --image-size and --patch-size are what `tensorarena train` runs for the model.
+The data train holds all run (train and held-out sets, or simcse's tokenized corpus) is the part
+"training data", counted from train's sizes for the model (--steps, --train-size, --test-size: a vit
+draws no more images than the run shows once) without drawing it.
 """
 
 from __future__ import annotations
@@ -38,6 +41,14 @@ def add_plan_parser(sub) -> None:
     plan.add_argument("--patch-size", type=positive_int, default=train.get_default("patch_size"), help="vit: patch side")
     plan.add_argument("--seq-len", type=positive_int, default=train.get_default("seq_len"),
                       help="simcse: tokens per sentence")
+    # The data's size: train draws its data from these (vit: --steps x --batch images at most), and holds it all run.
+    plan.add_argument("--steps", type=positive_int, default=None,
+                      help="the run's length, as train's --steps (or --total-steps): a vit's default training set "
+                           "is what it shows once (default: train's for the model: mlp 400, vit 60, simcse 30)")
+    plan.add_argument("--train-size", type=positive_int, default=train.get_default("train_size"),
+                      help="mlp, vit: training examples, as train's (default: mlp 8000, vit what --steps shows)")
+    plan.add_argument("--test-size", type=positive_int, default=train.get_default("test_size"),
+                      help="mlp, vit: held-out examples, as train's (a vit's capped at 64 MiB of images)")
     plan.add_argument("--optimizer", choices=["adamw", "adam", "sgd"], default="adamw")
     plan.add_argument("--clip", type=nonnegative_float, default=train.get_default("clip"),
                       help="global gradient-norm clip, as `tensorarena train --clip` (0: none, so the fused step "
@@ -67,6 +78,30 @@ def _model_and_batch(args):
     return model, x, np.zeros(args.batch, np.int64), cross_entropy
 
 
+def _data_bytes(args) -> int:
+    """The bytes of data `tensorarena train --model args.model` holds all run (route_plan.TRAINING_DATA), from
+    the sizes it would draw (the job's own functions for them), without drawing any."""
+    from ..cli import MLP_TRAIN_SIZE, model_defaults
+    from .classifier_job import classifier_data_bytes
+
+    if args.model == "mlp":
+        from ..data.digits import SIZE
+
+        return classifier_data_bytes(args.train_size or MLP_TRAIN_SIZE, args.test_size, (SIZE * SIZE,))
+    if args.model == "simcse":
+        from ..text import python_reference_sentences
+        from .simcse_job import PROBE_SIZE, corpus_data_bytes
+
+        # The corpus's size, as train splits it (the probe sentences first); read, not tokenized.
+        return corpus_data_bytes(len(python_reference_sentences(seed=0)) - PROBE_SIZE, args.batch, args.seq_len)
+    from .vit_job import default_train_images, test_images
+
+    steps = args.steps or model_defaults(args.model)["steps"]
+    n_train = args.train_size or default_train_images(steps, args.batch)
+    return classifier_data_bytes(n_train, test_images(args.test_size, args.image_size),
+                                 (3, args.image_size, args.image_size))
+
+
 def _simcse_and_batch(args):
     """SimCSE over all-MiniLM-L6-v2, as `tensorarena train --model simcse` builds it, and a batch of
     args.batch unpadded sentences of args.seq_len tokens (the job pads every batch to that length)."""
@@ -88,12 +123,23 @@ def _simcse_and_batch(args):
     return SimCSE(encoder, pad_id=encoder.config.pad_token_id), ids, None, _model_loss
 
 
+def _simcse_tokenizer(args):
+    """The tokenizer `tensorarena train --model simcse` builds (its corpus is not tokenized here)."""
+    from ..text import WordPieceTokenizer, locate_minilm
+
+    return WordPieceTokenizer(locate_minilm(), max_length=args.seq_len)
+
+
 def cmd_plan(args) -> dict:
     from .. import optim
     from ..memory.budget import resolve_budget
     from .route_plan import plan_routes
 
     model, x, y, loss_fn = _model_and_batch(args)
+    data_bytes = _data_bytes(args)
+    # simcse's train holds its tokenizer all run (~12 MiB of vocabulary in RSS, the process's share): held here
+    # too while planning, so both measure the same process (without it, plan's totals were 2.8% under train's).
+    tokenizer = _simcse_tokenizer(args) if args.model == "simcse" else None
     params = model.parameters()
     opt = {"adamw": optim.AdamW, "adam": optim.Adam}.get(args.optimizer, lambda p: optim.SGD(p, momentum=0.9))(params)
     budget = resolve_budget(args.memory_limit)
@@ -102,7 +148,9 @@ def cmd_plan(args) -> dict:
     # never eager, which is shown for comparison only). simcse streams too: its BERT stages read the attention
     # mask as side inputs, a part of their own in the plan.
     plan = plan_routes(model, opt, loss_fn, x, y, budget, routes=("fused", "eager", "streaming"),
-                       fused_keeps_grads=bool(args.clip), choose=("fused", "streaming"))
+                       fused_keeps_grads=bool(args.clip), choose=("fused", "streaming"), data_bytes=data_bytes,
+                       data_held=False)  # counted from train's sizes, never drawn here
+    del tokenizer  # measured: the plan is made
     shape = {"mlp": "", "simcse": f" x {args.seq_len} tokens"}.get(args.model, f", {args.image_size}x{args.image_size}")
     print(f"{args.model}, batch {args.batch}{shape}, {args.optimizer}, {model.num_parameters():,} parameters")
     print(plan.format())
@@ -111,6 +159,7 @@ def cmd_plan(args) -> dict:
         print(json.dumps({"budget": plan.budget.nbytes, "budget_source": plan.budget.source,
                           "budget_margin": plan.budget.margin, "chosen": plan.chosen, "reason": plan.reason,
                           "process_other_bytes": plan.process_other_bytes, "activations": plan.activation_source,
+                          "data_bytes": data_bytes,
                           "estimates": {r: vars(e) for r, e in plan.estimates.items()},
                           "unavailable": plan.unavailable}))
     sys.stdout.flush()
