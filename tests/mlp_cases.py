@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from tensorarena.models import MLP, MLPConfig
+from tensorarena.nn import Linear, Module
 
 
 def small_mlp(seed=0, dropout=0.0, dtype=np.float32, hidden=(16,)) -> MLP:
@@ -22,3 +23,16 @@ def labelled_rows(n=4, batch=16, features=12, classes=4, dtype=np.float32, seed=
         x = rng.standard_normal((batch, features)).astype(dtype)
         out.append((x, x[:, :classes].argmax(axis=1).astype(np.int64)))
     return out
+
+
+class HeadOnly(Module):
+    """12 -> 64 -> 4 as a body and a head; tests give the optimizer the head only, the body left trainable (not
+    frozen): gradients outside the optimizer (test_fused_programs_hunt, test_reports_hunt)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = Linear(12, 64, rng=np.random.default_rng(0))
+        self.head = Linear(64, 4, rng=np.random.default_rng(1))
+
+    def forward(self, x):
+        return self.head(self.body(x).relu())

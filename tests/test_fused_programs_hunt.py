@@ -32,6 +32,7 @@ from tensorarena.compile.flat import FlatState
 from tensorarena.nn import Dropout, Embedding, Linear, Module, Parameter, ParameterList
 from tensorarena.nn.functional import cross_entropy
 from tensorarena.train.trainer import Trainer
+from mlp_cases import HeadOnly
 
 REPLAYS = ("python", "captured")
 
@@ -39,18 +40,6 @@ REPLAYS = ("python", "captured")
 def _rows(n=3, rows=8, dtype=np.float32, seed=5):
     rng = np.random.default_rng(seed)
     return [(rng.standard_normal((rows, 12)).astype(dtype), rng.integers(0, 4, rows)) for _ in range(n)]
-
-
-class _HeadOnly(Module):
-    """A body and a head; the tests give the optimizer the head only, the body left trainable (not frozen)."""
-
-    def __init__(self):
-        super().__init__()
-        self.body = Linear(12, 64, rng=np.random.default_rng(0))
-        self.head = Linear(64, 4, rng=np.random.default_rng(1))
-
-    def forward(self, x):
-        return self.head(self.body(x).relu())
 
 
 def _torch_twin(model: Module) -> torch.nn.Module:
@@ -68,7 +57,7 @@ def test_head_only_optimizer_keeps_the_body_grads_as_torch_on_every_route():
     """torch's loop (opt.zero_grad(); loss.backward(); opt.step()) with an optimizer over the head: the body's
     .grad accumulates over the steps (zero_grad clears the optimizer's parameters only), the body never moves."""
     data = _rows()
-    model0 = _HeadOnly()
+    model0 = HeadOnly()
     net = _torch_twin(model0)
     topt = torch.optim.AdamW(net[2].parameters(), lr=0.01)
     for x, y in data:
@@ -78,7 +67,7 @@ def test_head_only_optimizer_keeps_the_body_grads_as_torch_on_every_route():
     expected = [q.detach().numpy() for q in net.parameters()]
     body_grads = [net[0].weight.grad.numpy(), net[0].bias.grad.numpy()]
     for route, replay in [("eager", "auto"), ("fused", "python"), ("fused", "auto")]:
-        model = _HeadOnly()
+        model = HeadOnly()
         trainer = Trainer(model, optim.AdamW(model.head.parameters(), lr=0.01), cross_entropy, route=route,
                           fused_replay=replay)
         reports = [trainer.step(x, y) for x, y in data]
@@ -96,7 +85,7 @@ def test_head_only_optimizer_keeps_the_body_grads_as_torch_on_every_route():
 @pytest.mark.parametrize("replay", REPLAYS)
 def test_memory_report_counts_the_grads_outside_the_optimizer(replay):
     x, y = _rows(1)[0]
-    model = _HeadOnly()
+    model = HeadOnly()
     fused = compile_step(model, cross_entropy, optim.AdamW(model.head.parameters()), (x, y), replay=replay)
     body = model.body.weight.data.nbytes + model.body.bias.data.nbytes
     assert body == 3328
@@ -115,7 +104,7 @@ def test_memory_report_counts_the_grads_outside_the_optimizer(replay):
 
 def test_an_optimizer_over_every_parameter_reports_no_grads_outside_it():
     x, y = _rows(1)[0]
-    model = _HeadOnly()
+    model = HeadOnly()
     fused = compile_step(model, cross_entropy, optim.AdamW(model.parameters()), (x, y))
     assert "grads outside the optimizer" not in fused.memory_report()
 
@@ -126,7 +115,7 @@ def test_grads_outside_the_optimizer_do_not_lengthen_any_slab_lifetime():
     x, y = _rows(1)[0]
     plans = []
     for head_only in (True, False):
-        model = _HeadOnly()
+        model = HeadOnly()
         params = model.head.parameters() if head_only else model.parameters()
         plans.append(compile_step(model, cross_entropy, optim.SGD(params, lr=0.1), (x, y)).plan)
     assert [(b.shape, b.death) for b in plans[0].buffers] == [(b.shape, b.death) for b in plans[1].buffers]
@@ -135,17 +124,17 @@ def test_grads_outside_the_optimizer_do_not_lengthen_any_slab_lifetime():
 
 def test_flat_gradients_with_grads_outside_the_optimizer_refuse_clearly_or_fall_back_when_allowed(caplog):
     data = _rows(2)
-    model = _HeadOnly()
+    model = HeadOnly()
     trainer = Trainer(model, optim.SGD(model.head.parameters(), lr=0.1), cross_entropy, route="fused",
                       clip_grad_norm=1.0)
     before = [p.data.copy() for p in model.parameters()]
     with pytest.raises(UnsupportedOpError, match=r"body\.weight.*not in the optimizer"):
         trainer.step(*data[0])
     assert all(np.array_equal(p.data, b) for p, b in zip(model.parameters(), before))
-    eager = _HeadOnly()
+    eager = HeadOnly()
     eager_trainer = Trainer(eager, optim.SGD(eager.head.parameters(), lr=0.1), cross_entropy, route="eager",
                             clip_grad_norm=1.0)
-    model = _HeadOnly()
+    model = HeadOnly()
     trainer = Trainer(model, optim.SGD(model.head.parameters(), lr=0.1), cross_entropy, route="fused",
                       clip_grad_norm=1.0, fallback_to_eager=True)
     with caplog.at_level(logging.WARNING, logger="tensorarena"):
@@ -196,7 +185,7 @@ def test_a_dict_batch_is_refused_clearly_or_falls_back_to_eager_when_allowed(cap
 
 
 def test_inputs_of_an_array_like_the_eager_route_rejects_too_stay_a_plain_type_error():
-    model = _HeadOnly()
+    model = HeadOnly()
     trainer = Trainer(model, optim.SGD(model.parameters(), lr=0.1), cross_entropy, route="fused",
                       fallback_to_eager=True)
     with pytest.raises((TypeError, ValueError)) as err:  # ragged rows: no array on any route, so no fallback
@@ -210,7 +199,7 @@ def test_inputs_of_an_array_like_the_eager_route_rejects_too_stay_a_plain_type_e
 @pytest.mark.parametrize("value", [1.0, np.float32(1.0)], ids=["float", "np.float32"])
 def test_a_loss_fn_returning_a_number_is_a_clear_error(value):
     x, y = _rows(1)[0]
-    model = _HeadOnly()
+    model = HeadOnly()
     before = [p.data.copy() for p in model.parameters()]
     with pytest.raises(TypeError, match=r"loss_fn must return the loss as a scalar Tensor.*got (float|float32)"):
         compile_step(model, lambda out, t: value, optim.SGD(model.parameters(), lr=0.1), (x, y))

@@ -38,6 +38,7 @@ from tensorarena.nn.functional import cross_entropy
 from tensorarena.train import plan_job, route_plan
 from tensorarena.train.route_plan import plan_routes
 from tensorarena.train.trainer import Trainer
+from mlp_cases import HeadOnly
 
 MiB = 1 << 20
 BIG = MemoryBudget(1 << 40, "test")
@@ -155,25 +156,13 @@ def test_tied_weights_are_counted_once(keep_grads):
         assert parts["gradient in flight"] == model.a.weight.data.nbytes  # the largest parameter
 
 
-class _HeadOnly(Module):
-    """A body and a head; the tests give the optimizer the head only, the body left trainable (not frozen)."""
-
-    def __init__(self):
-        super().__init__()
-        self.body = Linear(12, 64, rng=np.random.default_rng(0))
-        self.head = Linear(64, 4, rng=np.random.default_rng(1))
-
-    def forward(self, x):
-        return self.head(self.body(x).relu())
-
-
 # Regression (fixed): parameters that require a gradient but are in no optimizer group (torch's common "optimizer
 # over the head only" without freezing the body) still get a gradient from every backward, which the eager route
 # holds in .grad between steps; the route plan counted gradients of the optimizer's parameters only (1040 B here
 # against the 4368 B held), so a run could be routed on a total below what it holds.
 def test_gradients_of_trainable_parameters_outside_the_optimizer_are_counted():
     x, y = _rows()
-    model = _HeadOnly()
+    model = HeadOnly()
     opt = optim.AdamW(model.head.parameters())
     parts = plan_routes(model, opt, cross_entropy, x, y, BIG, routes=("fused", "eager"), process_other_bytes=0,
                         fused_keeps_grads=False).estimates
