@@ -73,3 +73,17 @@ class Seed:
 
     def draw(self) -> None:
         self.value = int(self.rng.integers(0, 2**64, dtype=np.uint64))
+
+
+def rng_state(generator: np.random.Generator) -> dict:
+    """A generator's state as JSON (checkpoints, a loader's position): MT19937, Philox and SFC64 keep NumPy arrays
+    and scalars in theirs (PCG64 only ints), which json.dumps refuses; NumPy's state setters take the lists back."""
+    return _plain(generator.bit_generator.state)
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value.tolist()
+    return value

@@ -4,16 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def _plain(value):
-    """A bit generator's state with its NumPy arrays and scalars as lists and ints: MT19937, Philox and SFC64
-    keep arrays in theirs (PCG64 only ints), and json.dumps takes no arrays. NumPy's state setters take the
-    lists back."""
-    if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, (np.ndarray, np.generic)):
-        return value.tolist()
-    return value
+from ..random import rng_state
 
 
 class BatchLoader:
@@ -58,7 +49,7 @@ class BatchLoader:
 
     def state(self) -> dict:
         """JSON-able position: RNG state, the current epoch's order and the cursor in it."""
-        return {"rng": _plain(self.rng.bit_generator.state), "order": self._order.tolist(), "cursor": self._cursor}
+        return {"rng": rng_state(self.rng), "order": self._order.tolist(), "cursor": self._cursor}
 
     def load_state(self, state: dict) -> None:
         """Restore a position from state(); ValueError if it is not one in this data set (a saved order is a

@@ -29,6 +29,7 @@ import numpy as np
 from safetensors.numpy import load_file, save
 
 from ..nn.module import Module
+from ..random import rng_state
 from ..tensor import Tensor
 
 FORMAT = "tensorarena-checkpoint"
@@ -102,12 +103,6 @@ def _generators(model: Module) -> dict[str, np.random.Generator]:
             if isinstance(value, np.random.Generator):
                 found[f"{name}.{attr}" if name else attr] = value
     return found
-
-
-def rng_state(generator: np.random.Generator) -> dict:
-    """A generator's state as JSON: MT19937, Philox and SFC64 keep NumPy arrays in theirs (PCG64 only ints);
-    NumPy's state setters take the lists back."""
-    return _jsonable(generator.bit_generator.state)
 
 
 def json_extra(value: Any, where: str = "extra") -> Any:
