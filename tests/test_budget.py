@@ -1,5 +1,7 @@
 """Memory budgets: size parsing, cgroup v1/v2 limits, and where the default comes from."""
 
+import os
+
 import pytest
 
 from tensorarena.memory import budget
@@ -74,3 +76,20 @@ def test_too_little_memory_is_a_clear_error(monkeypatch):
 def test_this_machine_resolves_a_budget():
     b = resolve_budget()
     assert b.nbytes > 0 and b.source
+
+
+# Regression: a cgroup made with the user's own --memory-limit reads back rounded down to a page (v1 keeps
+# limit_in_bytes page-aligned), and the user's number, up to a page above it, was taken as "above the cgroup
+# limit": the budget fell to the limit less the 128 MiB margin and `train --memory-limit L` refused a model that
+# fitted L. Fails on 4c8b667 (before the fix in memory/budget.py: the budget came out 65 MiB, not 193 MiB):
+#   git worktree add /tmp/wt 4c8b667 && cp tests/test_budget.py /tmp/wt/tests/ && (cd /tmp/wt && PYTHONPATH=. pytest -q tests/test_budget.py -k page)
+def test_a_limit_the_kernel_rounded_to_a_page_is_the_users_own(monkeypatch):
+    page = os.sysconf("SC_PAGE_SIZE")
+    asked = int(193.1 * (1 << 20))  # not a whole number of pages
+    kept = asked // page * page
+    monkeypatch.setattr(budget, "cgroup_limit", lambda: (kept, "cgroup v1 memory.limit_in_bytes at /z"))
+    b = resolve_budget(asked)
+    assert b.source == "set by the user" and b.nbytes == kept and b.margin == 0
+    # A whole page or more above the cgroup limit is still above it: the cgroup less its margin, as before.
+    b = resolve_budget(kept + page)
+    assert b.nbytes == kept - b.margin and "cgroup" in b.source
