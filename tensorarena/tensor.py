@@ -345,6 +345,13 @@ class Tensor:
     def __float__(self) -> float:
         return float(self.item())
 
+    def __format__(self, spec: str) -> str:
+        """f"{t:.3f}" of a 0-d tensor formats its value, as torch's (a loss or a gradient norm in a log line);
+        any other tensor formats as its repr, and refuses a format spec as object() does."""
+        if self._data.ndim == 0:
+            return format(self.item(), spec)
+        return super().__format__(spec)
+
     def __int__(self) -> int:
         """int() of a one-element tensor, truncated toward zero (as int() of its float)."""
         return int(self.item())

@@ -589,8 +589,8 @@ def test_clip_grad_norm_matches_torch(dtype, norm_type, max_norm):
     total = optim.clip_grad_norm_(ours, max_norm, norm_type=norm_type)
     ttotal = torch.nn.utils.clip_grad_norm_(theirs, max_norm, norm_type=norm_type, foreach=False)
     rtol = 1e-12 if dtype == np.float64 else 2e-6
-    assert isinstance(total, float)
-    assert total == pytest.approx(float(ttotal), rel=rtol)
+    assert isinstance(total, ta.Tensor) and total.shape == () and total.dtype == np.dtype(dtype)  # as torch's
+    assert total.item() == pytest.approx(ttotal.item(), rel=rtol)
     for p, t in zip(ours, theirs):
         if t.grad is None:
             assert p.grad is None

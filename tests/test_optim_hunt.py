@@ -924,8 +924,8 @@ def test_clip_grad_norm_with_missing_grads_and_zero_grads_matches_torch(norm_typ
         p.grad, t.grad = g.copy(), torch.from_numpy(g.copy())
     total = optim.clip_grad_norm_(iter(ours), 0.7, norm_type=norm_type)  # a generator, like model.parameters()
     ttotal = torch.nn.utils.clip_grad_norm_(theirs, 0.7, norm_type=norm_type, foreach=False)
-    assert isinstance(total, float)
-    assert total == pytest.approx(float(ttotal), rel=TOL[dtype])
+    assert isinstance(total, ta.Tensor) and total.shape == () and total.dtype == np.dtype(dtype)  # as torch's
+    assert total.item() == pytest.approx(ttotal.item(), rel=TOL[dtype])
     for p, t in zip(ours, theirs):
         assert (p.grad is None) == (t.grad is None)
         if p.grad is not None:

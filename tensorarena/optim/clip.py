@@ -31,11 +31,14 @@ def _norm(g: np.ndarray, p: float) -> float:
 
 
 def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm_type: float = 2.0,
-                    error_if_nonfinite: bool = False) -> float:
+                    error_if_nonfinite: bool = False, foreach: bool | None = None) -> Tensor:
     """Scale all gradients in place so their global `norm_type`-norm is at most `max_norm`; returns the norm.
 
     As in torch the scale is max_norm / (total + 1e-6), applied when it is below 1
-    (and also when the norm is NaN, which makes the gradients NaN as torch does).
+    (and also when the norm is NaN, which makes the gradients NaN as torch does). The norm comes back as
+    torch's does: a 0-d tensor in the gradients' dtype (the widest of them; float32 when there are none), so
+    `.item()`, float(), comparisons and f"{norm:.3f}" work on it. `foreach` is accepted for torch's signature
+    only: there is one implementation, which accumulates each gradient's norm in float64.
     """
     max_norm = float(max_norm)
     norm_type = float(norm_type)
@@ -45,7 +48,7 @@ def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm
         raise ValueError(f"max_norm must be a non-negative number, got {max_norm}")
     grads = _grads(parameters)
     if not grads:
-        return 0.0
+        return Tensor(np.zeros((), np.float32))  # torch's torch.tensor(0.0)
     # Overflow to inf and inf * 0 -> NaN are legitimate outcomes here (torch returns them too);
     # error_if_nonfinite is the switch for raising on them. Scaling a tiny gradient into subnormals is
     # legitimate too (torch does it silently); under np.seterr(all="raise") it raised.
@@ -69,7 +72,8 @@ def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm
         if not coef >= 1.0:  # also true for NaN, as in torch
             for g in grads:
                 np.multiply(g, coef, out=g)
-    return total
+        # The dtype torch's stack of per-dtype norms promotes to; float64 -> float32 may round a huge norm to inf.
+        return Tensor(np.asarray(total, np.result_type(*{g.dtype for g in grads})))
 
 
 def clip_grad_value_(parameters: Tensor | Iterable[Tensor], clip_value: float) -> None:
