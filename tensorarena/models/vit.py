@@ -106,7 +106,7 @@ class ViT(Module):
         self.config = config
         c, dt = config, config.dtype
         self.patch_embed = PatchEmbedding(c.image_size, c.patch_size, c.in_channels, c.dim, rng=rng, dtype=dt)
-        self.cls_token = Parameter(np.zeros((1, 1, c.dim)), dtype=dt)
+        self.cls_token = init.zeros_(Parameter.empty((1, 1, c.dim), dt))  # deferred under nn.deferred_init()
         self.pos_embed = PositionEmbedding(c.num_patches + 1, c.dim, rng=rng, dtype=dt)
         self.pos_drop = Dropout(c.dropout, rng=rng)
         self.blocks = [TransformerBlock(c.dim, c.num_heads, c.mlp_ratio, norm_first=True, activation=c.activation,

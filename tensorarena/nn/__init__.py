@@ -1,6 +1,7 @@
 """Neural-network building blocks: Module, Parameter, layers, init and functional (torch.nn names)."""
 
 from . import functional, init, utils
+from .deferred import DeferredParameterError, deferred_init
 from .layers import GELU, Dropout, Embedding, Identity, LayerNorm, Linear, ReLU, Sequential, Tanh
 from .module import IncompatibleKeys, Module, ModuleDict, ModuleList, ParameterDict, ParameterList
 from .parameter import Parameter
@@ -10,4 +11,4 @@ from .transformer import (FeedForward, MultiheadAttention, PatchEmbedding, Posit
 __all__ = ["Module", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict", "Parameter", "IncompatibleKeys", "Linear", "Embedding",
            "LayerNorm", "Dropout", "GELU", "ReLU", "Tanh", "Identity", "Sequential", "functional", "init", "utils",
            "MultiheadAttention", "FeedForward", "TransformerBlock", "PatchEmbedding", "PositionEmbedding",
-           "cls_pool", "mean_pool"]
+           "cls_pool", "mean_pool", "deferred_init", "DeferredParameterError"]

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..autograd import increment_version
 from ..tensor import Tensor
+from . import deferred
 
 from ..random import DEFAULT_SEED, default_generator, get_generator, manual_seed  # noqa: F401  (re-exported)
 
@@ -28,6 +29,21 @@ def _target(t: Tensor | np.ndarray) -> np.ndarray:
     if arr.dtype.kind != "f":
         raise TypeError(f"init functions fill floating-point arrays, got dtype {arr.dtype}")
     return arr
+
+
+def _shape(t: Tensor | np.ndarray) -> tuple[int, ...]:
+    """The target's shape, read without its values (a deferred parameter has a shape but no values yet)."""
+    return t.shape if _is_deferred(t) else _target(t).shape
+
+
+def _is_deferred(t) -> bool:
+    """A parameter built under nn.deferred_init(): its fills are recorded, not run (nn/deferred.py)."""
+    return getattr(t, "is_deferred", False)
+
+
+def _deferred(t, fn: str, kwargs: dict, gen: np.random.Generator | None = None, advance=None):
+    """Record the fill on a deferred parameter, moving `gen` on as the fill would have (nn/deferred.py)."""
+    return _written(deferred.record_fill(t, fn, kwargs, gen, advance))
 
 
 def _written(t):
@@ -65,7 +81,7 @@ def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
 
 def calculate_fan_in_and_fan_out(t: Tensor | np.ndarray) -> tuple[int, int]:
     """(fan_in, fan_out) of a weight laid out (out, in, *kernel) as in torch."""
-    shape = _target(t).shape
+    shape = _shape(t)
     if len(shape) < 2:
         raise ValueError(f"fan in and fan out need a tensor with at least 2 dimensions, got shape {shape}")
     receptive = math.prod(shape[2:])
@@ -84,6 +100,10 @@ def uniform_(t, a: float = 0.0, b: float = 1.0, *, rng: np.random.Generator | No
     """Fill with U(a, b)."""
     if not (math.isfinite(a) and math.isfinite(b) and a <= b):
         raise ValueError(f"uniform_: need finite bounds with a <= b, got a={a}, b={b}")
+    if _is_deferred(t):
+        gen = get_generator(rng)
+        return _deferred(t, "uniform_", {"a": a, "b": b}, gen,
+                         lambda g: deferred.skip_draws(lambda n: g.uniform(a, b, size=n), t.numel()))
     arr = _target(t)
     return _fill(t, get_generator(rng).uniform(a, b, size=arr.shape))
 
@@ -91,6 +111,10 @@ def uniform_(t, a: float = 0.0, b: float = 1.0, *, rng: np.random.Generator | No
 def normal_(t, mean: float = 0.0, std: float = 1.0, *, rng: np.random.Generator | None = None):
     """Fill with N(mean, std^2)."""
     _check_normal("normal_", mean, std)
+    if _is_deferred(t):
+        gen = get_generator(rng)
+        return _deferred(t, "normal_", {"mean": mean, "std": std}, gen,
+                         lambda g: deferred.skip_draws(lambda n: g.normal(mean, std, size=n), t.numel()))
     arr = _target(t)
     return _fill(t, get_generator(rng).normal(mean, std, size=arr.shape))
 
@@ -111,6 +135,9 @@ def trunc_normal_(t, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: fl
         raise ValueError(f"trunc_normal_: [a, b] = [{a}, {b}] holds only {accept:.2e} of N({mean}, {std}^2); "
                          f"widen the bounds or move the mean inside them")
     gen = get_generator(rng)
+    if _is_deferred(t):
+        return _deferred(t, "trunc_normal_", {"mean": mean, "std": std, "a": a, "b": b}, gen,
+                         lambda g: deferred.skip_trunc_normal(g, t.numel(), mean, std, a, b))
     arr = _target(t)
     values = gen.normal(mean, std, size=arr.size)
     bad = np.flatnonzero((values < a) | (values > b))
@@ -122,6 +149,8 @@ def trunc_normal_(t, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: fl
 
 def constant_(t, value: float):
     """Fill with `value`."""
+    if _is_deferred(t):
+        return _deferred(t, "constant_", {"value": value})
     _target(t)[...] = value
     return _written(t)
 
@@ -141,7 +170,7 @@ def kaiming_uniform_(t, a: float = 0.0, mode: str = "fan_in", nonlinearity: str 
     """He uniform: U(-bound, bound), bound = gain * sqrt(3 / fan) (torch.nn.init.kaiming_uniform_)."""
     if mode not in ("fan_in", "fan_out"):
         raise ValueError(f"mode must be 'fan_in' or 'fan_out', got {mode!r}")
-    if _target(t).size == 0:
+    if math.prod(_shape(t)) == 0:
         return t  # nothing to fill; and fan would be 0
     fan_in, fan_out = calculate_fan_in_and_fan_out(t)
     fan = fan_in if mode == "fan_in" else fan_out
@@ -151,7 +180,7 @@ def kaiming_uniform_(t, a: float = 0.0, mode: str = "fan_in", nonlinearity: str 
 
 def xavier_uniform_(t, gain: float = 1.0, *, rng: np.random.Generator | None = None):
     """Glorot uniform: U(-bound, bound), bound = gain * sqrt(6 / (fan_in + fan_out))."""
-    if _target(t).size == 0:
+    if math.prod(_shape(t)) == 0:
         return t
     fan_in, fan_out = calculate_fan_in_and_fan_out(t)
     bound = gain * math.sqrt(6.0 / (fan_in + fan_out))

@@ -30,10 +30,7 @@ def _size(owner: str, name: str, value) -> int:
 
 
 def _empty_param(shape: tuple[int, ...], dtype) -> Parameter:
-    dt = np.dtype(dtype)
-    if dt.kind != "f":
-        raise TypeError(f"parameters must be floating point, got dtype {dt}")
-    return Parameter(np.empty(shape, dt), dtype=dt)
+    return Parameter.empty(shape, dtype)  # deferred (no memory, fills recorded) under nn.deferred_init()
 
 
 class Linear(Module):

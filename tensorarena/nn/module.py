@@ -123,6 +123,8 @@ class Module:
         current = own.get(name, _MISSING)
         if isinstance(value, (Parameter, Module)):
             buffers.pop(name, None)  # as in torch, a parameter or module takes the name over from a buffer
+            if isinstance(value, Parameter) and value.is_deferred:  # its errors name it (nn/deferred.py)
+                value._arena.label = f"parameter {name!r} of a {type(self).__name__}"
         elif name in buffers:
             value = _buffer_value(name, value)
         elif value is not None and isinstance(current, Parameter):
@@ -326,6 +328,16 @@ class Module:
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
+
+    def materialize(self) -> "Module":
+        """Make the values of every parameter built under nn.deferred_init(), in memory: exactly those an eager
+        build with the same generator state holds (nn/deferred.py). Parameters with values are left alone."""
+        from .deferred import name_deferred
+
+        name_deferred(self)
+        for p in self.parameters():
+            p.materialize()
+        return self
 
     # -- dtype -------------------------------------------------------------------------
     def to(self, dtype) -> "Module":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..tensor import Tensor
+from .deferred import DeferredInit, DeferredParameterError, is_deferring, placeholder
 
 
 class Parameter(Tensor):
@@ -18,5 +19,37 @@ class Parameter(Tensor):
             array = array.astype(np.float32)
         super().__init__(array, requires_grad=requires_grad)
 
+    @classmethod
+    def empty(cls, shape: tuple[int, ...], dtype=np.float32, *, requires_grad: bool = True) -> "Parameter":
+        """An uninitialised parameter for a constructor to fill with tensorarena.nn.init; under
+        nn.deferred_init() a deferred one (no memory; the fills recorded: nn/deferred.py)."""
+        dt = np.dtype(dtype)
+        if dt.kind != "f":
+            raise TypeError(f"parameters must be floating point, got dtype {dt}")
+        if not is_deferring():
+            return cls(np.empty(shape, dt), dtype=dt, requires_grad=requires_grad)
+        p = cls.__new__(cls)
+        Tensor.__init__(p, placeholder(tuple(shape), dt), requires_grad=requires_grad)
+        # Private slots on purpose: the arena slot is where Tensor.data looks, so every read raises (deferred.py).
+        p._arena, p._generation = DeferredInit(tuple(shape), dt), 0
+        return p
+
+    @property
+    def is_deferred(self) -> bool:
+        """Whether the values are not made yet (built under nn.deferred_init(); see materialize)."""
+        return isinstance(self._arena, DeferredInit)
+
+    def materialize(self) -> "Parameter":
+        """Make a deferred parameter's values in memory (exactly an eager build's); nothing if it has values."""
+        if self.is_deferred:
+            record = self._arena
+            self.data = record.fill_into(np.empty(record.shape, record.dtype))  # the setter forgets the record
+        return self
+
     def __repr__(self) -> str:
+        if self.is_deferred:  # repr must not raise: a debugger or a log line shows it
+            return f"Parameter(deferred, shape={self.shape}, dtype={self.dtype}, requires_grad={self.requires_grad})"
         return "Parameter containing:\n" + super().__repr__()
+
+
+__all__ = ["Parameter", "DeferredParameterError"]
