@@ -108,3 +108,93 @@ def test_clip_grad_norm_error_if_nonfinite_as_torch(bad):
     total, want = ta.nn.utils.clip_grad_norm_([p], 1.0), torch.nn.utils.clip_grad_norm_([t], 1.0)
     assert math.isnan(total.item()) == math.isnan(want.item()) and (math.isnan(bad) or total.item() == want.item())
     np.testing.assert_array_equal(p.grad, t.grad.numpy())
+
+
+# -- 2. writes whose source overlaps the destination ---------------------------------------------------------------
+
+def _write_pairs():
+    """name -> a write into a fresh tensor (ours or torch's) whose value views part of the written memory."""
+    return {
+        "shift right": lambda t: t.__setitem__(slice(1, None), t[:-1]),
+        "shift left": lambda t: t.__setitem__(slice(None, -1), t[1:]),
+        "copy_ shifted": lambda t: t[1:].copy_(t[:-1]),
+        "copy_ shifted left": lambda t: t[:3].copy_(t[1:4]),
+        "copy_ a 0-d element inside": lambda t: t[0:2].copy_(t[0]),
+        "copy_ a broadcast (1,) inside": lambda t: t[0:2].copy_(t[0:1]),
+        "+= shifted": lambda t: t[1:3].__iadd__(t[0:2]),
+        "add_ shifted": lambda t: t[1:3].add_(t[0:2]),
+        "mul_ shifted": lambda t: t[1:3].mul_(t[0:2]),
+        "mul_ by an own 0-d element": lambda t: t.mul_(t[1]),
+        "clamp_ by shifted bounds": lambda t: t[1:3].clamp_(min=t[0:2]),
+        "setitem through a mask from a slice": lambda t: t.__setitem__(t > 3.5, t[0:2]),  # two elements selected
+        "setitem through integer ids, 0-d": lambda t: t.__setitem__([0, 1], t[2]),
+        "setitem through integer ids, whole": lambda t: t.__setitem__(list(range(len(t))), t),
+    }
+
+
+def _fresh(module):
+    return module.tensor([0.25, 1.0, 2.0, 3.0, 4.0, 5.0])
+
+
+@pytest.mark.parametrize("name", list(_write_pairs()))
+def test_a_write_from_overlapping_memory_raises_torchs_error(name):
+    write = _write_pairs()[name]
+    with pytest.raises(RuntimeError, match=re.escape(OVERLAP)):
+        write(_fresh(torch))
+    t = _fresh(ta)
+    with pytest.raises(RuntimeError, match=re.escape(OVERLAP)):
+        write(t)
+    np.testing.assert_array_equal(t.numpy(), _fresh(torch).numpy())  # nothing was written
+    assert t._version == 0
+
+
+def _allowed_writes():
+    return {
+        "t[:] = t": lambda t: t.__setitem__(slice(None), t),
+        "t[...] = t": lambda t: t.__setitem__(Ellipsis, t),
+        "t.copy_(t)": lambda t: t.copy_(t),
+        "t[:2].copy_(t[:2])": lambda t: t[:2].copy_(t[:2]),
+        "t[0:2] = t[0:2].view(1, 2)": lambda t: t.__setitem__(slice(0, 2), t[0:2].reshape(1, 2)),
+        "t.add_(t)": lambda t: t.add_(t),
+        "t *= t": lambda t: t.__imul__(t),
+        "t[1:3] = t[0] (a fill)": lambda t: t.__setitem__(slice(1, 3), t[0]),
+        "t[0:3] = t[0] (a fill over itself)": lambda t: t.__setitem__(slice(0, 3), t[0]),
+        "t.fill_(t[2])": lambda t: t.fill_(t[2]),
+        "t[mask] = t[0]": lambda t: t.__setitem__(t > 1.5, t[0]),
+        "t[::2] = t[1::2] (interleaved, disjoint)": lambda t: t.__setitem__(slice(None, None, 2), t[1::2]),
+        "t[:3] = t[3:] (disjoint halves)": lambda t: t.__setitem__(slice(None, 3), t[3:]),
+        "t[[1, 2]] = t[[0, 1]] (the value is a copy)": lambda t: t.__setitem__([1, 2], t[[0, 1]]),
+        "t[1:] = t[:-1].clone()": lambda t: t.__setitem__(slice(1, None), t[:-1].clone()),
+    }
+
+
+@pytest.mark.parametrize("name", list(_allowed_writes()))
+def test_identical_aliasing_fills_and_disjoint_views_are_written_as_torch(name):
+    write = _allowed_writes()[name]
+    want = _fresh(torch)
+    write(want)
+    got = _fresh(ta)
+    write(got)
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+def test_overlap_in_two_dims_is_refused_where_torch_refuses_and_where_it_smears():
+    def make(module):
+        return module.tensor(np.arange(12.0).reshape(3, 4))
+
+    for module in (torch, ta):  # dense rows: torch refuses
+        x = make(module)
+        with pytest.raises(RuntimeError, match=re.escape(OVERLAP)):
+            x[1:] = x[:-1]
+    for module in (torch, ta):  # a transposed square copied onto itself
+        x = make(module)[:, :3][:3].clone()
+        with pytest.raises(RuntimeError, match=re.escape(OVERLAP)):
+            x.copy_(x.T)
+    # Strided columns: torch's check gives up and its in-place copy smears column 0 along each row, neither the
+    # shifted values nor an error; the engine refuses rather than give either silently.
+    x = make(torch)
+    x[:, 1:] = x[:, :-1]
+    assert bool(x[:, 1:].eq(x[:, :1]).all())
+    y = make(ta)
+    with pytest.raises(RuntimeError, match=re.escape(OVERLAP)):
+        y[:, 1:] = y[:, :-1]

@@ -261,6 +261,7 @@ def _inplace_operand(a: Tensor, b, what: str, instead: str, *, alpha=1, divide=F
     ad, bd = writable(a, what, instead), b.data  # both through .data: a stale operand raises here
     if not broadcasts_to(bd.shape, ad.shape):
         raise ValueError(f"in-place {what}: shape {bd.shape} does not broadcast to the tensor's shape {ad.shape}")
+    refuse_overlap(ad, bd, f"in-place {what}")
     dtype = _true_divide_dtype(a, b) if divide else result_dtype(a, b)
     if alpha != 1:
         if isinstance(alpha, (float, np.floating)) and ad.dtype.kind != "f":
@@ -272,6 +273,42 @@ def _inplace_operand(a: Tensor, b, what: str, instead: str, *, alpha=1, divide=F
     if not np.can_cast(dtype, ad.dtype, casting="same_kind"):
         raise TypeError(f"in-place {what}: the result type {dtype} can't be cast to the tensor's dtype {ad.dtype}")
     return bd
+
+
+OVERLAP_MESSAGE = ("unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
+                   "single memory location. Please clone() the tensor before performing the operation.")
+
+
+def refuse_overlap(dst: np.ndarray, src: np.ndarray, what: str, *, identical_ok: bool = True) -> None:
+    """Refuse, with torch's error, a write into `dst` that reads `src` sharing some of dst's memory.
+
+    NumPy copies such a source first and answers as if it had been cloned (`t[1:] = t[:-1]` shifts); torch raises
+    instead (and where its check gives up, on strided views, writes in place and smears the values). A source
+    that is exactly the destination (`t[:] = t`, `t.add_(t)`: each element reads only itself) is fine, as in
+    torch, unless `identical_ok` is False (an indexed write, which torch refuses even then).
+    """
+    if not np.may_share_memory(dst, src):  # bounds only: the common case, no shared buffer at all, is cheap
+        return
+    if identical_ok and _same_elements(dst, src):
+        return
+    try:
+        shared = np.shares_memory(dst, src, max_work=_OVERLAP_WORK)
+    except np.exceptions.TooHardError:
+        shared = True  # undecided within the bound: refuse rather than guess
+    if shared:
+        raise RuntimeError(f"{OVERLAP_MESSAGE} ({what}: the value is a view of the tensor's own memory, e.g. "
+                           f"`t[1:] = t[:-1]`; write `t[1:] = t[:-1].clone()`)")
+
+
+_OVERLAP_WORK = 1 << 20  # np.shares_memory's search bound; slices of a few dims decide in far fewer steps
+
+
+def _same_elements(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether a and b are the same elements in the same order (one start, shape and stride for every dim that
+    has more than one element)."""
+    if a.shape != b.shape or a.dtype != b.dtype or a.__array_interface__["data"][0] != b.__array_interface__["data"][0]:
+        return False
+    return all(n <= 1 or sa == sb for n, sa, sb in zip(a.shape, a.strides, b.strides))
 
 
 def broadcasts_to(shape: tuple, target: tuple) -> bool:

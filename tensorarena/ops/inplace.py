@@ -13,8 +13,8 @@ import numpy as np
 
 from ..tape import host
 from ..tensor import Tensor
-from .arith import broadcasts_to, check_inplace_graph, writable
-from .index import _STAND_IN, _normalize_index
+from .arith import broadcasts_to, check_inplace_graph, refuse_overlap, writable
+from .index import _STAND_IN, _is_advanced, _normalize_index
 
 _WHERE = "`ops.where(mask, value, t)` (torch.where) for a new tensor"
 
@@ -35,8 +35,26 @@ def setitem(a: Tensor, index, value) -> None:
     if any(n != 1 for n in vd.shape[:vd.ndim - len(fits)]) or not broadcasts_to(fits, selected):
         raise ValueError(f"{what}: value of shape {vd.shape} does not broadcast to the selected shape {selected} "
                          f"(of a tensor of shape {ad.shape})")
-    host(_assign, ad, idx, vd.reshape(fits))
+    vd = vd.reshape(fits)
+    _refuse_setitem_overlap(ad, idx, vd, what)
+    host(_assign, ad, idx, vd)
     a._version_counter[0] += 1
+
+
+def _refuse_setitem_overlap(ad: np.ndarray, idx: tuple, vd: np.ndarray, what: str) -> None:
+    """torch's overlap rules for `t[index] = value` where value views t's memory (arith.refuse_overlap).
+
+    A 0-d value is a fill (torch's fill_ or masked_fill), read once before any write: fine with a slice or a
+    mask. A slice index writes a view of t: only a partial overlap with it is refused (`t[:] = t` is fine). An
+    integer-array index is torch's index_put_, which refuses any overlap of the value with t, even `t[i] = t`.
+    """
+    if not _is_advanced(idx):
+        if vd.ndim:
+            refuse_overlap(ad[idx], vd, what)  # ad[idx] is a view: no copy is made to check
+        return
+    integer = any(isinstance(x, np.ndarray) and x.dtype != np.bool_ for x in idx)
+    if vd.ndim or integer:
+        refuse_overlap(ad, vd, what, identical_ok=False)
 
 
 def fill_(a: Tensor, value) -> Tensor:
@@ -44,7 +62,7 @@ def fill_(a: Tensor, value) -> Tensor:
     if isinstance(value, Tensor) and value.ndim != 0:
         raise ValueError(f"fill_() takes a number or a 0-d tensor, got a tensor of shape {value.shape}; "
                          f"use copy_() to write a tensor of values")
-    return _copy(a, value, "fill_()", "`ops.where(...)` or a new tensor")
+    return _copy(a, value, "fill_()", "`ops.where(...)` or a new tensor", reads_once=True)
 
 
 def zero_(a: Tensor) -> Tensor:
@@ -58,12 +76,16 @@ def copy_(a: Tensor, src, non_blocking: bool = False) -> Tensor:
     return _copy(a, src, "copy_()", "`src.clone()` (or `ops.where`) for a new tensor")
 
 
-def _copy(a: Tensor, value, what: str, instead: str) -> Tensor:
+def _copy(a: Tensor, value, what: str, instead: str, *, reads_once: bool = False) -> Tensor:
+    """The write of copy_, fill_ and zero_; `reads_once`: the value is one number, read before anything is written
+    (torch's fill_(t[2]) is fine), so it may be an element of the tensor itself."""
     check_inplace_graph(a, value, what, instead)
     ad = writable(a, what, instead)
     vd = _values(value, what)
     if not broadcasts_to(vd.shape, ad.shape):
         raise ValueError(f"in-place {what}: shape {vd.shape} does not broadcast to the tensor's shape {ad.shape}")
+    if not reads_once:
+        refuse_overlap(ad, vd, f"in-place {what}")
     host(np.copyto, ad, vd, casting="unsafe")  # torch casts any dtype on a copy
     a._version_counter[0] += 1
     return a
