@@ -403,8 +403,17 @@ class Trainer:
 
     def step(self, inputs: Any, targets: Any) -> StepReport:
         """One training step on a batch; returns its report. One step at a time: a second thread calling it
-        while a step runs gets a RuntimeError (the model, its flat buffers and slab are shared, unguarded)."""
-        with self._one_at_a_time("step"), float32_matmul_precision(self.matmul_precision):
+        while a step runs gets a RuntimeError (the model, its flat buffers and slab are shared, unguarded).
+
+        Ctrl-C during a step (main thread) is held until the step completes, then raised as KeyboardInterrupt:
+        the step is applied whole (step_count counts it) though its report is not returned. A second Ctrl-C
+        stops the step at once with StepAbandoned (a KeyboardInterrupt), saying what it left. See interrupt.py."""
+        from .interrupt import SigintDeferred, abandoned_step_message
+
+        index = self.step_count + 1
+        # Outermost, so that the lock of _one_at_a_time is taken and given back with Ctrl-C held too.
+        with SigintDeferred("the training step", lambda: abandoned_step_message(index, self.route)), \
+                self._one_at_a_time("step"), float32_matmul_precision(self.matmul_precision):
             return self._step(inputs, targets)
 
     @contextlib.contextmanager
