@@ -425,8 +425,24 @@ def check_step_options(args, given: set[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `tensorarena` command."""
+    """Entry point of the `tensorarena` command. Ctrl-C: one line saying where it stopped and what was saved,
+    no traceback, exit status 130 (128 + SIGINT, as a shell reports a process Ctrl-C ended)."""
+    from .train.interrupt import RunInterrupted
+
     args = build_parser().parse_args(argv)
+    try:
+        _run_command(args, argv)
+    except RunInterrupted as err:  # the train job's line: the step it stopped at, what it saved
+        print(err, file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:  # plan, embed; train before its steps began or after its end was saved
+        print(f"tensorarena {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _run_command(args, argv: list[str] | None) -> None:
+    """The parsed command, run; its errors (SystemExit with a message) propagate."""
     if args.command == "train":
         given = args.given_options = _given_options(argv)  # --resume fills the others from the checkpoint
         check_model_options(args.model, given)
@@ -440,7 +456,6 @@ def main(argv: list[str] | None = None) -> int:
         from .embed import cmd_embed
 
         cmd_embed(args)
-    return 0
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from ..data.loader import BatchLoader
 from ..memory.meter import peak_rss_bytes, rss_bytes
 from ..nn.functional import cross_entropy
 from ..nn.module import Module
+from .interrupt import RunInterrupted, SigintDeferred, StepAbandoned
 from .report import NonFiniteLossError
 from .summary import bf16_products_since, plan_before_step_1, print_fused_lines, route_summary, step_rate
 from .trainer import Trainer
@@ -189,23 +190,31 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
     planning = plan_before_step_1(trainer, x_train[:loader.batch_size], y_train[:loader.batch_size]) if remaining else None
     started = time.perf_counter()
     bar = tqdm(total=remaining, disable=args.no_progress, unit="step", file=sys.stderr)
+    saved = False
     try:
         for _ in range(remaining):
-            report = trainer.step(*loader.next())
-            reports.append(report)
+            # Ctrl-C held over the batch's draw and the step (Trainer.step's own hold is then a no-op): a batch
+            # drawn but not trained would be skipped by the saved loader position, and --resume would differ.
+            with SigintDeferred("the training step", lambda: _step_abandoned(args, trainer)):
+                report = trainer.step(*loader.next())
+                reports.append(report)
             bar.update(1)
             if report.step % postfix_every == 0 or report.step == args.steps:
                 bar.set_postfix(loss=f"{report.loss:.4f}", lr=f"{report.lr:.2e}")
+        bar.close()
+        elapsed = time.perf_counter() - started
+        held_out = trainer.evaluate(*test, batch_size=eval_batch_size)
+        if args.save:
+            with SigintDeferred("the checkpoint's write", lambda: _save_abandoned(args, trainer)):
+                saved = _save_progress(args, trainer, loader, reports, resumed, always=True)
     except NonFiniteLossError as err:
         bar.close()
         raise NonFiniteLossError(f"{err}{_save_before_failure(args, trainer, loader, reports, resumed)}") from None
-    bar.close()
-    elapsed = time.perf_counter() - started
-    held_out = trainer.evaluate(*test, batch_size=eval_batch_size)
+    except KeyboardInterrupt as err:
+        bar.close()
+        raise _interrupted(args, trainer, loader, reports, resumed, err, saved) from None
     # The route the model last trained on: this run's last step, else the checkpoint's (no step ran).
-    last_route = reports[-1].route if reports else _saved(resumed, "route")
-    if args.save:
-        trainer.save(args.save, extra=_checkpoint_extra(args, loader, last_route))
+    last_route = _last_route(reports, resumed)
     first, last = (reports[0], reports[-1]) if reports else (None, None)
     high_waters = [r.arena_high_water for r in reports]
     return {
@@ -230,15 +239,67 @@ def _checkpoint_extra(args, loader: BatchLoader, route: str | None) -> dict:
             "route": route, "options": _run_options(args)}
 
 
+def _last_route(reports: list, resumed: dict | None) -> str | None:
+    """The route the model last trained on: this run's last step, else the checkpoint's (no step ran)."""
+    return reports[-1].route if reports else _saved(resumed, "route")
+
+
+def _save_progress(args, trainer: Trainer, loader: BatchLoader, reports: list, resumed: dict | None, *,
+                   always: bool = False) -> bool:
+    """Write the trainer's state (its last completed step) to --save, as the end of a run does; whether it wrote.
+
+    A run stopped early (a non-finite loss, Ctrl-C) writes only if it has steps to keep: this run's, or
+    (`always`, the end of a run) a resumed checkpoint's."""
+    if not args.save or not (reports or always or args.resume):
+        return False
+    trainer.save(args.save, extra=_checkpoint_extra(args, loader, _last_route(reports, resumed)))
+    return True
+
+
 def _save_before_failure(args, trainer: Trainer, loader: BatchLoader, reports: list, resumed: dict | None) -> str:
     """On a non-finite loss that stops the run: save the steps before it to --save (the failed step updated
     nothing and left the RNGs as they were), so they are not lost; returns a sentence saying so."""
-    if not args.save or not reports and not args.resume:
+    if not _save_progress(args, trainer, loader, reports, resumed):
         return ""
-    last_route = reports[-1].route if reports else _saved(resumed, "route")
-    trainer.save(args.save, extra=_checkpoint_extra(args, loader, last_route))
     steps = f"{trainer.step_count} step{'s' if trainer.step_count != 1 else ''}"
     return f" The {steps} before it are saved in --save {args.save}."
+
+
+def _interrupted(args, trainer: Trainer, loader: BatchLoader, reports: list, resumed: dict | None,
+                 err: KeyboardInterrupt, saved: bool) -> RunInterrupted:
+    """After Ctrl-C: the last completed step saved to --save (unless the end of the run saved it already, or
+    a second Ctrl-C abandoned a step or the write); the one line `tensorarena train` prints for it."""
+    if isinstance(err, StepAbandoned):
+        return RunInterrupted(str(err))  # the job's own words (_step_abandoned, _save_abandoned)
+    where = f"tensorarena train: interrupted at step {trainer.step_count} of {args.steps}"
+    if not saved and args.save and reports:
+        # Held like the end's write: one more Ctrl-C waits for it, a second abandons it (the file stays whole).
+        try:
+            with SigintDeferred("the checkpoint's write", lambda: _save_abandoned(args, trainer), raise_after=False):
+                saved = _save_progress(args, trainer, loader, reports, resumed)
+        except StepAbandoned as again:
+            return RunInterrupted(str(again))
+    if saved:
+        return RunInterrupted(f"{where}; saved to {args.save} (resume with --resume {args.save})")
+    if args.save:
+        return RunInterrupted(f"{where}; nothing saved (no step completed in this run"
+                              f"{f'; --resume {args.resume} is as it was' if args.resume else ''})")
+    return RunInterrupted(f"{where}; nothing saved (pass --save PATH to keep a run)")
+
+
+def _step_abandoned(args, trainer: Trainer) -> str:
+    """The line for a second Ctrl-C during a step (the first was held until it completed)."""
+    kept = f"; {args.save} is as it was before this run" if args.save else ""
+    return (f"tensorarena train: interrupted twice at step {trainer.step_count + 1} of {args.steps}: that step "
+            f"was abandoned part-way and the model may hold part of it, so nothing was saved{kept}")
+
+
+def _save_abandoned(args, trainer: Trainer) -> str:
+    """The line for a second Ctrl-C while the checkpoint is written: the write (to a temporary file, renamed
+    over the path once whole: checkpoint._atomic_write) leaves the path as it was."""
+    return (f"tensorarena train: interrupted twice at step {trainer.step_count} of {args.steps}, while writing "
+            f"{args.save}: the write was abandoned and {args.save} is as it was before (checkpoints are written "
+            f"whole or not at all)")
 
 
 def print_classifier_result(summary: dict, header: str, *, test_note: str = "", accuracy_note: str = "") -> None:
