@@ -10,7 +10,7 @@ from .precision import float32_matmul_precision, get_float32_matmul_precision, s
 from . import kernels, models, nn, optim
 from .ops import (add, cat, clone, concat, div, exp, flatten, log, matmul, max, mean, mul, neg, permute, pow,
                   reshape, sqrt, squeeze, stack, sub, sum, tanh, transpose, unsqueeze, var, where)
-from .ops import abs, all, allclose, any, argmax, argmin, eq, equal, ge, gt, le, lt, ne
+from .ops import abs, all, allclose, any, argmax, argmin, clamp, clip, eq, equal, ge, gt, le, lt, ne
 
 from .compile.step import FusedStep, compile_step
 

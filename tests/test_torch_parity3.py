@@ -198,3 +198,127 @@ def test_overlap_in_two_dims_is_refused_where_torch_refuses_and_where_it_smears(
     y = make(ta)
     with pytest.raises(RuntimeError, match=re.escape(OVERLAP)):
         y[:, 1:] = y[:, :-1]
+
+
+# -- 3. clamp / clip out of place ------------------------------------------------------------------------------------
+
+X_EDGES = [-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, math.nan]  # the bounds themselves, inside, outside, NaN
+G_EDGES = np.arange(1.0, 9.0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("bounds", [(-1.0, 1.0), (-1.0, None), (None, 1.0), (1.0, -1.0), (0.5, 0.5), (-1, 2)],
+                         ids=["both", "min", "max", "min>max", "min==max", "ints"])
+@pytest.mark.parametrize("how", ["function", "method", "clip"])
+def test_clamp_with_number_bounds_forward_and_gradient_as_torch(dtype, bounds, how):
+    lo, hi = bounds
+    x = ta.tensor(np.array(X_EDGES, dtype), requires_grad=True)
+    tx = torch.tensor(np.array(X_EDGES, dtype), requires_grad=True)
+    call = {"function": lambda m, t: m.clamp(t, lo, hi), "method": lambda m, t: t.clamp(min=lo, max=hi),
+            "clip": lambda m, t: m.clip(t, lo, hi)}[how]
+    y, ty = call(ta, x), call(torch, tx)
+    _same_dtype(y, ty)
+    np.testing.assert_array_equal(y.numpy(), ty.detach().numpy())  # NaN where torch has NaN
+    y.backward(G_EDGES.astype(dtype))
+    ty.backward(torch.from_numpy(G_EDGES.astype(dtype)))
+    np.testing.assert_array_equal(x.grad, tx.grad.numpy())  # inclusive bounds, none for NaN or min > max
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_clamp_with_tensor_bounds_broadcasts_and_hands_each_bound_its_gradient_as_torch(dtype):
+    rng = np.random.default_rng(3)
+    xv = rng.integers(-3, 4, (2, 4)).astype(dtype)  # integers: ties with the bounds happen
+    lov, hiv = np.array([-1.0, 0.0, 2.0, 1.0], dtype), np.array([[1.0], [-2.0]], dtype)  # row 1: min > max
+    x, lo, hi = (ta.tensor(v, requires_grad=True) for v in (xv, lov, hiv))
+    tx, tlo, thi = (torch.tensor(v, requires_grad=True) for v in (xv, lov, hiv))
+    y, ty = ta.clamp(x, lo, hi), torch.clamp(tx, tlo, thi)
+    assert y.shape == tuple(ty.shape)
+    np.testing.assert_array_equal(y.numpy(), ty.detach().numpy())
+    g = rng.standard_normal(y.shape).astype(dtype)
+    y.backward(g)
+    ty.backward(torch.from_numpy(g))
+    for ours, theirs in ((x, tx), (lo, tlo), (hi, thi)):
+        np.testing.assert_allclose(ours.grad, theirs.grad.numpy(), **TOL[dtype])
+    for only in ("min", "max"):  # one tensor bound: the other rule's branch
+        x.grad = lo.grad = None
+        tx.grad = tlo.grad = None
+        y, ty = ta.clamp(x, **{only: lo}), torch.clamp(tx, **{only: tlo})
+        np.testing.assert_array_equal(y.numpy(), ty.detach().numpy())
+        y.sum().backward()
+        ty.sum().backward()
+        np.testing.assert_array_equal(x.grad, tx.grad.numpy())
+        np.testing.assert_array_equal(lo.grad, tlo.grad.numpy())
+
+
+@pytest.mark.parametrize("make, lo, hi", [
+    (lambda m: m.tensor(np.arange(-3, 4)), 1, 3),
+    (lambda m: m.tensor(np.arange(-3, 4)), 1.5, None),
+    (lambda m: m.tensor(np.arange(-3, 4, dtype=np.int32)), -1, 2),
+    (lambda m: m.tensor(np.linspace(-2, 2, 7, dtype=np.float32)), lambda m: m.tensor(np.array(0.5)), None),
+    (lambda m: m.tensor(np.linspace(-2, 2, 7)), np.float32(-1.0), 1),
+], ids=["int-int", "int-float", "int32", "f32-0d-f64-tensor", "f64-numpy-scalar"])
+def test_clamp_result_dtypes_follow_torch(make, lo, hi):
+    def bound(b, m):
+        return b(m) if callable(b) else b
+    y, ty = ta.clamp(make(ta), bound(lo, ta), bound(hi, ta)), torch.clamp(make(torch), bound(lo, torch),
+                                                                            bound(hi, torch))
+    _same_dtype(y, ty)
+    np.testing.assert_array_equal(y.numpy(), ty.numpy())
+
+
+def test_clamp_without_bounds_and_unbroadcastable_bounds_are_refused_as_torch():
+    with pytest.raises(RuntimeError, match="At least one of 'min' or 'max' must not be None"):
+        torch.clamp(torch.ones(2))
+    with pytest.raises(ValueError, match=re.escape("clamp: at least one of 'min' or 'max' must not be None")):
+        ta.clamp(ta.tensor([1.0, 2.0]))
+    with pytest.raises(RuntimeError, match="must match the size"):
+        torch.clamp(torch.ones(3), torch.zeros(2))
+    with pytest.raises(ValueError, match=re.escape("clamp: the input's shape (3,) and the bounds' shapes [(2,)] "
+                                                   "do not broadcast")):
+        ta.clamp(ta.tensor([1.0, 2.0, 3.0]), ta.tensor([0.0, 0.0]))
+
+
+class _ClampNet(ta.nn.Module):
+    """x (B, 6) -> Linear -> clamp(-0.3, 0.3) -> Linear -> (B, 3): the clamp decides which units learn."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        rng = np.random.default_rng(0)
+        self.l1 = ta.nn.Linear(6, 8, rng=rng)
+        self.l2 = ta.nn.Linear(8, 3, rng=rng)
+
+    def forward(self, x):
+        return self.l2(self.l1(x).clamp(-0.3, 0.3))
+
+
+@pytest.mark.parametrize("route, replay", [("eager", None), ("fused", "python"), ("fused", "captured")])
+def test_clamp_trains_as_torch_on_every_route_and_is_captured(route, replay):
+    from tensorarena import kernels
+    from tensorarena.train.trainer import Trainer
+
+    rng = np.random.default_rng(5)
+    batches = [(rng.standard_normal((4, 6)).astype(np.float32), rng.integers(0, 3, 4)) for _ in range(3)]
+    model = _ClampNet()
+    tl1, tl2 = torch.nn.Linear(6, 8), torch.nn.Linear(8, 3)
+    with torch.no_grad():
+        for ours, theirs in ((model.l1, tl1), (model.l2, tl2)):
+            theirs.weight.copy_(torch.from_numpy(ours.weight.numpy()))
+            theirs.bias.copy_(torch.from_numpy(ours.bias.numpy()))
+    options = {} if replay is None else {"fused_replay": replay}
+    trainer = Trainer(model, ta.optim.SGD(model.parameters(), lr=0.5), ta.nn.functional.cross_entropy,
+                      route=route, **options)
+    topt = torch.optim.SGD([*tl1.parameters(), *tl2.parameters()], lr=0.5)
+    captured = kernels.calls[("fused_replay", "captured")]
+    for step in range(6):
+        x, y = batches[step % 3]
+        loss = trainer.step(x, y).loss
+        tloss = torch.nn.functional.cross_entropy(tl2(tl1(torch.from_numpy(x)).clamp(-0.3, 0.3)),
+                                                  torch.from_numpy(y))
+        topt.zero_grad()
+        tloss.backward()
+        topt.step()
+        assert loss == pytest.approx(tloss.item(), rel=1e-5), step
+    np.testing.assert_allclose(model.l1.weight.numpy(), tl1.weight.detach().numpy(), rtol=1e-5, atol=1e-6)
+    if replay == "captured":
+        assert trainer.fused.plan.capture.tape is not None, trainer.fused.plan.capture.note
+        assert kernels.calls[("fused_replay", "captured")] - captured == 6  # every step replayed the recording

@@ -1,6 +1,7 @@
 """All differentiable ops, one family per file; importing this installs Tensor's operator sugar."""
 
 from .arith import add, div, mul, neg, pow, sub
+from .clamping import clamp
 from .attention import bias_gelu, bias_gelu_linear, packed_self_attention, scaled_dot_product_attention
 from .compare import allclose, eq, equal, ge, gt, le, lt, ne
 from .index import embedding, getitem, where
@@ -15,6 +16,7 @@ from ._sugar import install as _install_sugar
 _install_sugar()  # attaches the methods and operators to Tensor, once, when ops is first imported
 
 concat = cat
+clip = clamp  # torch's alias
 
 __all__ = [
     "add", "sub", "mul", "div", "neg", "pow", "exp", "log", "sqrt", "tanh", "relu", "gelu", "sigmoid",
@@ -22,5 +24,5 @@ __all__ = [
     "permute", "clone", "expand", "unsqueeze", "squeeze", "flatten", "cat", "concat", "stack", "getitem", "where",
     "embedding", "dropout", "layer_norm", "cross_entropy", "mse_loss", "scaled_dot_product_attention", "bias_gelu",
     "packed_self_attention", "bias_gelu_linear", "abs", "argmax", "argmin", "all", "any", "eq", "ne", "lt", "le",
-    "gt", "ge", "equal", "allclose",
+    "gt", "ge", "equal", "allclose", "clamp", "clip",
 ]

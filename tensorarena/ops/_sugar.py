@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..tensor import Tensor
-from . import arith, cast, compare, index, inplace, linalg, reduce, shape, unary
+from . import arith, cast, clamping, compare, index, inplace, linalg, reduce, shape, unary
 
 
 def install() -> None:
@@ -39,6 +39,7 @@ def install() -> None:
     T.neg, T.pow, T.matmul = arith.neg, arith.pow, linalg.matmul
     # In place, as torch's methods of these names: each returns the tensor and counts one write.
     T.add_, T.mul_, T.clamp_ = arith.add_, arith.mul_, arith.clamp_
+    T.clamp = T.clip = clamping.clamp
     T.zero_, T.fill_, T.copy_ = inplace.zero_, inplace.fill_, inplace.copy_
     T.exp, T.log, T.sqrt, T.tanh = unary.exp, unary.log, unary.sqrt, unary.tanh
     T.relu, T.sigmoid, T.gelu, T.abs = unary.relu, unary.sigmoid, unary.gelu, unary.abs
