@@ -17,14 +17,17 @@ sentence-transformers all load.
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
 from ..memory.meter import peak_rss_bytes, rss_bytes
+from .interrupt import RunInterrupted, SigintDeferred, StepAbandoned
 from .report import NonFiniteLossError
 from .summary import bf16_products_since, finish, plan_before_step_1, print_fused_lines, route_summary, step_rate
 
@@ -92,13 +95,25 @@ def save_model_dir(encoder, source_dir: Path, target: str | Path) -> Path:
     target = Path(target)
     if target.exists() and not target.is_dir():
         raise SystemExit(f"tensorarena train: --save {target} must be a directory for simcse, and a file is there")
-    # model.safetensors (to_hf_state_dict, plus the source's untrained pooler) + config.json, in one write
-    encoder.save_pretrained(target, extra=_untrained_tensors(source_dir / "model.safetensors", encoder))
-    for name in _COPIED_FILES:
-        src = source_dir / name
-        if src.is_file():
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, target / name)
+    target.mkdir(parents=True, exist_ok=True)
+    # Every file is written aside first and renamed into place whole (os.replace), model.safetensors last: a write
+    # cut short (a second Ctrl-C, a full disk) leaves no half-written file, and never new weights without their
+    # config. save_pretrained itself writes in place.
+    aside = Path(tempfile.mkdtemp(prefix=".partial-", dir=target))
+    try:
+        # model.safetensors (to_hf_state_dict, plus the source's untrained pooler) + config.json, in one write
+        encoder.save_pretrained(aside, extra=_untrained_tensors(source_dir / "model.safetensors", encoder))
+        for name in _COPIED_FILES:
+            src = source_dir / name
+            if src.is_file():
+                (aside / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src, aside / name)
+        written = sorted((f for f in aside.rglob("*") if f.is_file()), key=lambda f: f.name == "model.safetensors")
+        for f in written:
+            (target / f.relative_to(aside)).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(f, target / f.relative_to(aside))
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)
     return target
 
 
@@ -118,15 +133,74 @@ def _untrained_tensors(source: Path, encoder) -> dict[str, np.ndarray]:
         return {k: f.get_tensor(k) for k in f.keys() if k not in ours and ".pooler." in f".{k}"}
 
 
+def _save_progress(args, trainer, encoder, model_dir: Path, reports: list, *, always: bool = False) -> bool:
+    """Write the model after its last completed step to --save, as the end of a run does; whether it wrote.
+    A run stopped early (a non-finite loss, Ctrl-C) writes only if a step completed (`always`: the run's end)."""
+    if not args.save or not (reports or always):
+        return False
+    _params_into_model(trainer)
+    save_model_dir(encoder, model_dir, args.save)
+    return True
+
+
+def _params_into_model(trainer) -> None:
+    """Streamed (asked, or after running out of memory): the parameters are in the store on disk, and the probe
+    (train-mode dropout, not predict's eval) and --save read them in the model. Only the parameters: the run
+    ends here, and the optimizer's state (twice the parameters for AdamW) would break the budget the run streamed
+    to keep (a --save of MiniLM under 595M peaked at 818 MiB with it). Once: params_to_memory closes the store."""
+    if trainer.stream is not None and not trainer.stream.store.closed:
+        trainer.stream.params_to_memory()
+
+
 def _save_before_failure(args, trainer, encoder, model_dir: Path, reports: list) -> str:
     """On a non-finite loss that stops the run: write the steps before it to --save; returns a sentence saying so."""
-    if not args.save or not reports:
+    if not _save_progress(args, trainer, encoder, model_dir, reports):
         return ""
-    if trainer.stream is not None:  # streamed: the trained parameters are in the store, not the model
-        trainer.stream.params_to_memory()  # (not the optimizer's state: the run ends here)
-    save_model_dir(encoder, model_dir, args.save)
     steps = f"{len(reports)} step{'s' if len(reports) != 1 else ''}"
     return f" The model after the {steps} before it is saved in --save {args.save}."
+
+
+def _interrupted(args, trainer, encoder, model_dir: Path, reports: list, err: KeyboardInterrupt,
+                 saved: bool) -> RunInterrupted:
+    """After Ctrl-C: the model after the last completed step written to --save (unless the end of the run wrote
+    it already, or a second Ctrl-C abandoned a step or the write); the one line `tensorarena train` prints."""
+    if isinstance(err, StepAbandoned):
+        return RunInterrupted(str(err))  # the job's own words (_step_abandoned, _save_abandoned)
+    where = f"tensorarena train: interrupted at step {trainer.step_count} of {args.steps}"
+    if not saved and args.save and reports:
+        # Held like the end's write: one more Ctrl-C waits for it, a second abandons it.
+        try:
+            with SigintDeferred("the model's write", lambda: _save_abandoned(args, trainer), raise_after=False):
+                saved = _save_progress(args, trainer, encoder, model_dir, reports)
+        except StepAbandoned as again:
+            return RunInterrupted(str(again))
+    if saved:  # a model directory, not a trainer checkpoint: simcse has no --resume
+        return RunInterrupted(f"{where}; saved to {args.save} (a model directory: tensorarena embed --model-dir "
+                              f"{args.save}; simcse runs cannot be resumed)")
+    if args.save:
+        return RunInterrupted(f"{where}; nothing saved (no step completed)")
+    return RunInterrupted(f"{where}; nothing saved (pass --save PATH to keep a run)")
+
+
+def _step_abandoned(args, trainer) -> str:
+    """The line for a second Ctrl-C during a step (the first was held until it completed)."""
+    kept = f"; {args.save} is as it was before this run" if args.save else ""
+    return (f"tensorarena train: interrupted twice at step {trainer.step_count + 1} of {args.steps}: that step "
+            f"was abandoned part-way and the model may hold part of it, so nothing was saved{kept}")
+
+
+def _bring_back_abandoned(args, trainer) -> str:
+    """The line for a second Ctrl-C while the trained parameters come back from the streaming store."""
+    return (f"tensorarena train: interrupted twice at step {trainer.step_count} of {args.steps}, while the trained "
+            f"parameters came back from the streaming store: that was abandoned part-way, so nothing was saved")
+
+
+def _save_abandoned(args, trainer) -> str:
+    """The line for a second Ctrl-C while the model directory is written (save_model_dir: each file written
+    aside and renamed into place, so none is half-written)."""
+    return (f"tensorarena train: interrupted twice at step {trainer.step_count} of {args.steps}, while writing "
+            f"{args.save}: the write was abandoned; no file there is half-written, but the directory may hold "
+            f"some files of this run and some of before (or none): write it again")
 
 
 def train_simcse(args) -> dict:
@@ -190,29 +264,33 @@ def train_simcse(args) -> dict:
     products_before = bf16_products_since()
     started = time.perf_counter()
     bar = tqdm(total=args.steps, disable=args.no_progress, unit="step", file=sys.stderr)
+    saved = False
     try:
         for _ in range(args.steps):
-            ids, _ = loader.next()
-            report = trainer.step(ids, None)
-            reports.append(report)
+            # Ctrl-C held over the batch's draw and the step, as in the classifier jobs (classifier_job.py).
+            with SigintDeferred("the training step", lambda: _step_abandoned(args, trainer)):
+                ids, _ = loader.next()
+                report = trainer.step(ids, None)
+                reports.append(report)
             bar.update(1)
             bar.set_postfix(loss=f"{report.loss:.4f}", lr=f"{report.lr:.2e}")
+        bar.close()
+        elapsed = time.perf_counter() - started
+        with SigintDeferred("the parameters' move out of the streaming store",
+                            lambda: _bring_back_abandoned(args, trainer)):
+            _params_into_model(trainer)
+        probe_after = _probe_loss(model, probe_ids, args.seed + 2)
+        if args.save:
+            with SigintDeferred("the model's write", lambda: _save_abandoned(args, trainer)):
+                saved = _save_progress(args, trainer, encoder, model_dir, reports, always=True)
     except NonFiniteLossError as err:
         # The failed step updated nothing: the steps before it are a model worth keeping, as the mlp and vit
         # jobs keep theirs (they were lost here).
         bar.close()
         raise NonFiniteLossError(f"{err}{_save_before_failure(args, trainer, encoder, model_dir, reports)}") from None
-    bar.close()
-    elapsed = time.perf_counter() - started
-    if trainer.stream is not None:
-        # Streamed (asked, or after running out of memory): the parameters are in the store on disk, and the probe
-        # (train-mode dropout, not predict's eval) and --save read them in the model. Only the parameters: the
-        # run ends here, and the optimizer's state (twice the parameters for AdamW) would break the budget the
-        # run streamed to keep (a --save of MiniLM under 595M peaked at 818 MiB with it).
-        trainer.stream.params_to_memory()
-    probe_after = _probe_loss(model, probe_ids, args.seed + 2)
-    if args.save:
-        save_model_dir(encoder, model_dir, args.save)
+    except KeyboardInterrupt as err:
+        bar.close()
+        raise _interrupted(args, trainer, encoder, model_dir, reports, err, saved) from None
 
     losses = [r.loss for r in reports]
     high_waters = [r.arena_high_water for r in reports]
