@@ -57,6 +57,7 @@ import numpy as np
 from ..autograd import enable_grad, no_grad
 from ..memory.arena import Arena, StaleTensorError
 from ..memory.pool import BlockPool, aligned_bytes
+from ..nn.deferred import fill_bytes
 from ..nn.module import Module
 from ..optim.clip import _norm
 from ..optim.optimizer import Optimizer
@@ -217,6 +218,8 @@ class StreamingRoute:
         buffers per boundary shape: train/route_plan.py adds them; nor are side inputs, StreamStepStats.
         side_input_bytes). move_in_bytes: what starting from memory holds at its peak: the in-memory parameters and optimizer state (freed only once the store is
         committed, so a failed start loses nothing: in_memory_bytes) and the slot a stage is copied through.
+        Parameters built under nn.deferred_init() are not in memory: they are made stage by stage into that
+        slot, which needs only the largest one's draw on top (fill_bytes; nn/deferred.py).
         """
         kinds = optim_state.state_kinds(optimizer)
         stages = model_stages(model)
@@ -226,6 +229,7 @@ class StreamingRoute:
         layouts = [StageLayout(stage, spec) for stage in spec.stages]
         largest = max(layouts, key=lambda layout: layout.total_bytes)
         in_memory = _in_memory_bytes(stages, optimizer)
+        fill = max((fill_bytes(p) for s in stages for p in s.params if p.is_deferred), default=0)
         return {"stages": len(layouts), "largest_stage": largest.stage.name,
                 "resident_bytes": 2 * largest.total_bytes + max(lay.params_bytes for lay in layouts),
                 "disk_bytes": sum(lay.total_bytes for lay in layouts),
@@ -233,7 +237,8 @@ class StreamingRoute:
                 "read_bytes_per_step": sum(lay.params_bytes + lay.total_bytes for lay in layouts[:-1])
                 + layouts[-1].total_bytes,
                 "written_bytes_per_step": sum(lay.total_bytes for lay in layouts),
-                "in_memory_bytes": in_memory, "move_in_bytes": in_memory + largest.total_bytes}
+                "in_memory_bytes": in_memory, "fill_bytes": fill,
+                "move_in_bytes": in_memory + largest.total_bytes + fill}
 
     # -- setup --------------------------------------------------------------------
     def _index_params(self, model: Module, optimizer: Optimizer) -> None:
@@ -313,7 +318,12 @@ class StreamingRoute:
             store.read(k, 0).result()  # io="map" writes through a mapping of the (new, zero) file
             views = store.views(0, k)
             for i, p in enumerate(stage.params):
-                np.copyto(views.params[i], p.data)
+                if p.is_deferred:
+                    # Built under nn.deferred_init(): its values are made straight into the slot, so the model
+                    # is never whole in memory; until the commit below it stays deferred (nothing is lost).
+                    p._arena.fill_into(views.params[i])
+                else:
+                    np.copyto(views.params[i], p.data)
                 gi = self._group_of.get(id(p))
                 group = self.optimizer.param_groups[gi] if gi is not None else None
                 optim_state.read_state(self.kinds, self.optimizer, p, group, views.state[i], views.scalars[i])
@@ -378,7 +388,7 @@ class StreamingRoute:
     def _offload(self, p) -> None:
         """Point `p` at a 1-element placeholder; free (or keep, release=False) its arrays and state."""
         if p._arena is not _ON_DISK:
-            if not self.release:
+            if not self.release and not p.is_deferred:  # a deferred one has no array to keep (to_memory makes one)
                 self._kept[id(p)] = p._data
                 self._kept_state[id(p)] = self.optimizer.state.get(p)
             self.optimizer.state.pop(p, None)
@@ -920,7 +930,7 @@ def _in_memory_bytes(stages: list[Stage], optimizer: Optimizer) -> int:
     """Bytes of the stages' parameters (and their optimizer state arrays) that are in memory, not on disk."""
     total = 0
     for p in {id(p): p for s in stages for p in s.params}.values():
-        if p._arena is _ON_DISK:
+        if p._arena is _ON_DISK or p.is_deferred:  # a deferred one has no values yet (made into the slot)
             continue
         total += p._data.nbytes
         total += sum(v.nbytes for v in (optimizer.state.get(p) or {}).values() if isinstance(v, np.ndarray))

@@ -21,7 +21,10 @@ stages once; otherwise the whole step is traced. From the traced buffers:
   (below). That is the step's measured transient peak exactly (tests/test_streaming_hunt.py,
   tests/test_streaming_masks.py). Starting from memory holds the
   parameters, their optimizer state and a slot at once until the store takes over; where that is
-  more than the step, the difference is the part "moving into the store" (_streaming_parts).
+  more than the step, the difference is the part "moving into the store" (_streaming_parts). A model
+  built under nn.deferred_init() holds none of that: each stage is made straight into the slot, so the
+  part is 0 (or the largest parameter's draw, where that exceeds the step). Its stages are traced with
+  zeros in place of their parameters, one stage at a time (values_for_tracing).
 
 Stages that read side inputs (stream/stages.py SideForward: every BERT layer reads the attention
 mask) are traced with them: model.stream_inputs(batch), computed once as the streaming step computes
@@ -46,9 +49,10 @@ the budget and picks fused if it fits, else streaming (eager when asked and it f
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -57,6 +61,7 @@ from ..compile.trace import TracingArena
 from ..memory.budget import MemoryBudget
 from ..memory.meter import format_bytes, format_bytes_up, rss_bytes
 from ..memory.pool import ALIGN
+from ..nn.deferred import deferred_bytes
 from ..nn.module import Module
 from ..optim.optimizer import Optimizer
 from ..tensor import Tensor
@@ -229,7 +234,8 @@ def trace_stages(model: Module, loss_fn: Callable, inputs: np.ndarray, targets: 
                 out.backward(np.ones(out.shape, out.dtype))
             return np.zeros(out.shape, out.dtype), out.data.nbytes
 
-        stats, nxt = _trace(run, list(stage.params), model)
+        with values_for_tracing(stage.params):
+            stats, nxt = _trace(run, list(stage.params), model)
         stats.output_key = (nxt.shape, nxt.dtype.str)
         cache[key] = (stats, nxt.shape, nxt.dtype)
         out_stats.append(stats)
@@ -273,7 +279,27 @@ def trace_whole(model: Module, loss_fn: Callable, inputs: np.ndarray, targets: A
         loss.backward()
         return None, 0
 
-    return _trace(run, [p for p in model.parameters()], model)[0]
+    params = list(model.parameters())
+    with values_for_tracing(params):  # a model that cannot stream is planned for routes that hold it whole
+        return _trace(run, params, model)[0]
+
+
+@contextlib.contextmanager
+def values_for_tracing(params) -> Iterator[None]:
+    """Zeros in place of the deferred parameters among `params` (built under nn.deferred_init(): no values yet)
+    while a trace runs, then the placeholders again. The traced buffers depend on shapes and dtypes alone, so
+    zeros trace what the values would, without drawing them; trace_stages passes one stage at a time, so at most
+    one stage's worth is allocated (np.zeros' pages, only read, mostly stay the kernel's shared zero page)."""
+    deferred = [p for p in params if p.is_deferred]
+    saved = [(p, p._data, p._arena) for p in deferred]
+    try:
+        for p in deferred:
+            # Private slots, as the streaming route's attach: the public setter would forget the record.
+            p._data, p._arena = np.zeros(p.shape, p.dtype), None
+        yield
+    finally:
+        for p, data, record in saved:
+            p._data, p._arena = data, record
 
 
 def _backward_peak(traced: list[TracedStage], peak: str) -> int:
@@ -345,7 +371,9 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
         # Regression (fixed): the data a train job had drawn was inside this share and `tensorarena plan` (no data)
         # had none, so plan said vit-tiny streams in 213 MiB and train refused 215M ("needs 239.66 MiB"). The data
         # is its own part now, the same bytes on both sides, so it is taken out here.
-        process_other_bytes = max(0, rss_bytes() - persistent["params"] - (data_bytes if data_held else 0))
+        # Parameters built under nn.deferred_init() are not in RSS yet: only those with values are taken out.
+        held = persistent["params"] - deferred_bytes(p for group in optimizer.param_groups for p in group["params"])
+        process_other_bytes = max(0, rss_bytes() - held - (data_bytes if data_held else 0))
     estimates: dict[str, RouteEstimate] = {}
 
     def add(route: str, parts: dict[str, int], note: str = "") -> None:
@@ -456,7 +484,7 @@ def _streaming_parts(stream: dict[str, Any], inputs_bytes: int, side_bytes: int,
                   "activations (one stage)": max(s.slab for s in traced)}, **_boundaries(traced))
     if side_bytes:  # in the step arena all step, beside the boundaries (StreamStepStats.side_input_bytes)
         parts[SIDE_INPUTS] = side_bytes
-    if not HEAP_RETURNS_PAGES:
+    if not HEAP_RETURNS_PAGES and stream["in_memory_bytes"]:
         parts["params (pages kept)"] = stream["in_memory_bytes"]
     parts["moving into the store"] = max(0, stream["move_in_bytes"] - sum(parts.values()))
     if data_bytes:  # held all run beside whatever the route holds (the move's peak included): added after it
