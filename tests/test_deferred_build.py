@@ -6,12 +6,21 @@ PRE-FIX COUNT (filled in below).
 
 from __future__ import annotations
 
+import logging
+import math
+import tracemalloc
+
 import numpy as np
 import pytest
 
 from tensorarena import nn, optim
+from tensorarena.memory.budget import resolve_budget
 from tensorarena.models import MLP, MLPConfig, ViT, ViTConfig
+from tensorarena.nn.functional import cross_entropy
 from tensorarena.random import manual_seed, peek_default_generator
+from tensorarena.stream import StreamingRoute
+from tensorarena.train.route_plan import plan_routes
+from tensorarena.train.trainer import Trainer
 
 
 def _vit_config(**overrides) -> ViTConfig:
@@ -129,3 +138,154 @@ def test_an_optimizer_over_deferred_parameters_is_built_without_touching_them():
         model = MLP(MLPConfig(8, (4,), 2))
     opt = optim.AdamW(model.parameters(), lr=1e-3)
     assert opt.param_groups[0]["params"][0].is_deferred
+
+
+# -- streaming from a deferred model ----------------------------------------------------------------------------------
+STEPS = 3
+TOL = 1e-5  # tests/test_streaming.py's float32 streaming-vs-eager tolerance
+
+
+def _build(deferred: bool, seed: int = 0, **config) -> ViT:
+    if not deferred:
+        return ViT(_vit_config(**config), rng=np.random.default_rng(seed))
+    with nn.deferred_init():
+        return ViT(_vit_config(**config), rng=np.random.default_rng(seed))
+
+
+def _batches(n: int = STEPS, batch: int = 3):
+    rng = np.random.default_rng(1)
+    return [(rng.standard_normal((batch, 3, 16, 16)).astype(np.float32), rng.integers(0, 5, batch)) for _ in range(n)]
+
+
+def _streamed(deferred: bool, store, **options):
+    model = _build(deferred)
+    opt = optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.05)
+    route = StreamingRoute.from_memory(model, opt, cross_entropy, store, **options)
+    losses = [route.step(x, y) for x, y in _batches()]
+    route.to_memory()
+    return model, opt, losses
+
+
+def test_a_deferred_model_streams_exactly_as_the_same_model_built_in_memory(tmp_path):
+    eager_model, eager_opt, eager_losses = _streamed(False, tmp_path / "eager")
+    model, opt, losses = _streamed(True, tmp_path / "deferred")
+    np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=TOL)
+    for (name, p), q in zip(eager_model.named_parameters(), model.parameters()):
+        assert not q.is_deferred, name
+        np.testing.assert_allclose(q.data, p.data, rtol=0, atol=TOL, err_msg=name)
+        for key, value in eager_opt.state[p].items():
+            np.testing.assert_allclose(np.asarray(opt.state[q][key]), np.asarray(value), rtol=0, atol=TOL,
+                                       err_msg=f"{name} {key}")
+
+
+def test_moving_a_deferred_model_into_the_store_holds_one_slot_never_the_model(tmp_path):
+    lazy = _build(True, depth=6, dim=64)
+    opt = optim.AdamW(lazy.parameters(), lr=1e-3)
+    estimate = StreamingRoute.estimate(lazy, opt)
+    params = sum(math.prod(p.shape) * 4 for p in lazy.parameters())
+    assert estimate["in_memory_bytes"] == 0
+    eager = _build(False, depth=6, dim=64)
+    eager_estimate = StreamingRoute.estimate(eager, optim.AdamW(eager.parameters(), lr=1e-3))
+    assert eager_estimate["in_memory_bytes"] == params  # no optimizer state yet: the parameters alone
+    # The move holds the slot a stage is made into and the largest parameter's float64 draw, no model.
+    assert estimate["move_in_bytes"] == eager_estimate["move_in_bytes"] - params + estimate["fill_bytes"]
+    largest = max(math.prod(p.shape) for p in lazy.parameters())
+    assert estimate["fill_bytes"] == 12 * largest  # a trunc_normal_ fill: float64 values, masks, redraw indices
+    peaks = {deferred: _build_and_move_in_peak(deferred, tmp_path / f"store-{deferred}") for deferred in (False, True)}
+    # From the build to the committed store: the eager build holds the model, the deferred one at most the route's
+    # buffers (two slots and a stage of gradients), the slot it fills and the largest draw.
+    assert peaks[True] <= estimate["resident_bytes"] + estimate["move_in_bytes"] + (256 << 10), peaks
+    # ... so it stays under the eager build's by the parameters, less the largest draw it makes at that time.
+    assert peaks[True] <= peaks[False] - params + estimate["fill_bytes"], peaks
+
+
+def _build_and_move_in_peak(deferred: bool, store) -> int:
+    """tracemalloc's peak over building the model and moving it into a new store (io="copy": the slots are NumPy
+    arrays, which tracemalloc sees; a mapped file it would not)."""
+    tracemalloc.start()
+    try:
+        model = _build(deferred, depth=6, dim=64)
+        route = StreamingRoute.from_memory(model, optim.AdamW(model.parameters(), lr=1e-3), cross_entropy, store,
+                                           io="copy")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    route.close()
+    return peak
+
+
+def test_the_plan_of_a_deferred_model_traces_with_its_parameters_deferred_and_moves_nothing():
+    budget = resolve_budget("8G")
+    x, y = np.zeros((3, 3, 16, 16), np.float32), np.zeros(3, np.int64)
+    plans = {}
+    for deferred in (False, True):
+        model = _build(deferred, depth=3, dim=48)
+        opt = optim.AdamW(model.parameters(), lr=1e-3)
+        plans[deferred] = plan_routes(model, opt, cross_entropy, x, y, budget, routes=("fused", "eager", "streaming"))
+        assert all(p.is_deferred for p in model.parameters()) == deferred  # tracing made no values
+    eager, lazy = plans[False], plans[True]
+    moving = "moving into the store"
+    assert lazy.estimates["streaming"].parts[moving] == 0
+    stream = lazy.details["streaming"]
+    # The part is what the move holds beyond the step: the in-memory model for the eager build, none here.
+    in_memory = eager.details["streaming"]["in_memory_bytes"]
+    step = sum(v for k, v in eager.estimates["streaming"].parts.items() if k != moving)
+    assert eager.estimates["streaming"].parts[moving] == max(0, in_memory + stream["move_in_bytes"]
+                                                            - stream["fill_bytes"] - step)
+    for route in ("fused", "eager", "streaming"):
+        assert {k: v for k, v in lazy.estimates[route].parts.items() if k != moving} == \
+               {k: v for k, v in eager.estimates[route].parts.items() if k != moving}, route
+
+
+# -- the Trainer -------------------------------------------------------------------------------------------------------
+def _trained(deferred: bool, route: str, tmp_path, **options):
+    model = _build(deferred)
+    opt = optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.05)
+    trainer = Trainer(model, opt, cross_entropy, route=route, store_dir=tmp_path / f"{route}-{deferred}", **options)
+    losses = [trainer.step(x, y).loss for x, y in _batches()]
+    if trainer.stream is not None:
+        trainer.stream.to_memory()
+    return model, trainer, losses
+
+
+@pytest.mark.parametrize("route", ["streaming", "fused", "eager"])
+def test_the_trainer_takes_a_deferred_model_on_every_route(route, tmp_path, caplog):
+    eager_model, _, eager_losses = _trained(False, route, tmp_path)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="tensorarena"):
+        model, trainer, losses = _trained(True, route, tmp_path)
+    made = [r.getMessage() for r in caplog.records if "deferred_init" in r.getMessage()]
+    if route == "streaming":
+        assert made == []  # made stage by stage into the store, never in memory
+    else:
+        assert len(made) == 1 and f"route {route!r} holds it whole" in made[0], made
+    assert trainer.route == route
+    np.testing.assert_allclose(losses, eager_losses, rtol=0, atol=TOL)
+    for (name, p), q in zip(eager_model.named_parameters(), model.parameters()):
+        np.testing.assert_allclose(q.data, p.data, rtol=0, atol=TOL, err_msg=name)
+
+
+def test_route_auto_plans_from_shapes_and_makes_values_only_for_the_route_it_picks(tmp_path, caplog):
+    x, y = _batches(1)[0]
+    with caplog.at_level(logging.INFO, logger="tensorarena"):
+        model = _build(True)
+        roomy = Trainer(model, optim.AdamW(model.parameters(), lr=1e-2), cross_entropy, route="auto",
+                        memory_limit="16G", store_dir=tmp_path / "roomy")
+        assert all(p.is_deferred for p in model.parameters())  # nothing made before the plan chose
+        assert roomy.step(x, y).route == "fused"
+    assert not any(p.is_deferred for p in model.parameters())
+    assert any("route auto chose fused" in r.getMessage() for r in caplog.records)
+
+    model = _build(True)
+    opt = optim.AdamW(model.parameters(), lr=1e-2)
+    probe = Trainer(model, opt, cross_entropy, route="auto", memory_limit="16G", store_dir=tmp_path / "probe")
+    plan = probe.plan(x, y)
+    # A limit between streaming's need and fused's: auto must stream, and stream the deferred model as it is.
+    limit = (plan.estimates["streaming"].required + plan.estimates["fused"].required) // 2 + plan.budget.margin
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="tensorarena"):
+        tight = Trainer(model, opt, cross_entropy, route="auto", memory_limit=limit, store_dir=tmp_path / "tight")
+        assert tight.step(x, y).route == "streaming"
+    assert not any("making its" in r.getMessage() for r in caplog.records)
+    eager_model, _, eager_losses = _trained(False, "streaming", tmp_path)
+    assert tight.stream.last_stats.loss == pytest.approx(eager_losses[0], abs=TOL)

@@ -111,7 +111,7 @@ def _check_checkpoint_fits(args, model: Module, optimizer, scheduler) -> None:
 
     with safe_open(str(args.resume), framework="numpy") as f:
         saved = {k.removeprefix("model."): tuple(f.get_slice(k).get_shape()) for k in f.keys() if k.startswith("model.")}
-    here = {k: tuple(np.shape(v)) for k, v in model.state_dict().items()}
+    here = {k: tuple(v.shape) for k, v in model.state_dict(keep_vars=True).items()}  # shapes: no values read
     if set(saved) != set(here):
         missing, unknown = sorted(set(here) - set(saved)), sorted(set(saved) - set(here))
         _refuse_resume(args, f"holds another model's parameters than --model {args.model}'s (missing here: "

@@ -77,6 +77,9 @@ class Trainer:
         pool: block pool for step arenas (default: the process-wide pool).
         memory_limit: the memory budget ("2G", bytes); default: the smaller of the cgroup limit and
             the RAM available, minus a margin (`budget.source` says which). route="auto" picks by it.
+        A model built under nn.deferred_init() (no values yet) is made where the route keeps it: stage by
+            stage straight into the store when streaming, in memory for eager and fused (at once; route="auto"
+            once its plan, made from shapes, has chosen).
         route="streaming" keeps parameters and optimizer state in files under `store_dir` (kept; by
             default a new temporary directory, removed when the trainer's route goes: call
             trainer.stream.to_memory() or save a checkpoint first) and trains stage by stage (stream/route.py);
@@ -154,6 +157,33 @@ class Trainer:
         self._buffer_slots = None  # the model's buffers (compile.step.buffer_slots), found with the generators
         self._busy = threading.Lock()  # held by step/save/load (_one_at_a_time)
         self._busy_with: str | None = None
+        self._take_deferred(model)
+
+    def _take_deferred(self, model: Module) -> None:
+        """A model built under nn.deferred_init() holds no values yet. Streaming makes them stage by stage into its
+        store; eager and fused hold the model whole, so for those routes they are made in memory now. route="auto"
+        decides at its first step, from the plan (which needs shapes only: route_plan.values_for_tracing)."""
+        from ..nn.deferred import has_deferred, name_deferred
+
+        if not has_deferred(model):
+            return
+        name_deferred(model)  # errors about them name them
+        if self.route in ("eager", "fused"):
+            self._materialize(f"route {self.route!r} holds it whole")
+        elif self.route == "auto" and not callable(getattr(model, "stream_stages", None)):
+            self._materialize(f"{type(model).__name__} has no stream_stages(), so only fused or eager can train it, "
+                              f"and both hold it whole")
+
+    def _materialize(self, why: str) -> None:
+        """Make a deferred model's values in memory, saying so (the memory is the route's to hold)."""
+        from ..memory.meter import format_bytes
+        from ..nn.deferred import deferred_bytes, has_deferred
+
+        if not has_deferred(self.model):
+            return
+        log.info("the model was built under nn.deferred_init(): making its %s of parameters in memory (%s)",
+                 format_bytes(deferred_bytes(self.model.parameters())), why)
+        self.model.materialize()
 
     @property
     def step_count(self) -> int:
@@ -278,6 +308,8 @@ class Trainer:
         if plan.chosen is None:
             raise MemoryError(f"no training route fits before step 1: {plan.reason}\n{plan.format()}")
         self.route = plan.chosen
+        if plan.chosen != "streaming":
+            self._materialize(f"route auto chose {plan.chosen}, which holds it whole")
         # The choice was the check against the limit: checking again at the next step would plan once more, with
         # the chosen route's buffers now in the process's memory counted a second time (simcse at 640M: fused
         # needs 607 MiB, then "901 MiB" at step 2, a MemoryError after a step that fit).
@@ -644,6 +676,9 @@ class Trainer:
             meta = load_into_streaming(self.stream, path, verified=True)
             self.step_count = meta["step"]
             return meta.get("extra") or {}
+        # A deferred model (route "auto" before step 1) has no arrays to load into: they are made first, and the
+        # checkpoint then replaces them (load_state_dict's all-or-nothing needs whole values to keep on a refusal).
+        self._materialize("a checkpoint is loaded into it before the route is chosen")
         meta = load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
         self.step_count = meta["step"]
         return meta.get("extra") or {}

@@ -44,9 +44,14 @@ def test_images(test_size: int, image_size: int) -> int:
 
 def build_vit(args, *, command: str = "train"):
     """The ViT preset named by args.model ('vit-tiny' ...) at args.image_size / args.patch_size, 10 classes;
-    errors name the `tensorarena COMMAND` that asked (train or plan)."""
+    errors name the `tensorarena COMMAND` that asked (train or plan).
+
+    Built under nn.deferred_init(): its parameters hold no values until the Trainer makes them where its route
+    keeps them (stage by stage into the store when streaming, in memory for fused), exactly the values an eager
+    build makes, so a ViT bigger than the memory limit still trains (and `tensorarena plan` plans it alike)."""
     from ..data.images import NUM_CLASSES
     from ..models.vit import ViT, ViTConfig
+    from ..nn import deferred_init
 
     preset = args.model.split("-", 1)[1]
     if preset not in PRESETS:
@@ -60,7 +65,8 @@ def build_vit(args, *, command: str = "train"):
         raise SystemExit(f"tensorarena {command}: --dropout must be in [0, 1), got {dropout}")
     config = getattr(ViTConfig, preset)(image_size=args.image_size, patch_size=args.patch_size,
                                         num_classes=NUM_CLASSES, dropout=dropout)
-    return ViT(config, rng=np.random.default_rng(args.seed))
+    with deferred_init():
+        return ViT(config, rng=np.random.default_rng(args.seed))
 
 
 def train_vit(args) -> dict:
