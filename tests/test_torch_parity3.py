@@ -322,3 +322,65 @@ def test_clamp_trains_as_torch_on_every_route_and_is_captured(route, replay):
     if replay == "captured":
         assert trainer.fused.plan.capture.tape is not None, trainer.fused.plan.capture.note
         assert kernels.calls[("fused_replay", "captured")] - captured == 6  # every step replayed the recording
+
+
+# -- 4. what an operand's kind does to the result's dtype -----------------------------------------------------------
+
+def _f32(m):
+    return m.ones(3) if m is torch else ta.tensor(np.ones(3, np.float32))
+
+
+def _i(m, dtype):
+    return m.tensor(np.ones(3, dtype))
+
+
+# torch's rules: a Python or NumPy scalar is weak (takes the tensor's dtype within its category), so is a 0-d
+# tensor against a tensor with dimensions; an ndarray is handed to NumPy by torch's operator, so NumPy's rule
+# applies (float32 tensor * np.array(2.0) is float64, * np.array(2) too).
+PROMOTIONS = {
+    "f32 * 0-d f64 tensor": lambda m: _f32(m) * m.tensor(np.array(2.0)),
+    "f32 * python float": lambda m: _f32(m) * 2.0,
+    "f32 * np.float64 scalar": lambda m: _f32(m) * np.float64(2.0),
+    "np.float64 scalar * f32": lambda m: np.float64(2.0) * _f32(m),
+    "f32 * 0-d f64 ndarray": lambda m: _f32(m) * np.array(2.0),
+    "f32 + 0-d f64 ndarray": lambda m: _f32(m) + np.array(2.0),
+    "f32 - 0-d f64 ndarray": lambda m: _f32(m) - np.array(2.0),
+    "f32 / 0-d f64 ndarray": lambda m: _f32(m) / np.array(2.0),
+    "f32 ** 0-d f64 ndarray": lambda m: _f32(m) ** np.array(2.0),
+    "f32 * 0-d f32 ndarray": lambda m: _f32(m) * np.array(2.0, np.float32),
+    "f32 * 0-d int64 ndarray": lambda m: _f32(m) * np.array(2),
+    "f32 * 0-d bool ndarray": lambda m: _f32(m) * np.array(True),
+    "f32 * (1,) f64 ndarray": lambda m: _f32(m) * np.array([2.0]),
+    "f32 * (3,) int32 ndarray": lambda m: _f32(m) * np.array([1, 2, 3], np.int32),
+    "0-d f32 * 0-d f64 ndarray": lambda m: m.tensor(np.array(1.0, np.float32)) * np.array(2.0),
+    "int64 * 0-d f64 ndarray": lambda m: _i(m, np.int64) * np.array(2.5),
+    "int64 * np.float64 scalar": lambda m: _i(m, np.int64) * np.float64(2.5),
+    "int64 / 0-d int64 ndarray": lambda m: _i(m, np.int64) / np.array(2),
+    "int32 * 0-d int64 ndarray": lambda m: _i(m, np.int32) * np.array(2, np.int64),
+    "int32 * np.int64 scalar": lambda m: _i(m, np.int32) * np.int64(2),
+    "bool * 0-d int64 ndarray": lambda m: _i(m, np.bool_) * np.array(2),
+}
+
+
+# torch's result through NumPy's ufunc warns that torch's __array_wrap__ is of an old signature: torch's business.
+@pytest.mark.filterwarnings("ignore:__array_wrap__ must accept context:DeprecationWarning")
+@pytest.mark.parametrize("name", list(PROMOTIONS))
+def test_operand_kinds_promote_as_torch(name):
+    ours, theirs = PROMOTIONS[name](ta), PROMOTIONS[name](torch)
+    print(f"{name}: torch gives {theirs.dtype}, shape {tuple(theirs.shape)}")  # the reference, shown with -s
+    _same_dtype(ours, theirs)
+    assert ours.shape == tuple(theirs.shape)
+    np.testing.assert_allclose(ours.numpy(), np.asarray(theirs), rtol=1e-12)
+
+
+def test_an_ndarray_operand_keeps_the_tensors_gradient_in_its_own_dtype():
+    # torch refuses here (it cannot hand a tensor that requires grad to NumPy); the engine differentiates, and the
+    # float32 parent gets a float32 gradient of the float64 result, as after any promotion.
+    x = ta.tensor(np.array([1.0, 2.0, 3.0], np.float32), requires_grad=True)
+    y = x * np.array(0.1)
+    assert y.dtype == np.float64
+    y.sum().backward()
+    tx = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    (tx.double() * torch.tensor(0.1, dtype=torch.float64)).sum().backward()
+    assert x.grad.dtype == np.float32
+    np.testing.assert_allclose(x.grad, tx.grad.numpy(), **F32)

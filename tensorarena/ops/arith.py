@@ -8,7 +8,7 @@ from ..autograd import is_grad_enabled
 from ..kernels import elementwise
 from ..tape import host
 from ..tensor import Tensor
-from ._base import as_tensor, grad_dtype, new, new_like, result_dtype, unbroadcast
+from ._base import _constant, as_tensor, grad_dtype, new, new_like, result_dtype, unbroadcast
 
 
 def _binary_out(a: Tensor, b: Tensor, dtype=None) -> np.ndarray:
@@ -26,8 +26,8 @@ def _binary_out(a: Tensor, b: Tensor, dtype=None) -> np.ndarray:
 
 def add(a, b) -> Tensor:
     """a + b, broadcasting."""
-    a, b = _pair(a, b)
-    out = _binary_out(a, b)
+    a, b, dtype = _operands(a, b, np.add)
+    out = _binary_out(a, b, dtype)
     elementwise.add(a.data, b.data, out)
     a_meta, b_meta = _meta(a), _meta(b)  # not a, b: the closure would keep their memory alive
 
@@ -39,8 +39,8 @@ def add(a, b) -> Tensor:
 
 def sub(a, b) -> Tensor:
     """a - b, broadcasting."""
-    a, b = _pair(a, b)
-    out = _binary_out(a, b)
+    a, b, dtype = _operands(a, b, np.subtract)
+    out = _binary_out(a, b, dtype)
     host(np.subtract, a.data, b.data, out=out)
     a_meta, b_meta, b_needs_grad = _meta(a), _meta(b), b.requires_grad
 
@@ -57,8 +57,8 @@ def sub(a, b) -> Tensor:
 
 def mul(a, b) -> Tensor:
     """a * b, broadcasting."""
-    a, b = _pair(a, b)
-    out = _binary_out(a, b)
+    a, b, dtype = _operands(a, b, np.multiply)
+    out = _binary_out(a, b, dtype)
     host(np.multiply, a.data, b.data, out=out)
     # Keep only what backward reads: b for a's gradient, a for b's (a * constant keeps no a).
     a_meta, b_meta = _meta(a), _meta(b)
@@ -82,8 +82,8 @@ def mul(a, b) -> Tensor:
 
 def div(a, b) -> Tensor:
     """a / b, broadcasting; true division, as torch's: integer / integer is float32."""
-    a, b = _pair(a, b)
-    out = _binary_out(a, b, _true_divide_dtype(a, b))
+    a, b, dtype = _operands(a, b, np.true_divide)
+    out = _binary_out(a, b, dtype)
     bd = b.data
     host(np.divide, a.data, bd, out=out)
     # Backward never reads a; it reads the quotient only for b's gradient.
@@ -123,13 +123,13 @@ def neg(a: Tensor) -> Tensor:
 
 def pow(a, exponent) -> Tensor:  # noqa: A001 - torch's name
     """a ** exponent; exponent a Python number or a tensor (broadcasting)."""
-    if not isinstance(exponent, Tensor):
+    if not isinstance(exponent, (Tensor, np.ndarray)):
         a = as_tensor(a)
         if a.dtype.kind != "f":
             return _pow_integer_tensor(a, exponent)
         return _pow_scalar(a, float(exponent))
-    a, b = _pair(a, exponent)
-    out = _binary_out(a, b)
+    a, b, dtype = _operands(a, exponent, np.power)
+    out = _binary_out(a, b, dtype)
     ad, bd = a.data, b.data
     host(np.power, ad, bd, out=out)
     a_meta, b_meta = _meta(a), _meta(b)  # not a, b: the closure would keep their memory alive
@@ -363,11 +363,30 @@ def _meta(t: Tensor) -> tuple[tuple[int, ...], np.dtype]:
     return t.shape, t.dtype
 
 
-def _pair(a, b) -> tuple[Tensor, Tensor]:
+def _array_operand(x: np.ndarray) -> Tensor:
+    """An ndarray operand as a tensor of its own dtype: a 0-d one copied into a constant, as a number is (a
+    captured step replays it as the constant it is; see _base._constant), a larger one as it is (no copy)."""
+    return Tensor(_constant(x.copy())) if x.ndim == 0 else Tensor(x)
+
+
+def _operands(a, b, ufunc: np.ufunc) -> tuple[Tensor, Tensor, np.dtype]:
+    """Both operands of a binary op as tensors, and the result's dtype.
+
+    Numbers (Python's and NumPy's scalars) are weak (as_tensor) and tensors meet by torch's rule (result_dtype).
+    An ndarray with a tensor is neither: torch hands `tensor * ndarray` to NumPy (torch's operator gives up and the
+    array's ufunc takes over), so the result has NumPy's dtype: float32 (3,) * np.array(2.0) is float64, where a
+    0-d float64 *tensor* leaves float32. The array keeps its own dtype and is not copied.
+    """
+    arrays = isinstance(a, np.ndarray) or isinstance(b, np.ndarray)
+    if arrays and (isinstance(a, Tensor) or isinstance(b, Tensor)):
+        a, b = (x if isinstance(x, Tensor) else _array_operand(x) for x in (a, b))
+        return a, b, ufunc.resolve_dtypes((a.dtype, b.dtype, None))[-1]
     if isinstance(a, Tensor):
-        return a, as_tensor(b, like=a)
-    b = as_tensor(b)
-    return as_tensor(a, like=b), b
+        b = as_tensor(b, like=a)
+    else:
+        b = as_tensor(b)
+        a = as_tensor(a, like=b)
+    return a, b, _true_divide_dtype(a, b) if ufunc is np.true_divide else result_dtype(a, b)
 
 
 # The NumPy work of the backward passes above, one function each: tape.host records a call as one
