@@ -269,18 +269,21 @@ class BertModel(Module):
 
         extra: tensors this model does not hold to write beside its own (a pooler carried over from the source
         checkpoint), in the same single write: adding them afterwards meant reading the whole file back."""
-        from safetensors.numpy import save_file
+        from ..train.safetensors_io import write_safetensors
 
         directory = os.fspath(directory)
         os.makedirs(directory, exist_ok=True)
         with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as f:
             json.dump(self.config.to_json_dict(), f, indent=2)
-        tensors = dict(to_hf_state_dict(self))
+        # Views of the weights, written one by one: safetensors' save_file (and to_hf_state_dict's copies) held the
+        # model two more times over while saving, more than a streamed run's budget leaves.
+        tensors = dict(_hf_views(self))
         clash = sorted(set(tensors) & set(extra or {}))
         if clash:
             raise ValueError(f"save_pretrained: extra tensors {clash[:4]} are the model's own; pass only others")
         tensors.update(extra or {})
-        save_file(tensors, os.path.join(directory, "model.safetensors"))
+        with open(os.path.join(directory, "model.safetensors"), "wb") as f:
+            write_safetensors(f, tensors)
 
 
 class _LayerStage:
@@ -418,13 +421,16 @@ def to_hf_state_dict(model: BertModel, *, prefix: str = "") -> "OrderedDict[str,
 
     prefix: e.g. "bert." for the layout of BertFor* checkpoints. The pooler is not included.
     """
+    return OrderedDict((key, np.array(piece, order="C", copy=True)) for key, piece in _hf_views(model, prefix))
+
+
+def _hf_views(model: BertModel, prefix: str = ""):
+    """(Hugging Face name, a view of our array) for every weight: qkv's rows split into three views, no copy."""
     params = dict(model.named_parameters(remove_duplicate=False))  # a shared layer: one key per path
-    out: OrderedDict[str, np.ndarray] = OrderedDict()
     for our_key, hf_keys in _name_map(model.config.num_hidden_layers):
         arr = params[our_key].data
         for hf_key, piece in zip(hf_keys, np.split(arr, len(hf_keys), axis=0)):
-            out[prefix + hf_key] = np.array(piece, order="C", copy=True)
-    return out
+            yield prefix + hf_key, piece
 
 
 __all__ = ["BertConfig", "BertModel", "BertEmbeddings", "load_hf_state_dict", "to_hf_state_dict",

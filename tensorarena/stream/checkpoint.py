@@ -38,9 +38,7 @@ from .follow import group_map, grow_state_kinds
 from .route import generator_states_problem, restore_generators
 from ..train.checkpoint import (CHECKSUM_KEY, FORMAT, VERSION, _atomic_write, _corrupt, _generators, _jsonable,
                                 checksums_entry, read_metadata, rng_state, saved_checksums)
-
-_DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float64): "F64", np.dtype(np.float16): "F16",
-           np.dtype(np.int64): "I64", np.dtype(np.int32): "I32", np.dtype(np.uint8): "U8", np.dtype(np.bool_): "BOOL"}
+from ..train.safetensors_io import DTYPES, raw_bytes
 
 
 def _optimizer_index(optimizer) -> dict[int, int]:
@@ -128,12 +126,12 @@ def save_streaming_checkpoint(route, path: str | os.PathLike, *, step: int, extr
         else:
             spec = store.layouts[k].stage.params[key if what == "param" else key[0]]
             shape, dtype = tuple(spec.shape), np.dtype(spec.dtype)
-        if dtype not in _DTYPES:
+        if dtype not in DTYPES:
             raise ValueError(f"{name} is {dtype}, which the streaming checkpoint writer does not handle "
-                             f"({sorted(map(str, _DTYPES))}); bring the run into memory (trainer.stream.to_memory()) "
+                             f"({sorted(map(str, DTYPES))}); bring the run into memory (trainer.stream.to_memory()) "
                              f"and save there")
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        header[name] = {"dtype": _DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        header[name] = {"dtype": DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
     # The checksums are known once the data is written: reserve their entry (all zeros, the same width) and
     # fill it in at the end. The metadata JSON's last key, it ends the header's last string, just before `}"}}`
@@ -186,16 +184,9 @@ def _in_header(entry: dict) -> bytes:
 
 def _write(f, array: np.ndarray) -> int:
     """Write `array`'s bytes to `f`; returns their CRC32, computed over the same bytes (no extra copy)."""
-    data = _raw(array)
+    data = raw_bytes(array)
     f.write(data)
     return zlib.crc32(data)
-
-
-def _raw(array: np.ndarray):
-    """The bytes of `array` to write, without a copy where memoryview can give them (it refuses a 0-d array and
-    a zero-size one, "cannot cast view with zeros in shape": those are tiny, so copied)."""
-    array = np.ascontiguousarray(array)
-    return array.tobytes() if array.ndim == 0 or array.size == 0 else memoryview(array).cast("B")
 
 
 _CHUNK = 8 << 20  # verification reads the file through one buffer of this size: memory stays bounded

@@ -26,11 +26,12 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 import numpy as np
-from safetensors.numpy import load_file, save
+from safetensors.numpy import load_file
 
 from ..nn.module import Module
 from ..random import rng_state
 from ..tensor import Tensor
+from .safetensors_io import raw_bytes, tensor_entries, write_safetensors
 
 FORMAT = "tensorarena-checkpoint"
 VERSION = 1
@@ -46,10 +47,7 @@ class CheckpointCorruptError(ValueError):
 def tensor_crc32(array: np.ndarray) -> int:
     """CRC32 of `array`'s bytes as safetensors stores them (C order, little-endian), read in place: no copy of
     the array unless it is not C-contiguous little-endian already (tiny 0-d and empty arrays are copied)."""
-    array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
-    if array.ndim == 0 or array.size == 0:  # memoryview.cast refuses these
-        return zlib.crc32(array.tobytes())
-    return zlib.crc32(memoryview(array).cast("B"))
+    return zlib.crc32(raw_bytes(array))
 
 
 def checksums_entry(crcs: dict[str, int]) -> dict[str, str]:
@@ -153,16 +151,17 @@ def save_checkpoint(path: str | os.PathLike, *, model: Module, optimizer=None, s
     step = int(step)  # a NumPy integer (a loop counter from np.arange) is no JSON number
     meta: dict[str, Any] = {"format": FORMAT, "version": VERSION, "step": step, "extra": json_extra(extra or {})}
     tensors: dict[str, np.ndarray] = {}
-    for name, array in model.state_dict().items():
-        tensors[f"model.{name}"] = np.ascontiguousarray(array)
+    # The arrays themselves, not state_dict()'s copies: the file is written from them before anything can
+    # change them (a save runs between steps), and a copy of every weight was a peak no plan counted.
+    for name, value in model.state_dict(keep_vars=True).items():
+        tensors[f"model.{name}"] = np.asarray(value.data if isinstance(value, Tensor) else value)
     if optimizer is not None:
         state = optimizer.state_dict()
         scalars: dict[str, dict[str, Any]] = {}
         for index, entry in state["state"].items():
             for key, value in entry.items():
                 if isinstance(value, np.ndarray):
-                    # ascontiguousarray alone would turn a 0-d step count into shape (1,)
-                    tensors[f"optim.{index}.{key}"] = np.ascontiguousarray(value).reshape(value.shape)
+                    tensors[f"optim.{index}.{key}"] = value  # written as it is (raw_bytes: C order, no copy)
                 else:
                     scalars.setdefault(str(index), {})[key] = _jsonable(value)
         meta["optimizer"] = {"class": type(optimizer).__name__, "param_groups": _jsonable(state["param_groups"]),
@@ -172,8 +171,11 @@ def save_checkpoint(path: str | os.PathLike, *, model: Module, optimizer=None, s
     meta["rng"] = {name: rng_state(g) for name, g in _generators(model).items()}
     meta["rng_default"] = rng_state(peek_default_generator())
     meta[CHECKSUM_KEY] = checksums_entry({name: tensor_crc32(array) for name, array in tensors.items()})
-    payload = save(tensors, metadata={"tensorarena": json.dumps(meta)})
-    _atomic_write(path, payload)
+    metadata = {"tensorarena": json.dumps(meta)}
+    tensor_entries(tensors)  # an array the format cannot hold is refused before the file is opened
+    # Array by array from memory to the file: safetensors' save() built the whole file as one bytes object (with
+    # a bytes copy of every tensor on the way), a peak of two or three copies of the state that no plan counts.
+    _atomic_write(path, lambda f: write_safetensors(f, tensors, metadata))
 
 
 def check_target(path: Path) -> None:
