@@ -384,3 +384,53 @@ def test_an_ndarray_operand_keeps_the_tensors_gradient_in_its_own_dtype():
     (tx.double() * torch.tensor(0.1, dtype=torch.float64)).sum().backward()
     assert x.grad.dtype == np.float32
     np.testing.assert_allclose(x.grad, tx.grad.numpy(), **F32)
+
+
+# -- 5. cat with torch's legacy 1-D empty tensors ------------------------------------------------------------------
+
+@pytest.mark.parametrize("shapes, dim", [
+    ([(2, 3), (0,)], 0), ([(0,), (2, 3)], 0), ([(2, 3), (0,)], 1), ([(2, 3), (0,)], -1),
+    ([(2, 3), (0,), (1, 3)], 0), ([(0,), (2, 3, 4), (0,), (2, 1, 4)], 1), ([(3,), (0,)], 0), ([(0,), (0,)], 0),
+    ([(0,), (0,)], 1), ([(0,)], 0), ([(2, 3), (0, 3)], 0),
+])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_cat_accepts_legacy_empty_tensors_forward_and_grad_as_torch(shapes, dim, dtype):
+    rng = np.random.default_rng(1)
+    values = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    ours = [ta.tensor(v, requires_grad=True) for v in values]
+    theirs = [torch.tensor(v, requires_grad=True) for v in values]
+    y, ty = ta.cat(ours, dim), torch.cat(theirs, dim)
+    assert y.shape == tuple(ty.shape)
+    _same_dtype(y, ty)
+    np.testing.assert_array_equal(y.numpy(), ty.detach().numpy())
+    g = rng.standard_normal(y.shape).astype(dtype)
+    y.backward(g)
+    ty.backward(torch.from_numpy(g))
+    for p, t in zip(ours, theirs):
+        assert p.grad.shape == tuple(t.grad.shape) and p.grad.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(p.grad, t.grad.numpy())
+
+
+def test_cat_legacy_empty_dtype_promotes_as_torch():
+    for empty_dtype in (np.float64, np.int64):
+        y = ta.cat([ta.tensor(np.ones((2, 3), np.float32)), ta.tensor(np.empty(0, empty_dtype))])
+        ty = torch.cat([torch.ones(2, 3), torch.from_numpy(np.empty(0, empty_dtype))])
+        _same_dtype(y, ty)
+        assert y.shape == tuple(ty.shape)
+
+
+@pytest.mark.parametrize("shapes, dim, torch_error, ours", [
+    ([(2, 3), (0, 4)], 0, "Expected size 3 but got size 4",
+     "tensor 0 has shape (2, 3) but tensor 1 has shape (0, 4)"),
+    ([(2, 3), (2, 0)], 0, "Expected size 3 but got size 0", "tensor 0 has shape (2, 3) but tensor 1 has shape (2, 0)"),
+    ([(0,), (2, 3), (1, 0)], 0, "Expected size 3 but got size 0",
+     "tensor 1 has shape (2, 3) but tensor 2 has shape (1, 0)"),
+    ([(2, 3), (3,)], 0, "Tensors must have same number of dimensions", "tensor 1 has shape (3,)"),
+    ([(2, 3), (0,)], 5, "Dimension out of range", "dimension 5 is out of range for a tensor with 2 dimensions"),
+    ([(), (0,)], 0, "zero-dimensional tensor", "zero-dimensional tensors cannot be concatenated"),
+])
+def test_cat_refuses_what_torch_refuses_naming_both_shapes(shapes, dim, torch_error, ours):
+    with pytest.raises((RuntimeError, IndexError), match=re.escape(torch_error)):
+        torch.cat([torch.zeros(s) for s in shapes], dim)
+    with pytest.raises((ValueError, IndexError), match=re.escape(ours)):
+        ta.cat([ta.tensor(np.zeros(s, np.float32)) for s in shapes], dim)

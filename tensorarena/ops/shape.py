@@ -162,32 +162,51 @@ def _inputs(tensors, what: str) -> list[Tensor]:
 
 
 def cat(tensors, dim: int = 0) -> Tensor:
-    """Concatenate along an existing dim (torch.cat / concat); dtypes promote like torch."""
+    """Concatenate along an existing dim (torch.cat / concat); dtypes promote like torch.
+
+    torch's legacy empty tensor, a 1-D one of size 0 (torch.empty(0)), goes with any shape, as in torch: it adds
+    nothing but its dtype to the result (and gets an empty gradient).
+    """
     ts = _inputs(tensors, "cat")
     datas = [t.data for t in ts]
-    first = datas[0].shape
     if any(d.ndim == 0 for d in datas):
         raise ValueError(f"cat: zero-dimensional tensors cannot be concatenated; got shapes "
                          f"{[d.shape for d in datas]}")
+    dtype = _promoted_dtype([x.dtype for x in datas])
+    pieces = [i for i, x in enumerate(datas) if x.shape != (0,)]  # the rest are legacy empties
+    if not pieces:
+        return _cat_of_empties(ts, dtype)
+    first = datas[pieces[0]].shape
     d = _dim(dim, len(first), "cat")
-    bad = [(i, x.shape) for i, x in enumerate(datas)
-           if x.ndim != len(first) or x.shape[:d] + x.shape[d + 1 :] != first[:d] + first[d + 1 :]]
+    bad = [(i, datas[i].shape) for i in pieces if datas[i].ndim != len(first)
+           or datas[i].shape[:d] + datas[i].shape[d + 1:] != first[:d] + first[d + 1:]]
     if bad:
         listed = ", ".join(f"tensor {i} has shape {s}" for i, s in bad)
-        raise ValueError(f"cat: tensors must have the same shape except in dim {dim}; tensor 0 has shape "
-                         f"{first} but {listed}")
-    sizes = [x.shape[d] for x in datas]
-    out = new(first[:d] + (sum(sizes),) + first[d + 1 :], _promoted_dtype([x.dtype for x in datas]))
-    host(np.concatenate, datas, axis=d, out=out, casting="same_kind")
-    bounds = np.cumsum([0] + sizes)
-    wanted = [t.dtype if t.requires_grad else None for t in ts]  # not ts: that would keep every input alive
+        raise ValueError(f"cat: tensors must have the same shape except in dim {dim}; tensor {pieces[0]} has "
+                         f"shape {first} but {listed} (only a 1-D empty tensor, shape (0,), goes with any shape)")
+    sizes = [datas[i].shape[d] for i in pieces]
+    out = new(first[:d] + (sum(sizes),) + first[d + 1:], dtype)
+    host(np.concatenate, [datas[i] for i in pieces], axis=d, out=out, casting="same_kind")
+    bounds = dict(zip(pieces, zip(np.cumsum([0] + sizes[:-1]), np.cumsum(sizes))))
+    # Per input: its dtype when it needs a gradient, and its rows of the output (None: a legacy empty).
+    wanted = [(t.dtype if t.requires_grad else None, bounds.get(i)) for i, t in enumerate(ts)]
 
     def backward(g):
         lead = (slice(None),) * d
-        return tuple(as_dtype(g[lead + (slice(lo, hi),)], dtype) if dtype is not None else None
-                     for dtype, lo, hi in zip(wanted, bounds[:-1], bounds[1:]))
+        return tuple(None if dtype is None else _empty_grad(dtype) if rows is None
+                     else as_dtype(g[lead + (slice(*rows),)], dtype) for dtype, rows in wanted)
 
     return Tensor._make(out, ts, backward)
+
+
+def _cat_of_empties(ts: list[Tensor], dtype: np.dtype) -> Tensor:
+    """cat of legacy empty tensors only: an empty one of the promoted dtype, whatever the dim (as torch)."""
+    wanted = [t.dtype if t.requires_grad else None for t in ts]
+    return Tensor._make(new((0,), dtype), ts, lambda g: tuple(None if w is None else _empty_grad(w) for w in wanted))
+
+
+def _empty_grad(dtype: np.dtype) -> np.ndarray:
+    return new((0,), dtype)
 
 
 def stack(tensors, dim: int = 0) -> Tensor:
