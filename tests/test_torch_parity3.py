@@ -434,3 +434,36 @@ def test_cat_refuses_what_torch_refuses_naming_both_shapes(shapes, dim, torch_er
         torch.cat([torch.zeros(s) for s in shapes], dim)
     with pytest.raises((ValueError, IndexError), match=re.escape(ours)):
         ta.cat([ta.tensor(np.zeros(s, np.float32)) for s in shapes], dim)
+
+
+# -- 6. tensorarena plan --json - / PATH ---------------------------------------------------------------------------
+
+PLAN = ["plan", "--model", "mlp", "--batch", "8", "--memory-limit", "8G"]
+
+
+def test_plan_json_dash_writes_the_json_alone_to_stdout_and_the_table_to_stderr(capsys):
+    from tensorarena.cli import main
+
+    assert main(PLAN + ["--json", "-"]) == 0
+    out, err = capsys.readouterr()
+    plan = json.loads(out)  # the whole of stdout, as `train --json -` gives it
+    assert err.startswith("mlp, batch 8, adamw, 134,154 parameters\n")
+    assert f"chosen: {plan['chosen']} ({plan['reason']})" in err.splitlines()
+
+
+def test_plan_json_path_writes_the_file_and_bare_json_still_follows_the_table(capsys, tmp_path):
+    from tensorarena.cli import main
+
+    path = tmp_path / "plan.json"
+    assert main(PLAN + ["--json", str(path)]) == 0
+    out, _ = capsys.readouterr()
+    written = json.loads(path.read_text())
+    assert out.startswith("mlp, batch 8") and out.rstrip().splitlines()[-1] == f"chosen: {written['chosen']} " \
+                                                                               f"({written['reason']})"
+    assert main(PLAN + ["--json"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    after = json.loads(lines[-1])
+    assert lines[0].startswith("mlp, batch 8") and set(after) == set(written) and after["chosen"] == "fused"
+    with pytest.raises(SystemExit, match=re.escape(f"tensorarena plan: cannot write --json {tmp_path}/no/plan.json: "
+                                                   f"No such file or directory")):
+        main(PLAN + ["--json", str(tmp_path / "no" / "plan.json")])

@@ -53,7 +53,9 @@ def add_plan_parser(sub) -> None:
     plan.add_argument("--clip", type=nonnegative_float, default=train.get_default("clip"),
                       help="global gradient-norm clip, as `tensorarena train --clip` (0: none, so the fused step "
                            "updates each parameter inside backward and holds no gradient buffer)")
-    plan.add_argument("--json", action="store_true", help="print the estimates as JSON after the table")
+    plan.add_argument("--json", nargs="?", const=True, default=None, metavar="PATH",
+                      help="the estimates as JSON: alone, printed after the table; to PATH; with '-' to stdout "
+                           "alone (the table goes to stderr), as train's --json -")
 
 
 def _model_and_batch(args):
@@ -130,6 +132,34 @@ def _simcse_tokenizer(args):
     return WordPieceTokenizer(locate_minilm(), max_length=args.seq_len)
 
 
+def _print_plan(args, model, plan, data_bytes: int) -> None:
+    """The table, and with --json the estimates as JSON: after the table (bare --json), to a file (--json PATH),
+    or alone on stdout (--json -: the table goes to stderr, so the output pipes into jq or json.loads as it is)."""
+    to_stdout = args.json == "-"
+    shape = {"mlp": "", "simcse": f" x {args.seq_len} tokens"}.get(args.model, f", {args.image_size}x{args.image_size}")
+    table = sys.stderr if to_stdout else sys.stdout
+    print(f"{args.model}, batch {args.batch}{shape}, {args.optimizer}, {model.num_parameters():,} parameters",
+          file=table)
+    print(plan.format(), file=table)
+    if args.json:
+        # Everything the text says, exactly: its reason and the routes that were not possible too.
+        text = json.dumps({"budget": plan.budget.nbytes, "budget_source": plan.budget.source,
+                           "budget_margin": plan.budget.margin, "chosen": plan.chosen, "reason": plan.reason,
+                           "process_other_bytes": plan.process_other_bytes, "activations": plan.activation_source,
+                           "data_bytes": data_bytes,
+                           "estimates": {r: vars(e) for r, e in plan.estimates.items()},
+                           "unavailable": plan.unavailable})
+        if args.json is True or to_stdout:
+            print(text)
+        else:
+            try:
+                with open(args.json, "w") as f:
+                    f.write(text + "\n")
+            except OSError as err:
+                raise SystemExit(f"tensorarena plan: cannot write --json {args.json}: {err.strerror}") from None
+    sys.stdout.flush()
+
+
 def cmd_plan(args) -> dict:
     from .. import optim
     from ..memory.budget import resolve_budget
@@ -151,16 +181,5 @@ def cmd_plan(args) -> dict:
                        fused_keeps_grads=bool(args.clip), choose=("fused", "streaming"), data_bytes=data_bytes,
                        data_held=False)  # counted from train's sizes, never drawn here
     del tokenizer  # measured: the plan is made
-    shape = {"mlp": "", "simcse": f" x {args.seq_len} tokens"}.get(args.model, f", {args.image_size}x{args.image_size}")
-    print(f"{args.model}, batch {args.batch}{shape}, {args.optimizer}, {model.num_parameters():,} parameters")
-    print(plan.format())
-    if args.json:
-        # Everything the text says, exactly: its reason and the routes that were not possible too.
-        print(json.dumps({"budget": plan.budget.nbytes, "budget_source": plan.budget.source,
-                          "budget_margin": plan.budget.margin, "chosen": plan.chosen, "reason": plan.reason,
-                          "process_other_bytes": plan.process_other_bytes, "activations": plan.activation_source,
-                          "data_bytes": data_bytes,
-                          "estimates": {r: vars(e) for r, e in plan.estimates.items()},
-                          "unavailable": plan.unavailable}))
-    sys.stdout.flush()
+    _print_plan(args, model, plan, data_bytes)
     return {"plan": plan, "chosen": plan.chosen}
