@@ -26,7 +26,6 @@ import pytest
 import torch
 
 import tensorarena as ta
-from tensorarena import optim
 from tensorarena.nn import Parameter
 
 F32 = dict(rtol=2e-6, atol=1e-7)
@@ -467,3 +466,120 @@ def test_plan_json_path_writes_the_file_and_bare_json_still_follows_the_table(ca
     with pytest.raises(SystemExit, match=re.escape(f"tensorarena plan: cannot write --json {tmp_path}/no/plan.json: "
                                                    f"No such file or directory")):
         main(PLAN + ["--json", str(tmp_path / "no" / "plan.json")])
+
+
+# -- the hunt: training-loop idioms the earlier hunts left out, each against torch ---------------------------------
+
+def _dt(m, name: str):
+    """The dtype `name` as module m spells it (torch.float64 / np.float64)."""
+    return getattr(torch, name) if m is torch else np.dtype(name)
+
+
+RNG = np.random.default_rng(11)
+XV = RNG.permutation(24).reshape(2, 3, 4).astype(np.float64) / 4 - 2  # distinct values: orders are unambiguous
+LABELS = np.array([2, 0, 3, 1, 3, 0])
+
+# name -> f(m, x): m is ta or torch, x a float tensor shaped (2, 3, 4) that requires grad
+IDIOMS = {
+    "min over all": lambda m, x: x.min(),
+    "min over dim, values": lambda m, x: x.min(dim=1).values,
+    "min over dim, indices": lambda m, x: x.min(dim=-1, keepdim=True).indices,
+    "max with keepdim for a stable softmax": lambda m, x: (x - x.max(dim=-1, keepdim=True).values).exp(),
+    "masked_fill -inf then softmax": lambda m, x: (x.masked_fill(x > 1.0, float("-inf"))).softmax(dim=-1),
+    "masked_fill with a broadcast mask": lambda m, x: x.masked_fill(m.tensor(np.array([True, False, True, False])),
+                                                                    0.0),
+    "masked_fill with a 0-d tensor value": lambda m, x: x.masked_fill(x < 0, x.sum()),
+    "split by size": lambda m, x: m.cat([p * (i + 1) for i, p in enumerate(x.split(3, dim=2))], dim=2),
+    "split by sections": lambda m, x: m.cat([p * (i + 1) for i, p in enumerate(x.split([1, 2], dim=1))], dim=1),
+    "chunk uneven": lambda m, x: m.cat([p * (i + 1) for i, p in enumerate(x.chunk(3, dim=-1))], dim=-1),
+    "chunk count": lambda m, x: m.tensor(len(x.chunk(3, dim=-1))),
+    "contiguous after transpose": lambda m, x: x.transpose(1, 2).contiguous().reshape(2, 12),
+    "is_contiguous": lambda m, x: m.tensor([x.is_contiguous(), x.transpose(0, 1).is_contiguous()]),
+    "to(float32)": lambda m, x: x.to(_dt(m, "float32")) * 3,
+    "to(cpu, float32)": lambda m, x: x.to("cpu", _dt(m, "float32")),
+    "to(other)": lambda m, x: x.to(m.tensor(np.zeros(1, np.float32))),
+    "to(int64)": lambda m, x: (x * 4).to(_dt(m, "int64")),
+    "cpu() and dim()": lambda m, x: x.cpu() * x.dim(),
+    "expand_as": lambda m, x: x[:, :1, :].expand_as(x) * x,
+    "view_as / reshape_as": lambda m, x: x.reshape(6, 4).view_as(x) + x.reshape(24).reshape_as(x),
+    "t() of a matrix": lambda m, x: x[0].t() @ x[1],
+    "var unbiased=False keepdim (hand-made layer norm)":
+        lambda m, x: (x - x.mean(-1, keepdim=True)) / (x.var(-1, unbiased=False, keepdim=True) + 1e-5).sqrt(),
+    "std over dim": lambda m, x: x.std(dim=1),
+    "std unbiased=False over all": lambda m, x: x.std(unbiased=False),
+    "gather the picked class (RL / NLL idiom)": lambda m, x: x.reshape(6, 4).log_softmax(-1).gather(
+        1, m.tensor(LABELS).reshape(6, 1)),
+    "gather with repeats": lambda m, x: x.gather(2, m.tensor(np.array([[[0, 0, 3]] * 3] * 2))),
+    "sort values": lambda m, x: x.sort(dim=-1).values,
+    "sort descending indices": lambda m, x: x.sort(dim=1, descending=True).indices,
+    "argsort": lambda m, x: x.argsort(dim=-1),
+    "argsort descending": lambda m, x: x.argsort(dim=0, descending=True),
+    "topk values": lambda m, x: x.topk(2, dim=-1).values,
+    "topk smallest indices": lambda m, x: x.topk(3, dim=1, largest=False).indices,
+    "topk accuracy": lambda m, x: (x.reshape(6, 4).topk(2, dim=1).indices == m.tensor(LABELS).reshape(6, 1))
+        .any(dim=1).float().mean(),
+    "one_hot cross entropy by hand": lambda m, x: -(m.nn.functional.one_hot(m.tensor(LABELS), 4).float()
+                                                    * x.reshape(6, 4).log_softmax(-1)).sum(-1).mean(),
+    "one_hot inferred classes": lambda m, x: m.nn.functional.one_hot(m.tensor(LABELS)),
+    "zeros_like / ones_like / full_like": lambda m, x: m.zeros_like(x) + m.ones_like(x) * 2 + m.full_like(x, 0.5),
+    "zeros / ones / full": lambda m, x: m.zeros(2, 3, 4) + m.ones((2, 3, 4)) + m.full((2, 3, 4), 1.5) + x,
+    "full of an int": lambda m, x: m.full((2, 2), 7),
+    "arange ints": lambda m, x: m.arange(5),
+    "arange floats": lambda m, x: m.arange(0.0, 1.0, 0.125),
+    "arange start end step": lambda m, x: m.arange(2, 11, 3),
+    "arange as positions": lambda m, x: x + m.arange(4),
+    "linspace": lambda m, x: m.linspace(-1, 1, 7),
+    "min then item-style clamp": lambda m, x: x.clamp(min=x.min().item() + 0.5, max=1.0),
+    "matmul broadcasting batch @ matrix": lambda m, x: x @ x[0].transpose(0, 1),
+}
+
+
+def _run_idiom(m, name, dtype):
+    x = (torch.tensor(XV.astype(dtype), requires_grad=True) if m is torch
+         else ta.tensor(XV.astype(dtype), requires_grad=True))
+    return x, IDIOMS[name](m, x)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", list(IDIOMS))
+def test_training_loop_idiom_matches_torch(name, dtype):
+    x, y = _run_idiom(ta, name, dtype)
+    tx, ty = _run_idiom(torch, name, dtype)
+    assert y.shape == tuple(ty.shape)
+    _same_dtype(y, ty)
+    # In the result's precision (a float32 linspace differs from torch's by an ulp); integers and bools exactly.
+    tol = TOL[y.dtype.type] if y.dtype.kind == "f" else dict(rtol=0, atol=0)
+    np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), **tol)
+    if not ty.requires_grad:
+        assert not y.requires_grad
+        return
+    g = np.random.default_rng(2).standard_normal(y.shape).astype(y.dtype)
+    y.backward(g)
+    ty.backward(torch.from_numpy(g))
+    np.testing.assert_allclose(x.grad, tx.grad.numpy(), **TOL[dtype])
+
+
+def test_new_idioms_refuse_what_torch_refuses_by_name():
+    x, tx = ta.tensor(XV), torch.tensor(XV)
+    with pytest.raises(RuntimeError, match="expected a bool tensor|dtype"):
+        tx.masked_fill(tx > 0, 0.0).masked_fill(torch.ones(4, dtype=torch.int64), 0.0)
+    with pytest.raises(TypeError, match=re.escape("masked_fill: mask must be a bool tensor, got dtype int64")):
+        x.masked_fill(ta.tensor(np.ones(4, np.int64)), 0.0)
+    with pytest.raises(RuntimeError, match="index 4 is out of bounds for dimension 1 with size 4"):
+        torch.gather(tx[0], 1, torch.tensor([[4]]))
+    with pytest.raises(IndexError, match=re.escape("gather: index 4 is out of bounds for dimension 1 with size 4")):
+        ta.gather(x[0], 1, ta.tensor(np.array([[4]])))
+    with pytest.raises(RuntimeError, match="selected index k out of range"):
+        tx.topk(5)
+    with pytest.raises(ValueError, match=re.escape("topk: k=5 is out of range for dim -1 of size 4")):
+        x.topk(5)
+    with pytest.raises(RuntimeError, match="Class values must be smaller than num_classes"):
+        torch.nn.functional.one_hot(torch.tensor([4]), 4)
+    with pytest.raises(ValueError, match=re.escape("one_hot: labels must be in [0, 4), got values from 4 to 4")):
+        ta.nn.functional.one_hot(ta.tensor(np.array([4])), 4)
+    with pytest.raises(RuntimeError, match="split_with_sizes expects split_sizes to sum exactly to 3"):
+        tx.split([1, 1], dim=1)
+    with pytest.raises(ValueError, match=re.escape("split: the sizes [1, 1] must be non-negative and add up to 3")):
+        x.split([1, 1], dim=1)
+    with pytest.raises(ValueError, match=re.escape("to: tensorarena runs on the CPU only, got device 'cuda'")):
+        x.to("cuda")

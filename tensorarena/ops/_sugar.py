@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..tensor import Tensor
-from . import arith, cast, clamping, compare, index, inplace, linalg, reduce, shape, unary
+from . import arith, cast, clamping, compare, index, inplace, linalg, reduce, shape, sorting, unary
 
 
 def install() -> None:
@@ -52,4 +52,16 @@ def install() -> None:
     T.transpose, T.permute, T.flatten = shape.transpose, shape.permute, shape.flatten
     T.unsqueeze, T.squeeze, T.expand = shape.unsqueeze, shape.squeeze, shape.expand
     T.T = property(lambda a: shape.permute(a, *reversed(range(a.ndim))))
+    T.min, T.std = reduce.min, reduce.std
+    T.gather, T.argsort, T.sort, T.topk = sorting.gather, sorting.argsort, sorting.sort, sorting.topk
+    T.t = lambda a: a if a.ndim < 2 else shape.transpose(a, 0, 1)  # torch's t(): 2-D at most
+    T.masked_fill = index.masked_fill
+    T.split, T.chunk, T.contiguous = shape.split, shape.chunk, shape.contiguous
+    T.expand_as = lambda a, other: shape.expand(a, other.shape)
+    T.view_as = T.reshape_as = lambda a, other: shape.reshape(a, other.shape)
+    T.to = cast.to
+    T.dim = lambda a: a.ndim
+    T.is_contiguous = lambda a: bool(a.data.flags.c_contiguous)
+    T.cpu = lambda a: a  # the only device there is
+    T.device = property(lambda a: "cpu")
 

@@ -58,3 +58,24 @@ def _convert(out: np.ndarray, ad: np.ndarray) -> None:
     # seterr would raise on it). Float to int truncates toward zero, as torch; NaN to int stays NumPy's error.
     with np.errstate(under="ignore", over="ignore"):
         np.copyto(out, ad, casting="unsafe")
+
+
+def to(a: Tensor, *args, dtype=None, device=None, copy: bool = False, non_blocking: bool = False) -> Tensor:
+    """torch's Tensor.to: to(dtype), to(device), to(device, dtype), to(other) (other's dtype), or keywords.
+    The device must be the CPU (the only one there is); `a` itself comes back when nothing changes and not copy."""
+    for arg in args:
+        if isinstance(arg, Tensor):
+            dtype = arg.dtype
+        elif isinstance(arg, str) or type(arg).__name__ == "device":  # "cpu", or a torch.device
+            device = arg
+        else:
+            dtype = arg
+    if device is not None and str(device) not in ("cpu", "cpu:0"):
+        raise ValueError(f"to: tensorarena runs on the CPU only, got device {str(device)!r}; pass 'cpu' or leave "
+                         f"the device out")
+    out = a if dtype is None else to_dtype(a, dtype)
+    if copy and out is a:
+        from .shape import clone  # shape imports index, which imports this module: imported when needed
+
+        out = clone(a)
+    return out

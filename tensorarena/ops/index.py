@@ -9,7 +9,8 @@ from ..kernels import kernel
 from ..compile.trace import unsupported
 from ..tape import host
 from ..tensor import Tensor
-from ._base import as_tensor, contiguous, new, reshaped, result_dtype, unbroadcast
+from ._base import _constant, as_tensor, contiguous, new, reshaped, result_dtype, unbroadcast
+from .cast import to_dtype
 
 
 def _normalize_index(index) -> tuple:
@@ -142,6 +143,36 @@ def where(condition, a, b) -> Tensor:
 
     # Backward reads the condition only (a plain array condition has no counter to check).
     return Tensor._make(out, (a, b), backward, saved=(condition if isinstance(condition, Tensor) else None,))
+
+
+def masked_fill(a: Tensor, mask, value) -> Tensor:
+    """torch's masked_fill: `a` with `value` (a number or a 0-d tensor, cast to a's dtype) where the bool `mask`
+    (broadcast to a's shape) is True. a's gradient flows where mask is False, a tensor value's where it is True."""
+    md = mask.data if isinstance(mask, Tensor) else np.asarray(mask)
+    ad = a.data
+    if md.dtype != np.bool_:
+        raise TypeError(f"masked_fill: mask must be a bool tensor, got dtype {md.dtype}; compare first, e.g. "
+                        f"`t.masked_fill(ids == pad_id, 0.0)`")
+    try:
+        fits = np.broadcast_shapes(md.shape, ad.shape) == ad.shape
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(f"masked_fill: the mask's shape {md.shape} does not broadcast to the tensor's shape "
+                         f"{ad.shape}")
+    if isinstance(value, Tensor):
+        if value.ndim != 0:
+            raise ValueError(f"masked_fill: value must be a number or a 0-d tensor, got a tensor of shape "
+                             f"{value.shape}; use where(mask, values, t) for a tensor of values")
+        value = to_dtype(value, ad.dtype)
+    else:
+        value = Tensor(_constant_of(value, ad.dtype))
+    return where(mask, value, a)
+
+
+def _constant_of(value, dtype: np.dtype) -> np.ndarray:
+    """A number as a 0-d constant of `dtype` (a float into an integer tensor truncates, as torch's fill)."""
+    return _constant(np.array(value).astype(dtype))
 
 
 def _number(x) -> Tensor:

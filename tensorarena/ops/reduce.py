@@ -12,6 +12,7 @@ from ..kernels import kernel
 from ..tape import host
 from ..tensor import Tensor
 from ._base import contiguous, new, new_like, normalize_axes, reshaped
+from .unary import sqrt
 
 
 class MaxResult(NamedTuple):
@@ -87,22 +88,35 @@ def mean(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:
 
 def max(a: Tensor, dim=None, keepdim: bool = False):  # noqa: A001 - torch's name
     """Max over all elements (a Tensor), or over `dim` (a MaxResult(values, indices)), as torch.max."""
+    return _extreme(a, dim, keepdim, "max")
+
+
+def min(a: Tensor, dim=None, keepdim: bool = False):  # noqa: A001 - torch's name
+    """Min over all elements (a Tensor), or over `dim` (a MaxResult(values, indices)), as torch.min."""
+    return _extreme(a, dim, keepdim, "min")
+
+
+# The NumPy reduction and its index twin for each extreme: both pick the first extreme (the first NaN if any).
+_EXTREMES = {"max": (np.max, np.argmax), "min": (np.min, np.argmin)}
+
+
+def _extreme(a: Tensor, dim, keepdim: bool, op: str):
     if dim is None:
         if keepdim:
-            raise TypeError("max: keepdim needs an int dim; max over all elements returns a 0-d tensor")
-        return _max_all(a)
+            raise TypeError(f"{op}: keepdim needs an int dim; {op} over all elements returns a 0-d tensor")
+        return _extreme_all(a, op)
     if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
-        raise TypeError(f"max: dim must be an int (or None for all elements), got {dim!r}")
-    return _max_dim(a, int(dim), keepdim)
+        raise TypeError(f"{op}: dim must be an int (or None for all elements), got {dim!r}")
+    return _extreme_dim(a, int(dim), keepdim, op)
 
 
-def _max_all(a: Tensor) -> Tensor:
+def _extreme_all(a: Tensor, op: str) -> Tensor:
     ad = a.data
     if ad.size == 0:  # torch's refusal; NumPy's ("zero-size array to reduction operation") names no way out
-        raise RuntimeError(f"max: the tensor of shape {ad.shape} has no elements, so it has no maximum; give a "
-                           f"dim to reduce along a non-empty dimension")
+        raise RuntimeError(f"{op}: the tensor of shape {ad.shape} has no elements, so it has no "
+                           f"{op}imum; give a dim to reduce along a non-empty dimension")
     out = new((), ad.dtype)
-    host(np.max, ad, out=out)
+    host(_EXTREMES[op][0], ad, out=out)
 
     def backward(g):
         ga = new(ad.shape, ad.dtype)
@@ -112,19 +126,19 @@ def _max_all(a: Tensor) -> Tensor:
     return Tensor._make(out, (a,), backward, saved=(a,), saved_output=True)
 
 
-def _max_dim(a: Tensor, dim: int, keepdim: bool) -> MaxResult:
+def _extreme_dim(a: Tensor, dim: int, keepdim: bool, op: str) -> MaxResult:
     ad = a.data
-    if ad.ndim == 0:  # torch allows dim 0/-1 on a scalar: it is its own max at index 0
+    if ad.ndim == 0:  # torch allows dim 0/-1 on a scalar: it is its own extreme at index 0
         _reduce_axes(dim, 0)
         ad = ad.reshape(1)
     (axis,) = normalize_axes(dim, ad.ndim)
     if ad.shape[axis] == 0:  # as torch's IndexError; NumPy's says "attempt to get argmax of an empty sequence"
-        raise IndexError(f"max: dim {axis} has size 0 in shape {ad.shape}: there is no maximum along it")
+        raise IndexError(f"{op}: dim {axis} has size 0 in shape {ad.shape}: there is no {op}imum along it")
     keep_shape = _reduced_shape(ad.shape, (axis,), True)
     shape = a.shape if a.ndim == 0 else _reduced_shape(ad.shape, (axis,), keepdim)
     idx = new(keep_shape, np.int64)
     values = new(keep_shape, ad.dtype)
-    host(_max_along, ad, axis, idx, values)
+    host(_extreme_along, _EXTREMES[op], ad, axis, idx, values)
     in_shape = ad.shape
 
     a_shape, a_dtype = a.shape, ad.dtype
@@ -195,8 +209,10 @@ def _logical(a: Tensor, dim, keepdim: bool, fn) -> Tensor:
     return Tensor._make(out)  # a truth value has no gradient
 
 
-def var(a: Tensor, dim=None, *, correction: int = 1, keepdim: bool = False) -> Tensor:
-    """Variance with Bessel's correction by default (torch.var)."""
+def var(a: Tensor, dim=None, unbiased: bool | None = None, keepdim: bool = False, *, correction: int | None = None
+        ) -> Tensor:
+    """Variance with Bessel's correction by default (torch.var); torch's older `unbiased=False` is correction=0."""
+    correction = _correction(unbiased, correction, "var")
     ad = a.data
     _need_float(ad, "var")
     axes = _reduce_axes(dim, ad.ndim)
@@ -219,6 +235,22 @@ def var(a: Tensor, dim=None, *, correction: int = 1, keepdim: bool = False) -> T
         return (ga,)
 
     return Tensor._make(out, (a,), backward, saved=(a,))
+
+
+def std(a: Tensor, dim=None, unbiased: bool | None = None, keepdim: bool = False, *, correction: int | None = None
+        ) -> Tensor:
+    """Standard deviation, the square root of `var` with the same arguments (torch.std)."""
+    return sqrt(var(a, dim, unbiased, keepdim, correction=correction))
+
+
+def _correction(unbiased: bool | None, correction: int | None, op: str) -> int:
+    if unbiased is not None and correction is not None:
+        raise TypeError(f"{op}: pass unbiased or correction, not both (unbiased=False is correction=0)")
+    if unbiased is not None:
+        if not isinstance(unbiased, (bool, np.bool_)):  # var(x, 0, 1) would read a dim as unbiased
+            raise TypeError(f"{op}: unbiased must be True or False, got {unbiased!r}")
+        return int(bool(unbiased))
+    return 1 if correction is None else correction
 
 
 def softmax(a: Tensor, dim: int = -1) -> Tensor:
@@ -314,7 +346,7 @@ def _mean_forward(ad, axes, keepdim, count, out):
 
 
 def _max_all_grad(ad, out, g, ga):
-    # Tied maxima share the gradient evenly, as torch's full reduction does; a NaN max
+    # (min's too) Tied maxima share the gradient evenly, as torch's full reduction does; a NaN max
     # sends it to the NaNs, which are what produced that max.
     if np.isnan(out):
         np.isnan(ad, out=ga)
@@ -324,10 +356,11 @@ def _max_all_grad(ad, out, g, ga):
     ga *= g / count
 
 
-def _max_along(ad, axis, idx, values):
-    # argmax returns the first maximum (the first NaN if any), matching torch's index choice.
-    np.argmax(ad, axis=axis, keepdims=True, out=idx)
-    np.max(ad, axis=axis, keepdims=True, out=values)
+def _extreme_along(fns, ad, axis, idx, values):
+    # argmax / argmin return the first extreme (the first NaN if any), matching torch's index choice.
+    reduce, arg = fns
+    arg(ad, axis=axis, keepdims=True, out=idx)
+    reduce(ad, axis=axis, keepdims=True, out=values)
 
 
 def _scatter_along(ga, idx, g, axis):

@@ -7,6 +7,7 @@ import numpy as np
 from ..tape import host
 from ..tensor import Tensor
 from ._base import as_dtype, as_tensor, new, reshaped, unbroadcast
+from .index import getitem
 
 
 def reshape(a: Tensor, *shape) -> Tensor:
@@ -145,6 +146,46 @@ def flatten(a: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     for n in shape[s : e + 1]:
         merged *= n
     return reshape(a, shape[:s] + (merged,) + shape[e + 1 :])
+
+
+def contiguous(a: Tensor) -> Tensor:
+    """`a` itself when its memory is C-contiguous, else a copy that is (torch's contiguous, in the graph)."""
+    return a if a.data.flags.c_contiguous else clone(a)
+
+
+def split(a: Tensor, split_size_or_sections, dim: int = 0) -> tuple[Tensor, ...]:
+    """Views of `a` along `dim` (torch.split): pieces of split_size (the last may be smaller), or of the sizes in
+    a list, which must add up to the dim's size."""
+    if a.ndim == 0:
+        raise ValueError("split: a 0-d tensor has no dimension to split; reshape it first")
+    n = a.shape[_dim(dim, a.ndim, "split")]
+    if isinstance(split_size_or_sections, (list, tuple)):
+        sizes = [int(k) for k in split_size_or_sections]
+        if sum(sizes) != n or any(k < 0 for k in sizes):
+            raise ValueError(f"split: the sizes {sizes} must be non-negative and add up to {n}, the size of dim "
+                             f"{dim} of a tensor of shape {a.shape}")
+    else:
+        size = int(split_size_or_sections)
+        if size <= 0 and n:
+            raise ValueError(f"split: split_size must be positive, got {size}")
+        sizes = [min(size, n - lo) for lo in range(0, n, size)] if n else [0]
+    return _pieces(a, dim, sizes)
+
+
+def chunk(a: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
+    """`chunks` views of `a` along `dim`, each ceil(size / chunks) long (torch.chunk: fewer when they run out)."""
+    if int(chunks) <= 0:
+        raise ValueError(f"chunk: chunks must be positive, got {chunks}")
+    if a.ndim == 0:
+        raise ValueError("chunk: a 0-d tensor has no dimension to chunk; reshape it first")
+    n = a.shape[_dim(dim, a.ndim, "chunk")]
+    return split(a, max(-(-n // int(chunks)), 1), dim)
+
+
+def _pieces(a: Tensor, dim: int, sizes: list[int]) -> tuple[Tensor, ...]:
+    lead = (slice(None),) * _dim(dim, a.ndim, "split")
+    bounds = np.cumsum([0] + sizes)
+    return tuple(getitem(a, lead + (slice(int(lo), int(hi)),)) for lo, hi in zip(bounds[:-1], bounds[1:]))
 
 
 def _promoted_dtype(dtypes) -> np.dtype:

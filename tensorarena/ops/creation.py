@@ -1,0 +1,106 @@
+"""New tensors, as torch's factory functions make them: zeros ones full (and *_like), arange linspace, one_hot.
+
+Each returns a leaf on the heap (as `ta.tensor` does), in torch's default dtype for what it is given: float32 for
+floats, int64 for integers, bool for bools. `dtype` takes a NumPy dtype (np.float64, "float64").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..tensor import DEFAULT_DTYPE, Tensor, _check_can_require_grad
+
+
+def _shape(size) -> tuple[int, ...]:
+    """zeros(2, 3) and zeros((2, 3)) alike, as torch."""
+    if len(size) == 1 and isinstance(size[0], (tuple, list)):
+        size = tuple(size[0])
+    return tuple(int(n) for n in size)
+
+
+def _leaf(array: np.ndarray, requires_grad: bool) -> Tensor:
+    if requires_grad:
+        _check_can_require_grad(array.dtype)
+    return Tensor(array, requires_grad=requires_grad)
+
+
+def zeros(*size, dtype=None, requires_grad: bool = False) -> Tensor:
+    """A tensor of zeros (float32 unless told otherwise), torch.zeros."""
+    return _leaf(np.zeros(_shape(size), dtype or DEFAULT_DTYPE), requires_grad)
+
+
+def ones(*size, dtype=None, requires_grad: bool = False) -> Tensor:
+    """A tensor of ones (float32 unless told otherwise), torch.ones."""
+    return _leaf(np.ones(_shape(size), dtype or DEFAULT_DTYPE), requires_grad)
+
+
+def full(size, fill_value, *, dtype=None, requires_grad: bool = False) -> Tensor:
+    """A tensor of `fill_value`; its dtype from the value as torch's (float -> float32, int -> int64, bool)."""
+    return _leaf(np.full(_shape((size,)), fill_value, dtype or _number_dtype(fill_value)), requires_grad)
+
+
+def zeros_like(a: Tensor, *, dtype=None, requires_grad: bool = False) -> Tensor:
+    """Zeros of a's shape and dtype (torch.zeros_like)."""
+    return _leaf(np.zeros(a.shape, dtype or a.dtype), requires_grad)
+
+
+def ones_like(a: Tensor, *, dtype=None, requires_grad: bool = False) -> Tensor:
+    """Ones of a's shape and dtype (torch.ones_like)."""
+    return _leaf(np.ones(a.shape, dtype or a.dtype), requires_grad)
+
+
+def full_like(a: Tensor, fill_value, *, dtype=None, requires_grad: bool = False) -> Tensor:
+    """`fill_value` in a's shape and dtype (torch.full_like: the value is cast to a's dtype)."""
+    return _leaf(np.full(a.shape, fill_value, dtype or a.dtype), requires_grad)
+
+
+def arange(start, end=None, step=1, *, dtype=None, requires_grad: bool = False) -> Tensor:
+    """[start, end) by step, torch.arange: int64 when every argument is an integer, else float32."""
+    if end is None:
+        start, end = 0, start
+    if step == 0:
+        raise ValueError("arange: step must be nonzero")
+    if all(_is_integer(x) for x in (start, end, step)):
+        values = np.arange(int(start), int(end), int(step), dtype=np.int64)
+        return _leaf(values.astype(dtype or np.int64), requires_grad)
+    # As torch: ceil((end - start) / step) values, each start + i * step computed in float64, then rounded once.
+    count = max(int(np.ceil((float(end) - float(start)) / float(step))), 0)
+    values = float(start) + np.arange(count, dtype=np.float64) * float(step)
+    return _leaf(values.astype(dtype or DEFAULT_DTYPE), requires_grad)
+
+
+def linspace(start, end, steps: int, *, dtype=None, requires_grad: bool = False) -> Tensor:
+    """`steps` evenly spaced values from start to end inclusive (float32 unless told otherwise), torch.linspace."""
+    if int(steps) < 0:
+        raise ValueError(f"linspace: number of steps must be non-negative, got {steps}")
+    return _leaf(np.linspace(float(start), float(end), int(steps)).astype(dtype or DEFAULT_DTYPE), requires_grad)
+
+
+def one_hot(labels, num_classes: int = -1) -> Tensor:
+    """torch.nn.functional.one_hot: int64 labels (...) -> int64 (..., num_classes); -1: one more than the
+    largest label."""
+    ids = labels.data if isinstance(labels, Tensor) else np.asarray(labels)
+    if ids.dtype != np.int64:
+        raise TypeError(f"one_hot: labels must be an int64 tensor (torch's rule), got dtype {ids.dtype}; "
+                        f"use labels.long()")
+    if num_classes == -1:
+        if ids.size == 0:
+            raise ValueError("one_hot: cannot infer the number of classes from an empty tensor; pass num_classes")
+        num_classes = int(ids.max()) + 1
+    if ids.size and (ids.min() < 0 or ids.max() >= num_classes):
+        raise ValueError(f"one_hot: labels must be in [0, {num_classes}), got values from {ids.min()} to "
+                         f"{ids.max()}")
+    out = np.zeros(ids.shape + (num_classes,), np.int64)
+    np.put_along_axis(out, ids[..., None], 1, axis=-1)
+    return Tensor(out)
+
+
+def _is_integer(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _number_dtype(x) -> np.dtype:
+    """torch's dtype for a fill value: bool, int64 for an integer, else float32."""
+    if isinstance(x, (bool, np.bool_)):
+        return np.dtype(np.bool_)
+    return np.dtype(np.int64 if _is_integer(x) else DEFAULT_DTYPE)
