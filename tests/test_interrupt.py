@@ -15,7 +15,7 @@
 Every test sends a real SIGINT (os.kill). A fixture puts Python's own handler in place for each test: a test run
 started as a background job inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler.
 
-20 of these 21 tests fail on 4c8b667, the commit before this work (all but the one-step-at-a-time test, which
+21 of these 22 tests fail on 4c8b667, the commit before this work (all but the one-step-at-a-time test, which
 guards a rule that held before and must still hold with the deferral in place). To see it:
 `git worktree add /tmp/wt-interrupt 4c8b667`, copy this file to /tmp/wt-interrupt/tests/, and from inside
 /tmp/wt-interrupt run `PYTHONPATH=/tmp/wt-interrupt python -m pytest -q -p no:cacheprovider tests/test_interrupt.py`
@@ -478,6 +478,32 @@ def test_ctrl_c_during_the_final_save_lets_it_finish_whole(tmp_path, monkeypatch
     assert _main(_mlp_argv(path)) == 130
     assert _stopped_at(capsys.readouterr().err, f"saved to {path} (resume with --resume {path})") == 4
     _assert_identical(_tensors(path), _tensors(tmp_path / "whole.st"))
+
+
+def test_a_second_ctrl_c_during_a_step_saves_nothing_and_says_why(tmp_path, monkeypatch, capsys):
+    from tensorarena.data.loader import BatchLoader
+    from tensorarena.train import classifier_job
+
+    path = tmp_path / "run.st"
+    assert _main(_mlp_argv(path, steps=2)) == 0
+    before = path.read_bytes()
+    loss = LossSendingSigint()
+    real_next = BatchLoader.next
+    drawn = []
+
+    def next_batch(self):  # the third batch's step gets two Ctrl-Cs from inside its loss
+        drawn.append(1)
+        loss.armed = 2 if len(drawn) == 3 else 0
+        return real_next(self)
+
+    monkeypatch.setattr(BatchLoader, "next", next_batch)
+    monkeypatch.setattr(classifier_job, "cross_entropy", loss)
+    capsys.readouterr()
+    assert _main(_mlp_argv(path)) == 130
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == (f"tensorarena train: interrupted twice at step 3 of 4: that step was abandoned part-way and the "
+                    f"model may hold part of it, so nothing was saved; {path} is as it was before this run")
+    assert loss.sent == 2 and path.read_bytes() == before
 
 
 def test_a_second_ctrl_c_during_the_final_save_leaves_the_file_as_it_was(tmp_path, monkeypatch, capsys):
