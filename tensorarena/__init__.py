@@ -11,8 +11,8 @@ from . import kernels, models, nn, optim
 from .ops import (add, cat, clone, concat, div, exp, flatten, log, matmul, max, mean, mul, neg, permute, pow,
                   reshape, sqrt, squeeze, stack, sub, sum, tanh, transpose, unsqueeze, var, where)
 from .ops import abs, all, allclose, any, argmax, argmin, clamp, clip, eq, equal, ge, gt, le, lt, ne
-from .ops import (arange, argsort, chunk, full, full_like, gather, linspace, masked_fill, min, ones, ones_like, sort,
-                  split, std, topk, zeros, zeros_like)
+from .ops import (arange, argsort, chunk, full, full_like, gather, isfinite, isinf, isnan, linspace, masked_fill, min,
+                  ones, ones_like, sort, split, std, topk, unbind, zeros, zeros_like)
 
 from .compile.step import FusedStep, compile_step
 

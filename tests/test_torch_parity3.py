@@ -531,6 +531,12 @@ IDIOMS = {
     "linspace": lambda m, x: m.linspace(-1, 1, 7),
     "min then item-style clamp": lambda m, x: x.clamp(min=x.min().item() + 0.5, max=1.0),
     "matmul broadcasting batch @ matrix": lambda m, x: x @ x[0].transpose(0, 1),
+    "repeat": lambda m, x: x.repeat(1, 2, 1),
+    "repeat with new leading dims": lambda m, x: x[0].repeat(2, 1, 3),
+    "unbind": lambda m, x: m.stack([p * (i + 1) for i, p in enumerate(x.unbind(dim=1))], dim=0),
+    "isnan guard": lambda m, x: m.isnan(x.masked_fill(x > 1.0, float("nan"))),
+    "isinf / isfinite": lambda m, x: m.stack([x.masked_fill(x < -1.0, float("inf")).isinf(),
+                                              x.masked_fill(x > 1.5, float("nan")).isfinite()]),
 }
 
 

@@ -3,7 +3,7 @@
 from .arith import add, div, mul, neg, pow, sub
 from .clamping import clamp
 from .attention import bias_gelu, bias_gelu_linear, packed_self_attention, scaled_dot_product_attention
-from .compare import allclose, eq, equal, ge, gt, le, lt, ne
+from .compare import allclose, eq, equal, ge, gt, isfinite, isinf, isnan, le, lt, ne
 from .creation import arange, full, full_like, linspace, one_hot, ones, ones_like, zeros, zeros_like
 from .index import embedding, getitem, masked_fill, where
 from .linalg import linear, matmul
@@ -11,8 +11,8 @@ from .loss import cross_entropy, mse_loss
 from .nn_ops import dropout, layer_norm
 from .reduce import all, any, argmax, argmin, log_softmax, max, mean, min, softmax, std, sum, var
 from .sorting import argsort, gather, sort, topk
-from .shape import (cat, chunk, clone, contiguous, expand, flatten, permute, reshape, split, squeeze, stack, transpose,
-                    unsqueeze)
+from .shape import (cat, chunk, clone, contiguous, expand, flatten, permute, repeat, reshape, split, squeeze, stack,
+                    transpose, unbind, unsqueeze)
 from .unary import abs, exp, gelu, log, relu, sigmoid, sqrt, tanh
 from ._sugar import install as _install_sugar
 
@@ -28,5 +28,5 @@ __all__ = [
     "embedding", "dropout", "layer_norm", "cross_entropy", "mse_loss", "scaled_dot_product_attention", "bias_gelu",
     "packed_self_attention", "bias_gelu_linear", "abs", "argmax", "argmin", "all", "any", "eq", "ne", "lt", "le",
     "gt", "ge", "equal", "allclose", "clamp", "clip", "min", "masked_fill", "split", "chunk", "contiguous",
-    "std", "gather", "argsort", "sort", "topk", "zeros", "ones", "full", "zeros_like", "ones_like", "full_like", "arange", "linspace", "one_hot",
+    "isnan", "isinf", "isfinite", "repeat", "unbind", "std", "gather", "argsort", "sort", "topk", "zeros", "ones", "full", "zeros_like", "ones_like", "full_like", "arange", "linspace", "one_hot",
 ]

@@ -35,6 +35,7 @@ def install() -> None:
     T.__gt__, T.__ge__ = compare.comparison_operator(compare.gt), compare.comparison_operator(compare.ge)
     T.eq, T.ne, T.lt, T.le, T.gt, T.ge = compare.eq, compare.ne, compare.lt, compare.le, compare.gt, compare.ge
     T.equal, T.allclose = compare.equal, compare.allclose
+    T.isnan, T.isinf, T.isfinite = compare.isnan, compare.isinf, compare.isfinite
     T.add, T.sub, T.mul, T.div = arith.add, arith.sub, arith.mul, arith.div
     T.neg, T.pow, T.matmul = arith.neg, arith.pow, linalg.matmul
     # In place, as torch's methods of these names: each returns the tensor and counts one write.
@@ -57,6 +58,7 @@ def install() -> None:
     T.t = lambda a: a if a.ndim < 2 else shape.transpose(a, 0, 1)  # torch's t(): 2-D at most
     T.masked_fill = index.masked_fill
     T.split, T.chunk, T.contiguous = shape.split, shape.chunk, shape.contiguous
+    T.repeat, T.unbind = shape.repeat, shape.unbind
     T.expand_as = lambda a, other: shape.expand(a, other.shape)
     T.view_as = T.reshape_as = lambda a, other: shape.reshape(a, other.shape)
     T.to = cast.to

@@ -78,6 +78,28 @@ def ge(a, b) -> Tensor:
     return _compare(np.greater_equal, "ge", a, b)
 
 
+def isnan(a: Tensor) -> Tensor:
+    """Where `a` is NaN, a bool tensor (torch.isnan: all False for integers)."""
+    return _classify(a, np.isnan)
+
+
+def isinf(a: Tensor) -> Tensor:
+    """Where `a` is +-inf, a bool tensor (torch.isinf)."""
+    return _classify(a, np.isinf)
+
+
+def isfinite(a: Tensor) -> Tensor:
+    """Where `a` is neither NaN nor +-inf, a bool tensor (torch.isfinite: all True for integers)."""
+    return _classify(a, np.isfinite)
+
+
+def _classify(a: Tensor, ufunc: np.ufunc) -> Tensor:
+    ad = _tensor_operand(a, ufunc.__name__).data
+    out = new(ad.shape, np.bool_)
+    host(ufunc, ad, out=out)  # NumPy's answers for integers and bools are torch's
+    return Tensor._make(out)
+
+
 def comparison_operator(fn):
     """`fn` as a comparison operator: NotImplemented for what torch does not compare (None, a string, a list),
     so Python answers as for any object (`t == None` is False, `t < None` a TypeError), as it does for torch."""

@@ -188,6 +188,53 @@ def _pieces(a: Tensor, dim: int, sizes: list[int]) -> tuple[Tensor, ...]:
     return tuple(getitem(a, lead + (slice(int(lo), int(hi)),)) for lo, hi in zip(bounds[:-1], bounds[1:]))
 
 
+def unbind(a: Tensor, dim: int = 0) -> tuple[Tensor, ...]:
+    """The slices of `a` along `dim`, that dim removed (torch.unbind), each a view."""
+    if a.ndim == 0:
+        raise ValueError("unbind: a 0-d tensor has no dimension to unbind")
+    d = _dim(dim, a.ndim, "unbind")
+    return tuple(getitem(a, (slice(None),) * d + (i,)) for i in range(a.shape[d]))
+
+
+def repeat(a: Tensor, *sizes) -> Tensor:
+    """`a` tiled `sizes` times along each dim (torch's Tensor.repeat; extra leading sizes add dims). A copy, whose
+    gradient sums over the tiles."""
+    if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
+        sizes = tuple(sizes[0])
+    sizes = tuple(int(n) for n in sizes)
+    ad = a.data
+    if len(sizes) < ad.ndim:
+        raise ValueError(f"repeat: {len(sizes)} repeat sizes for a tensor of {ad.ndim} dims (shape {ad.shape}); "
+                         f"give at least one per dim")
+    if any(n < 0 for n in sizes):
+        raise ValueError(f"repeat: sizes must be non-negative, got {sizes}")
+    shape = (1,) * (len(sizes) - ad.ndim) + ad.shape  # (s0, s1, ...)
+    out = new(tuple(r * n for r, n in zip(sizes, shape)), ad.dtype)
+    host(_repeat_forward, ad.reshape(shape), sizes, out)
+    a_shape = ad.shape
+
+    def backward(g):
+        ga = new(shape, g.dtype)
+        host(_repeat_backward, g, sizes, ga)
+        return (ga.reshape(a_shape),)
+
+    return Tensor._make(out, (a,), backward)
+
+
+def _tiles(sizes: tuple, shape: tuple) -> tuple:
+    """The repeated array's shape as (r0, s0, r1, s1, ...): tile index and position within the tile per dim."""
+    return tuple(x for pair in zip(sizes, shape) for x in pair)
+
+
+def _repeat_forward(src, sizes, out):
+    # every tile is `src` broadcast over the r axes
+    np.copyto(out.reshape(_tiles(sizes, src.shape)), src.reshape(_tiles((1,) * src.ndim, src.shape)))
+
+
+def _repeat_backward(g, sizes, ga):
+    np.sum(g.reshape(_tiles(sizes, ga.shape)), axis=tuple(range(0, 2 * ga.ndim, 2)), out=ga)
+
+
 def _promoted_dtype(dtypes) -> np.dtype:
     """torch's promotion for a list: floats win over ints (int64 + float32 -> float32), widest float wins."""
     floats = [d for d in dtypes if d.kind == "f"]
