@@ -17,3 +17,16 @@ from .ops import (arange, argsort, chunk, full, full_like, gather, isfinite, isi
 from .compile.step import FusedStep, compile_step
 
 __version__ = "0.1.0"
+
+# The public API, as re-exported above (the import lines are the list; this names them for `import *` and linters).
+__all__ = [
+    "Arena", "ArenaOutOfMemory", "BlockPool", "FusedStep", "StaleTensorError", "Tensor", "abs", "add", "all",
+    "allclose", "any", "arange", "argmax", "argmin", "argsort", "cat", "chunk", "clamp", "clip", "clone",
+    "compile_step", "concat", "current_arena", "default_pool", "div", "enable_grad", "eq", "equal", "exp", "flatten",
+    "float32_matmul_precision", "full", "full_like", "gather", "ge", "get_float32_matmul_precision", "gt",
+    "heap_scope", "is_grad_enabled", "isfinite", "isinf", "isnan", "kernels", "le", "linspace", "log", "lt",
+    "manual_seed", "masked_fill", "matmul", "max", "mean", "min", "models", "mul", "ne", "neg", "nn", "no_grad",
+    "ones", "ones_like", "ops", "optim", "permute", "pow", "reshape", "set_float32_matmul_precision", "sort", "split",
+    "sqrt", "squeeze", "stack", "std", "sub", "sum", "tanh", "tensor", "topk", "transpose", "unbind", "unsqueeze",
+    "var", "where", "zeros", "zeros_like",
+]
