@@ -10,12 +10,13 @@
 - `tensorarena plan --json -` writes the JSON alone to stdout;
 - the hunt: idioms a ported training loop writes that were missing (min, std, var(unbiased=), masked_fill, gather,
   sort / argsort / topk, split / chunk / unbind, repeat, contiguous, to(), t(), *_as, isnan / isinf / isfinite,
-  zeros / ones / full (_like), arange, linspace, F.one_hot), each against torch, gradients included.
+  zeros / ones / full (_like), arange, linspace, F.one_hot, & | ^ ~ on masks), each against torch, gradients
+  included.
 
 Every test compares with torch (the reference, imported here only) with explicit tolerances, or asserts an exact
 error. Run: NUMBA_NUM_THREADS=1 python -m pytest -q -p no:cacheprovider tests/test_torch_parity3.py
 
-228 of these 271 tests fail on 4c8b667, the commit this work started from:
+236 of these 279 tests fail on 4c8b667, the commit this work started from:
 `git worktree add /tmp/wt-parity3 4c8b667`, copy this file into /tmp/wt-parity3/tests/, and from inside
 /tmp/wt-parity3 run `PYTHONPATH=/tmp/wt-parity3 python -m pytest -q -p no:cacheprovider tests/test_torch_parity3.py`
 (then `git worktree remove --force /tmp/wt-parity3`). The 43 that pass there guard what the changes must keep:
@@ -546,6 +547,10 @@ IDIOMS = {
     "isnan guard": lambda m, x: m.isnan(x.masked_fill(x > 1.0, float("nan"))),
     "isinf / isfinite": lambda m, x: m.stack([x.masked_fill(x < -1.0, float("inf")).isinf(),
                                               x.masked_fill(x > 1.5, float("nan")).isfinite()]),
+    "mask & mask, then select": lambda m, x: m.where((x > -1) & (x < 1), x, 0.0),
+    "mask | ~mask ^ bool": lambda m, x: ((x > 0) | ~(x < -1)) ^ True,
+    "True & mask (reflected)": lambda m, x: True & (x > 0),
+    "int & int, ~int": lambda m, x: (m.tensor(LABELS) & 2) + ~m.tensor(LABELS),
 }
 
 
@@ -598,3 +603,7 @@ def test_new_idioms_refuse_what_torch_refuses_by_name():
         x.split([1, 1], dim=1)
     with pytest.raises(ValueError, match=re.escape("to: tensorarena runs on the CPU only, got device 'cuda'")):
         x.to("cuda")
+    with pytest.raises(RuntimeError, match='"bitwise_and_cpu" not implemented for \'Double\''):
+        tx & tx
+    with pytest.raises(TypeError, match=re.escape("& takes bool or integer tensors, got dtype float64")):
+        x & x

@@ -36,6 +36,10 @@ def install() -> None:
     T.eq, T.ne, T.lt, T.le, T.gt, T.ge = compare.eq, compare.ne, compare.lt, compare.le, compare.gt, compare.ge
     T.equal, T.allclose = compare.equal, compare.allclose
     T.isnan, T.isinf, T.isfinite = compare.isnan, compare.isinf, compare.isfinite
+    T.__and__, T.__rand__ = compare.bitwise_and, lambda a, b: compare.bitwise_and(b, a)
+    T.__or__, T.__ror__ = compare.bitwise_or, lambda a, b: compare.bitwise_or(b, a)
+    T.__xor__, T.__rxor__ = compare.bitwise_xor, lambda a, b: compare.bitwise_xor(b, a)
+    T.__invert__ = compare.bitwise_not
     T.add, T.sub, T.mul, T.div = arith.add, arith.sub, arith.mul, arith.div
     T.neg, T.pow, T.matmul = arith.neg, arith.pow, linalg.matmul
     # In place, as torch's methods of these names: each returns the tensor and counts one write.

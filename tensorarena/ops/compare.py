@@ -100,6 +100,53 @@ def _classify(a: Tensor, ufunc: np.ufunc) -> Tensor:
     return Tensor._make(out)
 
 
+def bitwise_and(a, b) -> Tensor:
+    """a & b for bool or integer tensors (torch: `mask1 & mask2`); refused for floats, as torch refuses."""
+    return _bitwise(np.bitwise_and, "&", a, b)
+
+
+def bitwise_or(a, b) -> Tensor:
+    """a | b for bool or integer tensors."""
+    return _bitwise(np.bitwise_or, "|", a, b)
+
+
+def bitwise_xor(a, b) -> Tensor:
+    """a ^ b for bool or integer tensors."""
+    return _bitwise(np.bitwise_xor, "^", a, b)
+
+
+def bitwise_not(a: Tensor) -> Tensor:
+    """~a: logical not of a bool tensor, bitwise not of an integer one (torch's ~)."""
+    ad = _tensor_operand(a, "~").data
+    _need_integral(ad.dtype, "~")
+    out = new(ad.shape, ad.dtype)
+    host(np.invert, ad, out=out)
+    return Tensor._make(out)
+
+
+def _bitwise(ufunc: np.ufunc, symbol: str, a: Any, b: Any) -> Tensor:
+    a, b = (Tensor(x) if isinstance(x, np.ndarray) else x for x in (a, b))
+    a, b = (a, as_tensor(b, like=a)) if isinstance(a, Tensor) else (as_tensor(a, like=b), b)
+    ad, bd = a.data, b.data
+    for d in (ad, bd):
+        _need_integral(d.dtype, symbol)
+    try:
+        shape = np.broadcast_shapes(ad.shape, bd.shape)
+    except ValueError:
+        raise ValueError(f"{symbol}: shapes {ad.shape} and {bd.shape} do not broadcast") from None
+    dtype = result_dtype(a, b)
+    out = new(shape, dtype)
+    host(ufunc, ad, bd, out=out, signature=(dtype, dtype, dtype))
+    return Tensor._make(out)  # bits have no gradient
+
+
+def _need_integral(dtype: np.dtype, symbol: str) -> None:
+    if dtype.kind not in "biu":
+        example = "~(x > 0)" if symbol == "~" else f"(x > 0) {symbol} (x < 1)"
+        raise TypeError(f"{symbol} takes bool or integer tensors, got dtype {dtype} (torch refuses floats too); "
+                        f"compare first, e.g. `{example}`")
+
+
 def comparison_operator(fn):
     """`fn` as a comparison operator: NotImplemented for what torch does not compare (None, a string, a list),
     so Python answers as for any object (`t == None` is False, `t < None` a TypeError), as it does for torch."""
