@@ -186,13 +186,16 @@ def test_plan_vit_base_as_written_shows_every_route_and_chooses_streaming(tmp_pa
     assert "chosen: streaming" in out and "fused would need" in out
 
 
-def test_vit_small_under_400M_streams_because_fused_needs_about_364_mib(tmp_path):
+def test_vit_small_under_400M_streams_because_fused_needs_about_410_mib(tmp_path):
     line = list(SMALL)[2]
     out = cli(shlex.split(line)[1:] + SMALL[line], tmp_path).stdout
     assert "chosen: streaming" in out and "on the streaming route" in out
-    assert "~364 MiB + the process" in README
-    fused_total = float(re.search(r"route total\s+([\d.]+) MiB", out).group(1))
-    assert 340 <= fused_total <= 390, fused_total
+    # The figure is the README command's own (its default data sets are part of the route since 836498d; the
+    # run above is cut small): `tensorarena plan` with the same options says it without training.
+    assert "~410 MiB + the process" in README
+    planned = cli(["plan", "--model", "vit-small", "--image-size", "32", "--memory-limit", "400M"], tmp_path).stdout
+    fused_total = float(re.search(r"route total\s+([\d.]+) MiB", planned).group(1))
+    assert 390 <= fused_total <= 430, fused_total
 
 
 def test_save_then_resume_trains_as_one_run_and_json_dash_is_only_json(tmp_path):
