@@ -104,6 +104,19 @@ def test_a_sigint_inside_the_deferral_waits_for_the_body_then_raises():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+def test_the_first_sigint_says_at_once_what_it_waits_for(capfd):
+    """Without a word, a Ctrl-C held through a long streamed step looks ignored and gets pressed again, which
+    abandons the step. Without the notice in _Held.__call__ this fails: stderr stays empty."""
+    interrupt = _interrupt()
+    with pytest.raises(KeyboardInterrupt):
+        with interrupt.SigintDeferred("the training step", lambda: "abandoned"):
+            _sigint()
+            _busy()
+            said_during_the_step = capfd.readouterr().err
+    assert said_during_the_step == ("\nCtrl-C: waiting for the training step to complete, then stopping "
+                                    "(press Ctrl-C again to abandon it)\n")
+
+
 def test_no_sigint_means_nothing_raised_and_the_handler_is_back():
     interrupt = _interrupt()
     with interrupt.SigintDeferred("the work", lambda: "abandoned"):

@@ -19,6 +19,7 @@ Cost: two signal.signal calls and a getsignal per step, a few microseconds again
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from typing import Callable
@@ -37,17 +38,31 @@ class StepAbandoned(KeyboardInterrupt):
 class _Held:
     """The SIGINT handler while a deferral is in force: counts the Ctrl-Cs; the second one raises."""
 
-    __slots__ = ("count", "body_done", "abandoned")
+    __slots__ = ("count", "body_done", "abandoned", "what")
 
-    def __init__(self, abandoned: Callable[[], str]) -> None:
+    def __init__(self, abandoned: Callable[[], str], what: str) -> None:
         self.count = 0
         self.body_done = False  # a Ctrl-C after the work ended only counts: nothing is left to abandon
         self.abandoned = abandoned
+        self.what = what
 
     def __call__(self, signum, frame) -> None:
         self.count += 1
         if self.count > 1 and not self.body_done:
             raise StepAbandoned(self.abandoned())
+        if self.count == 1 and not self.body_done:
+            # Said at once: a streamed step can take many seconds, and a Ctrl-C that seems ignored gets pressed
+            # again, abandoning the step. os.write, not sys.stderr: the handler may have interrupted a write to
+            # sys.stderr (the progress bar's), and its buffered writer refuses a reentrant call.
+            _notice(f"\nCtrl-C: waiting for {self.what} to complete, then stopping "
+                    f"(press Ctrl-C again to abandon it)\n")
+
+
+def _notice(text: str) -> None:
+    try:
+        os.write(2, text.encode())
+    except OSError:  # no stderr (closed, or a daemon's): the Ctrl-C is still held and delivered
+        pass
 
 
 class SigintDeferred:
@@ -79,7 +94,7 @@ class SigintDeferred:
         previous = signal.getsignal(signal.SIGINT)
         if previous is not signal.default_int_handler:  # the program's own policy, or an outer deferral
             return self
-        self._previous, self._held = previous, _Held(self.abandoned)
+        self._previous, self._held = previous, _Held(self.abandoned, self.what)
         signal.signal(signal.SIGINT, self._held)
         return self
 
