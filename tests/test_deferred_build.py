@@ -356,8 +356,12 @@ def test_a_model_whose_parameters_exceed_a_hard_memory_limit_trains_inside_it(tm
     with nn.deferred_init():
         stored = ViT(ViTConfig(**BIG), rng=np.random.default_rng(0))
     StreamingRoute.resume(stored, optim.AdamW(stored.parameters(), lr=1e-3), cross_entropy, store).params_to_memory()
+    # AdamW moves each weight by about lr (1e-3) a step whatever its gradient's size, so where a gradient is near
+    # zero the last bits of its reduction (the run holds one Numba thread, this process the suite's count) can
+    # move the weight by a good part of lr: a full-suite run saw 1.9e-5 on qkv.bias. 1e-4 is a tenth of one
+    # step's move, far below what a wrong value would show (the init's 0.02, a step lost or taken twice: 1e-3).
     for (name, p), q in zip(reference.named_parameters(), stored.parameters()):
-        np.testing.assert_allclose(q.data, p.data, rtol=0, atol=TOL, err_msg=name)
+        np.testing.assert_allclose(q.data, p.data, rtol=0, atol=1e-4, err_msg=name)
 
 
 def test_tensorarena_plan_streams_vit_base_without_moving_the_model_in(tmp_path):
