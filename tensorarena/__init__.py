@@ -13,6 +13,8 @@ from .ops import (add, cat, clone, concat, div, exp, flatten, log, matmul, max, 
 from .ops import abs, all, allclose, any, argmax, argmin, clamp, clip, eq, equal, ge, gt, le, lt, ne
 from .ops import (arange, argsort, chunk, full, full_like, gather, isfinite, isinf, isnan, linspace, masked_fill, min,
                   ones, ones_like, sort, split, std, topk, unbind, zeros, zeros_like)
+from .ops import (amax, amin, cumsum, diag, einsum, flip, floor_divide, index_select, logsumexp, masked_select,
+                  maximum, minimum, nonzero, norm, outer, prod, remainder, roll, tril, triu)
 
 from .compile.step import FusedStep, compile_step
 
@@ -29,4 +31,6 @@ __all__ = [
     "ones", "ones_like", "ops", "optim", "permute", "pow", "reshape", "set_float32_matmul_precision", "sort", "split",
     "sqrt", "squeeze", "stack", "std", "sub", "sum", "tanh", "tensor", "topk", "transpose", "unbind", "unsqueeze",
     "var", "where", "zeros", "zeros_like",
+    "amax", "amin", "cumsum", "diag", "einsum", "flip", "floor_divide", "index_select", "logsumexp", "masked_select",
+    "maximum", "minimum", "nonzero", "norm", "outer", "prod", "remainder", "roll", "tril", "triu",
 ]

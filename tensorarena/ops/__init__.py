@@ -14,9 +14,20 @@ from .sorting import argsort, gather, sort, topk
 from .shape import (cat, chunk, clone, contiguous, expand, flatten, permute, repeat, reshape, split, squeeze, stack,
                     transpose, unbind, unsqueeze)
 from .unary import abs, exp, gelu, log, relu, sigmoid, sqrt, tanh
+from .activation import elu, leaky_relu, silu, softplus
+from .arrange import diag, flip, outer, pad, roll, tril, triu
+from .bce import binary_cross_entropy, binary_cross_entropy_with_logits
+from .einsum_op import einsum
+from .nll import nll_loss
+from .pairwise import floor_divide, maximum, minimum, remainder
+from .regression import huber_loss, l1_loss, smooth_l1_loss
+from .select import index_select, masked_select, nonzero
+from .summaries import amax, amin, cumsum, logsumexp, norm, normalize, prod
 from ._sugar import install as _install_sugar
+from ._sugar4 import install as _install_sugar4
 
 _install_sugar()  # attaches the methods and operators to Tensor, once, when ops is first imported
+_install_sugar4()
 
 concat = cat
 clip = clamp  # torch's alias
@@ -29,4 +40,8 @@ __all__ = [
     "packed_self_attention", "bias_gelu_linear", "abs", "argmax", "argmin", "all", "any", "eq", "ne", "lt", "le",
     "gt", "ge", "equal", "allclose", "clamp", "clip", "min", "masked_fill", "split", "chunk", "contiguous",
     "isnan", "isinf", "isfinite", "repeat", "unbind", "std", "gather", "argsort", "sort", "topk", "zeros", "ones", "full", "zeros_like", "ones_like", "full_like", "arange", "linspace", "one_hot",
+    "silu", "leaky_relu", "elu", "softplus", "flip", "roll", "tril", "triu", "diag", "outer", "pad",
+    "binary_cross_entropy", "binary_cross_entropy_with_logits", "einsum", "nll_loss", "maximum", "minimum",
+    "remainder", "floor_divide", "l1_loss", "smooth_l1_loss", "huber_loss", "index_select", "masked_select",
+    "nonzero", "amax", "amin", "cumsum", "logsumexp", "norm", "normalize", "prod",
 ]

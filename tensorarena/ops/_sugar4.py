@@ -1,0 +1,23 @@
+"""The Tensor methods and operators of the ops added beside _sugar.py's (ops/__init__ installs both once)."""
+
+from __future__ import annotations
+
+from ..tensor import Tensor
+from . import arrange, pairwise, select, summaries
+
+
+def install() -> None:
+    """Attach t.flip(...), t.cumsum(dim), x % y, x // y and the rest to Tensor, as torch's methods."""
+    T = Tensor
+    T.flip = lambda a, *dims: arrange.flip(a, dims[0] if len(dims) == 1 else dims)  # t.flip(0, 1) or t.flip((0, 1))
+    T.roll = arrange.roll
+    T.tril, T.triu, T.diag, T.outer = arrange.tril, arrange.triu, arrange.diag, arrange.outer
+    T.maximum, T.minimum = pairwise.maximum, pairwise.minimum
+    T.remainder, T.floor_divide = pairwise.remainder, pairwise.floor_divide
+    T.__mod__ = lambda a, b: pairwise.remainder(a, b)
+    T.__rmod__ = lambda a, b: pairwise.remainder(b, a)
+    T.__floordiv__ = lambda a, b: pairwise.floor_divide(a, b)
+    T.__rfloordiv__ = lambda a, b: pairwise.floor_divide(b, a)
+    T.cumsum, T.prod, T.norm = summaries.cumsum, summaries.prod, summaries.norm
+    T.amax, T.amin, T.logsumexp = summaries.amax, summaries.amin, summaries.logsumexp
+    T.index_select, T.masked_select, T.nonzero = select.index_select, select.masked_select, select.nonzero

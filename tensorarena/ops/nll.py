@@ -1,0 +1,110 @@
+"""nll_loss: the negative log-likelihood of class-index targets given log-probabilities (torch's F.nll_loss).
+
+loss_i = -weight[t_i] * input[i, t_i]; "mean" divides the sum by the sum of the weights of the positions that
+count (not by their number), as torch's; a position whose target is `ignore_index` counts in neither. The
+weight is a constant, as in torch (which has no derivative for it). The target range check, the picks and
+the mean's denominator are read from the arrays inside tape.host calls, so a captured step recomputes them
+for every batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..autograd import is_grad_enabled
+from ..tape import host
+from ..tensor import Tensor
+from ._base import as_tensor, contiguous, new
+from .loss import _check_reduction
+
+
+def nll_loss(input: Tensor, target, weight: Tensor | None = None, ignore_index: int = -100,  # noqa: A002
+             reduction: str = "mean") -> Tensor:
+    """torch.nn.functional.nll_loss. Shape: input (N, C) or (N, C, d...) and target (N,) / (N, d...), or (C,)
+    and a 0-d target; weight (C,) rescales each class."""
+    _check_reduction(reduction, "nll_loss")
+    x_t = as_tensor(input)
+    x = x_t.data
+    if x.dtype.kind != "f":
+        raise TypeError(f"nll_loss: input must hold floating-point log-probabilities, got dtype {x.dtype}")
+    t = target.data if isinstance(target, Tensor) else np.asarray(target)
+    if t.dtype.kind not in "iu":
+        raise TypeError(f"nll_loss: target must hold class indices (integers), got dtype {t.dtype}")
+    expected = (x.shape[:1] + x.shape[2:]) if x.ndim >= 2 else ()
+    if x.ndim == 0 or t.shape != expected:
+        raise ValueError(f"nll_loss: target shape {t.shape} does not match input shape {x.shape}: input "
+                         f"(N, C, d1, ...) needs target (N, d1, ...), here {expected}")
+    num_classes = x.shape[1] if x.ndim >= 2 else x.shape[0]
+    wd = _class_weight(weight, num_classes, x.dtype)
+    # (N, C, d...) -> (N*d..., C): the rows are the target's positions in C order; (C,) is one row.
+    rows = contiguous(np.moveaxis(x, 1, -1)).reshape(-1, num_classes) if x.ndim > 2 \
+        else contiguous(x).reshape(-1, num_classes)
+    tgt = contiguous(t, np.int64).reshape(-1)
+    picked_w = new(tgt.shape, x.dtype)  # each position's weight, 0 where ignored: backward's scale
+    total = new((), x.dtype)  # the sum of picked_w: the mean's denominator
+    losses = new(tgt.shape, x.dtype)
+    out = losses.reshape(t.shape) if reduction == "none" else new((), x.dtype)
+    host(_nll_forward, rows, tgt, wd, ignore_index, picked_w, total, losses, out, reduction)
+
+    def backward(g):
+        drows = new(rows.shape, x.dtype)
+        host(_nll_backward, tgt, picked_w, total, g, reduction, drows)
+        if x.ndim <= 2:
+            return (drows.reshape(x.shape),)
+        gx = new(x.shape, x.dtype)
+        host(np.copyto, gx, np.moveaxis(drows.reshape(t.shape + (num_classes,)), -1, 1))
+        return (gx,)
+
+    # Backward reads only the target (the picks' places) and arrays made here.
+    return Tensor._make(out, (x_t,), backward, saved=(target if isinstance(target, Tensor) else None,))
+
+
+def _class_weight(weight, num_classes: int, dtype: np.dtype) -> np.ndarray | None:
+    if weight is None:
+        return None
+    w = weight if isinstance(weight, Tensor) else Tensor(np.asarray(weight))
+    if w.requires_grad and is_grad_enabled():  # torch: "the derivative for 'weight' is not implemented"
+        raise RuntimeError("nll_loss: weight requires grad, but the loss has no gradient for its class weights "
+                           "(as torch's); pass weight.detach()")
+    wd = w.data
+    if wd.shape != (num_classes,):
+        raise ValueError(f"nll_loss: weight must have shape ({num_classes},), one per class, got {wd.shape}")
+    if wd.dtype != dtype:
+        raise TypeError(f"nll_loss: weight has dtype {wd.dtype} but input has {dtype}; they must be the same "
+                        f"(convert the weight, e.g. weight.to(input.dtype))")
+    return wd
+
+
+def _nll_forward(rows, tgt, wd, ignore_index, picked_w, total, losses, out, reduction) -> None:
+    n, num_classes = rows.shape
+    keep = tgt != ignore_index
+    bad = keep & ((tgt < 0) | (tgt >= num_classes))
+    if bad.any():  # torch's IndexError
+        raise IndexError(f"nll_loss: Target {tgt[bad][0]} is out of bounds: class indices must be in "
+                         f"[0, {num_classes}) or equal ignore_index={ignore_index}")
+    safe = np.where(keep, tgt, 0)
+    if wd is None:
+        np.copyto(picked_w, keep)
+    else:
+        np.multiply(wd[safe], keep, out=picked_w)
+    np.multiply(rows[np.arange(n), safe], picked_w, out=losses)
+    np.negative(losses, out=losses)
+    np.sum(picked_w, out=total)
+    if reduction != "none":
+        np.sum(losses, out=out)
+        if reduction == "mean":
+            with np.errstate(invalid="ignore", divide="ignore"):  # no weight counted: nan, as torch
+                out /= total
+
+
+def _nll_backward(tgt, picked_w, total, g, reduction, drows) -> None:
+    # d loss_i / d input[i, t_i] = -w_i (times g_i for "none", g / total for "mean"); every other entry is 0.
+    drows.fill(0)
+    n = tgt.shape[0]
+    if reduction == "none":
+        scale = picked_w * g.reshape(-1)
+    elif reduction == "sum":
+        scale = picked_w * g
+    else:
+        scale = picked_w * (g / total) if total else np.zeros_like(picked_w)
+    drows[np.arange(n), np.where(picked_w != 0, tgt, 0)] -= scale
