@@ -207,4 +207,169 @@ class Sequential(ModuleList):
         return x
 
 
-__all__ = ["Linear", "Embedding", "LayerNorm", "Dropout", "GELU", "ReLU", "Tanh", "Identity", "Sequential"]
+# -- activations and losses as modules (torch.nn's names and arguments) -----------------------------------------
+# `inplace=True` is accepted, as ported models pass it (nn.LeakyReLU(0.2, inplace=True)), and the output is the
+# same; the input is left unchanged, since ops here never write their input (only the result is used in a
+# Sequential, so nothing a model computes differs).
+
+class SiLU(Module):
+    """x * sigmoid(x)."""
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+        self.inplace = inplace
+
+    def forward(self, x) -> Tensor:
+        return F.silu(x)
+
+
+class Sigmoid(Module):
+    """1 / (1 + exp(-x))."""
+
+    def forward(self, x) -> Tensor:
+        return F.sigmoid(x)
+
+
+class LeakyReLU(Module):
+    """x where x > 0, else negative_slope * x."""
+
+    def __init__(self, negative_slope: float = 0.01, inplace: bool = False) -> None:
+        super().__init__()
+        self.negative_slope, self.inplace = float(negative_slope), inplace
+
+    def forward(self, x) -> Tensor:
+        return F.leaky_relu(x, self.negative_slope)
+
+    def extra_repr(self) -> str:
+        return f"negative_slope={self.negative_slope}"
+
+
+class ELU(Module):
+    """x where x > 0, else alpha (exp(x) - 1)."""
+
+    def __init__(self, alpha: float = 1.0, inplace: bool = False) -> None:
+        super().__init__()
+        self.alpha, self.inplace = float(alpha), inplace
+
+    def forward(self, x) -> Tensor:
+        return F.elu(x, self.alpha)
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha}"
+
+
+class Softplus(Module):
+    """log(1 + exp(beta x)) / beta, linear above threshold."""
+
+    def __init__(self, beta: float = 1.0, threshold: float = 20.0) -> None:
+        super().__init__()
+        self.beta, self.threshold = float(beta), float(threshold)
+
+    def forward(self, x) -> Tensor:
+        return F.softplus(x, self.beta, self.threshold)
+
+    def extra_repr(self) -> str:
+        return f"beta={self.beta}, threshold={self.threshold}"
+
+
+class _Loss(Module):
+    """A loss module: checks `reduction` once, at construction, as torch's."""
+
+    def __init__(self, reduction: str = "mean") -> None:
+        super().__init__()
+        if reduction not in ("mean", "sum", "none"):
+            raise ValueError(f"{type(self).__name__}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+        self.reduction = reduction
+
+    def _constant(self, name: str, value) -> None:
+        """A class weight as torch keeps it: a buffer (in state_dict), never a parameter."""
+        self.register_buffer(name, value if value is None or isinstance(value, Tensor) else Tensor(value))
+
+
+class MSELoss(_Loss):
+    """Mean squared error (F.mse_loss)."""
+
+    def forward(self, input, target) -> Tensor:  # noqa: A002 - torch's name
+        return F.mse_loss(input, target, reduction=self.reduction)
+
+
+class L1Loss(_Loss):
+    """Mean absolute error (F.l1_loss)."""
+
+    def forward(self, input, target) -> Tensor:  # noqa: A002
+        return F.l1_loss(input, target, reduction=self.reduction)
+
+
+class SmoothL1Loss(_Loss):
+    """F.smooth_l1_loss with its beta."""
+
+    def __init__(self, reduction: str = "mean", beta: float = 1.0) -> None:
+        super().__init__(reduction)
+        self.beta = beta
+
+    def forward(self, input, target) -> Tensor:  # noqa: A002
+        return F.smooth_l1_loss(input, target, reduction=self.reduction, beta=self.beta)
+
+
+class HuberLoss(_Loss):
+    """F.huber_loss with its delta."""
+
+    def __init__(self, reduction: str = "mean", delta: float = 1.0) -> None:
+        super().__init__(reduction)
+        self.delta = delta
+
+    def forward(self, input, target) -> Tensor:  # noqa: A002
+        return F.huber_loss(input, target, reduction=self.reduction, delta=self.delta)
+
+
+class CrossEntropyLoss(_Loss):
+    """F.cross_entropy for class-index targets, with ignore_index and label_smoothing."""
+
+    def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0) -> None:
+        super().__init__(reduction)
+        self.ignore_index, self.label_smoothing = ignore_index, label_smoothing
+
+    def forward(self, input, target) -> Tensor:  # noqa: A002
+        return F.cross_entropy(input, target, ignore_index=self.ignore_index, label_smoothing=self.label_smoothing,
+                               reduction=self.reduction)
+
+
+class NLLLoss(_Loss):
+    """F.nll_loss on log-probabilities, with a class weight (a buffer) and ignore_index."""
+
+    def __init__(self, weight=None, ignore_index: int = -100, reduction: str = "mean") -> None:
+        super().__init__(reduction)
+        self._constant("weight", weight)
+        self.ignore_index = ignore_index
+
+    def forward(self, input, target) -> Tensor:  # noqa: A002
+        return F.nll_loss(input, target, self.weight, ignore_index=self.ignore_index, reduction=self.reduction)
+
+
+class BCELoss(_Loss):
+    """F.binary_cross_entropy on probabilities, with an elementwise weight (a buffer)."""
+
+    def __init__(self, weight=None, reduction: str = "mean") -> None:
+        super().__init__(reduction)
+        self._constant("weight", weight)
+
+    def forward(self, input, target) -> Tensor:  # noqa: A002
+        return F.binary_cross_entropy(input, target, self.weight, reduction=self.reduction)
+
+
+class BCEWithLogitsLoss(_Loss):
+    """F.binary_cross_entropy_with_logits, with weight and pos_weight (buffers)."""
+
+    def __init__(self, weight=None, reduction: str = "mean", pos_weight=None) -> None:
+        super().__init__(reduction)
+        self._constant("weight", weight)
+        self._constant("pos_weight", pos_weight)
+
+    def forward(self, input, target) -> Tensor:  # noqa: A002
+        return F.binary_cross_entropy_with_logits(input, target, self.weight, reduction=self.reduction,
+                                                  pos_weight=self.pos_weight)
+
+
+__all__ = ["Linear", "Embedding", "LayerNorm", "Dropout", "GELU", "ReLU", "Tanh", "Identity", "Sequential",
+           "SiLU", "Sigmoid", "LeakyReLU", "ELU", "Softplus", "MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss",
+           "CrossEntropyLoss", "NLLLoss", "BCELoss", "BCEWithLogitsLoss"]
