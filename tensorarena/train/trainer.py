@@ -585,7 +585,9 @@ class Trainer:
         per output row; for other targets (regression, hidden states, a structure such as (labels, weights)) it
         is None. Targets may be what step() takes: an array, or a tuple, list or dict of arrays, each sliced
         by rows. The loss is each batch's loss weighted by its rows: the mean over rows for a mean-reduced loss.
-        The model's train/eval mode is put back as it was, also on an error."""
+        The model's train/eval mode is put back as it was, also on an error. Once a fused step is traced, each
+        batch's forward runs in its slab (scratch_arena): at up to the training batch size it needs no memory
+        beyond the route plan's; a larger batch_size takes pool blocks beyond it, with a warning."""
         from ..autograd import no_grad
         from ..compile import targets as target_layout
 
@@ -608,7 +610,7 @@ class Trainer:
             with no_grad(), float32_matmul_precision(self.matmul_precision):
                 for begin in range(0, rows, batch_size):
                     stop = min(begin + batch_size, rows)
-                    with Arena(pool=self.pool, name="eval arena"):
+                    with self.scratch_arena("eval arena"):
                         xb = inputs[begin:stop]
                         yb = target_layout.build(spec, [leaf[begin:stop] for leaf in leaves])
                         out = Tensor(self.stream.predict(xb)) if self.stream is not None else self.model(Tensor(xb))
@@ -620,6 +622,14 @@ class Trainer:
         finally:
             self.model.train(was_training)
         return {"loss": total_loss / rows, "accuracy": correct / labels.size if counted else None}
+
+    def scratch_arena(self, name: str) -> Arena:
+        """An arena for work between steps (evaluate, a probe forward). Once a fused step is traced it takes the
+        fused slab's memory first (dead between steps; compile/lend.py), so work that fits the slab, a forward
+        at the training batch size, adds nothing to the memory the route plan counts; else an ordinary arena."""
+        from ..compile.lend import slab_arena
+
+        return slab_arena(self.fused, name=name, pool=self.pool)
 
     # -- checkpoints -----------------------------------------------------------
     def save(self, path, *, extra: dict | None = None) -> None:
