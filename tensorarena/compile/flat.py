@@ -42,7 +42,10 @@ from ..tensor import Tensor
 
 log = logging.getLogger(__name__)
 
-_RELEASE_EVERY = 64 << 20  # bytes of replaced arrays between malloc_trim calls while binding
+# Bytes of replaced arrays between malloc_trim calls while binding. At 64 MiB a small model's old arrays were all
+# still resident beside the new flat ones: vit-tiny's flattening (21 MiB of parameters) peaked 4.5 MiB above its
+# fused plan, before the slab existed. At 8 MiB at most ~8 MiB of old arrays overlap (vit-tiny: 300 MiB, under it).
+_RELEASE_EVERY = 8 << 20
 # Every FlatGroup alive: a new FlatState copies values out of an older layout's buffers (see _let_go).
 _LIVE: "weakref.WeakSet[FlatGroup]" = weakref.WeakSet()
 # Guards _LIVE's update and its snapshot: a layout built in one thread while another thread's was read raised

@@ -72,6 +72,11 @@ ROUTE_ORDER = ("fused", "eager", "streaming")
 SIDE_INPUTS = "side inputs (attention mask)"
 # The part for the arrays a train job holds for the whole run (train and held-out sets): plan_routes' data_bytes.
 TRAINING_DATA = "training data"
+# What evaluation between or after the steps needs on the fused route, said under the table: Trainer.evaluate and
+# simcse's probe run in the fused slab (compile/lend.py), whose bytes are dead between steps, so at the training
+# batch size they need nothing beyond the route's total. (An ordinary arena beside the slab took mlp's run 1.6% and
+# vit-tiny's 0.5% over this plan; simcse's probe, left cached in the pool, 4%.)
+EVALUATION_NOTE = "evaluation (at the training batch): runs in the fused slab between steps, no part of its own"
 log = logging.getLogger("tensorarena")
 
 
@@ -120,6 +125,8 @@ class RoutePlan:
                                                   for r in routes))
         lines.append(f"{'fits':<26}" + "".join(f"{'yes' if self.estimates[r].fits else 'NO':>{width}}"
                                                for r in routes))
+        if "fused" in self.estimates:
+            lines.append(EVALUATION_NOTE)
         lines.extend(f"{route}: not possible: {why}" for route, why in self.unavailable.items())
         lines.append(f"chosen: {self.chosen or 'none'} ({self.reason})")
         return "\n".join(lines)
@@ -373,6 +380,7 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
         # is its own part now, the same bytes on both sides, so it is taken out here.
         # Parameters built under nn.deferred_init() are not in RSS yet: only those with values are taken out.
         held = persistent["params"] - deferred_bytes(p for group in optimizer.param_groups for p in group["params"])
+        _return_tracing_memory()
         process_other_bytes = max(0, rss_bytes() - held - (data_bytes if data_held else 0))
     estimates: dict[str, RouteEstimate] = {}
 
@@ -433,6 +441,17 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
         reason = _nothing_fits({r: e for r, e in estimates.items() if r in order},
                                {r: why for r, why in unavailable.items() if r in order}, budget)
     return RoutePlan(budget, estimates, chosen, reason, process_other_bytes, source, details, unavailable)
+
+
+def _return_tracing_memory() -> None:
+    """Give what the traces freed back to the operating system before the process's share is measured: their
+    buffers (heap arrays that glibc keeps resident once freed) and the side inputs' pool blocks. Left in, they
+    were counted in "+ process, not params" though no route reuses them as such: each route's activations are
+    a part of their own (simcse's plan was 20 MiB over its fused run once its job returned the same memory)."""
+    from ..memory.pool import default_pool, return_freed_memory
+
+    default_pool().trim()
+    return_freed_memory()
 
 
 def _stage_traces(model: Module, loss_fn: Callable, x: np.ndarray, y: Any) -> tuple[list[TracedStage] | None, int,
