@@ -9,7 +9,7 @@ from . import arrange, pairwise, select, summaries
 def install() -> None:
     """Attach t.flip(...), t.cumsum(dim), x % y, x // y and the rest to Tensor, as torch's methods."""
     T = Tensor
-    T.flip = lambda a, *dims: arrange.flip(a, dims[0] if len(dims) == 1 else dims)  # t.flip(0, 1) or t.flip((0, 1))
+    T.flip = _flip_method
     T.roll = arrange.roll
     T.tril, T.triu, T.diag, T.outer = arrange.tril, arrange.triu, arrange.diag, arrange.outer
     T.maximum, T.minimum = pairwise.maximum, pairwise.minimum
@@ -21,3 +21,10 @@ def install() -> None:
     T.cumsum, T.prod, T.norm = summaries.cumsum, summaries.prod, summaries.norm
     T.amax, T.amin, T.logsumexp = summaries.amax, summaries.amin, summaries.logsumexp
     T.index_select, T.masked_select, T.nonzero = select.index_select, select.masked_select, select.nonzero
+
+
+def _flip_method(a: Tensor, *dims) -> Tensor:
+    """t.flip(0, 1) or t.flip((0, 1)), as torch's; t.flip() names no dims, which torch refuses too."""
+    if not dims:
+        raise TypeError("flip() missing 1 required positional argument: 'dims' (e.g. t.flip(0) or t.flip((0, 1)))")
+    return arrange.flip(a, dims[0] if len(dims) == 1 else dims)
