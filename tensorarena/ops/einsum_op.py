@@ -2,7 +2,8 @@
 
 The gradient of operand k is g contracted with every other operand, back to k's subscripts: one more einsum.
 That holds when each letter appears at most once per operand; a letter repeated inside one operand (a diagonal,
-'ii->i') and '...' are refused with a clear error rather than differentiated wrongly. A letter that only
+'ii->i') and '...' dims that broadcast (size 1 against n) are refused with a clear error rather than
+differentiated wrongly. '...' itself becomes letters the equation does not use. A letter that only
 operand k has and the output lacks (summed away, 'ij->i') is broadcast back over k's gradient.
 """
 
@@ -29,6 +30,10 @@ def einsum(equation: str, *operands) -> Tensor:
     for sub, t in zip(inputs, tensors):
         for letter, n in zip(sub, t.shape):
             if sizes.setdefault(letter, n) != n:
+                if letter not in equation:  # a letter standing in for a '...' dim
+                    raise NotImplementedError(f"einsum: the '...' dims of the operands must be equal, got shapes "
+                                              f"{[t.shape for t in tensors]}: broadcasting inside '...' is not "
+                                              f"supported; expand the operands first (t.expand(...))")
                 raise ValueError(f"einsum: subscript {letter!r} has size {sizes[letter]} in one operand and {n} in "
                                  f"another (equation {equation!r}, shapes {[t.shape for t in tensors]})")
     arrays = [t.data for t in tensors]
@@ -55,16 +60,14 @@ def einsum(equation: str, *operands) -> Tensor:
 
 def _parse(equation: str, ndims: list[int]) -> tuple[list[str], str]:
     eq = equation.replace(" ", "")
-    if "." in eq:
-        raise NotImplementedError(f"einsum: '...' is not supported (equation {equation!r}); name every dimension "
-                                  f"with a letter")
     lhs, arrow, output = eq.partition("->")
     inputs = lhs.split(",")
     if len(inputs) != len(ndims):
         raise ValueError(f"einsum: the equation {equation!r} names {len(inputs)} operands, got {len(ndims)}")
+    inputs, batch = _expand_ellipsis(inputs, ndims, equation)
     for sub, ndim in zip(inputs, ndims):
         if not sub.isalpha() and sub:
-            raise ValueError(f"einsum: subscripts must be letters, got {sub!r} in {equation!r}")
+            raise ValueError(f"einsum: subscripts must be letters (or one '...'), got {sub!r} in {equation!r}")
         if len(sub) != ndim:
             raise ValueError(f"einsum: the subscripts {sub!r} name {len(sub)} dimensions for an operand with {ndim} "
                              f"(equation {equation!r})")
@@ -72,12 +75,30 @@ def _parse(equation: str, ndims: list[int]) -> tuple[list[str], str]:
             raise NotImplementedError(f"einsum: a letter repeated within one operand ({sub!r}, a diagonal) is not "
                                       f"supported; use ta.diag or index the diagonal explicitly")
     letters = "".join(inputs)
-    if not arrow:  # torch's implicit output: the letters seen once, in alphabetical order
-        output = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    if not arrow:  # torch's implicit output: the '...' dims, then the letters seen once, in alphabetical order
+        output = batch + "".join(sorted(c for c in set(letters) if letters.count(c) == 1 and c not in batch))
+    elif "..." in output:
+        output = output.replace("...", batch, 1)
     if len(set(output)) != len(output) or not set(output) <= set(letters):
         raise ValueError(f"einsum: the output subscripts {output!r} must be distinct letters of the inputs "
                          f"(equation {equation!r})")
     return inputs, output
+
+
+def _expand_ellipsis(inputs: list[str], ndims: list[int], equation: str) -> tuple[list[str], str]:
+    """Each operand's '...' replaced by letters the equation does not use, aligned from the right as broadcasting
+    aligns them: the same dim of every operand gets the same letter. Returns the subscripts and the letters of
+    the widest '...' (what an output '...' stands for)."""
+    if "..." not in "".join(inputs):
+        return inputs, ""
+    free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz" if c not in equation]
+    widths = [ndim - (len(sub) - 3) if "..." in sub else 0 for sub, ndim in zip(inputs, ndims)]
+    if min(widths) < 0:
+        raise ValueError(f"einsum: an operand has fewer dimensions than its subscripts name (equation {equation!r}, "
+                         f"dimensions {ndims})")
+    batch = "".join(free[:max(widths)])
+    return [sub.replace("...", batch[len(batch) - w:], 1) if "..." in sub else sub
+            for sub, w in zip(inputs, widths)], batch
 
 
 def _einsum_into(spec, arrays, out) -> None:
