@@ -6,14 +6,14 @@
    (constant), logsumexp, and their nn modules (SiLU, LeakyReLU, ELU, Softplus, Sigmoid, the *Loss classes);
 2. tensor ops: flip, roll, tril, triu, diag, outer, maximum / minimum (ties split the gradient), % and //
    (torch's sign rules; no derivative for //), cumsum, prod (exact at zeros), norm (2, 1, inf, p, dims), amax /
-   amin, index_select, masked_select, nonzero, einsum, and their Tensor method forms;
+   amin, index_select, masked_select, nonzero, einsum ('...' too), and their Tensor method forms;
 3. one test per group that trains a small model with the ops on the eager, fused/python and fused/captured
    routes against torch over six steps, asserting which route and replay ran.
 
 Every test compares with torch (the reference, imported here only) with explicit tolerances, or asserts an exact
 error. Run: NUMBA_NUM_THREADS=1 python -m pytest -q -p no:cacheprovider tests/test_torch_ops4.py
 
-All 380 of these tests fail on d0c9eb9, the commit this work started from (none of the ops, modules or methods
+All 388 of these tests fail on d0c9eb9, the commit this work started from (none of the ops, modules or methods
 existed there): `git worktree add /tmp/wt-ops4 d0c9eb9`, copy this file into /tmp/wt-ops4/tests/, and from inside
 /tmp/wt-ops4 run `PYTHONPATH=/tmp/wt-ops4 python -m pytest -q -p no:cacheprovider tests/test_torch_ops4.py`
 (then `git worktree remove --force /tmp/wt-ops4`).
@@ -432,6 +432,10 @@ OPS = {
     "einsum dot to a scalar": lambda m, x: m.einsum("ijk,ijk->", x, x.flip(0)),
     "einsum implicit output": lambda m, x: m.einsum("ij,jk", x[0], x[1].transpose(0, 1)),
     "einsum attention scores": lambda m, x: m.einsum("b q d, b k d -> b q k", x, x.roll(1, 1)),
+    "einsum ... batched matmul": lambda m, x: m.einsum("...ij,...kj->...ik", x, x[1]),  # '...' of 1 and 0 dims
+    "einsum ... transpose": lambda m, x: m.einsum("...ij->...ji", x),
+    "einsum ... implicit output": lambda m, x: m.einsum("...j,jk", x, x[0].transpose(0, 1)),
+    "einsum ... reduced": lambda m, x: m.einsum("b...,b...->b", x, x * x),
 }
 
 
@@ -506,8 +510,10 @@ def test_new_tensor_ops_refuse_what_torch_refuses_by_name():
     with pytest.raises(NotImplementedError, match=re.escape("einsum: a letter repeated within one operand ('ii', a "
                                                             "diagonal) is not supported")):
         ta.einsum("ii->i", x[0, :, :3])
-    with pytest.raises(NotImplementedError, match=re.escape("einsum: '...' is not supported")):
-        ta.einsum("...ij->...ji", x)
+    with pytest.raises(NotImplementedError, match=re.escape("einsum: the '...' dims of the operands must be equal, "
+                                                            "got shapes [(2, 3, 4), (1, 4, 3)]: broadcasting inside "
+                                                            "'...' is not supported")):
+        ta.einsum("...ij,...jk->...ik", x, x[:1].transpose(1, 2))
     with pytest.raises(ValueError, match=re.escape("einsum: subscript 'j' has size 4 in one operand and 3 in "
                                                    "another")):
         ta.einsum("ij,jk->ik", x[0], x[0])
