@@ -47,7 +47,7 @@ def amin(input: Tensor, dim=(), keepdim: bool = False) -> Tensor:  # noqa: A002 
 def _extreme(a: Tensor, dim, keepdim: bool, fn, what: str) -> Tensor:
     ad = a.data
     axes = _reduce_axes(dim, ad.ndim)
-    if any(ad.shape[ax] == 0 for ax in axes) or (ad.size == 0 and not axes and ad.ndim):
+    if any(ad.shape[ax] == 0 for ax in axes):
         raise IndexError(f"{what}: reducing over a dimension of size 0 (shape {ad.shape}, dim {dim}) has no "
                          f"{what[1:]}imum; pick a non-empty dimension")
     out = new(_reduced_shape(ad.shape, axes, keepdim), ad.dtype)
@@ -107,7 +107,7 @@ def prod(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tenso
         return Tensor._make(out)
 
     def backward(g):
-        ga = new(src.shape, out_dtype)
+        ga = new(src.shape, ad.dtype)  # the input's dtype, also when `dtype` asked for a wider product
         host(_prod_grad, src, axis, g.reshape(_reduced_shape(src.shape, (axis,), True)), ga)
         return (ga.reshape(ad.shape),)
 
@@ -128,7 +128,7 @@ def cumsum(input: Tensor, dim: int, *, dtype=None) -> Tensor:  # noqa: A002 - to
         return Tensor._make(out)
 
     def backward(g):
-        ga = new(src.shape, g.dtype)
+        ga = new(src.shape, ad.dtype)  # the input's dtype, also when `dtype` asked for a wider sum
         host(_reverse_cumsum, g.reshape(src.shape), axis, ga)
         return (ga.reshape(ad.shape),)
 
@@ -222,12 +222,12 @@ def _prod_grad(src, axis, g, ga) -> None:
     flipped = np.flip(src, axis=axis)
     right = np.flip(np.cumprod(np.concatenate([ones, np.take(flipped, range(n - 1), axis=axis)], axis=axis),
                                axis=axis), axis=axis)
-    np.multiply(left, right, out=ga)
-    ga *= g
+    np.multiply(left, right, out=ga, casting="same_kind")
+    np.multiply(ga, g, out=ga, casting="same_kind")
 
 
 def _reverse_cumsum(g, axis, ga) -> None:
-    np.copyto(ga, np.flip(np.cumsum(np.flip(g, axis=axis), axis=axis), axis=axis))
+    np.copyto(ga, np.flip(np.cumsum(np.flip(g, axis=axis), axis=axis), axis=axis), casting="same_kind")
 
 
 def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:  # noqa: A002
