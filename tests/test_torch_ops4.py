@@ -13,7 +13,7 @@
 Every test compares with torch (the reference, imported here only) with explicit tolerances, or asserts an exact
 error. Run: NUMBA_NUM_THREADS=1 python -m pytest -q -p no:cacheprovider tests/test_torch_ops4.py
 
-All 388 of these tests fail on d0c9eb9, the commit this work started from (none of the ops, modules or methods
+All 392 of these tests fail on d0c9eb9, the commit this work started from (none of the ops, modules or methods
 existed there): `git worktree add /tmp/wt-ops4 d0c9eb9`, copy this file into /tmp/wt-ops4/tests/, and from inside
 /tmp/wt-ops4 run `PYTHONPATH=/tmp/wt-ops4 python -m pytest -q -p no:cacheprovider tests/test_torch_ops4.py`
 (then `git worktree remove --force /tmp/wt-ops4`).
@@ -393,6 +393,7 @@ OPS = {
     "int // negative": lambda m, x: m.floor_divide(m.tensor(np.array([-7, 7, -8, 8, 0])), -2),
     "cumsum": lambda m, x: x.cumsum(1),
     "cumsum last dim (function)": lambda m, x: m.cumsum(x, dim=-1),
+    "cumsum into float64": lambda m, x: m.cumsum(x, 0, dtype=_dt(m, "float64")),
     "cumsum of ints is int64": lambda m, x: m.tensor(np.array([1, 2, 3], np.int32)).cumsum(0),
     "cumsum of bools": lambda m, x: (x > 0).cumsum(2),
     "prod over all": lambda m, x: (x[0] * 0.5 + 1.25).prod(),
@@ -400,6 +401,7 @@ OPS = {
     "prod keepdim": lambda m, x: m.prod(x, -1, keepdim=True),
     "prod with one zero per slice": lambda m, x: x.masked_fill((x - x.detach()[:, :, :1]) == 0, 0.0).prod(2),
     "prod with two zeros": lambda m, x: x.masked_fill(x.abs() < 1.1, 0.0).prod(0),
+    "prod into float64": lambda m, x: x.prod(2, dtype=_dt(m, "float64")),
     "prod of ints": lambda m, x: m.tensor(np.array([[1, 2], [3, 4]], np.int32)).prod(1),
     "norm": lambda m, x: x.norm(),
     "norm over a dim": lambda m, x: x.norm(dim=1),
