@@ -3,8 +3,8 @@
 from . import functional, init, utils
 from .deferred import DeferredParameterError, deferred_init
 from .layers import (ELU, GELU, BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, Dropout, Embedding, HuberLoss, Identity,
-                     L1Loss, LayerNorm, LeakyReLU, Linear, MSELoss, NLLLoss, ReLU, Sequential, Sigmoid, SiLU,
-                     SmoothL1Loss, Softplus, Tanh)
+                     L1Loss, LayerNorm, LeakyReLU, Linear, LogSoftmax, MSELoss, NLLLoss, ReLU, Sequential, Sigmoid,
+                     SiLU, SmoothL1Loss, Softmax, Softplus, Tanh)
 from .module import IncompatibleKeys, Module, ModuleDict, ModuleList, ParameterDict, ParameterList
 from .parameter import Parameter
 from .transformer import (FeedForward, MultiheadAttention, PatchEmbedding, PositionEmbedding, TransformerBlock,
@@ -14,5 +14,5 @@ __all__ = ["Module", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict
            "LayerNorm", "Dropout", "GELU", "ReLU", "Tanh", "Identity", "Sequential", "functional", "init", "utils",
            "MultiheadAttention", "FeedForward", "TransformerBlock", "PatchEmbedding", "PositionEmbedding",
            "cls_pool", "mean_pool", "deferred_init", "DeferredParameterError", "SiLU", "Sigmoid", "LeakyReLU", "ELU",
-           "Softplus", "MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "CrossEntropyLoss", "NLLLoss", "BCELoss",
+           "Softplus", "Softmax", "LogSoftmax", "MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "CrossEntropyLoss", "NLLLoss", "BCELoss",
            "BCEWithLogitsLoss"]

@@ -272,6 +272,30 @@ class Softplus(Module):
         return f"beta={self.beta}, threshold={self.threshold}"
 
 
+class Softmax(Module):
+    """softmax along `dim`."""
+
+    def __init__(self, dim: int | None = None) -> None:
+        super().__init__()
+        if dim is None:  # torch guesses a dim from the input's rank, with a deprecation warning
+            raise TypeError(f"{type(self).__name__}: pass dim explicitly (e.g. dim=-1); torch's implicit choice of "
+                            f"dim is deprecated")
+        self.dim = dim
+
+    def forward(self, x) -> Tensor:
+        return F.softmax(x, self.dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class LogSoftmax(Softmax):
+    """log_softmax along `dim`."""
+
+    def forward(self, x) -> Tensor:
+        return F.log_softmax(x, self.dim)
+
+
 class _Loss(Module):
     """A loss module: checks `reduction` once, at construction, as torch's."""
 
@@ -371,5 +395,5 @@ class BCEWithLogitsLoss(_Loss):
 
 
 __all__ = ["Linear", "Embedding", "LayerNorm", "Dropout", "GELU", "ReLU", "Tanh", "Identity", "Sequential",
-           "SiLU", "Sigmoid", "LeakyReLU", "ELU", "Softplus", "MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss",
+           "SiLU", "Sigmoid", "LeakyReLU", "ELU", "Softplus", "Softmax", "LogSoftmax", "MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss",
            "CrossEntropyLoss", "NLLLoss", "BCELoss", "BCEWithLogitsLoss"]
