@@ -3,7 +3,8 @@
 1. losses and activations: F.nll_loss (weight, ignore_index, reduction), F.binary_cross_entropy and
    F.binary_cross_entropy_with_logits (weight, pos_weight, reduction, the target's gradient, the stable form at
    +-100), F.l1_loss / smooth_l1_loss / huber_loss, F.silu / leaky_relu / elu / softplus, F.normalize, F.pad
-   (constant), logsumexp, and their nn modules (SiLU, LeakyReLU, ELU, Softplus, Sigmoid, the *Loss classes);
+   (constant), logsumexp, and their nn modules (SiLU, LeakyReLU, ELU, Softplus, Sigmoid, Softmax, LogSoftmax,
+   the *Loss classes);
 2. tensor ops: flip, roll, tril, triu, diag, outer, maximum / minimum (ties split the gradient), % and //
    (torch's sign rules; no derivative for //), cumsum, prod (exact at zeros), norm (2, 1, inf, p, dims), amax /
    amin, index_select, masked_select, nonzero, einsum ('...' too), and their Tensor method forms;
@@ -13,7 +14,7 @@
 Every test compares with torch (the reference, imported here only) with explicit tolerances, or asserts an exact
 error. Run: NUMBA_NUM_THREADS=1 python -m pytest -q -p no:cacheprovider tests/test_torch_ops4.py
 
-All 392 of these tests fail on d0c9eb9, the commit this work started from (none of the ops, modules or methods
+All 395 of these tests fail on d0c9eb9, the commit this work started from (none of the ops, modules or methods
 existed there): `git worktree add /tmp/wt-ops4 d0c9eb9`, copy this file into /tmp/wt-ops4/tests/, and from inside
 /tmp/wt-ops4 run `PYTHONPATH=/tmp/wt-ops4 python -m pytest -q -p no:cacheprovider tests/test_torch_ops4.py`
 (then `git worktree remove --force /tmp/wt-ops4`).
@@ -307,7 +308,8 @@ def test_pad_refuses_other_modes_and_odd_padding():
 
 MODULES = [
     ("SiLU", (), {}), ("Sigmoid", (), {}), ("LeakyReLU", (0.2,), {}), ("LeakyReLU", (), {"inplace": True}),
-    ("ELU", (), {"alpha": 0.3}), ("Softplus", (), {"beta": 2.0, "threshold": 4.0}),
+    ("ELU", (), {"alpha": 0.3}), ("Softplus", (), {"beta": 2.0, "threshold": 4.0}), ("Softmax", (1,), {}),
+    ("LogSoftmax", (), {"dim": -1}),
 ]
 
 
@@ -343,6 +345,14 @@ def test_loss_modules_match_torch_and_keep_weights_as_buffers(name, kwargs, kind
                                      **{k: v for k, v in kwargs.items() if not isinstance(v, np.ndarray)})
     _check(ours(x, ta.tensor(tv)), theirs(tx, torch.tensor(tv)), F32, [(x, tx)])
     assert sorted(ours.state_dict()) == sorted(theirs.state_dict())  # weights are buffers, as torch's
+
+
+def test_softmax_modules_refuse_an_implicit_dim():
+    with pytest.warns(UserWarning, match="Implicit dimension choice"):
+        torch.nn.Softmax()(torch.ones(2, 3))
+    with pytest.raises(TypeError, match=re.escape("LogSoftmax: pass dim explicitly (e.g. dim=-1); torch's implicit "
+                                                  "choice of dim is deprecated")):
+        ta.nn.LogSoftmax()
 
 
 def test_loss_module_refuses_a_bad_reduction_at_construction():
