@@ -395,5 +395,5 @@ class BCEWithLogitsLoss(_Loss):
 
 
 __all__ = ["Linear", "Embedding", "LayerNorm", "Dropout", "GELU", "ReLU", "Tanh", "Identity", "Sequential",
-           "SiLU", "Sigmoid", "LeakyReLU", "ELU", "Softplus", "Softmax", "LogSoftmax", "MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss",
-           "CrossEntropyLoss", "NLLLoss", "BCELoss", "BCEWithLogitsLoss"]
+           "SiLU", "Sigmoid", "LeakyReLU", "ELU", "Softplus", "Softmax", "LogSoftmax", "MSELoss", "L1Loss",
+           "SmoothL1Loss", "HuberLoss", "CrossEntropyLoss", "NLLLoss", "BCELoss", "BCEWithLogitsLoss"]
