@@ -59,8 +59,10 @@ class SlabLender:
 class _SlabArena(Arena):
     """An arena over a SlabLender that warns, when it closes, if it needed memory beyond the slab."""
 
+    warn = True  # False: the caller has said it once already (evaluate's later batches)
+
     def close(self) -> None:
-        if not self.closed and self.pool.overflow_bytes:
+        if not self.closed and self.pool.overflow_bytes and self.warn:
             log.warning("%s needed %s beyond the fused slab's %s (its high-water was %s): that memory is not in the "
                         "route plan; evaluate at the training batch size to stay within it", self.name,
                         format_bytes(self.pool.overflow_bytes), format_bytes(self.pool.slab.nbytes),
@@ -68,7 +70,12 @@ class _SlabArena(Arena):
         super().close()
 
 
-def slab_arena(fused, *, name: str, pool: BlockPool | None = None) -> Arena:
+def beyond_slab(arena: Arena) -> bool:
+    """Whether `arena` (from slab_arena) took memory beyond the slab."""
+    return isinstance(arena, _SlabArena) and arena.pool.overflow_bytes > 0
+
+
+def slab_arena(fused, *, name: str, pool: BlockPool | None = None, warn: bool = True) -> Arena:
     """An arena for work between steps of `fused` (a FusedStep) that takes the largest slab it holds first
     (see the module docstring); an ordinary arena of `pool` when it holds none yet (no step traced).
     Not while a step runs: the step writes the slab (Trainer's steps and evaluate run in one thread)."""
@@ -77,4 +84,6 @@ def slab_arena(fused, *, name: str, pool: BlockPool | None = None) -> Arena:
     if not plans:
         return Arena(pool=pool, name=name)
     slab = max((plan.slab for plan in plans), key=lambda s: s.nbytes)
-    return _SlabArena(pool=SlabLender(slab, pool), block_bytes=slab.nbytes, name=name)
+    arena = _SlabArena(pool=SlabLender(slab, pool), block_bytes=slab.nbytes, name=name)
+    arena.warn = warn
+    return arena

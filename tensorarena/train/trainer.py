@@ -155,7 +155,8 @@ class Trainer:
         self.route_switches: list[dict] = []  # out-of-memory fallbacks: step, from, to, error
         self._generators = None  # the RNGs a step draws from, snapshot per step for the fallback
         self._buffer_slots = None  # the model's buffers (compile.step.buffer_slots), found with the generators
-        self._busy = threading.Lock()  # held by step/save/load (_one_at_a_time)
+        self._busy = threading.Lock()  # held by step/save/load/evaluate (_one_at_a_time)
+        self._train_rows: int | None = None  # the last training batch's rows: evaluate's default batch size
         self._busy_with: str | None = None
         self._take_deferred(model)
 
@@ -446,7 +447,9 @@ class Trainer:
         # Outermost, so that the lock of _one_at_a_time is taken and given back with Ctrl-C held too.
         with SigintDeferred("the training step", lambda: abandoned_step_message(index, self.route)), \
                 self._one_at_a_time("step"), float32_matmul_precision(self.matmul_precision):
-            return self._step(inputs, targets)
+            report = self._step(inputs, targets)
+            self._train_rows = _rows(inputs)
+            return report
 
     @contextlib.contextmanager
     def _one_at_a_time(self, what: str):
@@ -579,7 +582,7 @@ class Trainer:
                           arena_high_water=arena.stats.high_water, rss=rss_bytes(), lr=lr, grad_norm=grad_norm,
                           skipped=skipped)
 
-    def evaluate(self, inputs: np.ndarray, targets: Any, *, batch_size: int = 1024) -> dict:
+    def evaluate(self, inputs: np.ndarray, targets: Any, *, batch_size: int | None = None) -> dict:
         """Mean loss on held-out data in eval mode, without building a graph, batch by batch: {"loss",
         "accuracy"}. "accuracy" (argmax of the outputs) is there for class-index targets, one integer label
         per output row; for other targets (regression, hidden states, a structure such as (labels, weights)) it
@@ -587,9 +590,16 @@ class Trainer:
         by rows. The loss is each batch's loss weighted by its rows: the mean over rows for a mean-reduced loss.
         The model's train/eval mode is put back as it was, also on an error. Once a fused step is traced, each
         batch's forward runs in its slab (scratch_arena): at up to the training batch size it needs no memory
-        beyond the route plan's; a larger batch_size takes pool blocks beyond it, with a warning."""
+        beyond the route plan's; a larger batch_size takes pool blocks beyond it, with one warning. batch_size
+        defaults to the last training batch's rows (1024 before any step). Not while another thread steps, saves
+        or loads this trainer (RuntimeError): the slab it borrows is the step's."""
+        with self._one_at_a_time("evaluate"):
+            return self._evaluate(inputs, targets, self._train_rows or 1024 if batch_size is None else batch_size)
+
+    def _evaluate(self, inputs: np.ndarray, targets: Any, batch_size: int) -> dict:
         from ..autograd import no_grad
         from ..compile import targets as target_layout
+        from ..compile.lend import beyond_slab
 
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"evaluate: batch_size must be a positive int, got {batch_size!r}")
@@ -608,9 +618,10 @@ class Trainer:
         self.model.eval()
         try:
             with no_grad(), float32_matmul_precision(self.matmul_precision):
+                warn = True  # once per call: every batch of a too-large batch_size would say the same
                 for begin in range(0, rows, batch_size):
                     stop = min(begin + batch_size, rows)
-                    with self.scratch_arena("eval arena"):
+                    with self.scratch_arena("eval arena", warn=warn) as arena:
                         xb = inputs[begin:stop]
                         yb = target_layout.build(spec, [leaf[begin:stop] for leaf in leaves])
                         out = Tensor(self.stream.predict(xb)) if self.stream is not None else self.model(Tensor(xb))
@@ -619,17 +630,18 @@ class Trainer:
                             correct += int((out.data.argmax(axis=-1) == yb).sum())
                         else:
                             counted = False  # not one class index per output row: no accuracy to give
+                    warn = warn and not beyond_slab(arena)
         finally:
             self.model.train(was_training)
         return {"loss": total_loss / rows, "accuracy": correct / labels.size if counted else None}
 
-    def scratch_arena(self, name: str) -> Arena:
+    def scratch_arena(self, name: str, *, warn: bool = True) -> Arena:
         """An arena for work between steps (evaluate, a probe forward). Once a fused step is traced it takes the
         fused slab's memory first (dead between steps; compile/lend.py), so work that fits the slab, a forward
         at the training batch size, adds nothing to the memory the route plan counts; else an ordinary arena."""
         from ..compile.lend import slab_arena
 
-        return slab_arena(self.fused, name=name, pool=self.pool)
+        return slab_arena(self.fused, name=name, pool=self.pool, warn=warn)
 
     # -- checkpoints -----------------------------------------------------------
     def save(self, path, *, extra: dict | None = None) -> None:
@@ -724,3 +736,14 @@ def _restore_step_state(before) -> None:
     _restore_rng(rng)
     if buffers is not None:
         _restore_buffers(buffers)
+
+
+def _rows(inputs: Any) -> int | None:
+    """The rows of a batch's inputs (an array, a Tensor, or a container of them: its first leaf), or None."""
+    from ..compile import targets as target_layout
+
+    try:
+        _, leaves = target_layout.flatten(inputs)
+    except TypeError:
+        return None
+    return len(leaves[0]) if leaves and leaves[0].ndim else None
