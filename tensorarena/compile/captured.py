@@ -19,8 +19,10 @@ and a hash of every parameter's gradient):
 The capture is also refused when the step draws random numbers outside its recorded calls (dropout
 draws its seed inside one, tensorarena.random.Seed, so a replay draws a new one each step: every
 pass starts from the same generator states, and the recording must leave them where the Python
-pass did), when a recorded call reads an array outside the plan's buffers, the flat state and the
-model's own arrays (e.g. a mask the step computed with NumPy from the batch), when a leaf the
+pass did), when a recorded call reads an array outside the plan's buffers, the flat state, the
+model's own arrays and the loss module's buffers (e.g. a mask the step computed with NumPy from the batch;
+a class weight, nn.NLLLoss(weight=w), is a buffer: written in place it is read by the next replay, assigned
+anew it records the step again), when a leaf the
 optimizer does not own gets a gradient, when replaying the recording fails, or when the recording leaves
 the model's buffers (register_buffer) otherwise than its Python pass did (a running statistic updated
 with NumPy in a forward: a replay would never update it again). A refusal is logged, and the plan keeps
@@ -109,6 +111,7 @@ class Capture:
     prepared_generation: int = 0
     dispatch: tuple = ()  # kernels.dispatch_key() when recorded: the recorded calls are the kernels handed out then
     loss_state: Any = None  # LossState of the loss function when recorded: a change records the step again
+    buffers: Any = None  # BufferArrays when recorded: a buffer assigned anew records the step again
 
 
 class GradSink:
@@ -586,8 +589,10 @@ class LossState(ModelState):
 def changed(capture: Capture) -> str | None:
     """Why `capture` no longer does what the Python replay would, or None: the kernel dispatch changed
     (kernels.dispatch_key: the recording calls the kernels handed out when it was made, where the Python
-    replay asks kernels.kernel each step; plans are keyed by it, so this is a safety net). A change of the
-    model's state (ModelState) is FusedStep.plan_for's to see: it traces the plan again, recording and all."""
+    replay asks kernels.kernel each step; plans are keyed by it, so this is a safety net), the loss function's
+    state changed (LossState), or a buffer of the model or the loss module was assigned another array
+    (BufferArrays). A change of the model's state (ModelState) is FusedStep.plan_for's to see: it traces the
+    plan again, recording and all."""
     if capture.tape is None:
         return None
     now = kernels.dispatch_key()  # cached between changes: this runs before every captured step
@@ -596,6 +601,10 @@ def changed(capture: Capture) -> str | None:
                 "kernels.register, gemm.use_backend or gemm_jobs.use_jobs)")
     if capture.loss_state is not None and capture.loss_state.changed():
         return f"the loss function's state changed since its step was recorded ({capture.loss_state.describe_change()})"
+    replaced = capture.buffers.changed() if capture.buffers is not None else None
+    if replaced is not None:
+        return (f"{replaced} was assigned another array since its step was recorded (the recording reads the old "
+                f"one)")
     return None
 
 
@@ -628,6 +637,7 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
     sink = step.grad_sink
     dispatch = kernels.dispatch_key()  # the kernels the recording will hold are the ones handed out now
     loss_state = LossState(step.loss_fn)  # and the numbers the loss computes with now
+    arrays = BufferArrays(step.model, step.loss_fn)  # and the buffers' arrays its calls will hold
     saved = _rng_states(step.model)  # every pass starts from these states, and the real steps after them
     # And from these buffers: a forward's buffer writes in training (running statistics) are the real step's
     # to make, once, as on eager; the passes' writes are compared (_left_buffers) and undone.
@@ -672,7 +682,7 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
                 return _Unchecked("the batch and the second batch give the same loss and gradients, so the "
                                   "recording cannot be checked")
             result = Capture(tape, first["loss_buffer"], first["forward_end"], dispatch=dispatch,
-                             loss_state=loss_state)
+                             loss_state=loss_state, buffers=arrays)
             try:
                 again, other, random_outside = _tape_passes(step, plan, sink, result, (x, y), (xb, yb), saved,
                                                             drawn, buffers, (first["buffers"], second["buffers"]))
@@ -779,14 +789,56 @@ def _unchecked(plan: "StepPlan", reason: str) -> Capture | None:
 
 
 def _regions(step: "FusedStep", plan: "StepPlan") -> list[tuple[int, int]]:
-    """Memory a replay may read and write: the slab, the plan's inputs, the flat state, the model's own arrays."""
+    """Memory a replay may read and write: the slab, the plan's inputs, the flat state, the model's own arrays
+    and the loss module's buffers (a class weight: BufferArrays sees one assigned anew)."""
     arrays = [plan.slab, plan.inputs, *plan.target_buffers]
     for g in step.flat.groups:
         arrays += [g.param, g.grad, *g.state.values(), *g.scalars.values()]
     arrays += [p.data for p in step.model.parameters()]
-    for module in step.model.modules():
+    for module in [*step.model.modules(), *_loss_modules(step.loss_fn)]:
         arrays += [b.data if isinstance(b, Tensor) else b for _, b in module._own_buffers()]
     return [byte_bounds(a) for a in arrays if isinstance(a, np.ndarray) and a.size]
+
+
+def _loss_modules(loss_fn: Any) -> list[Module]:
+    """The modules a loss function is, or is a bound method or partial of (nn.NLLLoss(weight=w)): their buffers
+    are the loss's constants, as a model's are the model's."""
+    fn = loss_fn
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if isinstance(fn, types.MethodType):
+        fn = fn.__self__
+    return list(fn.modules()) if isinstance(fn, Module) else []
+
+
+def _buffer_array(value: Any) -> Any:
+    """What a recorded call holds of a buffer: its array (a Tensor's, which `.data = ...` replaces)."""
+    return value._data if isinstance(value, Tensor) else value
+
+
+class BufferArrays:
+    """The arrays of the model's and the loss module's buffers when a step was recorded. A recorded call holds
+    the array itself, so a write into it (`loss.weight[0] = 2`) is read by every replay after it, but a buffer
+    assigned anew (`loss.weight = w`, `model.mask = m`, `loss.weight.data = a`) is not: the recording would
+    go on reading the old array where the Python replay reads the new one. `changed` names such a buffer, and
+    the step is recorded again (captured.changed). The slots are found once; a read is one pass over them
+    (none, for a model and a loss without buffers)."""
+
+    def __init__(self, model: Module, loss_fn: Any) -> None:
+        from .step import buffer_slots
+
+        self.slots = [(f"the model's buffer {path!r}", module, name) for path, module, name in buffer_slots(model)]
+        for loss_module in _loss_modules(loss_fn):
+            self.slots += [(f"the loss function's buffer {name!r}", loss_module, name)
+                           for name in vars(loss_module).get("_buffers", {})]
+        self.arrays = [_buffer_array(getattr(module, name, None)) for _, module, name in self.slots]
+
+    def changed(self) -> str | None:
+        """The first buffer whose array is not the one recorded, named, or None."""
+        for (what, module, name), then in zip(self.slots, self.arrays):
+            if _buffer_array(getattr(module, name, None)) is not then:
+                return what
+        return None
 
 
 def _stray_array(tape: Tape, regions: list[tuple[int, int]]) -> np.ndarray | None:
