@@ -197,6 +197,11 @@ def second_batch(a: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     recording unseen; the change of values moves them (test_captured_replay shows a std).
     - Floats and 1-D integers: rolled by one along the last axis, so every value moves; floats then scaled
       and shifted (x 1.5 + 0.25), integers with their smallest and largest values swapped.
+    - Floats that all lie in [0, 1] (probabilities, binary targets, pixels) stay there: x 0.5 + 0.5 instead,
+      into [0.5, 1]. binary_cross_entropy rightly refuses a target or input outside [0, 1], and the second
+      batch would otherwise take every BCELoss with targets from the batch off the captured replay. The mean
+      and the spread still move (every affine map of [0, 1] into itself keeps some mean: this one only a batch
+      of ones, which rolled equals itself, and is then no check, said so).
     - Integers of 2 or more dimensions: rolled by one along the batch axis (0), and at every position
       along the other axes the smallest and largest values over the batch swapped. Such an input may pack
       columns that index different tables (token ids up to 30000 beside type ids 0..1, on the last axis
@@ -209,13 +214,14 @@ def second_batch(a: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     dtype with no temporary of their size.
     """
     if out is not None and a.dtype.kind == "f" and out.dtype.kind == "f":
+        scale, shift = _float_change(a)  # read from a, before out (which may be a's own buffer) is written
         if a.ndim:
             out[..., 1:] = a[..., :-1]  # np.roll(a, 1, axis=-1), into out
             out[..., :1] = a[..., -1:]
         else:
             out[...] = a
-        out *= out.dtype.type(1.5)
-        out += out.dtype.type(0.25)
+        out *= out.dtype.type(scale)
+        out += out.dtype.type(shift)
         return out
     if out is not None:
         np.copyto(out, second_batch(a))
@@ -232,14 +238,22 @@ def second_batch(a: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
                 return b
     b = np.roll(a, 1, axis=-1) if a.ndim else a.copy()  # the copy; the rest in place, as above
     if b.dtype.kind == "f":
-        b *= b.dtype.type(1.5)
-        b += b.dtype.type(0.25)
+        scale, shift = _float_change(a)
+        b *= b.dtype.type(scale)
+        b += b.dtype.type(shift)
     elif b.dtype.kind in "iu" and b.size:
         low, high = b.min(), b.max()  # both in range for whatever reads them: ids, classes, ignore_index
         was_low = b == low
         b[b == high] = low
         b[was_low] = high
     return b
+
+
+def _float_change(a: np.ndarray) -> tuple[float, float]:
+    """second_batch's (scale, shift) for floats: x 0.5 + 0.5 keeps values of [0, 1] there (a loss's domain:
+    binary_cross_entropy's), x 1.5 + 0.25 moves any other (NaN among them) further."""
+    within = a.size and 0 <= a.min() and a.max() <= 1  # min and max are NaN if any value is: False
+    return (0.5, 0.5) if within else (1.5, 0.25)
 
 
 def _python_pass(step: "FusedStep", plan: "StepPlan", sink: GradSink, x, y, tape: Tape | None) -> dict:
