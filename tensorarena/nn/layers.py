@@ -347,15 +347,25 @@ class HuberLoss(_Loss):
 
 
 class CrossEntropyLoss(_Loss):
-    """F.cross_entropy for class-index targets, with ignore_index and label_smoothing."""
+    """F.cross_entropy for class-index targets, with ignore_index, label_smoothing and a class weight (a buffer)."""
 
-    def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0) -> None:
+    def __init__(self, weight=None, ignore_index: int = -100, reduction: str = "mean",
+                 label_smoothing: float = 0.0) -> None:
         super().__init__(reduction)
+        if weight is not None and label_smoothing:
+            # torch spreads the smoothing over every class, weighted; F.cross_entropy has no weight to do so.
+            raise ValueError("CrossEntropyLoss: a class weight with label_smoothing is not supported yet; pass "
+                             "one of them, or compose F.nll_loss on F.log_softmax for the weighted term")
+        self._constant("weight", weight)
         self.ignore_index, self.label_smoothing = ignore_index, label_smoothing
 
     def forward(self, input, target) -> Tensor:  # noqa: A002
-        return F.cross_entropy(input, target, ignore_index=self.ignore_index, label_smoothing=self.label_smoothing,
-                               reduction=self.reduction)
+        if self.weight is None:
+            return F.cross_entropy(input, target, ignore_index=self.ignore_index,
+                                   label_smoothing=self.label_smoothing, reduction=self.reduction)
+        # torch's definition without smoothing: nll of the log-probabilities over the class dim (0 if unbatched)
+        log_p = F.log_softmax(input, 1 if input.ndim >= 2 else 0)
+        return F.nll_loss(log_p, target, self.weight, ignore_index=self.ignore_index, reduction=self.reduction)
 
 
 class NLLLoss(_Loss):
