@@ -380,6 +380,10 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
         # is its own part now, the same bytes on both sides, so it is taken out here.
         # Parameters built under nn.deferred_init() are not in RSS yet: only those with values are taken out.
         held = persistent["params"] - deferred_bytes(p for group in optimizer.param_groups for p in group["params"])
+        # Tracing ran no optimizer update: its kernel is loaded now, or step 1 would add it uncounted.
+        from ..stream.optim_state import load_update_kernels
+
+        load_update_kernels(optimizer)
         _return_tracing_memory()
         process_other_bytes = max(0, rss_bytes() - held - (data_bytes if data_held else 0))
     estimates: dict[str, RouteEstimate] = {}
