@@ -102,6 +102,19 @@ def _cross_entropy_backward(rows, tgt, lse, ignore_index, label_smoothing, g, co
             drows *= g.reshape(-1, 1)
 
 
+def input_and_target_grads(base: np.ndarray, x: Tensor, y: Tensor) -> tuple:
+    """The gradients of a loss of (input - target) given d/d input (`base`): input's is `base`, target's its
+    negation, each in its own tensor's dtype, None where that tensor needs none."""
+    gx = gy = None
+    if y.requires_grad:
+        gy = new(base.shape, base.dtype)
+        host(np.negative, base, out=gy)
+        gy = as_dtype(gy, y.data.dtype)
+    if x.requires_grad:
+        gx = as_dtype(base, x.data.dtype)
+    return gx, gy
+
+
 def mse_loss(input: Tensor, target, reduction: str = "mean") -> Tensor:  # noqa: A002 - torch's name
     """Mean squared error between equally shaped `input` and `target` (a Tensor, or data cast to input's dtype).
 
@@ -123,14 +136,7 @@ def mse_loss(input: Tensor, target, reduction: str = "mean") -> Tensor:  # noqa:
     def backward(g):
         base = new(diff.shape, dtype)  # d/d input = 2 * diff * g (/ n for mean)
         host(_mse_backward, diff, g, reduction, base)
-        gx = gy = None
-        if y.requires_grad:
-            gy = new(diff.shape, dtype)
-            host(np.negative, base, out=gy)
-            gy = as_dtype(gy, yd.dtype)
-        if x.requires_grad:
-            gx = as_dtype(base, xd.dtype)
-        return gx, gy
+        return input_and_target_grads(base, x, y)
 
     # Backward reads only diff, made here; input and target count as in torch, which saves both.
     return Tensor._make(out, (x, y), backward, saved=(x, y))

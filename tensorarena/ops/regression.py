@@ -11,8 +11,8 @@ import numpy as np
 
 from ..tape import host
 from ..tensor import Tensor
-from ._base import as_dtype, as_tensor, new
-from .loss import _check_reduction
+from ._base import as_tensor, new
+from .loss import _check_reduction, input_and_target_grads
 
 
 def l1_loss(input: Tensor, target, reduction: str = "mean") -> Tensor:  # noqa: A002 - torch's name
@@ -55,14 +55,7 @@ def _pointwise_loss(input, target, reduction: str, what: str, fn, grad_fn, param
     def backward(g):
         base = new(diff.shape, dtype)
         host(_backward, grad_fn, param, diff, g, reduction, base)
-        gx = gy = None
-        if y.requires_grad:
-            gy = new(diff.shape, dtype)
-            host(np.negative, base, out=gy)
-            gy = as_dtype(gy, yd.dtype)
-        if x.requires_grad:
-            gx = as_dtype(base, xd.dtype)
-        return gx, gy
+        return input_and_target_grads(base, x, y)
 
     return Tensor._make(out, (x, y), backward, saved=(x, y))
 
