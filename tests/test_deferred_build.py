@@ -1,7 +1,7 @@
 """Deferred construction (tensorarena.nn.deferred_init): a model whose parameters hold no values until they are
 made, exactly as an eager build makes them, in memory or stage by stage straight into the streaming store.
 
-The hard-limit test trains a 64-block ViT whose float32 parameters (433.5 MiB) exceed its cgroup's 350 MiB, on the
+The hard-limit test trains a 64-block ViT whose float32 parameters (433.5 MiB) exceed its cgroup's 380 MiB, on the
 streaming route, and compares the store with the same steps trained eagerly (measured: 11.6 s, peak RSS 239 MiB).
 
 On the commit this work started from (4c8b667), 21 of these 21 tests fail (there is no nn.deferred_init, no
@@ -304,7 +304,7 @@ def test_route_auto_plans_from_shapes_and_makes_values_only_for_the_route_it_pic
 
 
 # -- bigger than the memory: a real hard limit -------------------------------------------------------------------------
-# 64 blocks of dim 384: 454,586,920 bytes of float32 parameters (433.5 MiB), trained under a 350 MiB cgroup limit.
+# 64 blocks of dim 384: 454,586,920 bytes of float32 parameters (433.5 MiB), trained under a 380 MiB cgroup limit.
 BIG = dict(image_size=16, patch_size=8, num_classes=10, dim=384, depth=64, num_heads=6)
 BIG_RUN = """
 import json, sys
@@ -331,9 +331,11 @@ print(json.dumps({{"route": trainer.route, "losses": losses, "peak_rss": peak_rs
 def test_a_model_whose_parameters_exceed_a_hard_memory_limit_trains_inside_it(tmp_path):
     from tests.cgroup_harness import CgroupUnavailable, run_limited
 
-    limit, store = 350 << 20, tmp_path / "store"
+    # 380 MiB / 365M, not 350 / 330: on an empty Numba cache (CI's fresh install) the plan now loads the optimizer's
+    # update kernel before it measures the process (bfd5c36), and streaming then needs ~343 MiB here.
+    limit, store = 380 << 20, tmp_path / "store"
     script = tmp_path / "big.py"
-    script.write_text(BIG_RUN.format(config=BIG, budget="330M"))
+    script.write_text(BIG_RUN.format(config=BIG, budget="365M"))
     try:
         run = run_limited([sys.executable, str(script), str(store)], limit, timeout=600,
                           env={**os.environ, "NUMBA_NUM_THREADS": "1"})
