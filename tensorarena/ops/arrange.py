@@ -53,15 +53,7 @@ def roll(input: Tensor, shifts, dims=None) -> Tensor:  # noqa: A002 - torch's na
         axes = tuple(d % bound for d in dims_t)
     shifts_t = tuple(int(s) for s in shifts_t)
     back = tuple(-s for s in shifts_t)
-    out = new(ad.shape, ad.dtype)
-    host(_roll_into, ad, shifts_t, axes, out)
-
-    def backward(g):
-        ga = new(g.shape, g.dtype)
-        host(_roll_into, g, back, axes, ga)
-        return (ga,)
-
-    return Tensor._make(out, (input,), backward)
+    return _linear_map(input, _roll_into, (shifts_t, axes), (back, axes))
 
 
 def tril(input: Tensor, diagonal: int = 0) -> Tensor:  # noqa: A002 - torch's name
@@ -79,12 +71,19 @@ def _triangle(a: Tensor, k: int, *, lower: bool) -> Tensor:
     what = "tril" if lower else "triu"
     if ad.ndim < 2:
         raise ValueError(f"{what}: input tensor must have at least 2 dimensions, got shape {ad.shape}")
+    return _linear_map(a, _triangle_into, (k, lower), (k, lower))
+
+
+def _linear_map(a: Tensor, into, forward_args: tuple, backward_args: tuple) -> Tensor:
+    """A shape-keeping linear map of `a` whose gradient is the same kind of map: `into(x, *args, out)` writes it
+    (roll's inverse is a roll back; a triangle mask is its own adjoint)."""
+    ad = a.data
     out = new(ad.shape, ad.dtype)
-    host(_triangle_into, ad, k, lower, out)
+    host(into, ad, *forward_args, out)
 
     def backward(g):
         ga = new(g.shape, g.dtype)
-        host(_triangle_into, g, k, lower, ga)
+        host(into, g, *backward_args, ga)
         return (ga,)
 
     return Tensor._make(out, (a,), backward)

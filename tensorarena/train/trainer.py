@@ -742,6 +742,10 @@ def _rows(inputs: Any) -> int | None:
     """The rows of a batch's inputs (an array, a Tensor, or a container of them: its first leaf), or None."""
     from ..compile import targets as target_layout
 
+    shape = getattr(inputs, "shape", None)  # an array or a Tensor, every step: no flattening on the hot path
+    if shape is not None:
+        return shape[0] if len(shape) else None
+
     try:
         _, leaves = target_layout.flatten(inputs)
     except TypeError:
