@@ -3,6 +3,7 @@
     python bench/gemm.py [--model tiny|base|minilm] [--rounds 7] [--json out.json]
     python bench/gemm.py --steps tiny|base [--rounds 5]     # whole fused ViT steps, backends alternated
     python bench/gemm.py --steps tiny|base --routes         # ... MKL with and without kernels.gemm_jobs
+    python bench/gemm.py --steps tiny|base --libraries      # ... per-core products on MKL or on OpenBLAS
 
 Products timed, for one block of the model (ViT-Tiny batch 8: 1576 tokens x 192, MLP 768; ViT-Base
 batch 1: 197 x 768, MLP 3072; MiniLM SimCSE batch 64 x 64 tokens x 384, MLP 1536):
@@ -13,7 +14,10 @@ Rounds alternate the contenders so they see the same machine load; the figure is
 product summed over the block, and its ratio to torch. --steps trains a ViT on the fused route and
 switches kernels.gemm between MKL and NumPy every few steps (medians per backend, one process);
 with --routes it switches kernels.gemm_jobs' routes (column cuts, small products on one core) on and
-off instead, MKL both ways.
+off instead, MKL both ways; with --libraries it switches the library of the per-core products
+(kernels.gemm_library: MKL's or numpy's OpenBLAS one-thread GEMMs, one per core).
+In the block table, "mkl" and "openblas" are kernels.gemm's products with the per-core calls on that
+library (attention's rows: MKL's gemm_batch in both columns, as the block bench has always timed it).
 The process keeps the OpenMP wait policy chosen for MKL (idle threads spin ~2-3 ms, kernels/__init__),
 which slows OpenBLAS's own threads a little in the NumPy rounds; for NumPy's BLAS on its own
 settings, time a process started with TENSORARENA_GEMM=numpy.
@@ -40,6 +44,9 @@ SHAPES = {  # tokens, width, heads, batch x heads layout for attention (B, H, T,
 }
 
 
+COLUMNS = ("numpy", "mkl", "openblas", "torch")
+
+
 def _median_ms(fn, repeats: int = 5) -> float:
     times = []
     for _ in range(repeats):
@@ -53,7 +60,10 @@ def block_products(model: str, rounds: int) -> dict:
     import torch
 
     from tensorarena.kernels import gemm as G
+    from tensorarena.kernels import gemm_library
     from tensorarena.kernels.attention import _slicewise
+
+    library = gemm_library.NAMES[gemm_library.current()]
 
     torch.set_num_threads(2)
     rng = np.random.default_rng(0)
@@ -68,7 +78,8 @@ def block_products(model: str, rounds: int) -> dict:
                 ("fwd", "dx", "dW"), ((x, w.T), (g, w), (g.T, x)), ((tx, tw.t()), (tg, tw), (tg.t(), tx)), outs, touts):
             jobs[f"{name}.{label}"] = {
                 "numpy": lambda a=a, b=b, out=out: G.gemm_reference(a, b, out),
-                "mkl": lambda a=a, b=b, out=out: G.gemm_mkl(a, b, out),
+                "mkl": lambda a=a, b=b, out=out: _on_library("mkl", G.gemm_mkl, a, b, out),
+                "openblas": lambda a=a, b=b, out=out: _on_library("openblas", G.gemm_mkl, a, b, out),
                 "torch": lambda a=ta, b=tb, out=tout: torch.mm(a, b, out=out),
             }
     bsz, h, t, hs = SHAPES[model]["heads"]
@@ -82,6 +93,7 @@ def block_products(model: str, rounds: int) -> dict:
         jobs[f"attn {name}"] = {
             "numpy": lambda a=a, b=b, out=out: _numpy_slicewise(_slicewise, G, a, b, out),
             "mkl": lambda a=a, b=b, out=out: G.batched_gemm_mkl(a, b, out),
+            "openblas": lambda a=a, b=b, out=out: G.batched_gemm_mkl(a, b, out),
             "torch": lambda a=ta, b=tb, out=tout: torch.matmul(a, b, out=out),
         }
     for fns in jobs.values():  # warm-up, and the three agree
@@ -92,7 +104,15 @@ def block_products(model: str, rounds: int) -> dict:
         for name, fns in jobs.items():
             for contender, fn in fns.items():
                 samples[name][contender].append(_median_ms(fn))
+    gemm_library.use_library(library)
     return {name: {c: statistics.median(v) for c, v in per.items()} for name, per in samples.items()}
+
+
+def _on_library(name: str, fn, *args) -> None:
+    from tensorarena.kernels import gemm_library
+
+    gemm_library.use_library(name)
+    fn(*args)
 
 
 def _numpy_slicewise(slicewise, gemm_module, a, b, out) -> None:
@@ -104,17 +124,22 @@ def _numpy_slicewise(slicewise, gemm_module, a, b, out) -> None:
         gemm_module.use_backend("mkl")
 
 
-def fused_steps(model: str, rounds: int, per_round: int = 3, routes: bool = False) -> dict:
+def fused_steps(model: str, rounds: int, per_round: int = 3, routes: bool = False, libraries: bool = False) -> dict:
     """Median fused ViT step per contender, contenders taking turns in one process: GEMM backends
-    ("mkl", "numpy"), or with `routes` MKL with kernels.gemm_jobs' routes on and off."""
+    ("mkl", "numpy"), or with `routes` MKL with kernels.gemm_jobs' routes on and off, or with `libraries`
+    the per-core products on OpenBLAS and on MKL."""
     from tensorarena import optim
     from tensorarena.kernels import gemm as G
-    from tensorarena.kernels import gemm_jobs
+    from tensorarena.kernels import gemm_jobs, gemm_library
     from tensorarena.models.vit import ViT, ViTConfig
     from tensorarena.nn.functional import cross_entropy
     from tensorarena.train.trainer import Trainer
 
-    if routes:
+    library = gemm_library.NAMES[gemm_library.current()]
+    if libraries:
+        contenders = {"openblas": lambda: gemm_library.use_library("openblas"),
+                      "mkl": lambda: gemm_library.use_library("mkl")}
+    elif routes:
         contenders = {"jobs": lambda: gemm_jobs.use_jobs(True), "mkl threads": lambda: gemm_jobs.use_jobs(False)}
     else:
         contenders = {"mkl": lambda: G.use_backend("mkl"), "numpy": lambda: G.use_backend("numpy")}
@@ -141,6 +166,7 @@ def fused_steps(model: str, rounds: int, per_round: int = 3, routes: bool = Fals
     finally:
         G.use_backend("mkl")
         gemm_jobs.use_jobs(True)
+        gemm_library.use_library(library)
     return {n: {"median_ms": statistics.median(t) * 1e3, "min_ms": min(t) * 1e3, "steps": len(t)}
             for n, t in times.items()}
 
@@ -151,6 +177,8 @@ def main() -> None:
     parser.add_argument("--steps", choices=["tiny", "base"], help="time whole fused ViT steps instead")
     parser.add_argument("--routes", action="store_true",
                         help="with --steps: alternate kernels.gemm_jobs' routes on and off (MKL both ways)")
+    parser.add_argument("--libraries", action="store_true",
+                        help="with --steps: alternate the per-core products' library, OpenBLAS and MKL")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -161,8 +189,9 @@ def main() -> None:
         raise SystemExit(f"MKL is not available ({G._why_not}): nothing to compare")
     print(f"GEMM backend: {G.backend()}")
     if args.steps:
-        result = fused_steps(args.steps, args.rounds, routes=args.routes)
-        print(f"fused ViT-{args.steps} steps, {'GEMM routes' if args.routes else 'backends'} alternated in one process")
+        result = fused_steps(args.steps, args.rounds, routes=args.routes, libraries=args.libraries)
+        what = "GEMM routes" if args.routes else "GEMM libraries" if args.libraries else "backends"
+        print(f"fused ViT-{args.steps} steps, {what} alternated in one process")
         for name, r in result.items():
             print(f"  {name:12s} median {r['median_ms']:7.1f} ms  min {r['min_ms']:7.1f} ms  ({r['steps']} steps)")
         first, second = result
@@ -170,10 +199,10 @@ def main() -> None:
     else:
         per = block_products(args.model, args.rounds)
         print(f"one {args.model} block, median ms per product ({args.rounds} rounds)")
-        print(f"{'product':14s}" + "".join(f"{c:>10s}" for c in ("numpy", "mkl", "torch")))
+        print(f"{'product':14s}" + "".join(f"{c:>10s}" for c in COLUMNS))
         for name, row in per.items():
-            print(f"{name:14s}" + "".join(f"{row[c]:10.2f}" for c in ("numpy", "mkl", "torch")))
-        totals = {c: sum(row[c] for row in per.values()) for c in ("numpy", "mkl", "torch")}
+            print(f"{name:14s}" + "".join(f"{row[c]:10.2f}" for c in COLUMNS))
+        totals = {c: sum(row[c] for row in per.values()) for c in COLUMNS}
         print(f"{'block total':14s}" + "".join(f"{totals[c]:10.2f}" for c in totals))
         print(f"{'x torch':14s}" + "".join(f"{totals[c] / totals['torch']:10.3f}" for c in totals))
         result = {"products_ms": per, "block_total_ms": totals}

@@ -142,7 +142,7 @@ def attention_replay(forward_calls, backward_calls, rng):
     """(replay function, FLOPs): attention's per-slice products, as kernels.attention_heads runs them."""
     import numpy as np
 
-    from tensorarena.kernels import gemm_jobs
+    from tensorarena.kernels import gemm_jobs, gemm_library
     from tensorarena.kernels.gemm import _product_job
 
     def slice_jobs(q, k, v, backward):
@@ -178,9 +178,11 @@ def attention_replay(forward_calls, backward_calls, rng):
             runs.append((jobs, q.dtype == np.float32))
             flops += f
 
+    lib = gemm_library.current()  # the library attention's slices call in the steps (kernels.gemm_library)
+
     def replay(_keep=keep):  # _keep: the operands the job rows point at stay alive
         for jobs, f32 in runs:
-            gemm_jobs._run(jobs, f32)
+            gemm_jobs._run(jobs, f32, lib)
     return replay, flops
 
 

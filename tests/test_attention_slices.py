@@ -13,6 +13,7 @@ import pytest
 
 from tensorarena import kernels
 from tensorarena.kernels import attention, attention_heads, gemm
+from tests.gemm_libraries import LIBRARIES, library  # noqa: F401 - library is a fixture
 
 pytestmark = pytest.mark.skipif(not gemm.mkl_symbols_loaded(), reason="MKL (the mkl wheel) is not installed")
 
@@ -56,15 +57,16 @@ CASES = {  # (B, H, T, S, hs, hv, packed, padding, causal, dropout)
 
 @pytest.mark.parametrize("dt", [np.float32, np.float64])
 @pytest.mark.parametrize("case", CASES)
-def test_slices_match_the_reference_twin_and_the_slice_path_ran(dt, case):
+def test_slices_match_the_reference_twin_and_the_slice_path_ran(dt, case, library):
     b, h, t, s, hs, hv, packed, padding, causal, dropout = CASES[case]
     q, k, v, g, pad = _inputs(dt, b, h, t, s, hs, hv, packed)
     pad = pad if padding else None
     drop = (987654321, 2**32 // 5, 1.25) if dropout else None
     ref = _run("reference", q, k, v, g, pad, causal, drop)
-    before = kernels.calls[SLICES]
+    before, on_library = kernels.calls[SLICES], kernels.calls[("attention_library", library)]
     ours = _run("fused", q, k, v, g, pad, causal, drop)
     assert kernels.calls[SLICES] == before + 2  # forward and backward both took the slice path
+    assert kernels.calls[("attention_library", library)] == on_library + 2  # their products on this library
     for name, a, r in zip(("out", "probs", "dq", "dk", "dv"), ours, ref):
         np.testing.assert_allclose(a, r, **TOL[dt], err_msg=name)
 
@@ -166,14 +168,19 @@ ref_out, ref_probs = np.empty_like(out), np.empty_like(probs)
 attention.attention_forward_fused(q, k, v, None, True, None, out, probs)
 attention.attention_forward_reference(q, k, v, None, True, None, ref_out, ref_probs)
 assert np.allclose(out, ref_out, rtol=2e-5, atol=2e-6), "wrong result"
+import os
+from tensorarena import kernels
+assert kernels.calls[("attention_library", os.environ["TENSORARENA_GEMM_KERNELS"])] == 1, dict(kernels.calls)
 print(sum(attention_heads._forward.stats.cache_hits.values()))
 """
 
 
-def test_kernel_cached_on_disk_finds_mkl_in_a_fresh_process():
-    # The compiled code names cblas_sgemm by symbol: a process that loads it from Numba's disk cache
-    # (not compiling it) must still find MKL's. The first child compiles or loads; the second loads.
-    env = dict(os.environ, TENSORARENA_KERNELS="")
+@pytest.mark.parametrize("gemm_kernels", LIBRARIES)
+def test_kernel_cached_on_disk_finds_mkl_in_a_fresh_process(gemm_kernels):
+    # The compiled code names cblas_sgemm (and OpenBLAS's, by the names gemm_library binds) by symbol: a
+    # process that loads it from Numba's disk cache (not compiling it) must still find them, and run the
+    # products on the library chosen. The first child compiles or loads; the second loads.
+    env = dict(os.environ, TENSORARENA_KERNELS="", TENSORARENA_GEMM_KERNELS=gemm_kernels)
     for _ in range(2):
         child = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, env=env, timeout=300)
         assert child.returncode == 0, child.stderr

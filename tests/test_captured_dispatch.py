@@ -26,6 +26,7 @@ import pytest
 from tensorarena import kernels, optim
 from tensorarena.kernels import gemm as G
 from tensorarena.kernels import gemm_jobs as J
+from tensorarena.kernels import gemm_library as L
 from tensorarena.models import MLP, MLPConfig
 from tensorarena.nn.functional import cross_entropy
 from tensorarena.train.trainer import Trainer
@@ -70,6 +71,31 @@ def _no_gemm_jobs():
         J.use_jobs(True)
 
 
+def _other_library() -> str:
+    return "mkl" if L.current() == L.OPENBLAS else "openblas"
+
+
+@contextlib.contextmanager
+def _other_gemm_library():
+    if not (G.mkl_symbols_loaded() and L.available()):
+        pytest.skip(f"the per-core products have one library here: {G.backend()}")
+    saved = L.NAMES[L.current()]
+    L.use_library(_other_library())
+    try:
+        yield
+    finally:
+        L.use_library(saved)
+
+
+def _on_other_library(counts):
+    other = _other_library()  # asked after the switch ended: the process's own library is back
+    assert counts[("gemm_library", other)] > 0 and counts[("gemm_library", L.NAMES[L.current()])] == 0
+
+
+def _on_own_library(counts):
+    assert counts[("gemm_library", L.NAMES[L.current()])] > 0 and counts[("gemm_library", _other_library())] == 0
+
+
 def _fused_kernels(counts):
     return {k: v for k, v in counts.items() if v and k[1] == "fused"}
 
@@ -102,6 +128,7 @@ CASES = {
     "use_reference": (_mlp, lambda: _rows(3), _reference_forced, _reference_only, _fused_again),
     "gemm_use_backend_numpy": (_mlp, lambda: _rows(3), _numpy_gemms, _numpy_gemm_only, _fused_again),
     "gemm_jobs_off": (_mlp, lambda: _rows(3), _no_gemm_jobs, _threads_only, _jobs_again),
+    "gemm_library_switched": (_mlp, lambda: _rows(3), _other_gemm_library, _on_other_library, _on_own_library),
     # attention's reference twin asks for other scratch buffers than its fused kernel: a plan of its own
     "vit_using_reference": (_vit, lambda: _images(3), lambda: kernels.using("reference"), _reference_only,
                             _fused_again),
@@ -173,6 +200,7 @@ def test_the_generation_counts_only_real_changes_of_dispatch():
     kernels.use_reference(saved)
     assert kernels.generation() == start + 2  # and back
     J.use_jobs(J._enabled)
+    L.use_library(L.NAMES[L.current()])
     assert kernels.generation() == start + 2
 
     def one(x):

@@ -15,6 +15,7 @@ import pytest
 
 from tensorarena import kernels
 from tensorarena.kernels import gemm as G
+from tests.gemm_libraries import library, route_on  # noqa: F401 - library is a fixture
 
 
 def _mkl_installed() -> bool:
@@ -71,12 +72,13 @@ def test_gemm_mkl_matches_its_numpy_twin(dtype, a_layout, b_layout, accumulate):
 @pytest.mark.parametrize("shape, route", [((37, 53, 29), "one_core"), ((300, 200, 100), "mkl_threads"),
                                           ((40, 200, 400), "column_cut")])
 @pytest.mark.parametrize("accumulate", [False, True])
-def test_a_prepared_gemm_does_what_gemm_mkl_does_on_the_same_arrays(shape, route, accumulate):
+def test_a_prepared_gemm_does_what_gemm_mkl_does_on_the_same_arrays(shape, route, accumulate, library):
     # kernels.gemm.prepare_gemm_mkl: checked and planned once, then run again on whatever the arrays hold
     # (a captured fused step records it through tape.recorded).
     m, k, n = shape
     if route == "column_cut" and numba.get_num_threads() < 2:
         pytest.skip("a column cut needs two cores")
+    route = route_on(library, route)
     rng = np.random.default_rng(2)
     a, b = _operand(rng, m, k, np.float32, "t"), _operand(rng, k, n, np.float32, "ld")
     start = rng.standard_normal((m, n)).astype(np.float32)

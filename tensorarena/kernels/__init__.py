@@ -68,8 +68,9 @@ _key_cache: dict[bool, tuple[int, tuple]] = {}
 
 def dispatch_key() -> tuple:
     """The kernels a step is handed now, as one hashable value: whether the reference twins are forced,
-    whether products may run as gemm_jobs, and the function each kernel name hands out (the objects
-    themselves, so an id is never reused while a key holds it). A fused step keys its plans by it: a
+    whether products may run as gemm_jobs, the library of the per-core products (gemm_library), and the
+    function each kernel name hands out (the objects themselves, so an id is never reused while a key
+    holds it). A fused step keys its plans by it: a
     plan traced under one dispatch may ask for other scratch buffers under another (attention's
     reference twin does), so a switch traces a plan of its own, and a switch back finds the first one
     with its recording. Rebuilt only after dispatch_changed(); otherwise two compares."""
@@ -77,7 +78,7 @@ def dispatch_key() -> tuple:
     cached = _key_cache.get(forced)
     if cached is None or cached[0] != _generation:
         _load()
-        from . import gemm_jobs
+        from . import gemm_jobs, gemm_library
 
         generation_now = _generation
         chosen = []
@@ -85,7 +86,7 @@ def dispatch_key() -> tuple:
             if _registry[name]:  # every implementation unregistered: nothing to hand out
                 impl = choose(name)
                 chosen.append((name, impl, _registry[name][impl]))
-        cached = (generation_now, (forced, gemm_jobs.enabled(), tuple(chosen)))
+        cached = (generation_now, (forced, gemm_jobs.enabled(), gemm_library.current(), tuple(chosen)))
         _key_cache[forced] = cached
     return cached[1]
 

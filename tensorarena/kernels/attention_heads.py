@@ -16,7 +16,8 @@ oversubscribed the cores (6x to 50x slower, kernels/attention.py). MKL here runs
 OpenMP pool as Numba's kernels (kernels.gemm) and is told to use one thread inside the loop.
 
 How Numba reaches MKL: by symbol name (kernels.mkl_numba), so Numba's on-disk cache stays valid
-across processes. The path runs only when MKL is kernels.gemm's backend;
+across processes. The float products call OpenBLAS's one-thread GEMM instead where kernels.gemm_library
+chose it (the default on CPUs that are not Intel's; `calls[("attention_library", ...)]` says which). The path runs only when MKL is kernels.gemm's backend;
 `kernels.calls[("attention_slices", "mkl")]` counts its calls (tests assert on it), and a process
 without MKL logs that once (kernels.gemm).
 
@@ -44,7 +45,8 @@ from . import calls, choose
 from .gemm import _slice_layout, mkl_symbols_loaded
 from .dropout import dropped
 from .mkl_numba import NO_TRANS as _NO_TRANS, TRANS as _TRANS
-from .mkl_numba import gemm_bf16_call, gemm_call, set_local_threads as _set_local_threads
+from .mkl_numba import gemm_bf16_call, gemm_call, one_thread, restore_threads
+from . import gemm_library
 from .gemm_bf16 import BF16, in_kernels as _bf16_in_kernels, round_block
 from . import fastmath as fm
 from .softmax import _exp_fma_normalise, _rowdot, _rowmax
@@ -63,9 +65,9 @@ def _at(d, b, h):
 
 
 @numba.njit(inline="always")
-def _gemm(f32, ta, tb, m, n, k, a, lda, b, ldb, c, ldc):
-    # c (m, n) = op(a) @ op(b), row-major, one thread (the caller set MKL's local thread count)
-    gemm_call(f32, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, False)
+def _gemm(lib, f32, ta, tb, m, n, k, a, lda, b, ldb, c, ldc):
+    # c (m, n) = op(a) @ op(b), row-major, one thread (the caller set the libraries' local thread counts)
+    gemm_call(lib, f32, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, False)
 
 
 @numba.njit(inline="always")
@@ -150,17 +152,19 @@ def _span(c, nchunks, total):
 
 
 @numba.njit(cache=True, parallel=True, error_model="numpy", fastmath={"contract"})
-def _forward(ops, probs, tiles, kpm, has_kpm, causal, scale, has_drop, seed, threshold, dscale, zero, f32, nchunks, nh,
+def _forward(ops, probs, tiles, kpm, has_kpm, causal, scale, has_drop, seed, threshold, dscale, zero, f32, lib, nchunks,
+             nh,
              hs, hv, bf16, pbits, tbits, rounded):
     # probs (B, H, T, S) C-contiguous, written with the undropped P; tiles (nchunks, T, S) hold D = dropout(P).
-    # f32: float32 (cblas_sgemm) or float64 (cblas_dgemm); zero is 0 in probs' dtype.
+    # f32: float32 (cblas_sgemm) or float64 (cblas_dgemm); lib: MKL's or OpenBLAS's (gemm_library); zero is 0 in
+    # probs' dtype.
     # bf16: q, k, v are bfloat16 and both products are: P (or D) is rounded into rounded[c] (nchunks, T, S
     # uint16) from pbits / tbits, probs and tiles viewed as uint32 (empty stand-ins otherwise).
     nb, _, t, s = probs.shape
     q, kt, v, out = ops[FWD_Q], ops[FWD_KT], ops[FWD_V], ops[FWD_OUT]
     for c in numba.prange(nchunks):
         lo, hi = _span(c, nchunks, nb * nh)
-        saved = _set_local_threads(1)
+        saved = one_thread()
         for sl in range(lo, hi):
             b = sl // nh
             h = sl % nh
@@ -168,7 +172,8 @@ def _forward(ops, probs, tiles, kpm, has_kpm, causal, scale, has_drop, seed, thr
             if bf16:
                 _gemm16(q[_TR], kt[_TR], t, s, hs, _at(q, b, h), q[_LD], _at(kt, b, h), kt[_LD], p.ctypes.data, s)
             else:
-                _gemm(f32, q[_TR], kt[_TR], t, s, hs, _at(q, b, h), q[_LD], _at(kt, b, h), kt[_LD], p.ctypes.data, s)
+                _gemm(lib, f32, q[_TR], kt[_TR], t, s, hs, _at(q, b, h), q[_LD], _at(kt, b, h), kt[_LD], p.ctypes.data,
+                      s)
             kb = kpm[b if has_kpm else 0]
             for i in range(t):
                 softmax_row(p[i], kb, has_kpm, causal, i, scale)
@@ -181,14 +186,14 @@ def _forward(ops, probs, tiles, kpm, has_kpm, causal, scale, has_drop, seed, thr
                 round_block(tbits[c] if has_drop else pbits[b, h], r)
                 _gemm16(_NO_TRANS, v[_TR], t, hv, s, r.ctypes.data, s, _at(v, b, h), v[_LD], _at(out, b, h), out[_LD])
             else:
-                _gemm(f32, _NO_TRANS, v[_TR], t, hv, s, src.ctypes.data, s, _at(v, b, h), v[_LD], _at(out, b, h),
+                _gemm(lib, f32, _NO_TRANS, v[_TR], t, hv, s, src.ctypes.data, s, _at(v, b, h), v[_LD], _at(out, b, h),
                       out[_LD])
-        _set_local_threads(saved)
+        restore_threads(saved)
 
 
 @numba.njit(cache=True, parallel=True, error_model="numpy", fastmath={"contract"})
-def _backward(ops, probs, tiles, scale, has_drop, seed, threshold, dscale, zero, f32, nchunks, nh, hs, hv, bf16, pbits,
-              tbits, rounded):
+def _backward(ops, probs, tiles, scale, has_drop, seed, threshold, dscale, zero, f32, lib, nchunks, nh, hs, hv, bf16,
+              pbits, tbits, rounded):
     # tiles (nchunks, T, S): D = dropout(P) for dv first (when dropping), then dP -> dS.
     # bf16: q, k, v, g are bfloat16 and so are all four products: rounded[c] holds D rounded, then dS
     # (pbits, tbits: probs and tiles viewed as uint32, as in _forward).
@@ -197,7 +202,7 @@ def _backward(ops, probs, tiles, scale, has_drop, seed, threshold, dscale, zero,
     dq, dk, dv = ops[BWD_DQ], ops[BWD_DK], ops[BWD_DV]
     for c in numba.prange(nchunks):
         lo, hi = _span(c, nchunks, nb * nh)
-        saved = _set_local_threads(1)
+        saved = one_thread()
         tile = tiles[c]
         for sl in range(lo, hi):
             b = sl // nh
@@ -215,10 +220,11 @@ def _backward(ops, probs, tiles, scale, has_drop, seed, threshold, dscale, zero,
                 _gemm16(g[_TR], vt[_TR], t, s, hv, _at(g, b, h), g[_LD], _at(vt, b, h), vt[_LD], tile.ctypes.data, s)
             else:
                 # dv (S, hv) = D^T g
-                _gemm(f32, _TRANS, g[_TR], s, hv, t, d.ctypes.data, s, _at(g, b, h), g[_LD], _at(dv, b, h), dv[_LD])
+                _gemm(lib, f32, _TRANS, g[_TR], s, hv, t, d.ctypes.data, s, _at(g, b, h), g[_LD], _at(dv, b, h),
+                      dv[_LD])
                 # dP (T, S) = g v^T, of D; the same mask takes it to dP of P
-                _gemm(f32, g[_TR], vt[_TR], t, s, hv, _at(g, b, h), g[_LD], _at(vt, b, h), vt[_LD], tile.ctypes.data,
-                      s)
+                _gemm(lib, f32, g[_TR], vt[_TR], t, s, hv, _at(g, b, h), g[_LD], _at(vt, b, h), vt[_LD],
+                      tile.ctypes.data, s)
             if has_drop:
                 _drop_in_place(tile, seed, threshold, dscale, zero, start)
             softmax_grad_rows(p, tile, scale)
@@ -229,11 +235,11 @@ def _backward(ops, probs, tiles, scale, has_drop, seed, threshold, dscale, zero,
                 _gemm16(_NO_TRANS, k[_TR], t, hs, s, r.ctypes.data, s, _at(k, b, h), k[_LD], _at(dq, b, h), dq[_LD])
                 _gemm16(_TRANS, q[_TR], s, hs, t, r.ctypes.data, s, _at(q, b, h), q[_LD], _at(dk, b, h), dk[_LD])
             else:
-                _gemm(f32, _NO_TRANS, k[_TR], t, hs, s, tile.ctypes.data, s, _at(k, b, h), k[_LD], _at(dq, b, h),
+                _gemm(lib, f32, _NO_TRANS, k[_TR], t, hs, s, tile.ctypes.data, s, _at(k, b, h), k[_LD], _at(dq, b, h),
                       dq[_LD])
-                _gemm(f32, _TRANS, q[_TR], s, hs, t, tile.ctypes.data, s, _at(q, b, h), q[_LD], _at(dk, b, h),
+                _gemm(lib, f32, _TRANS, q[_TR], s, hs, t, tile.ctypes.data, s, _at(q, b, h), q[_LD], _at(dk, b, h),
                       dk[_LD])
-        _set_local_threads(saved)
+        restore_threads(saved)
 
 
 def usable(*arrays: np.ndarray) -> bool:
@@ -295,6 +301,13 @@ def _contiguous_probs(probs: np.ndarray) -> np.ndarray:
     return probs if probs.flags.c_contiguous else empty(probs.shape, probs.dtype)
 
 
+def _library(q: np.ndarray) -> int:
+    """The library the slices' float products call now (bfloat16 ones are MKL's whatever it is); counted."""
+    lib = gemm_library.current()
+    calls[("attention_library", "mkl" if q.dtype == BF16 else gemm_library.NAMES[lib])] += 1
+    return lib
+
+
 def attention_forward_slices(q: np.ndarray, k: np.ndarray, v: np.ndarray, kpm: np.ndarray, has_kpm: bool,
                              causal: bool, scale: float, out: np.ndarray, probs: np.ndarray,
                              dropout: tuple | None) -> None:
@@ -309,8 +322,9 @@ def attention_forward_slices(q: np.ndarray, k: np.ndarray, v: np.ndarray, kpm: n
     nchunks = _chunks(nb, nh)
     has_drop, seed, threshold, dscale = _drop_args(dropout, p.dtype)
     tiles = empty((nchunks, t, s), p.dtype) if has_drop else _NO_TILES[p.dtype]
+    lib = _library(q)
     _forward(table, p, tiles, kpm, has_kpm, causal, float(scale), has_drop, seed, threshold, dscale, p.dtype.type(0),
-             p.dtype == np.float32, nchunks, nh, hs, hv, *_bf16_args(q.dtype == BF16, p, tiles, nchunks))
+             p.dtype == np.float32, lib, nchunks, nh, hs, hv, *_bf16_args(q.dtype == BF16, p, tiles, nchunks))
     del keep
     if out_w is not out:
         np.copyto(out, out_w)
@@ -337,8 +351,9 @@ def attention_backward_slices(q: np.ndarray, k: np.ndarray, v: np.ndarray, probs
     nchunks = _chunks(nb, nh)
     has_drop, seed, threshold, dscale = _drop_args(dropout, p.dtype)
     tiles = empty((nchunks, t, s), p.dtype)
+    lib = _library(q)
     _backward(table, p, tiles, float(scale), has_drop, seed, threshold, dscale, p.dtype.type(0), p.dtype == np.float32,
-              nchunks, nh, hs, hv, *_bf16_args(q.dtype == BF16, p, tiles, nchunks))
+              lib, nchunks, nh, hs, hv, *_bf16_args(q.dtype == BF16, p, tiles, nchunks))
     del keep
     for user, written in outs:
         if written is not user:

@@ -32,7 +32,7 @@ from . import cpu as _cpu  # noqa: F401 - before numba: it picks the vector widt
 import numba
 import numpy as np
 
-from . import calls, gemm_jobs, kernel, register, unregister
+from . import calls, gemm_jobs, gemm_library, kernel, register, unregister
 from .mkl_lib import find_mkl_rt, wanted_backend
 from ..memory.arena import empty
 
@@ -87,6 +87,8 @@ class _Mkl:
         except (ImportError, RuntimeError) as exc:
             self.in_llvm = False
             log.warning("MKL's GEMMs are not callable from Numba kernels (%s): attention runs its batched path", exc)
+        if self.in_llvm:  # the library of the products run one thread per core (kernels.gemm_library)
+            gemm_library.bind(lib)
         i, vp = ctypes.c_int, ctypes.c_void_p
         self.fn, self.batch_fn, self.real = {}, {}, {}
         for dtype, prefix, real in ((np.float32, "cblas_s", ctypes.c_float), (np.float64, "cblas_d", ctypes.c_double)):
@@ -197,8 +199,9 @@ def gemm_mkl(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = F
     if prepared is None:
         return out
     job, _keep = prepared  # _keep: operand copies (if any) stay alive until MKL has read them
+    lib = gemm_library.current()
     if _mkl.in_llvm:
-        jobs, route = gemm_jobs.plan(job, out.itemsize, numba.get_num_threads())
+        jobs, route = gemm_jobs.plan(job, out.itemsize, numba.get_num_threads(), lib)
     else:  # Numba cannot call MKL by name (kernels.gemm logged why): MKL's threads, through ctypes
         jobs, route = None, "mkl_threads"
     calls[("gemm_route", route)] += 1
@@ -206,7 +209,8 @@ def gemm_mkl(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool = F
         ta, tb, m, n, k, pa, lda, pb, ldb, pc, ldc, acc = job
         _mkl.fn[out.dtype](_ROW_MAJOR, ta, tb, m, n, k, 1.0, pa, lda, pb, ldb, 1.0 if acc else 0.0, pc, ldc)
     else:
-        gemm_jobs.run(jobs, out.dtype)
+        calls[("gemm_library", gemm_library.NAMES[lib])] += 1
+        gemm_jobs.run(jobs, out.dtype, lib)
     return out
 
 
@@ -218,7 +222,9 @@ def prepare_gemm_mkl(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: 
     if prepared is None or prepared[1][0] is not a or prepared[1][1] is not b:
         return None
     job = prepared[0]
-    jobs, route = gemm_jobs.plan(job, out.itemsize, numba.get_num_threads()) if _mkl.in_llvm else (None, "mkl_threads")
+    lib = gemm_library.current()  # a switch (use_library) is a change of dispatch: the step is prepared again
+    jobs, route = (gemm_jobs.plan(job, out.itemsize, numba.get_num_threads(), lib) if _mkl.in_llvm
+                   else (None, "mkl_threads"))
     key = ("gemm_route", route)
     # The functions below keep a, b and out (by `_arrays`) alive: MKL reads and writes them by address.
     if jobs is None:
@@ -232,10 +238,12 @@ def prepare_gemm_mkl(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: 
             return out
     else:
         table, f32 = gemm_jobs.table(jobs), out.dtype == np.float32
+        library = ("gemm_library", gemm_library.NAMES[lib])
 
         def run(_arrays=(a, b, out)) -> np.ndarray:
             calls[key] += 1
-            gemm_jobs.run_table(table, f32)
+            calls[library] += 1
+            gemm_jobs.run_table(table, f32, lib)
             return out
     return run
 
@@ -359,7 +367,8 @@ def backend() -> str:
     from . import choose
 
     if choose("gemm") == "fused":
-        return f"MKL ({_mkl.threads} threads, {_mkl.threading} threading layer)"
+        return (f"MKL ({_mkl.threads} threads, {_mkl.threading} threading layer; "
+                f"{gemm_library.describe() if _mkl.in_llvm else 'MKL threads only'})")
     return f"NumPy's BLAS ({_why_not or 'reference kernels forced'})"
 
 

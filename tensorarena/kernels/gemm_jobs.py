@@ -12,7 +12,10 @@ for a Numba parallel loop that calls MKL by symbol (kernels.mkl_numba), one thre
   0.987x, noise.
 - A small product (under SPLIT_MIN_MACS multiply-adds: a classifier head, a small MLP) runs as one
   job on one core: ~6-8 us for 8 x 192 x 10, where the ctypes call to MKL's threads took ~20 us.
-Tried and not kept: the same cut by rows for tall products (what MKL's threads do already: no change
+- On OpenBLAS (kernels.gemm_library picks the library these calls go to) a tall product is cut by rows,
+  one band per core ("row_cut"): OpenBLAS runs here only as one-thread calls on the loop's threads, never
+  on a thread pool of its own beside libgomp's.
+Tried and not kept (on MKL): the same cut by rows for tall products (what MKL's threads do already: no change
 in a ViT-Tiny step), and a layer's dx and dw products side by side, one core each (7-23% faster
 alone, repeated on the same operands; no change in a ViT-Tiny step, 102-110 ms both ways).
 
@@ -29,7 +32,8 @@ import numba
 import numpy as np
 
 from . import dispatch_changed
-from .mkl_numba import NO_TRANS, gemm_call, set_local_threads
+from .gemm_library import OPENBLAS
+from .mkl_numba import NO_TRANS, gemm_call, one_thread, restore_threads
 
 JOB_FIELDS = ("ta", "tb", "m", "n", "k", "a", "lda", "b", "ldb", "c", "ldc", "accumulate")
 _TA, _TB, _M, _N, _K, _A, _LDA, _B, _LDB, _C, _LDC, _ACC = range(len(JOB_FIELDS))
@@ -41,18 +45,19 @@ _enabled = True  # use_jobs(False) sends every product to MKL's own threads
 
 
 @numba.njit(cache=True, parallel=True)
-def _run(jobs, f32):
+def _run(jobs, f32, lib):
     for j in numba.prange(jobs.shape[0]):
-        saved = set_local_threads(1)
+        saved = one_thread()
         d = jobs[j]
-        gemm_call(f32, d[_TA], d[_TB], d[_M], d[_N], d[_K], d[_A], d[_LDA], d[_B], d[_LDB], d[_C], d[_LDC],
+        gemm_call(lib, f32, d[_TA], d[_TB], d[_M], d[_N], d[_K], d[_A], d[_LDA], d[_B], d[_LDB], d[_C], d[_LDC],
                   d[_ACC] != 0)
-        set_local_threads(saved)
+        restore_threads(saved)
 
 
-def run(jobs: list[tuple[int, ...]], dtype: np.dtype) -> None:
-    """Run the jobs over Numba's threads, one MKL thread each; float32 or float64 operands."""
-    _run(table(jobs), np.dtype(dtype) == np.float32)
+def run(jobs: list[tuple[int, ...]], dtype: np.dtype, lib: int) -> None:
+    """Run the jobs over Numba's threads, one library thread each (lib: gemm_library.MKL or OPENBLAS);
+    float32 or float64 operands."""
+    _run(table(jobs), np.dtype(dtype) == np.float32, lib)
 
 
 def table(jobs: list[tuple[int, ...]]) -> np.ndarray:
@@ -60,9 +65,9 @@ def table(jobs: list[tuple[int, ...]]) -> np.ndarray:
     return np.array(jobs, np.int64)
 
 
-def run_table(jobs: np.ndarray, f32: bool) -> None:
+def run_table(jobs: np.ndarray, f32: bool, lib: int) -> None:
     """`run` on a table already built."""
-    _run(jobs, f32)
+    _run(jobs, f32, lib)
 
 
 def macs(job: tuple[int, ...]) -> int:
@@ -79,6 +84,16 @@ def column_bands(job: tuple[int, ...], parts: int, itemsize: int) -> list[tuple[
             for lo, hi in zip(cuts, cuts[1:]) if hi > lo]
 
 
+def row_bands(job: tuple[int, ...], parts: int, itemsize: int) -> list[tuple[int, ...]]:
+    """`job` as up to `parts` jobs, each over one band of the output's rows."""
+    ta, tb, m, n, k, a, lda, b, ldb, c, ldc, acc = job
+    parts = max(1, min(parts, m))
+    cuts = [m * i // parts for i in range(parts + 1)]
+    row = (lda if ta == NO_TRANS else 1) * itemsize  # bytes from one row of op(a) to the next
+    return [(ta, tb, hi - lo, n, k, a + lo * row, lda, b, ldb, c + lo * ldc * itemsize, ldc, acc)
+            for lo, hi in zip(cuts, cuts[1:]) if hi > lo]
+
+
 def enabled() -> bool:
     """Whether these routes are on (`use_jobs`); part of kernels.dispatch_key."""
     return _enabled
@@ -86,19 +101,23 @@ def enabled() -> bool:
 
 def use_jobs(flag: bool) -> None:
     """Turn these routes on (default) or off, process-wide: off, every product is one call on MKL's
-    threads, as before they existed (`python bench/gemm.py --steps base --routes` alternates the two)."""
+    threads (whichever library gemm_library chose), as before they existed (`python bench/gemm.py --steps base
+    --routes` alternates the two)."""
     global _enabled
     if bool(flag) != _enabled:
         dispatch_changed()  # a captured step's GEMMs were planned (prepare_gemm_mkl) under the old setting
     _enabled = bool(flag)
 
 
-def plan(job: tuple[int, ...], itemsize: int, threads: int) -> tuple[list[tuple[int, ...]] | None, str]:
-    """(jobs, route) for one product on `threads` cores; jobs None means one call on MKL's own threads."""
+def plan(job: tuple[int, ...], itemsize: int, threads: int, lib: int) -> tuple[list[tuple[int, ...]] | None, str]:
+    """(jobs, route) for one product on `threads` cores; jobs None means one call on MKL's own threads.
+    On OpenBLAS (lib) a tall product is cut by rows instead: OpenBLAS runs only as one-thread jobs here."""
     if not _enabled:
         return None, "mkl_threads"
     if macs(job) < SPLIT_MIN_MACS:
         return [job], "one_core"
     if threads >= 2 and job[_N] > job[_M] and job[_N] >= 2 * BAND:
         return column_bands(job, threads, itemsize), "column_cut"
+    if lib == OPENBLAS:
+        return row_bands(job, threads, itemsize), "row_cut"
     return None, "mkl_threads"

@@ -7,6 +7,10 @@ resolves: kernels.gemm_bf16.in_kernels()). Kernels that call these run inside a 
 one GEMM per core: each sets MKL's thread count for its own thread to 1 around the calls
 (`set_local_threads`), since the cores are already divided by the loop. Only usable when
 kernels.gemm.mkl_symbols_loaded().
+
+`gemm_call` takes the library as its first argument (kernels.gemm_library: MKL or OPENBLAS); OpenBLAS's
+GEMMs are reached by names gemm_library binds (ILP64: 64-bit ints). A loop that calls it sets both
+libraries' thread counts for its own thread to 1 (`one_thread` / `restore_threads`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from . import cpu as _cpu  # noqa: F401 - before numba: it picks the vector widt
 import numba
 import numpy as np
 from numba import types
+
+from .gemm_library import DGEMM, LOCAL_THREADS, OPENBLAS, SGEMM
 
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112  # CBLAS enum values
 _i, _p = types.intc, types.int64  # MKL's LP64 ints; pointers passed as 64-bit integers (same registers)
@@ -26,12 +32,39 @@ _dgemm = types.ExternalFunction("cblas_dgemm", types.void(_i, _i, _i, _i, _i, _i
 _bf16gemm = types.ExternalFunction("cblas_gemm_bf16bf16f32", types.void(_i, _i, _i, _i, _i, _i, types.float32, _p, _i,
                                                                          _p, _i, types.float32, _p, _i))
 set_local_threads = types.ExternalFunction("MKL_Set_Num_Threads_Local", types.intc(types.intc))
+# OpenBLAS's, by the names kernels.gemm_library binds: sizes and leading dimensions 64-bit (ILP64), the enums int.
+_l = types.int64
+_ob_sgemm = types.ExternalFunction(SGEMM, types.void(types.intc, types.intc, types.intc, _l, _l, _l, types.float32,
+                                                     _p, _l, _p, _l, types.float32, _p, _l))
+_ob_dgemm = types.ExternalFunction(DGEMM, types.void(types.intc, types.intc, types.intc, _l, _l, _l, types.float64,
+                                                     _p, _l, _p, _l, types.float64, _p, _l))
+_ob_local_threads = types.ExternalFunction(LOCAL_THREADS, types.intc(types.intc))
 
 
 @numba.njit(inline="always")
-def gemm_call(f32, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, accumulate):
-    """c (m, n) = op(a) @ op(b), or c += with accumulate; row-major, addresses as int64; float32 or float64."""
-    if f32:
+def one_thread():
+    """Set this thread's MKL and OpenBLAS thread counts to 1 (the loop divides the cores); returns the old
+    counts for `restore_threads`."""
+    return set_local_threads(1), _ob_local_threads(1)
+
+
+@numba.njit(inline="always")
+def restore_threads(saved):
+    _ob_local_threads(saved[1])
+    set_local_threads(saved[0])
+
+
+@numba.njit(inline="always")
+def gemm_call(lib, f32, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, accumulate):
+    """c (m, n) = op(a) @ op(b), or c += with accumulate; row-major, addresses as int64; float32 or float64;
+    on MKL, or on OpenBLAS where lib is gemm_library.OPENBLAS."""
+    if lib == OPENBLAS:
+        if f32:
+            _ob_sgemm(ROW_MAJOR, ta, tb, m, n, k, np.float32(1.0), a, lda, b, ldb,
+                      np.float32(1.0) if accumulate else np.float32(0.0), c, ldc)
+        else:
+            _ob_dgemm(ROW_MAJOR, ta, tb, m, n, k, 1.0, a, lda, b, ldb, 1.0 if accumulate else 0.0, c, ldc)
+    elif f32:
         _sgemm(ROW_MAJOR, ta, tb, m, n, k, np.float32(1.0), a, lda, b, ldb,
                np.float32(1.0) if accumulate else np.float32(0.0), c, ldc)
     else:

@@ -1,0 +1,93 @@
+"""kernels.gemm_library: which library's one-thread GEMMs the per-core products call, and how it is bound.
+
+The products themselves are checked on both libraries against float64 products in test_gemm_jobs.py and
+test_kernel_gemm.py, attention's slices in test_attention_slices.py, and a switch between steps in
+test_captured_dispatch.py (its "gemm_library_switched" case fails when use_library does not count as a
+change of dispatch: the captured steps went on calling the old library). Here: the choice, its errors,
+and the fallback binding where numpy's OpenBLAS is missing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+
+import numba
+import numpy as np
+import pytest
+
+from tensorarena.kernels import cpu, gemm as G
+from tensorarena.kernels import gemm_library as L
+from tensorarena.kernels.mkl_numba import NO_TRANS, gemm_call, one_thread, restore_threads
+
+pytestmark = pytest.mark.skipif(not G.mkl_symbols_loaded(), reason="MKL (the mkl wheel) is not installed")
+
+
+def test_auto_takes_openblas_on_any_cpu_but_intel_and_only_where_it_is_available():
+    assert L.pick("auto", "", "AuthenticAMD") == L.OPENBLAS
+    assert L.pick("auto", "", "") == L.OPENBLAS  # unknown vendor: not Intel's fast paths either
+    assert L.pick("auto", "", "GenuineIntel") == L.MKL
+    assert L.pick("auto", "numpy's BLAS is not an OpenBLAS", "AuthenticAMD") == L.MKL
+    assert L.pick("mkl", "", "AuthenticAMD") == L.MKL
+    assert L.pick("openblas", "", "GenuineIntel") == L.OPENBLAS
+    with pytest.raises(RuntimeError, match="TENSORARENA_GEMM_KERNELS=openblas, but no such library"):
+        L.pick("openblas", "no such library", "AuthenticAMD")
+
+
+def test_this_process_made_the_auto_choice_and_says_so():
+    if os.environ.get("TENSORARENA_GEMM_KERNELS", "auto") != "auto":
+        pytest.skip("the environment chose the library")
+    want = L.pick("auto", L.why_not(), L.cpu_vendor())
+    assert L.current() == want
+    assert ("per-core products on OpenBLAS" if want == L.OPENBLAS else "per-core products on MKL") in G.backend()
+
+
+def test_a_bad_setting_names_the_variable_and_the_choices():
+    out = subprocess.run([sys.executable, "-c", "import tensorarena"], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, TENSORARENA_GEMM_KERNELS="blis"))
+    assert out.returncode != 0
+    assert "TENSORARENA_GEMM_KERNELS must be one of auto, mkl, openblas, got 'blis'" in out.stderr
+
+
+def test_use_library_refuses_a_name_it_does_not_know():
+    with pytest.raises(ValueError, match="'mkl' or 'openblas', got 'atlas'"):
+        L.use_library("atlas")
+
+
+@numba.njit
+def _product_by_name(lib, a, b, c):
+    # Compiled (not cached) after the binding under test: it links to whatever the names are bound to now.
+    saved = one_thread()
+    gemm_call(lib, True, NO_TRANS, NO_TRANS, a.shape[0], b.shape[1], a.shape[1], a.ctypes.data, a.shape[1],
+              b.ctypes.data, b.shape[1], c.ctypes.data, c.shape[1], False)
+    restore_threads(saved)
+
+
+def test_without_numpys_openblas_the_names_bind_to_mkls_and_openblas_is_never_chosen(monkeypatch):
+    # The kernels name OpenBLAS's GEMM whatever the library: where it is missing, the names must still
+    # link, to MKL's ILP64 entry points (same signatures), so a product through them is still right.
+    mkl = ctypes.CDLL(G._mkl.path)
+    saved = L.NAMES[L.current()]
+    monkeypatch.setattr(cpu, "_loaded_openblas", lambda: None)
+    monkeypatch.setenv("TENSORARENA_GEMM_KERNELS", "auto")
+    try:
+        L.bind(mkl)
+        assert not L.available() and "not an OpenBLAS" in L.why_not()
+        assert L.current() == L.MKL
+        with pytest.raises(RuntimeError, match="'openblas' is not available: numpy's BLAS is not an OpenBLAS"):
+            L.use_library("openblas")
+        rng = np.random.default_rng(0)
+        a, b = rng.standard_normal((7, 5)).astype(np.float32), rng.standard_normal((5, 3)).astype(np.float32)
+        c = np.zeros((7, 3), np.float32)
+        _product_by_name(L.OPENBLAS, a, b, c)  # through the OpenBLAS names, bound to MKL's cblas_sgemm_64
+        np.testing.assert_allclose(c, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+        monkeypatch.setenv("TENSORARENA_GEMM_KERNELS", "openblas")
+        with pytest.raises(RuntimeError, match="TENSORARENA_GEMM_KERNELS=openblas, but numpy's BLAS"):
+            L.bind(mkl)
+    finally:
+        monkeypatch.undo()
+        L.bind(mkl)  # numpy's OpenBLAS again, for every kernel linked from here on
+        L.use_library(saved)
+    assert L.available() == (cpu._loaded_openblas() is not None and not L.why_not())
