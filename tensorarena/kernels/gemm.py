@@ -12,7 +12,9 @@ threading layer: the libgomp thread pool Numba's kernels already use (NUMBA_THRE
 so GEMMs and fused kernels take turns on one pool of threads instead of two pools contending for
 the cores; its idle threads spin ~2-3 ms before they sleep (kernels/__init__ says why). Wide
 products (more output columns than rows) and small ones run instead as one-thread MKL calls side by
-side, from a Numba loop (kernels.gemm_jobs says where that measured faster). A
+side, from a Numba loop (kernels.gemm_jobs says where that measured faster); those one-thread calls,
+and attention's, go to MKL or to numpy's OpenBLAS, whichever kernels.gemm_library chose (OpenBLAS on
+CPUs that are not Intel's, where its kernels are the faster ones). A
 threading layer the user chose with MKL_THREADING_LAYER wins. Attention's per-(batch, head)
 products go to one cblas_?gemm_batch call (`batched_gemm_mkl`, used by kernels.attention).
 
