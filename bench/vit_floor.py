@@ -182,7 +182,7 @@ def attention_replay(forward_calls, backward_calls, rng):
 
     def replay(_keep=keep):  # _keep: the operands the job rows point at stay alive
         for jobs, f32 in runs:
-            gemm_jobs._run(jobs, f32, lib)
+            gemm_jobs.run_table(jobs, f32, lib)
     return replay, flops
 
 

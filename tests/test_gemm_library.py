@@ -91,3 +91,80 @@ def test_without_numpys_openblas_the_names_bind_to_mkls_and_openblas_is_never_ch
         L.bind(mkl)  # numpy's OpenBLAS again, for every kernel linked from here on
         L.use_library(saved)
     assert L.available() == (cpu._loaded_openblas() is not None and not L.why_not())
+
+
+def _openblas_thread_count():
+    """(get, set) of numpy's OpenBLAS global thread count, bound here (not gemm_library's own binding)."""
+    lib = ctypes.CDLL(cpu._loaded_openblas())
+    get, put = lib.scipy_openblas_get_num_threads64_, lib.scipy_openblas_set_num_threads64_
+    get.restype, put.argtypes = ctypes.c_int, [ctypes.c_int]
+    return get, put
+
+
+needs_openblas = pytest.mark.skipif(not L.available(), reason=f"no OpenBLAS for the per-core products: {L.why_not()}")
+
+
+@needs_openblas
+def test_products_on_openblas_leave_its_thread_count_as_they_found_it():
+    # Regression: the loop threads set OpenBLAS's count themselves (its "local" setter, which sets the
+    # global count in numpy's build) and raced: it was left at 1, and every later np.matmul ran on one core.
+    # On the commit that brought OpenBLAS in (e8d3514) this failed at its first assert (1 == 2):
+    #   git worktree add /tmp/wt-ob e8d3514 && cp tests/test_gemm_library.py /tmp/wt-ob/tests/ && cd /tmp/wt-ob
+    #   PYTHONPATH=/tmp/wt-ob python -m pytest -q -p no:cacheprovider tests/test_gemm_library.py
+    from tests.test_attention_slices import _inputs, _run
+
+    saved = L.NAMES[L.current()]
+    get, put = _openblas_thread_count()
+    before = get()
+    try:
+        L.use_library("openblas")
+        put(2)
+        rng = np.random.default_rng(0)
+        for m, k, n in ((601, 130, 40), (40, 130, 601), (9, 40, 30)):  # row cut, column cut, one core
+            a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+            out = np.empty((m, n), np.float32)
+            G.gemm_mkl(a, b, out)
+            assert get() == 2
+            G.prepare_gemm_mkl(a, b, out)()
+            assert get() == 2
+        q, k, v, g, pad = _inputs(np.float32, 2, 3, 17, 17, 8, 8, True)
+        _run("fused", q, k, v, g, pad, False, None)  # attention's slices, forward and backward
+        assert get() == 2
+    finally:
+        put(before)
+        L.use_library(saved)
+
+
+@needs_openblas
+def test_openblas_is_held_at_one_thread_inside_and_nested_or_concurrent_holders_restore_once():
+    import threading
+
+    get, put = _openblas_thread_count()
+    before = get()
+    try:
+        put(3)
+        with L.openblas_one_thread():
+            assert get() == 1
+            with L.openblas_one_thread():  # nested: still 1, and the inner exit does not restore
+                assert get() == 1
+            assert get() == 1
+        assert get() == 3
+        inside, leave = threading.Barrier(3), threading.Event()
+
+        def hold():
+            with L.openblas_one_thread():
+                inside.wait()
+                leave.wait()
+                assert get() == 1
+
+        threads = [threading.Thread(target=hold) for _ in range(2)]
+        for t in threads:
+            t.start()
+        inside.wait()  # both hold it now
+        assert get() == 1
+        leave.set()
+        for t in threads:
+            t.join()
+        assert get() == 3
+    finally:
+        put(before)

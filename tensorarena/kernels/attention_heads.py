@@ -36,6 +36,8 @@ C-order index); only the GEMMs' blocking (hence the last bits of their sums) may
 
 from __future__ import annotations
 
+import contextlib
+
 from . import cpu as _cpu  # noqa: F401 - before numba: it picks the vector width (cpu.py)
 import numba
 import numpy as np
@@ -308,6 +310,11 @@ def _library(q: np.ndarray) -> int:
     return lib
 
 
+def _one_thread_if(lib: int):
+    """OpenBLAS held at one thread while the slices call it (gemm_library.openblas_one_thread)."""
+    return gemm_library.openblas_one_thread() if lib == gemm_library.OPENBLAS else contextlib.nullcontext()
+
+
 def attention_forward_slices(q: np.ndarray, k: np.ndarray, v: np.ndarray, kpm: np.ndarray, has_kpm: bool,
                              causal: bool, scale: float, out: np.ndarray, probs: np.ndarray,
                              dropout: tuple | None) -> None:
@@ -323,8 +330,10 @@ def attention_forward_slices(q: np.ndarray, k: np.ndarray, v: np.ndarray, kpm: n
     has_drop, seed, threshold, dscale = _drop_args(dropout, p.dtype)
     tiles = empty((nchunks, t, s), p.dtype) if has_drop else _NO_TILES[p.dtype]
     lib = _library(q)
-    _forward(table, p, tiles, kpm, has_kpm, causal, float(scale), has_drop, seed, threshold, dscale, p.dtype.type(0),
-             p.dtype == np.float32, lib, nchunks, nh, hs, hv, *_bf16_args(q.dtype == BF16, p, tiles, nchunks))
+    with _one_thread_if(lib):
+        _forward(table, p, tiles, kpm, has_kpm, causal, float(scale), has_drop, seed, threshold, dscale,
+                 p.dtype.type(0), p.dtype == np.float32, lib, nchunks, nh, hs, hv,
+                 *_bf16_args(q.dtype == BF16, p, tiles, nchunks))
     del keep
     if out_w is not out:
         np.copyto(out, out_w)
@@ -352,8 +361,9 @@ def attention_backward_slices(q: np.ndarray, k: np.ndarray, v: np.ndarray, probs
     has_drop, seed, threshold, dscale = _drop_args(dropout, p.dtype)
     tiles = empty((nchunks, t, s), p.dtype)
     lib = _library(q)
-    _backward(table, p, tiles, float(scale), has_drop, seed, threshold, dscale, p.dtype.type(0), p.dtype == np.float32,
-              lib, nchunks, nh, hs, hv, *_bf16_args(q.dtype == BF16, p, tiles, nchunks))
+    with _one_thread_if(lib):
+        _backward(table, p, tiles, float(scale), has_drop, seed, threshold, dscale, p.dtype.type(0),
+                  p.dtype == np.float32, lib, nchunks, nh, hs, hv, *_bf16_args(q.dtype == BF16, p, tiles, nchunks))
     del keep
     for user, written in outs:
         if written is not user:

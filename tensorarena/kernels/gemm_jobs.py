@@ -32,7 +32,7 @@ import numba
 import numpy as np
 
 from . import dispatch_changed
-from .gemm_library import OPENBLAS
+from .gemm_library import OPENBLAS, openblas_one_thread
 from .mkl_numba import NO_TRANS, gemm_call, one_thread, restore_threads
 
 JOB_FIELDS = ("ta", "tb", "m", "n", "k", "a", "lda", "b", "ldb", "c", "ldc", "accumulate")
@@ -57,7 +57,7 @@ def _run(jobs, f32, lib):
 def run(jobs: list[tuple[int, ...]], dtype: np.dtype, lib: int) -> None:
     """Run the jobs over Numba's threads, one library thread each (lib: gemm_library.MKL or OPENBLAS);
     float32 or float64 operands."""
-    _run(table(jobs), np.dtype(dtype) == np.float32, lib)
+    run_table(table(jobs), np.dtype(dtype) == np.float32, lib)
 
 
 def table(jobs: list[tuple[int, ...]]) -> np.ndarray:
@@ -67,7 +67,11 @@ def table(jobs: list[tuple[int, ...]]) -> np.ndarray:
 
 def run_table(jobs: np.ndarray, f32: bool, lib: int) -> None:
     """`run` on a table already built."""
-    _run(jobs, f32, lib)
+    if lib == OPENBLAS:
+        with openblas_one_thread():  # its count is process-wide: set here, not per loop thread
+            _run(jobs, f32, lib)
+    else:
+        _run(jobs, f32, lib)
 
 
 def macs(job: tuple[int, ...]) -> int:

@@ -14,32 +14,45 @@ is this module's choice, process-wide:
 loop needs, else MKL; TENSORARENA_GEMM_KERNELS=mkl|openblas|auto sets it, `use_library` switches it
 (a change of dispatch: captured steps record again). bfloat16 products stay on MKL (only it has them).
 
-How kernels reach OpenBLAS: by names of our own (SGEMM, DGEMM, LOCAL_THREADS below), bound with
-llvmlite's add_symbol to the addresses in the OpenBLAS numpy loaded, so code Numba compiled and cached
-links to exactly that library (its `openblas_set_num_threads_local`, unprefixed, could otherwise
-resolve to another OpenBLAS in the process). Where that OpenBLAS is missing, the names are bound to
-MKL's ILP64 entry points, which have the same signatures: kernels still link, `available()` says
-why not, and "openblas" is never chosen.
+How kernels reach OpenBLAS: by names of our own (SGEMM, DGEMM below), bound with llvmlite's add_symbol
+to the addresses in the OpenBLAS numpy loaded, so code Numba compiled and cached links to exactly that
+library. Where that OpenBLAS is missing, the names are bound to MKL's ILP64 entry points, which have the
+same signatures: kernels still link, `available()` says why not, and "openblas" is never chosen.
+
+One thread per call: OpenBLAS's thread count is process-wide (its "local" setter sets the global count
+in numpy's 0.3.31 build), so the Python code that starts a loop of OpenBLAS calls holds the count at 1
+for the loop (`openblas_one_thread`: the first holder saves it, the last restores it). Setting it from
+inside the loop, per thread, raced: the count was left at 1 (every later np.matmul ran on one core, at
+half speed), and a call that started after the other thread restored 2 ran OpenBLAS's own threads
+inside the loop ("OpenBLAS Warning : Detect OpenMP Loop", seen in benchmark runs). While a loop runs,
+a matmul another thread of the program makes also gets one thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
+import threading
+from typing import Iterator
 
 log = logging.getLogger("tensorarena")
 
 SGEMM, DGEMM = "tensorarena_openblas_sgemm", "tensorarena_openblas_dgemm"  # ILP64 CBLAS signatures
-LOCAL_THREADS = "tensorarena_openblas_local_threads"  # int (int): this thread's count, returns the old one
 MKL, OPENBLAS = 0, 1  # the codes kernels take
 NAMES = {MKL: "mkl", OPENBLAS: "openblas"}
 CHOICES = ("auto", "mkl", "openblas")
 
-_OPENBLAS_SYMBOLS = ("scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_", "openblas_set_num_threads_local")
-_MKL_SYMBOLS = ("cblas_sgemm_64", "cblas_dgemm_64", "MKL_Set_Num_Threads_Local")
+_OPENBLAS_SYMBOLS = ("scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_")
+_OPENBLAS_THREADS = ("scipy_openblas_get_num_threads64_", "scipy_openblas_set_num_threads64_")
+_MKL_SYMBOLS = ("cblas_sgemm_64", "cblas_dgemm_64")
 
 _current = MKL
+_threads = None  # numpy's OpenBLAS's (get, set) of its global thread count, once bound
+_hold_lock = threading.Lock()
+_holders = 0  # loops running OpenBLAS calls now (openblas_one_thread)
+_held_from = 1  # the count the first holder found, restored by the last
 _why_not_openblas = "not bound yet (kernels.gemm binds it when it loads MKL)"
 _openblas_path: str | None = None
 
@@ -65,27 +78,32 @@ def cpu_vendor() -> str:
 
 
 def bind(mkl: ctypes.CDLL) -> None:
-    """Bind SGEMM, DGEMM and LOCAL_THREADS (to numpy's OpenBLAS, else to `mkl`'s same-signature entry points),
+    """Bind SGEMM and DGEMM (to numpy's OpenBLAS, else to `mkl`'s same-signature entry points),
     then make the `wanted()` choice. Called once, by kernels.gemm, before any kernel calling them runs."""
     global _why_not_openblas, _openblas_path
     import llvmlite.binding as llvm
 
     from .cpu import _loaded_openblas
 
+    global _threads
     path = _loaded_openblas()
     functions, why = None, ""
     if path is None:
         why = "numpy's BLAS is not an OpenBLAS this process can find"
     else:
-        lib = ctypes.CDLL(path)
-        missing = [name for name in _OPENBLAS_SYMBOLS if not hasattr(lib, name)]
-        if missing:  # an OpenBLAS with other symbol names (LP64, unprefixed) or older than 0.3.27
+        lib = ctypes.CDLL(path)  # already loaded by numpy: the same library, not a second copy
+        missing = [name for name in _OPENBLAS_SYMBOLS + _OPENBLAS_THREADS if not hasattr(lib, name)]
+        if missing:  # an OpenBLAS with other symbol names (LP64, unprefixed)
             why = f"{os.path.basename(path)} lacks {', '.join(missing)}"
         else:
             functions = [getattr(lib, name) for name in _OPENBLAS_SYMBOLS]
+            get, put = (getattr(lib, name) for name in _OPENBLAS_THREADS)
+            get.argtypes, get.restype = [], ctypes.c_int
+            put.argtypes, put.restype = [ctypes.c_int], None
+            _threads = (get, put)
     if functions is None:
         functions = [getattr(mkl, name) for name in _MKL_SYMBOLS]
-    for ours, function in zip((SGEMM, DGEMM, LOCAL_THREADS), functions):
+    for ours, function in zip((SGEMM, DGEMM), functions):
         llvm.add_symbol(ours, ctypes.cast(function, ctypes.c_void_p).value)
     _why_not_openblas, _openblas_path = why, (path if not why else None)
     _set(pick(wanted(), why, cpu_vendor()))
@@ -100,6 +118,27 @@ def pick(choice: str, why_not_openblas: str, vendor: str) -> int:
     if choice == "auto":
         choice = "openblas" if not why_not_openblas and vendor != "GenuineIntel" else "mkl"
     return OPENBLAS if choice == "openblas" else MKL
+
+
+@contextlib.contextmanager
+def openblas_one_thread() -> Iterator[None]:
+    """Hold numpy's OpenBLAS at one thread while a loop of one-thread OpenBLAS calls runs (the module
+    docstring says why from here); nested and concurrent holders share one save and restore."""
+    global _holders, _held_from
+    get, put = _threads
+    with _hold_lock:
+        if _holders == 0:
+            _held_from = get()
+            if _held_from != 1:
+                put(1)
+        _holders += 1
+    try:
+        yield
+    finally:
+        with _hold_lock:
+            _holders -= 1
+            if _holders == 0 and _held_from != 1:
+                put(_held_from)
 
 
 def available() -> bool:

@@ -9,8 +9,9 @@ one GEMM per core: each sets MKL's thread count for its own thread to 1 around t
 kernels.gemm.mkl_symbols_loaded().
 
 `gemm_call` takes the library as its first argument (kernels.gemm_library: MKL or OPENBLAS); OpenBLAS's
-GEMMs are reached by names gemm_library binds (ILP64: 64-bit ints). A loop that calls it sets both
-libraries' thread counts for its own thread to 1 (`one_thread` / `restore_threads`).
+GEMMs are reached by names gemm_library binds (ILP64: 64-bit ints). A loop calling MKL sets MKL's thread
+count for its own thread to 1 (`one_thread` / `restore_threads`); OpenBLAS's count is process-wide, so
+the Python caller holds it at 1 around the loop (gemm_library.openblas_one_thread).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numba
 import numpy as np
 from numba import types
 
-from .gemm_library import DGEMM, LOCAL_THREADS, OPENBLAS, SGEMM
+from .gemm_library import DGEMM, OPENBLAS, SGEMM
 
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112  # CBLAS enum values
 _i, _p = types.intc, types.int64  # MKL's LP64 ints; pointers passed as 64-bit integers (same registers)
@@ -38,20 +39,20 @@ _ob_sgemm = types.ExternalFunction(SGEMM, types.void(types.intc, types.intc, typ
                                                      _p, _l, _p, _l, types.float32, _p, _l))
 _ob_dgemm = types.ExternalFunction(DGEMM, types.void(types.intc, types.intc, types.intc, _l, _l, _l, types.float64,
                                                      _p, _l, _p, _l, types.float64, _p, _l))
-_ob_local_threads = types.ExternalFunction(LOCAL_THREADS, types.intc(types.intc))
 
 
 @numba.njit(inline="always")
 def one_thread():
-    """Set this thread's MKL and OpenBLAS thread counts to 1 (the loop divides the cores); returns the old
-    counts for `restore_threads`."""
-    return set_local_threads(1), _ob_local_threads(1)
+    """Set this thread's MKL thread count to 1 (the loop divides the cores); returns the old one for
+    `restore_threads`. (numpy's OpenBLAS 0.3.31 has a "local" setter too, but it sets the global count:
+    two loop threads saving and restoring it raced and left it at 1, and a job that started after the
+    other restored 2 ran OpenBLAS's own threads inside the loop; kernels.blas_threads found the same.)"""
+    return set_local_threads(1)
 
 
 @numba.njit(inline="always")
 def restore_threads(saved):
-    _ob_local_threads(saved[1])
-    set_local_threads(saved[0])
+    set_local_threads(saved)
 
 
 @numba.njit(inline="always")
