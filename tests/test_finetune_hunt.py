@@ -16,10 +16,11 @@ linear/cosine decay is one): `ta.optim.lr_scheduler.LambdaLR` was an AttributeEr
 bit (per-group functions, state_dict, last_epoch, inside SequentialLR), and a group added mid-run follows the one
 function given for all groups (torch fails there; with a function per group it is a clear ValueError).
 
-Found and not fixed here (tensorarena/stream/checkpoint.py belongs to another helper): a checkpoint saved on the
-streaming route holds optimizer state (zero moments, step 0) for every parameter in the optimizer, frozen ones
-never stepped included, so resuming it on eager or fused makes optimizer.state_dict() differ from torch's and
-holds two backbone-sized arrays of zeros per frozen parameter in memory (and on disk): the xfail(strict=True) test.
+Found here and fixed later: a checkpoint saved on the streaming route holds optimizer state (zero moments, step 0)
+for every parameter in the optimizer, frozen ones never stepped included, so resuming it on eager or fused made
+optimizer.state_dict() differ from torch's and held two backbone-sized arrays of zeros per frozen parameter in
+memory. train/checkpoint._apply now loads no state whose step is 0 (the file still holds the rows); the test was
+xfail(strict=True) until then.
 
 25 of these 98 tests fail on 02a7b67, the commit this hunt started from: every test that builds a LambdaLR (the
 xfail one is counted as not failing; the other 72 pass there too, and they guard what already matched torch). To see it: `git worktree add /tmp/wt-finetune 02a7b67`, copy this file to
@@ -405,18 +406,19 @@ def test_a_checkpoint_mid_fine_tune_resumes_with_its_frozen_parameters_frozen(sa
         _assert_state_like_torch(fresh_opt, topt)
 
 
-@pytest.mark.xfail(strict=True, reason="stream/checkpoint.py (_entries) writes optimizer state for every parameter "
-                   "in the optimizer, frozen ones never stepped included (zero moments, step 0): resumed on eager, "
-                   "optimizer.state_dict() has state torch's has not, and holds it in memory")
-@pytest.mark.parametrize("resumed_on", [("eager", "auto")], ids=["eager"])
-def test_a_streamed_checkpoint_holds_no_optimizer_state_for_frozen_parameters(resumed_on, tmp_path):
+@pytest.mark.parametrize("resumed_on", [("eager", "auto"), ("fused", "captured")], ids=["eager", "fused"])
+def test_a_streamed_checkpoint_loads_no_optimizer_state_for_frozen_parameters(resumed_on, tmp_path):
+    # stream/checkpoint.py (_entries) writes optimizer state for every parameter in the optimizer, frozen ones
+    # never stepped included (zero moments, step 0): its layout is fixed before any stage is read. Loaded into
+    # memory, such rows made optimizer.state_dict() hold state torch's has not (this test was xfail(strict) until
+    # train/checkpoint._apply dropped state whose step is 0; the rows still take room in the file).
     model, ref, opt, topt, sched, tsched = _frozen_run("warmup_cosine")
     trainer = _trainer(model, opt, "streaming", "auto", tmp_path, scheduler=sched)
     _vit_steps(trainer, ref, topt, range(2), route="streaming", sched=tsched)
     trainer.save(tmp_path / "mid.ckpt")
     fresh, _, fresh_opt, _, fresh_sched, _ = _frozen_run("warmup_cosine")
     _trainer(fresh, fresh_opt, *resumed_on, tmp_path, scheduler=fresh_sched).load(tmp_path / "mid.ckpt")
-    assert _state_keys(fresh_opt) == _state_keys(topt)  # 12 entries for blocks[0]'s parameters too
+    assert _state_keys(fresh_opt) == _state_keys(topt)  # had 12 entries more, for blocks[0]'s parameters
 
 
 # -- eval / no_grad forwards between steps ------------------------------------------------------------------------

@@ -448,6 +448,11 @@ def _apply(path: Path, meta: dict, arrays: dict[str, np.ndarray], model: Module,
                 state.setdefault(int(index), {})[name] = value
         for index, entries in saved["scalar_state"].items():
             state.setdefault(int(index), {}).update(entries)
+        # A parameter whose saved step is 0 took no step (a frozen one): an optimizer has no state for it yet (the
+        # eager route makes it at the first update, as torch does). Only the streaming writer saves such rows: its
+        # store holds state for every parameter, and the file's layout is fixed before any stage is read.
+        state = {index: entries for index, entries in state.items()
+                 if "step" not in entries or float(np.asarray(entries["step"])) != 0.0}
         optimizer.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
     if scheduler is not None:
         scheduler.load_state_dict(meta["scheduler"]["state"])
