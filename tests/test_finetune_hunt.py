@@ -256,7 +256,12 @@ def test_vit_block_unfrozen_then_frozen_again_matches_torch(route, replay, tmp_p
     _freeze(model.blocks[1], ref.blocks[1])
     _vit_steps(trainer, ref, topt, range(4, 6), route=route, clip=1.0)
     _in_memory(trainer)
-    _assert_close(model.state_dict(), _torch_state(ref), "after 6 steps")
+    # lr / 100, not TOL: with the per-core products on OpenBLAS (kernels.gemm_library; torch's are MKL's) single
+    # weights of blocks.1 came up to 6.7e-5 from torch's after its two steps (fc2, one of 512; qkv 1.2e-5): AdamW
+    # divides each gradient entry by its own root mean square, so an entry near the rounding noise of its GEMM sum
+    # moves by a visibly different share of lr. A step lost, taken twice or taken while frozen moves weights by
+    # ~lr (1e-2). On MKL (TENSORARENA_GEMM_KERNELS=mkl) every weight is within TOL.
+    _assert_close(model.state_dict(), _torch_state(ref), "after 6 steps", tol=ADAMW["lr"] / 100)
     _assert_state_like_torch(opt, topt)
 
 

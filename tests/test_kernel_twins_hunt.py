@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from tensorarena import kernels
 from tensorarena.kernels import elementwise, gemm as G, gemm_jobs
 from tensorarena.kernels.dropout import keep_mask_reference, keep_threshold
+from tests.gemm_libraries import library, route_on  # noqa: F401 - library is a fixture
 
 kernels._load()
 
@@ -645,15 +646,16 @@ def test_gemm_degenerate_shapes_and_layouts(dt, m, k, n, layout, accumulate):
 
 @needs_mkl
 @pytest.mark.parametrize("dt", DTYPES)
-def test_gemm_routes_at_their_thresholds(dt):
+def test_gemm_routes_at_their_thresholds(dt, library):
     threads = numba.get_num_threads()
     split, band = gemm_jobs.SPLIT_MIN_MACS, gemm_jobs.BAND
+    threaded = route_on(library, "mkl_threads")  # what is not cut by columns: MKL's threads, or OpenBLAS's rows
     cases = [  # (m, k, n, route)
         (8, split // (8 * 64) - 1, 64, "one_core"),  # just under SPLIT_MIN_MACS
-        (8, split // (8 * 64), 64, "column_cut" if threads >= 2 else "mkl_threads"),  # exactly at it
-        (64, split // (64 * (2 * band - 1)) + 1, 2 * band - 1, "mkl_threads"),  # n < 2 * BAND: no cut
-        (16, 512, 2 * band + 3, "column_cut" if threads >= 2 else "mkl_threads"),  # n not a multiple of BAND
-        (40, 256, 33, "mkl_threads"),  # tall: n <= m
+        (8, split // (8 * 64), 64, "column_cut" if threads >= 2 else threaded),  # exactly at it
+        (64, split // (64 * (2 * band - 1)) + 1, 2 * band - 1, threaded),  # n < 2 * BAND: no cut
+        (16, 512, 2 * band + 3, "column_cut" if threads >= 2 else threaded),  # n not a multiple of BAND
+        (40, 256, 33, threaded),  # tall: n <= m
     ]
     rng = np.random.default_rng(9)
     for m, k, n, route in cases:
