@@ -44,6 +44,17 @@ def test_this_process_made_the_auto_choice_and_says_so():
     assert ("per-core products on OpenBLAS" if want == L.OPENBLAS else "per-core products on MKL") in G.backend()
 
 
+def test_numpy_2_and_numpy_1_26_openblas_names_are_found_and_an_lp64_build_is_not_taken():
+    from types import SimpleNamespace
+
+    scipy = ["scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_", "scipy_openblas_get_num_threads64_",
+             "scipy_openblas_set_num_threads64_"]
+    numpy126 = ["cblas_sgemm64_", "cblas_dgemm64_", "openblas_get_num_threads64_", "openblas_set_num_threads64_"]
+    lp64 = ["cblas_sgemm", "cblas_dgemm", "openblas_get_num_threads", "openblas_set_num_threads"]
+    for names, want in ((scipy, tuple(scipy)), (numpy126, tuple(numpy126)), (lp64, None), (scipy[:3], None)):
+        assert L.openblas_names(SimpleNamespace(**dict.fromkeys(names))) == want
+
+
 def test_a_bad_setting_names_the_variable_and_the_choices():
     out = subprocess.run([sys.executable, "-c", "import tensorarena"], capture_output=True, text=True, timeout=300,
                          env=dict(os.environ, TENSORARENA_GEMM_KERNELS="blis"))

@@ -4,7 +4,7 @@ Most products run as one-thread GEMM calls, one per core, from a Numba parallel 
 and attention's per-(batch, head) slices in kernels.attention_heads). Which library those calls go to
 is this module's choice, process-wide:
 - "mkl": MKL's cblas_?gemm. MKL picks its fastest kernels by Intel CPU features.
-- "openblas": the OpenBLAS inside numpy's wheel (scipy-openblas, ILP64 `scipy_cblas_?gemm64_`). On an
+- "openblas": the OpenBLAS inside numpy's wheel (ILP64 `scipy_cblas_?gemm64_`, numpy 1.26's `cblas_?gemm64_`). On an
   AMD EPYC (Zen 4, 2 cores; this project's machines) its Haswell kernels ran ViT's linear products at
   104-110 GFLOP/s on one core, the core's FMA peak, where MKL's ran 88-95; two one-thread calls side
   by side 215-233 GFLOP/s against 177-199 for the same products on MKL's own threads, and attention's
@@ -44,8 +44,12 @@ MKL, OPENBLAS = 0, 1  # the codes kernels take
 NAMES = {MKL: "mkl", OPENBLAS: "openblas"}
 CHOICES = ("auto", "mkl", "openblas")
 
-_OPENBLAS_SYMBOLS = ("scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_")
-_OPENBLAS_THREADS = ("scipy_openblas_get_num_threads64_", "scipy_openblas_set_num_threads64_")
+# numpy's OpenBLAS builds, all ILP64: scipy-openblas (numpy 2) prefixes its names, numpy 1.26's only suffixes them.
+_OPENBLAS_NAMES = [
+    ("scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_", "scipy_openblas_get_num_threads64_",
+     "scipy_openblas_set_num_threads64_"),
+    ("cblas_sgemm64_", "cblas_dgemm64_", "openblas_get_num_threads64_", "openblas_set_num_threads64_"),
+]
 _MKL_SYMBOLS = ("cblas_sgemm_64", "cblas_dgemm_64")
 
 _current = MKL
@@ -92,12 +96,12 @@ def bind(mkl: ctypes.CDLL) -> None:
         why = "numpy's BLAS is not an OpenBLAS this process can find"
     else:
         lib = ctypes.CDLL(path)  # already loaded by numpy: the same library, not a second copy
-        missing = [name for name in _OPENBLAS_SYMBOLS + _OPENBLAS_THREADS if not hasattr(lib, name)]
-        if missing:  # an OpenBLAS with other symbol names (LP64, unprefixed)
-            why = f"{os.path.basename(path)} lacks {', '.join(missing)}"
+        names = openblas_names(lib)
+        if names is None:  # an LP64 OpenBLAS (plain cblas_sgemm: 32-bit ints), or another build's names
+            why = f"{os.path.basename(path)} has none of the ILP64 GEMMs {[n[0] for n in _OPENBLAS_NAMES]}"
         else:
-            functions = [getattr(lib, name) for name in _OPENBLAS_SYMBOLS]
-            get, put = (getattr(lib, name) for name in _OPENBLAS_THREADS)
+            functions = [getattr(lib, name) for name in names[:2]]
+            get, put = (getattr(lib, name) for name in names[2:])
             get.argtypes, get.restype = [], ctypes.c_int
             put.argtypes, put.restype = [ctypes.c_int], None
             _threads = (get, put)
@@ -107,6 +111,11 @@ def bind(mkl: ctypes.CDLL) -> None:
         llvm.add_symbol(ours, ctypes.cast(function, ctypes.c_void_p).value)
     _why_not_openblas, _openblas_path = why, (path if not why else None)
     _set(pick(wanted(), why, cpu_vendor()))
+
+
+def openblas_names(lib) -> tuple[str, ...] | None:
+    """(sgemm, dgemm, get threads, set threads): the names `lib` (an OpenBLAS) has them under, or None."""
+    return next((names for names in _OPENBLAS_NAMES if all(hasattr(lib, name) for name in names)), None)
 
 
 def pick(choice: str, why_not_openblas: str, vendor: str) -> int:
