@@ -30,14 +30,9 @@ if sys.path[:1] != [REPO_ROOT]:
 def cpu_name() -> str:
     """The CPU's model name (/proc/cpuinfo), to read the figures against: sessions here run on different
     machines (an Intel with AMX on one day, an AMD EPYC on another), and the ratios to PyTorch move with them."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
+    from tensorarena.kernels.cpu import cpuinfo_field
+
+    return cpuinfo_field("model name") or "unknown CPU"
 
 
 def rss_bytes() -> int:

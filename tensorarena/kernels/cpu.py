@@ -66,6 +66,18 @@ def vector_width_bits() -> int:
     return 256 if "+avx" in features else 128
 
 
+def cpuinfo_field(key: str) -> str:
+    """The first `key` line's value in /proc/cpuinfo ("vendor_id", "model name", ...), or "" where unknown."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith(key):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def _loaded_openblas() -> str | None:
     """Path of numpy's OpenBLAS among the libraries this process has loaded (/proc/self/maps).
 

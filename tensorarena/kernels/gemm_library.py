@@ -71,14 +71,9 @@ def wanted() -> str:
 
 def cpu_vendor() -> str:
     """The CPU's vendor string (/proc/cpuinfo vendor_id, e.g. GenuineIntel, AuthenticAMD), or "" if unknown."""
-    try:
-        with open("/proc/cpuinfo") as info:
-            for line in info:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    from .cpu import cpuinfo_field
+
+    return cpuinfo_field("vendor_id")
 
 
 def bind(mkl: ctypes.CDLL) -> None:
