@@ -17,9 +17,9 @@ OpenMP pool as Numba's kernels (kernels.gemm) and is told to use one thread insi
 
 How Numba reaches MKL: by symbol name (kernels.mkl_numba), so Numba's on-disk cache stays valid
 across processes. The float products call OpenBLAS's one-thread GEMM instead where kernels.gemm_library
-chose it (the default on CPUs that are not Intel's; `calls[("attention_library", ...)]` says which). The path runs only when MKL is kernels.gemm's backend;
-`kernels.calls[("attention_slices", "mkl")]` counts its calls (tests assert on it), and a process
-without MKL logs that once (kernels.gemm).
+chose it (the default on CPUs that are not Intel's; `calls[("attention_library", ...)]` says which).
+The path runs only when MKL is kernels.gemm's backend; `kernels.calls[("attention_slices", "mkl")]`
+counts its calls (tests assert on it), and a process without MKL logs that once (kernels.gemm).
 
 bfloat16 products (ops at float32_matmul_precision("bfloat16")): q, k, v (and backward's g) arrive
 rounded, as uint16 bit patterns, and every product is MKL's cblas_gemm_bf16bf16f32, one thread per
@@ -68,7 +68,8 @@ def _at(d, b, h):
 
 @numba.njit(inline="always")
 def _gemm(lib, f32, ta, tb, m, n, k, a, lda, b, ldb, c, ldc):
-    # c (m, n) = op(a) @ op(b), row-major, one thread (the caller set the libraries' local thread counts)
+    # c (m, n) = op(a) @ op(b), row-major, one thread (the loop set MKL's count for its thread; OpenBLAS's is held
+    # at one by the Python caller, gemm_library.openblas_one_thread)
     gemm_call(lib, f32, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, False)
 
 
@@ -155,8 +156,7 @@ def _span(c, nchunks, total):
 
 @numba.njit(cache=True, parallel=True, error_model="numpy", fastmath={"contract"})
 def _forward(ops, probs, tiles, kpm, has_kpm, causal, scale, has_drop, seed, threshold, dscale, zero, f32, lib, nchunks,
-             nh,
-             hs, hv, bf16, pbits, tbits, rounded):
+             nh, hs, hv, bf16, pbits, tbits, rounded):
     # probs (B, H, T, S) C-contiguous, written with the undropped P; tiles (nchunks, T, S) hold D = dropout(P).
     # f32: float32 (cblas_sgemm) or float64 (cblas_dgemm); lib: MKL's or OpenBLAS's (gemm_library); zero is 0 in
     # probs' dtype.

@@ -15,8 +15,8 @@ for a Numba parallel loop that calls MKL by symbol (kernels.mkl_numba), one thre
 - On OpenBLAS (kernels.gemm_library picks the library these calls go to) a tall product is cut by rows,
   one band per core ("row_cut"): OpenBLAS runs here only as one-thread calls on the loop's threads, never
   on a thread pool of its own beside libgomp's.
-Tried and not kept (on MKL): the same cut by rows for tall products (what MKL's threads do already: no change
-in a ViT-Tiny step), and a layer's dx and dw products side by side, one core each (7-23% faster
+Tried and not kept (on MKL): the same cut by rows for tall products (what MKL's threads do already: no
+change in a ViT-Tiny step), and a layer's dx and dw products side by side, one core each (7-23% faster
 alone, repeated on the same operands; no change in a ViT-Tiny step, 102-110 ms both ways).
 
 A job is one row of int64s (JOB_FIELDS): transposes, sizes, addresses and leading dimensions of op(a)
