@@ -135,7 +135,11 @@ class BlockPool:
             stats.misses += 1
             stats.bytes_in_use += size
             stats.peak_bytes = max(stats.peak_bytes, stats.bytes_in_use + stats.bytes_cached)
-        return Block(size)
+        return self._new_block(size)
+
+    def _new_block(self, nbytes: int) -> Block:
+        """A block the cache had none of (a subclass may take its memory elsewhere)."""
+        return Block(nbytes)
 
     def release(self, block: Block) -> None:
         """Take a block back into the cache for the next arena to reuse."""
