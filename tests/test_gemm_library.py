@@ -18,9 +18,9 @@ import numba
 import numpy as np
 import pytest
 
-from tensorarena.kernels import cpu, gemm as G
+from tensorarena.kernels import blas_threads, cpu, gemm as G
 from tensorarena.kernels import gemm_library as L
-from tensorarena.kernels.mkl_numba import NO_TRANS, gemm_call, one_thread, restore_threads
+from tensorarena.kernels.mkl_numba import NO_TRANS, gemm_call, set_local_threads
 
 pytestmark = pytest.mark.skipif(not G.mkl_symbols_loaded(), reason="MKL (the mkl wheel) is not installed")
 
@@ -47,11 +47,10 @@ def test_this_process_made_the_auto_choice_and_says_so():
 def test_numpy_2_and_numpy_1_26_openblas_names_are_found_and_an_lp64_build_is_not_taken():
     from types import SimpleNamespace
 
-    scipy = ["scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_", "scipy_openblas_get_num_threads64_",
-             "scipy_openblas_set_num_threads64_"]
-    numpy126 = ["cblas_sgemm64_", "cblas_dgemm64_", "openblas_get_num_threads64_", "openblas_set_num_threads64_"]
-    lp64 = ["cblas_sgemm", "cblas_dgemm", "openblas_get_num_threads", "openblas_set_num_threads"]
-    for names, want in ((scipy, tuple(scipy)), (numpy126, tuple(numpy126)), (lp64, None), (scipy[:3], None)):
+    scipy = ["scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_"]
+    numpy126 = ["cblas_sgemm64_", "cblas_dgemm64_"]
+    lp64 = ["cblas_sgemm", "cblas_dgemm"]
+    for names, want in ((scipy, tuple(scipy)), (numpy126, tuple(numpy126)), (lp64, None), (scipy[:1], None)):
         assert L.openblas_names(SimpleNamespace(**dict.fromkeys(names))) == want
 
 
@@ -70,10 +69,10 @@ def test_use_library_refuses_a_name_it_does_not_know():
 @numba.njit
 def _product_by_name(lib, a, b, c):
     # Compiled (not cached) after the binding under test: it links to whatever the names are bound to now.
-    saved = one_thread()
+    saved = set_local_threads(1)
     gemm_call(lib, True, NO_TRANS, NO_TRANS, a.shape[0], b.shape[1], a.shape[1], a.ctypes.data, a.shape[1],
               b.ctypes.data, b.shape[1], c.ctypes.data, c.shape[1], False)
-    restore_threads(saved)
+    set_local_threads(saved)
 
 
 def test_without_numpys_openblas_the_names_bind_to_mkls_and_openblas_is_never_chosen(monkeypatch):
@@ -154,16 +153,16 @@ def test_openblas_is_held_at_one_thread_inside_and_nested_or_concurrent_holders_
     before = get()
     try:
         put(3)
-        with L.openblas_one_thread():
+        with blas_threads.one_thread():
             assert get() == 1
-            with L.openblas_one_thread():  # nested: still 1, and the inner exit does not restore
+            with blas_threads.one_thread():  # nested: still 1, and the inner exit does not restore
                 assert get() == 1
             assert get() == 1
         assert get() == 3
         inside, leave = threading.Barrier(3), threading.Event()
 
         def hold():
-            with L.openblas_one_thread():
+            with blas_threads.one_thread():
                 inside.wait()
                 leave.wait()
                 assert get() == 1

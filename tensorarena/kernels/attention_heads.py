@@ -47,8 +47,8 @@ from . import calls, choose
 from .gemm import _slice_layout, mkl_symbols_loaded
 from .dropout import dropped
 from .mkl_numba import NO_TRANS as _NO_TRANS, TRANS as _TRANS
-from .mkl_numba import gemm_bf16_call, gemm_call, one_thread, restore_threads
-from . import gemm_library
+from .mkl_numba import gemm_bf16_call, gemm_call, set_local_threads
+from . import blas_threads, gemm_library
 from .gemm_bf16 import BF16, in_kernels as _bf16_in_kernels, round_block
 from . import fastmath as fm
 from .softmax import _exp_fma_normalise, _rowdot, _rowmax
@@ -69,7 +69,7 @@ def _at(d, b, h):
 @numba.njit(inline="always")
 def _gemm(lib, f32, ta, tb, m, n, k, a, lda, b, ldb, c, ldc):
     # c (m, n) = op(a) @ op(b), row-major, one thread (the loop set MKL's count for its thread; OpenBLAS's is held
-    # at one by the Python caller, gemm_library.openblas_one_thread)
+    # at one by the Python caller, blas_threads.one_thread)
     gemm_call(lib, f32, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, False)
 
 
@@ -166,7 +166,7 @@ def _forward(ops, probs, tiles, kpm, has_kpm, causal, scale, has_drop, seed, thr
     q, kt, v, out = ops[FWD_Q], ops[FWD_KT], ops[FWD_V], ops[FWD_OUT]
     for c in numba.prange(nchunks):
         lo, hi = _span(c, nchunks, nb * nh)
-        saved = one_thread()
+        saved = set_local_threads(1)
         for sl in range(lo, hi):
             b = sl // nh
             h = sl % nh
@@ -190,7 +190,7 @@ def _forward(ops, probs, tiles, kpm, has_kpm, causal, scale, has_drop, seed, thr
             else:
                 _gemm(lib, f32, _NO_TRANS, v[_TR], t, hv, s, src.ctypes.data, s, _at(v, b, h), v[_LD], _at(out, b, h),
                       out[_LD])
-        restore_threads(saved)
+        set_local_threads(saved)
 
 
 @numba.njit(cache=True, parallel=True, error_model="numpy", fastmath={"contract"})
@@ -204,7 +204,7 @@ def _backward(ops, probs, tiles, scale, has_drop, seed, threshold, dscale, zero,
     dq, dk, dv = ops[BWD_DQ], ops[BWD_DK], ops[BWD_DV]
     for c in numba.prange(nchunks):
         lo, hi = _span(c, nchunks, nb * nh)
-        saved = one_thread()
+        saved = set_local_threads(1)
         tile = tiles[c]
         for sl in range(lo, hi):
             b = sl // nh
@@ -241,7 +241,7 @@ def _backward(ops, probs, tiles, scale, has_drop, seed, threshold, dscale, zero,
                       dq[_LD])
                 _gemm(lib, f32, _TRANS, q[_TR], s, hs, t, tile.ctypes.data, s, _at(q, b, h), q[_LD], _at(dk, b, h),
                       dk[_LD])
-        restore_threads(saved)
+        set_local_threads(saved)
 
 
 def usable(*arrays: np.ndarray) -> bool:
@@ -311,8 +311,8 @@ def _library(q: np.ndarray) -> int:
 
 
 def _one_thread_if(lib: int):
-    """OpenBLAS held at one thread while the slices call it (gemm_library.openblas_one_thread)."""
-    return gemm_library.openblas_one_thread() if lib == gemm_library.OPENBLAS else contextlib.nullcontext()
+    """OpenBLAS held at one thread while the slices call it (blas_threads.one_thread)."""
+    return blas_threads.one_thread() if lib == gemm_library.OPENBLAS else contextlib.nullcontext()
 
 
 def attention_forward_slices(q: np.ndarray, k: np.ndarray, v: np.ndarray, kpm: np.ndarray, has_kpm: bool,

@@ -11,7 +11,9 @@ How the BLAS is held to one thread matters. numpy's OpenBLAS (0.3.31) has
 global one: two threads each saving and restoring "their" value raced, and the count was left at
 1, so every later big matmul ran on one core (2.4x slower; that is what made an earlier version of
 this split slower inside a training step). So the caller alone sets the global count to 1 for the
-duration of the split and restores what it read, after every worker has finished.
+duration of the split and restores what it read, after every worker has finished (`one_thread`, which
+kernels.gemm_jobs and kernels.attention_heads also hold around their loops of one-thread OpenBLAS calls:
+the first holder saves the count, the last restores it, so holders in other threads never race).
 
 Where OpenBLAS's get/set functions are not found (another BLAS) the products run one after
 another: `parallel_available()` says so, the reason is logged once, and `calls` counts which way
@@ -21,13 +23,14 @@ BLAS thread.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
 import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from typing import Callable, Iterator
 
 from .cpu import _loaded_openblas
 
@@ -62,9 +65,35 @@ _control, _why_not = _find_thread_count_control()
 _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 _pool: ThreadPoolExecutor | None = None
 _warned = False
-# One split at a time in the process: two threads splitting at once would each read the other's
-# temporary count of 1 and restore that (the same race as the thread-local setter above).
-_split_lock = threading.Lock()
+_split_lock = threading.Lock()  # one split at a time: they share the pool's workers
+_hold_lock = threading.Lock()
+_holders = 0  # code holding OpenBLAS at one thread now (one_thread)
+_held_from = 1  # the count the first holder found, restored by the last
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Hold numpy's OpenBLAS at one thread (its count is process-wide, see the module docstring); nested and
+    concurrent holders share one save and one restore. Without `_control` there is no count to hold (and
+    kernels.gemm_library never sends products to OpenBLAS)."""
+    global _holders, _held_from
+    if _control is None:
+        yield
+        return
+    get, put = _control
+    with _hold_lock:
+        if _holders == 0:
+            _held_from = get()
+            if _held_from != 1:
+                put(1)
+        _holders += 1
+    try:
+        yield
+    finally:
+        with _hold_lock:
+            _holders -= 1
+            if _holders == 0 and _held_from != 1:
+                put(_held_from)
 
 
 def parallel_available() -> bool:
@@ -88,20 +117,15 @@ def run_split(work: Callable[[int, int], None], n: int) -> None:
         calls["serial"] += 1
         work(0, n)
         return
-    get, put = _control
     bounds = [n * i // parts for i in range(parts + 1)]
     with _split_lock:
         if _pool is None:
             _pool = ThreadPoolExecutor(max_workers=_cores - 1, thread_name_prefix="tensorarena-blas")
-        threads = get()
-        put(1)
-        try:
+        with one_thread():  # released only after all workers are done
             futures = [_pool.submit(work, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
             try:
                 work(bounds[0], bounds[1])
             finally:
                 for f in futures:
                     f.result()  # waits for every worker; re-raises a worker's error here
-        finally:
-            put(threads)  # only after all workers are done: nobody else restores anything
         calls["parallel"] += 1

@@ -32,8 +32,9 @@ import numba
 import numpy as np
 
 from . import dispatch_changed
-from .gemm_library import OPENBLAS, openblas_one_thread
-from .mkl_numba import NO_TRANS, gemm_call, one_thread, restore_threads
+from .blas_threads import one_thread as openblas_one_thread
+from .gemm_library import OPENBLAS
+from .mkl_numba import NO_TRANS, gemm_call, set_local_threads
 
 JOB_FIELDS = ("ta", "tb", "m", "n", "k", "a", "lda", "b", "ldb", "c", "ldc", "accumulate")
 _TA, _TB, _M, _N, _K, _A, _LDA, _B, _LDB, _C, _LDC, _ACC = range(len(JOB_FIELDS))
@@ -47,11 +48,11 @@ _enabled = True  # use_jobs(False) sends every product to MKL's own threads
 @numba.njit(cache=True, parallel=True)
 def _run(jobs, f32, lib):
     for j in numba.prange(jobs.shape[0]):
-        saved = one_thread()
+        saved = set_local_threads(1)
         d = jobs[j]
         gemm_call(lib, f32, d[_TA], d[_TB], d[_M], d[_N], d[_K], d[_A], d[_LDA], d[_B], d[_LDB], d[_C], d[_LDC],
                   d[_ACC] != 0)
-        restore_threads(saved)
+        set_local_threads(saved)
 
 
 def run(jobs: list[tuple[int, ...]], dtype: np.dtype, lib: int) -> None:

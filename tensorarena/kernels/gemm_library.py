@@ -21,7 +21,7 @@ same signatures: kernels still link, `available()` says why not, and "openblas" 
 
 One thread per call: OpenBLAS's thread count is process-wide (its "local" setter sets the global count
 in numpy's 0.3.31 build), so the Python code that starts a loop of OpenBLAS calls holds the count at 1
-for the loop (`openblas_one_thread`: the first holder saves it, the last restores it). Setting it from
+for the loop (kernels.blas_threads.one_thread: the first holder saves it, the last restores it). Setting it from
 inside the loop, per thread, raced: the count was left at 1 (every later np.matmul ran on one core, at
 half speed), and a call that started after the other thread restored 2 ran OpenBLAS's own threads
 inside the loop ("OpenBLAS Warning : Detect OpenMP Loop", seen in benchmark runs). While a loop runs,
@@ -30,12 +30,9 @@ a matmul another thread of the program makes also gets one thread.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import logging
 import os
-import threading
-from typing import Iterator
 
 log = logging.getLogger("tensorarena")
 
@@ -45,18 +42,10 @@ NAMES = {MKL: "mkl", OPENBLAS: "openblas"}
 CHOICES = ("auto", "mkl", "openblas")
 
 # numpy's OpenBLAS builds, all ILP64: scipy-openblas (numpy 2) prefixes its names, numpy 1.26's only suffixes them.
-_OPENBLAS_NAMES = [
-    ("scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_", "scipy_openblas_get_num_threads64_",
-     "scipy_openblas_set_num_threads64_"),
-    ("cblas_sgemm64_", "cblas_dgemm64_", "openblas_get_num_threads64_", "openblas_set_num_threads64_"),
-]
+_OPENBLAS_NAMES = [("scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_"), ("cblas_sgemm64_", "cblas_dgemm64_")]
 _MKL_SYMBOLS = ("cblas_sgemm_64", "cblas_dgemm_64")
 
 _current = MKL
-_threads = None  # numpy's OpenBLAS's (get, set) of its global thread count, once bound
-_hold_lock = threading.Lock()
-_holders = 0  # loops running OpenBLAS calls now (openblas_one_thread)
-_held_from = 1  # the count the first holder found, restored by the last
 _why_not_openblas = "not bound yet (kernels.gemm binds it when it loads MKL)"
 _openblas_path: str | None = None
 
@@ -82,24 +71,22 @@ def bind(mkl: ctypes.CDLL) -> None:
     global _why_not_openblas, _openblas_path
     import llvmlite.binding as llvm
 
+    from . import blas_threads
     from .cpu import _loaded_openblas
 
-    global _threads
     path = _loaded_openblas()
     functions, why = None, ""
     if path is None:
         why = "numpy's BLAS is not an OpenBLAS this process can find"
+    elif blas_threads._control is None:  # its count cannot be held at one thread (blas_threads.one_thread)
+        why = blas_threads._why_not
     else:
         lib = ctypes.CDLL(path)  # already loaded by numpy: the same library, not a second copy
         names = openblas_names(lib)
         if names is None:  # an LP64 OpenBLAS (plain cblas_sgemm: 32-bit ints), or another build's names
             why = f"{os.path.basename(path)} has none of the ILP64 GEMMs {[n[0] for n in _OPENBLAS_NAMES]}"
         else:
-            functions = [getattr(lib, name) for name in names[:2]]
-            get, put = (getattr(lib, name) for name in names[2:])
-            get.argtypes, get.restype = [], ctypes.c_int
-            put.argtypes, put.restype = [ctypes.c_int], None
-            _threads = (get, put)
+            functions = [getattr(lib, name) for name in names]
     if functions is None:
         functions = [getattr(mkl, name) for name in _MKL_SYMBOLS]
     for ours, function in zip((SGEMM, DGEMM), functions):
@@ -109,7 +96,7 @@ def bind(mkl: ctypes.CDLL) -> None:
 
 
 def openblas_names(lib) -> tuple[str, ...] | None:
-    """(sgemm, dgemm, get threads, set threads): the names `lib` (an OpenBLAS) has them under, or None."""
+    """(sgemm, dgemm): the names `lib` (an OpenBLAS) has them under, or None."""
     return next((names for names in _OPENBLAS_NAMES if all(hasattr(lib, name) for name in names)), None)
 
 
@@ -122,27 +109,6 @@ def pick(choice: str, why_not_openblas: str, vendor: str) -> int:
     if choice == "auto":
         choice = "openblas" if not why_not_openblas and vendor != "GenuineIntel" else "mkl"
     return OPENBLAS if choice == "openblas" else MKL
-
-
-@contextlib.contextmanager
-def openblas_one_thread() -> Iterator[None]:
-    """Hold numpy's OpenBLAS at one thread while a loop of one-thread OpenBLAS calls runs (the module
-    docstring says why from here); nested and concurrent holders share one save and restore."""
-    global _holders, _held_from
-    get, put = _threads
-    with _hold_lock:
-        if _holders == 0:
-            _held_from = get()
-            if _held_from != 1:
-                put(1)
-        _holders += 1
-    try:
-        yield
-    finally:
-        with _hold_lock:
-            _holders -= 1
-            if _holders == 0 and _held_from != 1:
-                put(_held_from)
 
 
 def available() -> bool:

@@ -9,9 +9,9 @@ one GEMM per core: each sets MKL's thread count for its own thread to 1 around t
 kernels.gemm.mkl_symbols_loaded().
 
 `gemm_call` takes the library as its first argument (kernels.gemm_library: MKL or OPENBLAS); OpenBLAS's
-GEMMs are reached by names gemm_library binds (ILP64: 64-bit ints). A loop calling MKL sets MKL's thread
-count for its own thread to 1 (`one_thread` / `restore_threads`); OpenBLAS's count is process-wide, so
-the Python caller holds it at 1 around the loop (gemm_library.openblas_one_thread).
+GEMMs are reached by names gemm_library binds (ILP64: 64-bit ints). OpenBLAS's thread count is
+process-wide (its "local" setter sets the global count in numpy's build: loop threads saving and restoring
+it raced), so the Python caller holds it at 1 around the loop (blas_threads.one_thread).
 """
 
 from __future__ import annotations
@@ -39,20 +39,6 @@ _ob_sgemm = types.ExternalFunction(SGEMM, types.void(types.intc, types.intc, typ
                                                      _p, _l, _p, _l, types.float32, _p, _l))
 _ob_dgemm = types.ExternalFunction(DGEMM, types.void(types.intc, types.intc, types.intc, _l, _l, _l, types.float64,
                                                      _p, _l, _p, _l, types.float64, _p, _l))
-
-
-@numba.njit(inline="always")
-def one_thread():
-    """Set this thread's MKL thread count to 1 (the loop divides the cores); returns the old one for
-    `restore_threads`. (numpy's OpenBLAS 0.3.31 has a "local" setter too, but it sets the global count:
-    two loop threads saving and restoring it raced and left it at 1, and a job that started after the
-    other restored 2 ran OpenBLAS's own threads inside the loop; kernels.blas_threads found the same.)"""
-    return set_local_threads(1)
-
-
-@numba.njit(inline="always")
-def restore_threads(saved):
-    set_local_threads(saved)
 
 
 @numba.njit(inline="always")
