@@ -12,7 +12,10 @@ process): bench/vit.py reports memory.
 
 "fused, full last block" is the fused step with ViTConfig(cls_only_last_block=False): the work
 PyTorch's mirror ViT does, so the gap between it and "tensorarena fused" is what computing the
-last block for [CLS] alone saves. "tensorarena fused" replays the step's recorded calls without the
+last block for [CLS] alone saves. "fused, GELU recomputed" is the fused step with
+ViTConfig(recompute_mlp_activation=True): its MLPs keep fc1's output plus bias alone and evaluate
+GELU again in backward, where the default keeps GELU's output and derivative (one buffer more per
+block; the line under the table gives each fused plan's predicted peak). "tensorarena fused" replays the step's recorded calls without the
 Python that made them (the default for ViT: compile/captured.py; the run stops if the recording was
 refused); "fused, python replay" is Trainer(fused_replay="python"), which re-runs the model's ops each
 step: the gap between the two is what the captured replay saves.
@@ -40,6 +43,9 @@ FUSED_PYTHON = "fused, python replay"
 # Our fused step with the last block computing every token, as PyTorch's mirror ViT does (by
 # default ours computes it for [CLS] alone, the only token the head reads): what that saves.
 FUSED_EVERY_TOKEN = "fused, full last block"
+# Our fused step with the MLPs recomputing GELU in backward (ViTConfig(recompute_mlp_activation=True)): one
+# (tokens, mlp dim) buffer less per block than the default, which keeps GELU's output and derivative.
+FUSED_RECOMPUTE = "fused, GELU recomputed"
 
 
 def torch_step(vit, xs, ys, *, compiled: bool, autocast_bf16: bool = False):
@@ -103,7 +109,8 @@ def build(case_name: str, with_compile: bool) -> dict:
 
     for name, route, in_backward, config in (
             ("tensorarena eager", "eager", None, {}), ("tensorarena fused", "fused", None, {}),
-            (vit.FUSED_FLAT, "fused", False, {}), (FUSED_EVERY_TOKEN, "fused", None, {"cls_only_last_block": False})):
+            (vit.FUSED_FLAT, "fused", False, {}), (FUSED_EVERY_TOKEN, "fused", None, {"cls_only_last_block": False}),
+            (FUSED_RECOMPUTE, "fused", None, {"recompute_mlp_activation": True})):
         trainer = our_trainer(vit, case_name, route, in_backward, **config)
         if route == "fused":
             trainer.step(xs, ys)  # records the step (compile/captured.py); it must have passed its checks
@@ -111,6 +118,8 @@ def build(case_name: str, with_compile: bool) -> dict:
                 raise SystemExit(f"{name}: the step was not captured ({trainer.fused.replay_reason}; "
                                  f"{trainer.fused.plan.capture and trainer.fused.plan.capture.note})")
         steps[name] = lambda trainer=trainer: trainer.step(xs, ys).loss
+        if route == "fused":
+            steps.setdefault("_predicted_peak", {})[name] = trainer.fused.memory_report()["predicted_peak"]
     python_replay = our_trainer(vit, case_name, "fused", fused_replay="python")
     steps[FUSED_PYTHON] = lambda: python_replay.step(xs, ys).loss
     steps["_gemm_backend"] = backend()
@@ -124,6 +133,7 @@ def main() -> None:
 
     steps = build(args.model, not args.no_compile)
     gemm = steps.pop("_gemm_backend")
+    peaks = steps.pop("_predicted_peak")
     times = interleave(steps, args.rounds, args.per_round)  # 3 warm-up steps: torch.compile compiles there
     medians = {name: statistics.median(t) for name, t in times.items()}
     ref, comp = medians["pytorch eager"], medians.get("torch.compile")
@@ -137,7 +147,9 @@ def main() -> None:
         print(f"{name:<30}{medians[name] * 1e3:>11.1f}{min(t) * 1e3:>10.1f}"
               f"{f'{medians[name] / ref:.3f} / {paired[name]:.3f}':>19}"
               + (f"{f'{medians[name] / comp:.3f} / {paired_comp[name]:.3f}':>19}" if comp else ""))
-    out = {"model": args.model, "cpu": cpu_name(), "gemm_backend": gemm, "rounds": args.rounds, "per_round": args.per_round,
+    print("fused plans' predicted peak (memory_report): " + "; ".join(
+        f"{name} {peak / 2**20:.1f} MiB" for name, peak in peaks.items()))
+    out = {"model": args.model, "predicted_peak_bytes": peaks, "cpu": cpu_name(), "gemm_backend": gemm, "rounds": args.rounds, "per_round": args.per_round,
            "median_step_s": medians, "step_times_s": times,
            "x_pytorch_eager": {n: m / ref for n, m in medians.items()},
            "x_torch_compile": {n: m / comp for n, m in medians.items()} if comp else None,

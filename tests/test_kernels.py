@@ -245,6 +245,40 @@ def test_bias_gelu_backward_recompute(dt, approximate, n, d):
     close([tpre.grad, tpre.grad.sum(0), ty.detach()], ref, TORCH_TOL[dt], "vs torch")
 
 
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("n,d", [(1, 1), (7, 13), (64, 40)])
+def test_bias_gelu_forward_with_grad_and_the_backward_from_it(dt, approximate, n, d):
+    rng = np.random.default_rng(n * d + 1)
+    x, b, g = randn(rng, (n, d), dt, 3.0), randn(rng, d, dt), randn(rng, (n, d), dt)
+    x.flat[:3] = [-60.0, 45.0, -7.5][: x.size]  # beyond the gradient clip and in the far left tail
+    two = lambda: [np.empty((n, d), dt), np.empty((n, d), dt)]  # noqa: E731
+    ref, fus, _ = run_both("bias_gelu_forward_with_grad", two, x, b, approximate=approximate)
+    close(ref, fus, FUSED_TOL[dt], "forward fused vs reference")
+    # The fused twin's activation and derivative are the ones the recomputing kernels give, to the bit (the
+    # same inlined function of the same x + bias).
+    pre, act, dx, db = np.empty((n, d), dt), np.empty((n, d), dt), g.copy(), np.empty(d, dt)
+    kernels.kernel("bias_gelu_forward", "fused")(x, b, pre, act, approximate)
+    np.testing.assert_array_equal(fus[0], act)
+    act2 = np.empty((n, d), dt)
+    kernels.kernel("bias_gelu_backward_recompute", "fused")(pre, dx, dx, db, act2, approximate)
+    dact = fus[1]
+    outs = lambda: [np.empty((n, d), dt), np.empty(d, dt)]  # noqa: E731
+    gref, gfus, _ = run_both("bias_gelu_backward_stored", outs, dact, g)
+    close(gref, gfus, FUSED_TOL[dt], "backward fused vs reference")
+    np.testing.assert_array_equal(gfus[0], dx)  # g * gelu'(pre), rounded once either way
+    close([gfus[1]], [db], FUSED_TOL[dt], "dbias against the recomputing kernel's")
+    # dx may overwrite g (bias_gelu_linear's backward does that).
+    for impl in ("reference", "fused"):
+        g_in_place, db2 = g.copy(), np.empty(d, dt)
+        kernels.kernel("bias_gelu_backward_stored", impl)(dact, g_in_place, g_in_place, db2)
+        close([g_in_place, db2], gref if impl == "reference" else gfus, FUSED_TOL[dt], f"in place, {impl}")
+    tx, tb = t(x, True), t(b, True)
+    ty = F.gelu(tx + tb, approximate=approximate)
+    ty.backward(t(g))
+    close([ref[0], gref[0], gref[1]], [ty.detach(), tx.grad, tb.grad], TORCH_TOL[dt], "vs torch")
+
+
 def test_gelu_rejects_unknown_approximation():
     for impl in ("reference", "fused"):
         with pytest.raises(ValueError, match="approximate"):
@@ -445,6 +479,7 @@ def test_sgd_non_contiguous_and_missing_buffer():
 
 KERNELS = ["layer_norm_forward", "layer_norm_backward", "softmax_forward", "softmax_backward", "gelu_forward",
            "gelu_backward", "bias_gelu_forward", "bias_gelu_backward", "bias_gelu_backward_recompute",
+           "bias_gelu_forward_with_grad", "bias_gelu_backward_stored",
            "attention_forward", "attention_backward", "dropout_apply", "embedding_backward",
            "cross_entropy_forward", "cross_entropy_backward", "sgd"]
 

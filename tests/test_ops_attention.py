@@ -277,35 +277,60 @@ def test_bias_gelu_errors():
         bias_gelu(x, ta.tensor(np.zeros(3)), approximate="fast")
 
 
-# -- bias_gelu_linear: GELU + second MLP layer, the activation recomputed in backward -------------
+# -- bias_gelu_linear: GELU + second MLP layer; backward from the kept derivative, or recomputed --------
 
+@pytest.mark.parametrize("recompute", [False, True], ids=["kept", "recompute"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 @pytest.mark.parametrize("out_bias", [True, False], ids=["out_bias", "no_out_bias"])
-def test_bias_gelu_linear_matches_torch(out_bias, approximate, dtype, impl):
+def test_bias_gelu_linear_matches_torch(out_bias, approximate, dtype, recompute, impl):
     arrays = [randn(1, (2, 5, 8)), randn(2, (8,)), randn(3, (3, 8))] + ([randn(4, (3,))] if out_bias else [])
-    names = ["gelu_forward", "bias_gelu_backward", "bias_gelu_backward_recompute"]
+    names = ["gelu_forward", "bias_gelu_backward", "bias_gelu_backward_recompute", "bias_gelu_forward",
+             "bias_gelu_forward_with_grad", "bias_gelu_backward_stored"]
     before = [kernels.calls[(name, impl)] for name in names]
-    check_op(lambda x, b, w, *ob: bias_gelu_linear(x, b, w, *ob, approximate=approximate),
+    check_op(lambda x, b, w, *ob: bias_gelu_linear(x, b, w, *ob, approximate=approximate, recompute=recompute),
              lambda x, b, w, *ob: F.linear(F.gelu(x + b, approximate=approximate), w, *ob),
              arrays, dtype=dtype, **TOL[dtype])
-    # Backward recomputed the activation in the same pass as GELU's gradient: one kernel, not two.
-    assert [kernels.calls[(name, impl)] - b for name, b in zip(names, before)] == [0, 0, 1]
+    ran = [kernels.calls[(name, impl)] - b for name, b in zip(names, before)]
+    if recompute:  # backward recomputed the activation in the same pass as GELU's gradient: one kernel, not two
+        assert ran == [0, 0, 1, 1, 0, 0]
+    else:  # forward kept the activation and the derivative; backward took the derivative
+        assert ran == [0, 0, 0, 0, 1, 1]
 
 
-def test_bias_gelu_linear_keeps_only_the_pre_activation_and_passes_finite_differences(impl):
+@pytest.mark.parametrize("recompute", [False, True], ids=["kept", "recompute"])
+def test_bias_gelu_linear_keeps_what_backward_reads_and_passes_finite_differences(recompute, impl):
     x, b, w, ob = randn(5, (4, 6)), randn(6, (6,)), randn(7, (2, 6)), randn(8, (2,))
-    check_finite_differences(lambda *t: bias_gelu_linear(*t), [x, b, w, ob])
+    check_finite_differences(lambda *t: bias_gelu_linear(*t, recompute=recompute), [x, b, w, ob])
     leaf = ta.tensor(x, requires_grad=True)
     params = [ta.tensor(a, requires_grad=True) for a in (b, w, ob)]
     with ta.Arena() as arena:
         h = leaf * 1.0
-        out = bias_gelu_linear(h, *params)
+        out = bias_gelu_linear(h, *params, recompute=recompute)
         del h
-        # Alive: x + bias (saved, 192 B) and the output (64 B); h and the activation (192 B each) are gone.
-        assert arena.stats.bytes_in_use == x.nbytes + out.data.nbytes
+        # Alive: x + bias alone (recompute), or the activation and GELU's derivative (192 B each), and the
+        # output (64 B); h is gone, and so is the activation when it is recomputed.
+        kept = x.nbytes if recompute else 2 * x.nbytes
+        assert arena.stats.bytes_in_use == kept + out.data.nbytes
         out.sum().backward()
     assert all(t.grad is not None for t in [leaf, *params])
+
+
+def test_bias_gelu_linear_keeps_no_activation_for_a_frozen_weight(impl):
+    x, b, w = randn(5, (4, 6)), randn(6, (6,)), randn(7, (2, 6))
+    leaf = ta.tensor(x, requires_grad=True)
+    bias, weight = ta.tensor(b, requires_grad=True), ta.tensor(w)  # the weight takes no gradient
+    with ta.Arena() as arena:
+        h = leaf * 1.0
+        out = bias_gelu_linear(h, bias, weight)
+        del h
+        assert arena.stats.bytes_in_use == x.nbytes + out.data.nbytes  # the derivative only
+        out.sum().backward()
+    tx, tb = torch.tensor(x, requires_grad=True), torch.tensor(b, requires_grad=True)
+    F.linear(F.gelu(tx + tb), torch.tensor(w)).sum().backward()
+    np.testing.assert_allclose(leaf.grad, tx.grad.numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(bias.grad, tb.grad.numpy(), rtol=1e-12, atol=1e-12)
+    assert weight.grad is None
 
 
 def test_bias_gelu_linear_errors_name_the_shapes():

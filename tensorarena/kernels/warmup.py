@@ -47,6 +47,8 @@ def _tiny_calls(dt) -> dict[str, Callable[[], object]]:
         "bias_gelu_backward": lambda: fused["bias_gelu_backward"](x, g, arr(n, d), arr(d), "none"),
         "bias_gelu_backward_recompute": lambda: fused["bias_gelu_backward_recompute"](x, g, arr(n, d), arr(d),
                                                                                       arr(n, d), "none"),
+        "bias_gelu_forward_with_grad": lambda: fused["bias_gelu_forward_with_grad"](x, b, arr(n, d), arr(n, d), "none"),
+        "bias_gelu_backward_stored": lambda: fused["bias_gelu_backward_stored"](x, g, arr(n, d), arr(d)),
         "attention_forward": lambda: fused["attention_forward"](q, k, v, pad, False, None, arr(1, 2, 3, 4), probs),
         "attention_backward": lambda: fused["attention_backward"](q, k, v, probs, arr(1, 2, 3, 4), None,
                                                                   arr(1, 2, 3, 4), arr(1, 2, 3, 4), arr(1, 2, 3, 4)),

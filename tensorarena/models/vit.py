@@ -46,6 +46,9 @@ class ViTConfig:
     # The head reads only [CLS]: the last block computes attention rows, projection, norm and MLP
     # for that one token (keys and values from all). Same values; False computes every token.
     cls_only_last_block: bool = True
+    # The MLPs keep GELU's output and derivative for backward (no erf there); True keeps only fc1's output
+    # plus bias and recomputes both: one (batch * tokens, mlp dim) buffer less per block (FeedForward).
+    recompute_mlp_activation: bool = False
 
     def __post_init__(self) -> None:
         sizes = dict(image_size=self.image_size, patch_size=self.patch_size, in_channels=self.in_channels,
@@ -72,8 +75,9 @@ class ViTConfig:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.activation not in ("gelu", "gelu_tanh"):
             raise ValueError(f"activation must be 'gelu' or 'gelu_tanh', got {self.activation!r}")
-        if not isinstance(self.cls_only_last_block, bool):
-            raise TypeError(f"cls_only_last_block must be True or False, got {self.cls_only_last_block!r}")
+        for name in ("cls_only_last_block", "recompute_mlp_activation"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if np.dtype(self.dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
             raise ValueError(f"dtype must be float32 or float64, got {np.dtype(self.dtype)}")
 
@@ -111,7 +115,7 @@ class ViT(Module):
         self.pos_drop = Dropout(c.dropout, rng=rng)
         self.blocks = [TransformerBlock(c.dim, c.num_heads, c.mlp_ratio, norm_first=True, activation=c.activation,
                                         eps=c.eps, dropout=c.dropout, attention_dropout=c.attention_dropout,
-                                        rng=rng, dtype=dt)
+                                        recompute_activation=c.recompute_mlp_activation, rng=rng, dtype=dt)
                        for _ in range(c.depth)]
         self.norm = LayerNorm(c.dim, eps=c.eps, dtype=dt)
         self.head = Linear(c.dim, c.num_classes, rng=rng, dtype=dt)

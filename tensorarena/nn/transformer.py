@@ -129,25 +129,31 @@ def _query_count(query_tokens, T: int) -> int:
 
 class FeedForward(Module):
     """fc1 -> GELU -> fc2 (the transformer MLP); fc1's bias add, the GELU and fc2 run as one op
-    (ops.bias_gelu_linear) that does not keep the activation for backward."""
+    (ops.bias_gelu_linear). It keeps the activation and GELU's derivative for backward, so backward
+    evaluates no erf; recompute_activation=True keeps only fc1's output plus bias and recomputes both
+    in backward: one (tokens, hidden_dim) buffer less per block, for one erf pass more."""
 
     def __init__(self, dim: int, hidden_dim: int, *, activation: Activation = "gelu",
-                 rng: np.random.Generator | None = None, dtype=np.float32) -> None:
+                 recompute_activation: bool = False, rng: np.random.Generator | None = None,
+                 dtype=np.float32) -> None:
         super().__init__()
         if activation not in _APPROXIMATE:
             raise ValueError(f"activation must be one of {sorted(_APPROXIMATE)}, got {activation!r}")
+        if not isinstance(recompute_activation, bool):
+            raise TypeError(f"recompute_activation must be True or False, got {recompute_activation!r}")
         self.activation = activation
+        self.recompute_activation = recompute_activation
         self.fc1 = Linear(dim, hidden_dim, rng=rng, dtype=dtype)
         self.fc2 = Linear(hidden_dim, dim, rng=rng, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:
         h = F.linear(x, self.fc1.weight)  # fc1's bias goes into the fused bias + GELU + fc2
-        # Backward keeps only h + bias and recomputes the activation for fc2's weight gradient.
         return F.bias_gelu_linear(h, self.fc1.bias, self.fc2.weight, self.fc2.bias,
-                                  approximate=_APPROXIMATE[self.activation])
+                                  approximate=_APPROXIMATE[self.activation], recompute=self.recompute_activation)
 
     def extra_repr(self) -> str:
-        return f"activation={self.activation!r}"
+        extra = ", recompute_activation=True" if self.recompute_activation else ""
+        return f"activation={self.activation!r}{extra}"
 
 
 class TransformerBlock(Module):
@@ -157,12 +163,14 @@ class TransformerBlock(Module):
     norm_first=False (post-norm, BERT): x = norm1(x + drop(attn(x))); x = norm2(x + drop(mlp(x)))
     `dropout` is the residual-branch dropout (BERT's hidden_dropout_prob), `attention_dropout`
     drops attention probabilities. mlp_dim overrides dim * mlp_ratio (BERT's intermediate_size).
+    recompute_activation: FeedForward's (less memory, one erf pass more in backward).
     """
 
     def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0, *, norm_first: bool = True,
                  activation: Activation = "gelu", eps: float = 1e-5, dropout: float = 0.0,
                  attention_dropout: float = 0.0, qkv_bias: bool = True, mlp_dim: int | None = None,
-                 rng: np.random.Generator | None = None, dtype=np.float32) -> None:
+                 recompute_activation: bool = False, rng: np.random.Generator | None = None,
+                 dtype=np.float32) -> None:
         super().__init__()
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
@@ -174,7 +182,8 @@ class TransformerBlock(Module):
         self.attn = MultiheadAttention(dim, num_heads, qkv_bias=qkv_bias, dropout=attention_dropout,
                                        rng=rng, dtype=dtype)
         self.norm2 = LayerNorm(dim, eps=eps, dtype=dtype)
-        self.mlp = FeedForward(dim, hidden, activation=activation, rng=rng, dtype=dtype)
+        self.mlp = FeedForward(dim, hidden, activation=activation, recompute_activation=recompute_activation,
+                               rng=rng, dtype=dtype)
         self.drop = Dropout(dropout, rng=rng)
 
     def forward(self, x: Tensor, key_padding_mask: np.ndarray | None = None, causal: bool = False,

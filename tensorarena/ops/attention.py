@@ -160,13 +160,16 @@ def bias_gelu(x: Tensor, bias: Tensor, approximate: str = "none") -> Tensor:
 
 
 def bias_gelu_linear(x: Tensor, bias: Tensor, weight: Tensor, out_bias: Tensor | None = None,
-                     approximate: str = "none") -> Tensor:
+                     approximate: str = "none", recompute: bool = False) -> Tensor:
     """linear(gelu(x + bias), weight, out_bias): a transformer MLP's activation and second layer.
 
-    Shape: x (..., M), bias (M,), weight (D, M), out_bias (D,) -> (..., D). Backward keeps only
-    x + bias and recomputes the activation gelu(x + bias) for the weight's gradient, where
-    bias_gelu followed by linear keeps both (x + bias for GELU's gradient, the activation for the
-    linear's): one (..., M) buffer per block less, for one GELU forward more.
+    Shape: x (..., M), bias (M,), weight (D, M), out_bias (D,) -> (..., D). Backward keeps two
+    (..., M) buffers, as bias_gelu followed by linear would, but not the same two: the activation
+    (for the weight's gradient) and GELU's derivative, both from one erf per element in forward
+    (kernel bias_gelu_forward_with_grad), so backward evaluates no erf at all. recompute=True keeps
+    only x + bias instead and recomputes both in backward (bias_gelu_backward_recompute): one (..., M)
+    buffer per call less, for one erf pass more: on a fused ViT-Tiny batch-8 step, a predicted peak
+    50 MiB lower for ~2% more step time (bench/vit_interleaved.py, "fused, GELU recomputed").
     """
     x, bias, weight = as_tensor(x), as_tensor(bias), as_tensor(weight)
     if x.ndim == 0 or bias.shape != x.shape[-1:] or weight.ndim != 2 or weight.shape[1] != x.shape[-1]:
@@ -179,20 +182,25 @@ def bias_gelu_linear(x: Tensor, bias: Tensor, weight: Tensor, out_bias: Tensor |
     x2 = contiguous(x.data, dtype).reshape(-1, m)  # (N, M)
     b = contiguous(bias.data, dtype)
     wd = weight.data
-    pre = new(x2.shape, dtype)  # x + bias: the only activation backward keeps
-    act = new(x2.shape, dtype)  # gelu(pre): transient, dies at the end of this function
-    kernel("bias_gelu_forward")(x2, b, pre, act, approximate)
+    act = new(x2.shape, dtype)  # gelu(x + bias)
+    kept = new(x2.shape, dtype)  # what backward keeps: GELU's derivative at x + bias, or (recompute) x + bias
+    if recompute:
+        kernel("bias_gelu_forward")(x2, b, kept, act, approximate)
+    else:
+        kernel("bias_gelu_forward_with_grad")(x2, b, act, kept, approximate)
     out = new(x.shape[:-1] + (d,), dtype)
     out2 = out.reshape(-1, d)
     in_bf16 = bf16_products(dtype)  # backward rounds its gradient once for both products then
     product(act, wd.T, out2)
     if out_bias is not None:
         elementwise.bias_add(out2, out_bias.data)
-    del act, x2
-    # Metadata and leaves only (see leaf_or_none); the arrays backward reads are pre and wd.
+    # Metadata and leaves only (see leaf_or_none); the arrays backward reads are kept, wd, and act
+    # when it is kept.
     x_shape, x_dtype, x_needs_grad = x.shape, x.dtype, x.requires_grad
     b_leaf, b_needs = leaf_or_none(bias), bias.requires_grad
     w_leaf, w_needs = leaf_or_none(weight), weight.requires_grad
+    kept_act = act if w_needs and not recompute else None  # the weight's gradient reads it
+    del act, x2
     ob_leaf, ob_needs = (leaf_or_none(out_bias), out_bias.requires_grad) if out_bias is not None else (None, False)
     # Each bias gets its gradient in its own dtype (the kernels round into that buffer: no cast copy);
     # the weight shares the products' dtype, which the GEMM already requires.
@@ -206,24 +214,30 @@ def bias_gelu_linear(x: Tensor, bias: Tensor, weight: Tensor, out_bias: Tensor |
             gob = grad_out(ob_leaf, (d,), ob_dtype)
             elementwise.column_sum(g2, gob)
         gs = rounded(g2) if in_bf16 else g2
-        dx = new(pre.shape, dtype)
+        dx = new(kept.shape, dtype)
         product(gs, wd, dx)  # d act, turned into d x in place below
         db = grad_out(b_leaf, (m,), b_dtype) if b_needs else new((m,), dtype)
-        if w_needs:
+        if not recompute:
+            kernel("bias_gelu_backward_stored")(kept, dx, dx, db)  # d act -> d x in place, and dbias
+            if w_needs:
+                gw = grad_out(w_leaf, wd.shape, dtype)
+                product(gs.T, kept_act, gw)
+        elif w_needs:
             # One pass evaluates erf once for both: the activation (recomputed, not kept since
             # forward) for the weight's gradient, and GELU's derivative for dx.
-            act = new(pre.shape, dtype)
-            kernel("bias_gelu_backward_recompute")(pre, dx, dx, db, act, approximate)
+            act = new(kept.shape, dtype)
+            kernel("bias_gelu_backward_recompute")(kept, dx, dx, db, act, approximate)
             gw = grad_out(w_leaf, wd.shape, dtype)
             product(gs.T, act, gw)
             del act
         else:  # bias_gelu_backward's dx must not alias its g (an aliased loop runs scalar)
-            dact, dx = dx, new(pre.shape, dtype)
-            kernel("bias_gelu_backward")(pre, dact, dx, db, approximate)
+            dact, dx = dx, new(kept.shape, dtype)
+            kernel("bias_gelu_backward")(kept, dact, dx, db, approximate)
             del dact
         gx = as_dtype(dx.reshape(x_shape), x_dtype) if x_needs_grad else None
         grads = (gx, db if b_needs else None, gw)
         return grads if out_bias is None else grads + (gob,)
 
-    # Backward reads `pre` (made here) and the weight, which x's and the bias's gradients go through.
+    # Backward reads `kept` and act (both made here) and the weight, which x's and the bias's gradients go
+    # through.
     return Tensor._make(out, parents, backward, saved=(weight if x_needs_grad or b_needs else None,))

@@ -1,0 +1,57 @@
+"""The transformer MLP's two ways to get GELU's gradient: from the derivative forward kept, or recomputed.
+
+FeedForward keeps GELU's output and derivative for backward by default (ops.bias_gelu_linear; kernels
+bias_gelu_forward_with_grad and bias_gelu_backward_stored), so backward evaluates no erf;
+recompute_activation=True (ViTConfig.recompute_mlp_activation) keeps only fc1's output plus bias and
+recomputes both. The two compute the same numbers from the same inlined functions, so a fused ViT trains
+bit for bit the same either way; the recomputing plan's slab is one (tokens, mlp dim) buffer per block
+smaller. Kernel-level twins and torch references: tests/test_kernels.py, tests/test_ops_attention.py.
+"""
+
+import numpy as np
+import pytest
+
+from tensorarena import kernels, optim
+from tensorarena.models.vit import ViT, ViTConfig
+from tensorarena.nn.functional import cross_entropy
+from tensorarena.train import Trainer
+
+BATCH, IMAGE, PATCH, DEPTH = 4, 32, 8, 3
+
+
+def _train(recompute: bool, steps: int = 4):
+    config = ViTConfig.tiny(image_size=IMAGE, patch_size=PATCH, num_classes=10, depth=DEPTH,
+                            recompute_mlp_activation=recompute)
+    model = ViT(config, rng=np.random.default_rng(0))
+    trainer = Trainer(model, optim.AdamW(model.parameters(), lr=1e-3), cross_entropy, route="fused")
+    rng = np.random.default_rng(1)
+    two = [(rng.standard_normal((BATCH, 3, IMAGE, IMAGE)).astype(np.float32), rng.integers(0, 10, BATCH))
+           for _ in range(2)]
+    batches = [two[i % 2] for i in range(steps)]  # each batch twice: its loss must fall
+    report = trainer.compile(*batches[0]).memory_report()
+    names = ("bias_gelu_backward_stored", "bias_gelu_backward_recompute")
+    before = [kernels.calls[(name, "fused")] for name in names]
+    losses = [trainer.step(x, y).loss for x, y in batches]
+    ran = [kernels.calls[(name, "fused")] - b for name, b in zip(names, before)]
+    return losses, {n: p.numpy() for n, p in model.named_parameters()}, report, ran, config
+
+
+def test_kept_and_recomputed_gelu_train_a_fused_vit_bit_for_bit_alike():
+    kept_losses, kept_params, kept_report, kept_ran, config = _train(False)
+    re_losses, re_params, re_report, re_ran, _ = _train(True)
+    # Each ran its own backward kernel on every block, every step (and in the capture's checking passes), and
+    # never the other's.
+    assert kept_ran[0] >= 4 * DEPTH and kept_ran[1] == 0
+    assert re_ran[0] == 0 and re_ran[1] >= 4 * DEPTH
+    assert kept_losses == re_losses
+    assert kept_losses[2] < kept_losses[0] and kept_losses[3] < kept_losses[1]
+    for name, p in kept_params.items():
+        np.testing.assert_array_equal(p, re_params[name], err_msg=name)
+    # One buffer more per block: (batch * tokens, mlp dim) for the full blocks, (batch, mlp dim) for the last,
+    # which computes [CLS] alone. The planner packs both slabs by liveness, so the difference is the
+    # extra buffers' bytes within what packing can move (a quarter of it).
+    tokens = (IMAGE // PATCH) ** 2 + 1
+    mlp = int(config.dim * config.mlp_ratio)
+    extra = ((DEPTH - 1) * BATCH * tokens + BATCH) * mlp * 4
+    grown = kept_report["slab"] - re_report["slab"]
+    assert grown == pytest.approx(extra, rel=0.25), (grown, extra)
