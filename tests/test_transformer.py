@@ -223,10 +223,22 @@ def test_block_with_query_tokens_matches_torch_encoder_layer_sliced(norm_first, 
             calls[_key] += 1
             return _fn(*args, **kwargs)
         monkeypatch.setattr(F, name, counted)
+    import tensorarena.ops.linalg as linalg
+
+    shapes = []
+
+    def product(a, b, out, _fn=linalg.product):
+        shapes.append(out.shape)
+        return _fn(a, b, out)
+    monkeypatch.setattr(linalg, "product", product)
     mask = torch.ones(T, T, dtype=torch.bool).triu(1) if causal else None  # True = not allowed
     _assert_block_matches(ours, theirs, lambda x: ours(x, key_padding_mask=pad, causal=causal, query_tokens=n),
                           lambda x: theirs(x, src_mask=mask, src_key_padding_mask=torch.from_numpy(pad))[:, :n])
     assert calls == {"first queries": 1, "packed": 0}  # the n-row attention ran, not the full one
+    # The qkv projection ran as two products, queries for the n rows and keys and values for all T, not as
+    # one (B * T, 3 dim) product (batch 2).
+    dim = ours.attn.dim
+    assert (2 * T, 3 * dim) not in shapes and (2 * n, dim) in shapes and (2 * T, 2 * dim) in shapes, shapes
 
 
 def test_query_tokens_errors_name_the_value_and_the_way_out():

@@ -96,7 +96,7 @@ class MultiheadAttention(Module):
                 raise ValueError(f"query_tokens={n} cannot be combined with attention dropout ({self.dropout}) "
                                  f"while training: its mask is drawn over every query row. Call it without "
                                  f"query_tokens and slice the output")
-            return self._first_queries(self.qkv(x), n, key_padding_mask, causal)
+            return self._first_queries(x, n, key_padding_mask, causal)
         qkv = self.qkv(x)  # (B, T, 3C): [query; key; value]
         # The heads are read as strided views of qkv and written straight into (B, T, C); attention
         # dropout (training only) is applied inside the kernels, its mask recomputed in backward.
@@ -105,14 +105,21 @@ class MultiheadAttention(Module):
                                     rng=init.get_generator(self.attn_drop.rng) if p else None)
         return self.proj(y)
 
-    def _first_queries(self, qkv: Tensor, n: int, key_padding_mask: np.ndarray | None, causal: bool) -> Tensor:
-        """Attention output of the first n queries over every key. Shape: qkv (B, T, 3C) -> (B, n, C)."""
-        B, T, three_c = qkv.shape
+    def _first_queries(self, x: Tensor, n: int, key_padding_mask: np.ndarray | None, causal: bool) -> Tensor:
+        """Attention output of the first n queries over every key. Shape: x (B, T, C) -> (B, n, C).
+
+        The query rows of the qkv projection are computed for the first n tokens alone, the key and value
+        rows for all T: ViT's last block (n = 1 of 197 tokens) skips a third of its qkv product, forward
+        and backward. The two row slices of the weight and bias are views; their gradients add up in it.
+        """
+        B, T, _ = x.shape
         C, nh, hs = self.dim, self.num_heads, self.head_dim
-        # Strided views of qkv (no copies); their gradients scatter back into one (B, T, 3C) buffer.
-        q = qkv[:, :n, :C].reshape(B, n, nh, hs).permute(0, 2, 1, 3)  # (B, H, n, hs)
-        k = qkv[:, :, C:2 * C].reshape(B, T, nh, hs).permute(0, 2, 1, 3)  # (B, H, T, hs)
-        v = qkv[:, :, 2 * C:].reshape(B, T, nh, hs).permute(0, 2, 1, 3)
+        w, b = self.qkv.weight, self.qkv.bias
+        q = F.linear(x[:, :n], w[:C], None if b is None else b[:C])  # (B, n, C)
+        kv = F.linear(x, w[C:], None if b is None else b[C:])  # (B, T, 2C): [key; value]
+        q = q.reshape(B, n, nh, hs).permute(0, 2, 1, 3)  # (B, H, n, hs)
+        k = kv[:, :, :C].reshape(B, T, nh, hs).permute(0, 2, 1, 3)  # (B, H, T, hs)
+        v = kv[:, :, C:].reshape(B, T, nh, hs).permute(0, 2, 1, 3)
         # Causal masks stay top-left aligned: query i of the first n is token i.
         y = F.scaled_dot_product_attention(q, k, v, key_padding_mask=key_padding_mask, causal=causal)
         return self.proj(y.permute(0, 2, 1, 3).reshape(B, n, C))
