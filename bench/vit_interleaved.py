@@ -15,10 +15,11 @@ PyTorch's mirror ViT does, so the gap between it and "tensorarena fused" is what
 last block for [CLS] alone saves. "fused, GELU recomputed" is the fused step with
 ViTConfig(recompute_mlp_activation=True): its MLPs keep fc1's output plus bias alone and evaluate
 GELU again in backward, where the default keeps GELU's output and derivative (one buffer more per
-block; the line under the table gives each fused plan's predicted peak). "tensorarena fused" replays the step's recorded calls without the
-Python that made them (the default for ViT: compile/captured.py; the run stops if the recording was
-refused); "fused, python replay" is Trainer(fused_replay="python"), which re-runs the model's ops each
-step: the gap between the two is what the captured replay saves.
+block; the line under the table gives each fused plan's predicted peak). "tensorarena fused"
+replays the step's recorded calls without the Python that made them (the default for ViT:
+compile/captured.py; the run stops if the recording was refused); "fused, python replay" is
+Trainer(fused_replay="python"), which re-runs the model's ops each step: the gap between the two is
+what the captured replay saves.
 
 Each ratio comes two ways: the ratio of the whole-run medians, and the median over rounds of each
 round's ratio (bench/common.paired_ratios), which a load change between rounds does not skew.
@@ -149,7 +150,8 @@ def main() -> None:
               + (f"{f'{medians[name] / comp:.3f} / {paired_comp[name]:.3f}':>19}" if comp else ""))
     print("fused plans' predicted peak (memory_report): " + "; ".join(
         f"{name} {peak / 2**20:.1f} MiB" for name, peak in peaks.items()))
-    out = {"model": args.model, "predicted_peak_bytes": peaks, "cpu": cpu_name(), "gemm_backend": gemm, "rounds": args.rounds, "per_round": args.per_round,
+    out = {"model": args.model, "predicted_peak_bytes": peaks, "cpu": cpu_name(), "gemm_backend": gemm,
+           "rounds": args.rounds, "per_round": args.per_round,
            "median_step_s": medians, "step_times_s": times,
            "x_pytorch_eager": {n: m / ref for n, m in medians.items()},
            "x_torch_compile": {n: m / comp for n, m in medians.items()} if comp else None,

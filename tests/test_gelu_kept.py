@@ -55,3 +55,64 @@ def test_kept_and_recomputed_gelu_train_a_fused_vit_bit_for_bit_alike():
     extra = ((DEPTH - 1) * BATCH * tokens + BATCH) * mlp * 4
     grown = kept_report["slab"] - re_report["slab"]
     assert grown == pytest.approx(extra, rel=0.25), (grown, extra)
+
+
+# -- the route plan: recomputing before streaming -------------------------------------------------------------
+
+def _auto_trainer(memory_limit):
+    config = ViTConfig.tiny(image_size=64, patch_size=8, num_classes=10, depth=6)  # 65 tokens
+    model = ViT(config, rng=np.random.default_rng(0))
+    return Trainer(model, optim.AdamW(model.parameters(), lr=1e-3), cross_entropy, route="auto",
+                   memory_limit=memory_limit), model
+
+
+def _batch():
+    rng = np.random.default_rng(2)
+    return rng.standard_normal((32, 3, 64, 64)).astype(np.float32), rng.integers(0, 10, 32)
+
+
+def test_auto_route_recomputes_the_mlps_when_keeping_gelu_does_not_fit(caplog):
+    """A budget under the fused route's need with GELU kept, above it with GELU recomputed: route "auto" trains
+    fused with its MLPs recomputing (logged, in the plan), not on the streaming route. Without the lean
+    estimate (before this), the same budget streamed."""
+    from tensorarena.nn.transformer import FeedForward
+
+    x, y = _batch()
+    roomy, model = _auto_trainer(8 << 30)
+    kept = roomy.plan(x, y).estimates["fused"]
+    assert "recompute" not in kept.note
+    assert not any(m.recompute_activation for m in model.modules() if isinstance(m, FeedForward))
+
+    tight, model = _auto_trainer(kept.required - 1)
+    plan = tight.plan(x, y)
+    lean = plan.estimates["fused"]
+    # Five full blocks keep one (32 * 65 tokens, 768) float32 buffer less each (the last computes [CLS] alone):
+    # 30 MiB, more than the process's share moves between two plans (~7 MiB seen).
+    slab = "activations (slab)"
+    assert kept.parts[slab] - lean.parts[slab] == pytest.approx(5 * 32 * 65 * 768 * 4, rel=0.1)
+    assert plan.chosen == "fused" and plan.recompute_mlp and "recompute GELU" in plan.reason
+    assert "MLPs recompute GELU in backward" in plan.format()
+    with caplog.at_level("INFO", logger="tensorarena"):
+        result = tight.step(x, y)
+    assert result.route == "fused" and "MLPs recompute GELU" in caplog.text
+    mlps = [m for m in model.modules() if isinstance(m, FeedForward)]
+    assert len(mlps) == 6 and all(m.recompute_activation for m in mlps)
+    # What the fused plan holds is what the route plan counted on: the recomputing one's slab.
+    assert tight.fused.memory_report()["slab"] <= lean.parts["activations (slab)"] * 1.02
+
+
+def test_a_budget_neither_fits_keeps_the_default_mlps_and_streams():
+    from tensorarena.nn.transformer import FeedForward
+
+    x, y = _batch()
+    roomy, _ = _auto_trainer(8 << 30)
+    plan = roomy.plan(x, y)
+    streaming = plan.estimates["streaming"].required
+    # Recomputing saves ~30 MiB of the fused need (above): a budget 16 MiB over streaming's (room for the
+    # process's share to move between plans) is far under the lean fused need too.
+    assert plan.estimates["fused"].required - streaming > 64 << 20
+    trainer, model = _auto_trainer(streaming + (16 << 20))
+    plan = trainer.plan(x, y)
+    assert plan.chosen == "streaming" and not plan.recompute_mlp
+    assert "recompute" not in plan.estimates["fused"].note  # the plan shows the fused route as it would run
+    assert not any(m.recompute_activation for m in model.modules() if isinstance(m, FeedForward))

@@ -163,6 +163,13 @@ class FeedForward(Module):
         return f"activation={self.activation!r}{extra}"
 
 
+def keeping_mlp_activations(model: Module) -> list[FeedForward]:
+    """The model's FeedForward modules that keep GELU's output and derivative for backward (the default):
+    those `recompute_activation = True` would make one (tokens, hidden_dim) buffer smaller each. The route
+    plan (train/route_plan.py) switches them when that lets the fused route fit the memory budget."""
+    return [m for m in model.modules() if isinstance(m, FeedForward) and not m.recompute_activation]
+
+
 class TransformerBlock(Module):
     """Self-attention + MLP with residuals. Shape: (B, T, dim) -> (B, T, dim).
 

@@ -44,7 +44,11 @@ has drawn it, and `tensorarena plan` (which draws none) computes the same part f
 plan the same run alike.
 
 `plan_routes` compares each total, added to what the process holds besides the parameters and the data, with
-the budget and picks fused if it fits, else streaming (eager when asked and it fits).
+the budget and picks fused if it fits, else streaming (eager when asked and it fits). Before giving fused up, a
+model whose transformer MLPs keep GELU's output and derivative for backward (FeedForward's default, the faster)
+is traced once more with them recomputing it (recompute_activation=True: one (tokens, hidden) buffer less per
+block); if that fits, the plan says so (`RoutePlan.recompute_mlp`, the reason, the estimate's note) and the
+Trainer switches them before step 1.
 """
 
 from __future__ import annotations
@@ -106,6 +110,9 @@ class RoutePlan:
     activation_source: str
     details: dict[str, Any] = field(default_factory=dict)
     unavailable: dict[str, str] = field(default_factory=dict)  # asked routes not estimated -> why
+    # The fused estimate is for the MLPs recomputing GELU in backward (FeedForward.recompute_activation), which
+    # the Trainer then sets: their default, keeping GELU's output and derivative, did not fit the budget.
+    recompute_mlp: bool = False
 
     def format(self) -> str:
         parts = sorted({k for e in self.estimates.values() for k in e.parts}, key=_part_order)
@@ -391,6 +398,7 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
         _return_tracing_memory()
         process_other_bytes = max(0, rss_bytes() - held - (data_bytes if data_held else 0))
     estimates: dict[str, RouteEstimate] = {}
+    recompute_mlp = False
 
     def add(route: str, parts: dict[str, int], note: str = "") -> None:
         total = sum(parts.values())
@@ -421,6 +429,17 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
                 (int(np.prod(p._data.shape)) * p._data.dtype.itemsize
                  for group in optimizer.param_groups for p in group["params"]), default=0)
         add("fused", fused_parts, "" if fused_keeps_grads else "parameters updated inside backward")
+        if not estimates["fused"].fits:
+            lean = _lean_fused_activations(model, loss_fn, x, y, traced is not None)
+            if lean is not None and lean < fused_act:
+                kept = estimates.pop("fused")
+                lean_note = (f"MLPs recompute GELU in backward: {format_bytes(fused_act - lean)} less than keeping "
+                             f"it, which needs {format_bytes(kept.required)}")
+                add("fused", dict(fused_parts, **{"activations (slab)": lean}),
+                    "; ".join(filter(None, [kept.note, lean_note])))
+                recompute_mlp = estimates["fused"].fits
+                if not recompute_mlp:  # neither fits: the plan shows the default the user would otherwise get
+                    estimates["fused"] = kept
     if "eager" in routes:
         add("eager", dict(base, **{"activations (arena)": eager_act}))
     unavailable: dict[str, str] = {}
@@ -448,7 +467,31 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
     if chosen is None:
         reason = _nothing_fits({r: e for r, e in estimates.items() if r in order},
                                {r: why for r, why in unavailable.items() if r in order}, budget)
-    return RoutePlan(budget, estimates, chosen, reason, process_other_bytes, source, details, unavailable)
+    if recompute_mlp and chosen == "fused":
+        reason += "; its MLPs recompute GELU in backward to fit"
+    return RoutePlan(budget, estimates, chosen, reason, process_other_bytes, source, details, unavailable,
+                     recompute_mlp=recompute_mlp and chosen == "fused")
+
+
+def _lean_fused_activations(model: Module, loss_fn: Callable, x: np.ndarray, y: Any, by_stage: bool) -> int | None:
+    """The fused route's activation bytes with every FeedForward recomputing GELU in backward, traced as the
+    default's were (stage by stage, or the whole step); None when the model has no FeedForward keeping it. The
+    modules are switched for the trace only."""
+    from ..nn.transformer import keeping_mlp_activations
+
+    switched = keeping_mlp_activations(model)
+    if not switched:
+        return None
+    for m in switched:
+        m.recompute_activation = True
+    try:
+        if by_stage:
+            traced, _, _ = _stage_traces(model, loss_fn, x, y)
+            return _backward_peak(traced, "slab")
+        return trace_whole(model, loss_fn, x, y).slab
+    finally:
+        for m in switched:
+            m.recompute_activation = False
 
 
 def _return_tracing_memory() -> None:

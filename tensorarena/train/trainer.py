@@ -309,6 +309,7 @@ class Trainer:
         if plan.chosen is None:
             raise MemoryError(f"no training route fits before step 1: {plan.reason}\n{plan.format()}")
         self.route = plan.chosen
+        self._recompute_mlp_if_planned(plan)
         if plan.chosen != "streaming":
             self._materialize(f"route auto chose {plan.chosen}, which holds it whole")
         # The choice was the check against the limit: checking again at the next step would plan once more, with
@@ -335,7 +336,21 @@ class Trainer:
                       "size")
             raise MemoryError(f"route {self.route!r} does not fit memory_limit: {plan.reason}. {advice}\n"
                               f"{plan.format()}")
+        self._recompute_mlp_if_planned(plan)
         log.info("route %s fits memory_limit: %s", self.route, plan.reason)
+
+    def _recompute_mlp_if_planned(self, plan) -> None:
+        """Switch the model's MLPs to recompute GELU in backward where the plan's fused estimate counted on it
+        (RoutePlan.recompute_mlp: keeping GELU's output and derivative did not fit the budget)."""
+        if not plan.recompute_mlp:
+            return
+        from ..nn.transformer import keeping_mlp_activations
+
+        switched = keeping_mlp_activations(self.model)
+        for m in switched:
+            m.recompute_activation = True
+        log.info("route plan: %d MLPs recompute GELU in backward (FeedForward.recompute_activation) so that the "
+                 "fused route fits the budget", len(switched))
 
     def _start_streaming(self, *, redo_after_oom: bool = False) -> None:
         import shutil
