@@ -213,9 +213,15 @@ def _choose(inputs, nbytes):
 def test_fused_is_chosen_iff_its_estimate_fits_then_streaming(vit_plan_inputs):
     fused, streaming = vit_plan_inputs[4:]
     assert 0 < streaming < fused, (streaming, fused)
-    assert _choose(vit_plan_inputs, fused).chosen == "fused"
-    one_under = _choose(vit_plan_inputs, fused - 1)
-    assert one_under.chosen == "streaming" and not one_under.estimates["fused"].fits
+    roomy = _choose(vit_plan_inputs, fused)
+    assert roomy.chosen == "fused" and not roomy.recompute_mlp
+    # Under the default's need, fused with the MLPs recomputing GELU (one buffer less per block) where that fits.
+    lean_plan = _choose(vit_plan_inputs, fused - 1)
+    assert lean_plan.chosen == "fused" and lean_plan.recompute_mlp
+    lean = lean_plan.estimates["fused"].required
+    assert streaming < lean < fused, (streaming, lean, fused)
+    one_under = _choose(vit_plan_inputs, lean - 1)
+    assert one_under.chosen == "streaming" and not one_under.estimates["fused"].fits and not one_under.recompute_mlp
     assert f"fused would need {format_bytes(fused)}" in one_under.reason
     assert _choose(vit_plan_inputs, streaming).chosen == "streaming"
 
