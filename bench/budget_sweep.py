@@ -9,7 +9,11 @@ tests/test_plan_matches_train.py, hence the 2% below). Then `tensorarena train -
 the kernel kills the process the moment it goes over, page cache included, after reclaiming what it can), at:
 
   - fused + 2%                expect: trains on the fused route
-  - midway fused..streaming   expect: trains streaming (only where streaming needs less than fused)
+  - fused lean + 2%           expect: trains fused with its MLPs recomputing GELU in backward (for a model with
+                              transformer MLPs, whose default keeps GELU's output and derivative: the need
+                              comes from `plan --memory-limit <fused need - 1>`, which plans that variant)
+  - midway fused..streaming   expect: trains streaming (only where streaming needs less than fused; from the
+                              lean fused need where there is one)
   - streaming + 2%            expect: trains streaming
   - smallest need - 1%        expect: refused before step 1, one clean line naming the budget and the need
                               (or trained under the limit: under the cgroup's pressure the kernel drops clean
@@ -43,18 +47,35 @@ from cgroup_harness import CgroupUnavailable, run_limited  # noqa: E402
 MIB = 1 << 20
 
 
-def route_needs(model: str, steps: int) -> dict[str, int]:
-    """Bytes each possible route needs for `model`, as `tensorarena plan --json` states them."""
+def _plan(model: str, steps: int, limit: int | None = None) -> dict:
     cmd = [sys.executable, "-m", "tensorarena", "plan", "--model", model, "--steps", str(steps), "--json"]
+    if limit is not None:
+        cmd += ["--memory-limit", str(limit)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO_ROOT).stdout
-    plan = json.loads(out.strip().splitlines()[-1])  # the JSON is the last line (a table may come first)
-    return {route: est["required"] for route, est in plan["estimates"].items() if route in ("fused", "streaming")}
+    return json.loads(out.strip().splitlines()[-1])  # the JSON is the last line (a table may come first)
+
+
+def route_needs(model: str, steps: int) -> dict[str, int]:
+    """Bytes each possible route needs for `model`, as `tensorarena plan --json` states them; "fused lean": the
+    fused route with the MLPs recomputing GELU, where the model has MLPs that keep it (planned at a budget one
+    byte under the default fused need, where plan tries that variant)."""
+    plan = _plan(model, steps)
+    needs = {route: est["required"] for route, est in plan["estimates"].items() if route in ("fused", "streaming")}
+    under = _plan(model, steps, needs["fused"] - 1)
+    if under["recompute_mlp"]:
+        needs["fused lean"] = under["estimates"]["fused"]["required"]
+    return needs
 
 
 def budgets(needs: dict[str, int]) -> list[tuple[str, int, str | None]]:
-    """(label, limit in bytes, the route expected to train, None for a refusal)."""
+    """(label, limit in bytes, the route expected to train, None for a refusal; "fused lean" is fused with the
+    MLPs recomputing GELU)."""
     fused = needs["fused"]
     cases = [("fused +2%", int(fused * 1.02), "fused")]
+    lean = needs.get("fused lean")
+    if lean is not None:
+        cases.append(("fused lean +2%", min(int(lean * 1.02), fused - 1), "fused lean"))
+    fused = lean or fused
     streaming = needs.get("streaming")
     if streaming is not None and streaming < fused:
         cases.append(("midway", (fused + streaming) // 2, "streaming"))
@@ -78,8 +99,11 @@ def train_under(model: str, limit: int, steps: int, save: bool, workdir: str) ->
     run = run_limited(cmd, limit, timeout=1800)
     summary = json.load(open(summary_path)) if run.returncode == 0 and os.path.exists(summary_path) else {}
     stderr_lines = [line for line in run.stderr.strip().splitlines() if line.strip()]
+    route = summary.get("route")
+    if route == "fused" and summary.get("route_plan_recompute_mlp"):
+        route = "fused lean"
     return {"returncode": run.returncode, "oom_killed": run.oom_killed, "cgroup_peak_bytes": run.peak_bytes,
-            "route": summary.get("route"), "peak_rss_bytes": summary.get("peak_rss_bytes"),
+            "route": route, "peak_rss_bytes": summary.get("peak_rss_bytes"),
             "last_stderr_line": stderr_lines[-1] if stderr_lines else "",
             "traceback": "Traceback" in run.stderr}
 
@@ -143,7 +167,7 @@ def main() -> int:
 def print_row(row: dict) -> None:
     peak = row["peak_rss_bytes"]
     print(f"  {row['case']:<14} {'save' if row['save'] else '    '}  limit {row['limit_bytes'] / MIB:8.1f} MiB  "
-          f"route {row['route'] or '-':<9}  peak RSS {peak / MIB if peak else 0:8.1f} MiB  "
+          f"route {row['route'] or '-':<10}  peak RSS {peak / MIB if peak else 0:8.1f} MiB  "
           f"cgroup peak {row['cgroup_peak_bytes'] / MIB:8.1f} MiB  {row['verdict']}", flush=True)
     if row["expected"] == "refused":
         print(f"      said: {row['last_stderr_line'][:160]}", flush=True)

@@ -148,7 +148,7 @@ def _print_plan(args, model, plan, data_bytes: int) -> None:
                            "process_other_bytes": plan.process_other_bytes, "activations": plan.activation_source,
                            "data_bytes": data_bytes,
                            "estimates": {r: vars(e) for r, e in plan.estimates.items()},
-                           "unavailable": plan.unavailable})
+                           "unavailable": plan.unavailable, "recompute_mlp": plan.recompute_mlp})
         if args.json is True or to_stdout:
             print(text)
         else:

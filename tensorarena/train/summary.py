@@ -72,6 +72,8 @@ def route_summary(trainer, planning: float | None) -> dict:
             "route_plan_estimates": ({r: vars(e) for r, e in trainer.route_plan.estimates.items()}
                                      if trainer.route_plan else None),
             "route_plan_process_other_bytes": trainer.route_plan.process_other_bytes if trainer.route_plan else None,
+            # The plan had the MLPs recompute GELU in backward to fit fused (route_plan.RoutePlan.recompute_mlp).
+            "route_plan_recompute_mlp": bool(trainer.route_plan and trainer.route_plan.recompute_mlp),
             "route_switches": trainer.route_switches, "route_planning_seconds": planning,
             "fused_update": fused_update(trainer), "fused_replay": fused_replay(trainer)}
 
