@@ -160,6 +160,16 @@ def _chunk(c, n, nchunks):
     return c64 * n // nchunks, (c64 + 1) * n // nchunks
 
 
+@numba.njit(inline="always")
+def _chunk_and_partial(part, c, n):
+    """Chunk c of n rows (lo, hi) and its float64 partial dbias row, zeroed: the rows are the arena's,
+    uninitialised (partial_rows); one per chunk, so no two threads share a slot."""
+    lo, hi = _chunk(c, n, part.shape[0])
+    acc = part[c]
+    acc[:] = 0.0
+    return lo, hi, acc
+
+
 @numba.njit(inline="always", error_model="numpy")
 def _gelu_erf(x):
     cdf, _ = fm.ndtr_pdf(x)
@@ -234,10 +244,8 @@ def _bias_forward(x, bias, pre, out, tanh):
 @numba.njit(parallel=True, **_JIT)
 def _bias_backward(pre, g, dx, part, nchunks, tanh):
     n, d = pre.shape
-    for c in numba.prange(nchunks):  # one partial dbias row per chunk: no two threads share a slot
-        lo, hi = _chunk(c, n, nchunks)
-        acc = part[c]
-        acc[:] = 0.0  # the rows are the arena's, uninitialised (partial_rows)
+    for c in numba.prange(nchunks):
+        lo, hi, acc = _chunk_and_partial(part, c, n)
         for r in range(lo, hi):
             dxr, gr, pr = dx[r], g[r], pre[r]
             if tanh:
@@ -279,9 +287,7 @@ def _bias_backward_recompute(pre, gdx, act, part, nchunks, tanh):
     # loop vectorised (a dx that merely aliased g failed LLVM's overlap check: 5x slower, scalar).
     n, d = pre.shape
     for c in numba.prange(nchunks):
-        lo, hi = _chunk(c, n, nchunks)
-        acc = part[c]
-        acc[:] = 0.0  # the rows are the arena's, uninitialised (partial_rows)
+        lo, hi, acc = _chunk_and_partial(part, c, n)
         for r in range(lo, hi):
             dxr, pr, ar = gdx[r], pre[r], act[r]
             if tanh:  # one loop per form, each with one inlined exp (more in one loop trips Numba's inliner)
@@ -321,9 +327,7 @@ def _backward_stored(dact, gdx, part, nchunks):
     # _bias_backward_recompute); one float64 partial dbias row per chunk.
     n, d = dact.shape
     for c in numba.prange(nchunks):
-        lo, hi = _chunk(c, n, nchunks)
-        acc = part[c]
-        acc[:] = 0.0  # the rows are the arena's, uninitialised (partial_rows)
+        lo, hi, acc = _chunk_and_partial(part, c, n)
         for r in range(lo, hi):
             dxr, dr = gdx[r], dact[r]
             for j in range(d):
