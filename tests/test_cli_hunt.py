@@ -557,14 +557,18 @@ def _needs(plan_text: str) -> dict[str, float]:
 
 
 def test_plan_agrees_with_train_route_auto(tmp_path):
+    # With a warm kernel cache streaming needs ~204 MiB and fused ~282 here. The process share grows by ~5 MiB for
+    # each kernel a process compiles rather than loads (all of them cold: +111 MiB), and early in a fresh clone's
+    # suite some still compile here: at 240M, once the route plan also loaded the MLP-recompute kernels, a CI run
+    # found streaming no longer fit. 256M keeps room for that, and fused far out of reach.
     run = run_sub(["plan", "--model", "vit-tiny", "--image-size", "16", "--patch-size", "4", "--batch", "4",
-                   "--memory-limit", "240M", "--json"])
+                   "--memory-limit", "256M", "--json"])
     assert run.returncode == 0, run.stderr[-2000:]
     planned = json.loads(run.stdout.strip().splitlines()[-1])
     trained = train_sub(tmp_path, "--model", "vit-tiny", *VIT, "--train-size", "8", "--steps", "2",
-                        "--memory-limit", "240M", "--store-dir", str(tmp_path / "store"))
+                        "--memory-limit", "256M", "--store-dir", str(tmp_path / "store"))
     assert planned["chosen"] == trained["route"] == "streaming"
-    assert planned["budget"] == trained["memory_budget_bytes"] == 240 * MiB
+    assert planned["budget"] == trained["memory_budget_bytes"] == 256 * MiB
     train_needs = _needs(trained["route_plan"])
     for route in ("fused", "streaming"):
         assert abs(planned["estimates"][route]["required"] - train_needs[route]) < 0.03 * train_needs[route], route
