@@ -500,6 +500,22 @@ def test_dispatch_returns_fused_by_default_and_reference_when_forced(monkeypatch
         assert kernels.kernel(name) is fused
 
 
+def test_calls_unchanged_leaves_the_counts_as_they_were_even_on_error():
+    # The plan's kernel warm-ups run inside it: a test reading `calls` to see the route must not see them.
+    before = kernels.calls.copy()
+    with kernels.calls_unchanged():
+        kernels.kernel("sgd")
+        kernels.calls[("a warm-up", "fused")] += 1
+    assert kernels.calls == before
+    with pytest.raises(RuntimeError, match="mid-warm-up"):
+        with kernels.calls_unchanged():
+            kernels.kernel("sgd")
+            raise RuntimeError("mid-warm-up")
+    assert kernels.calls == before
+    kernels.kernel("sgd")  # and counting goes on after it
+    assert kernels.calls[("sgd", kernels.choose("sgd"))] == before[("sgd", kernels.choose("sgd"))] + 1
+
+
 def test_compile_all_times_every_fused_kernel():
     seconds = compile_all((np.float32, np.float64))
     assert set(KERNELS) <= set(seconds)

@@ -144,19 +144,15 @@ def load_update_kernels(optimizer: Optimizer) -> None:
     """
     if getattr(type(optimizer), "update_flat", None) is Optimizer.update_flat:
         return
-    from ..kernels import calls
+    from ..kernels import calls_unchanged
 
-    counted = calls.copy()
-    try:
+    with calls_unchanged():
         for group in optimizer.param_groups:
             for dtype in {np.dtype(p.dtype) for p in group["params"] if p.requires_grad}:
                 param, grad = np.zeros(1, dtype), np.zeros(1, dtype)
                 state = {k: np.full(1, v, dtype) for k, v in optimizer.state_init(group).items()}
                 state.update({k: np.full((), v, np.float64) for k, v in optimizer.scalar_state_init(group).items()})
                 optimizer.update_flat(group, param, grad, state, 1.0, None)
-    finally:
-        calls.clear()
-        calls.update(counted)
 
 
 __all__ = ["StateKinds", "state_kinds", "read_state", "put_state", "write_state", "update", "load_update_kernels"]

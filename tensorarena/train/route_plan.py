@@ -401,10 +401,13 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
     estimates: dict[str, RouteEstimate] = {}
     recompute_mlp = False
 
-    def add(route: str, parts: dict[str, int], note: str = "") -> None:
+    def estimate(route: str, parts: dict[str, int], note: str = "") -> RouteEstimate:
         total = sum(parts.values())
         required = total + process_other_bytes
-        estimates[route] = RouteEstimate(route, parts, total, required, required <= budget.nbytes, note)
+        return RouteEstimate(route, parts, total, required, required <= budget.nbytes, note)
+
+    def add(route: str, parts: dict[str, int], note: str = "") -> None:
+        estimates[route] = estimate(route, parts, note)
 
     base = dict(persistent, inputs=inputs_bytes)
     if data_bytes:
@@ -429,18 +432,18 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
             fused_parts["gradient in flight"] = max(
                 (int(np.prod(p._data.shape)) * p._data.dtype.itemsize
                  for group in optimizer.param_groups for p in group["params"]), default=0)
-        add("fused", fused_parts, "" if fused_keeps_grads else "parameters updated inside backward")
-        if not estimates["fused"].fits:
-            lean = _lean_fused_activations(model, loss_fn, x, y, traced is not None)
-            if lean is not None and lean < fused_act:
-                kept = estimates.pop("fused")
-                lean_note = (f"MLPs recompute GELU in backward: {format_bytes(fused_act - lean)} less than keeping "
-                             f"it, which needs {format_bytes(kept.required)}")
-                add("fused", dict(fused_parts, **{"activations (slab)": lean}),
-                    "; ".join(filter(None, [kept.note, lean_note])))
-                recompute_mlp = estimates["fused"].fits
-                if not recompute_mlp:  # neither fits: the plan shows the default the user would otherwise get
-                    estimates["fused"] = kept
+        fused = estimate("fused", fused_parts, "" if fused_keeps_grads else "parameters updated inside backward")
+        if not fused.fits:
+            lean_act = _lean_fused_activations(model, loss_fn, x, y, traced is not None)
+            if lean_act is not None and lean_act < fused_act:
+                lean_note = (f"MLPs recompute GELU in backward: {format_bytes(fused_act - lean_act)} less than "
+                             f"keeping it, which needs {format_bytes(fused.required)}")
+                lean = estimate("fused", dict(fused_parts, **{"activations (slab)": lean_act}),
+                                "; ".join(filter(None, [fused.note, lean_note])))
+                # When neither fits, the plan shows the default the user would otherwise get.
+                if lean.fits:
+                    fused, recompute_mlp = lean, True
+        estimates["fused"] = fused
     if "eager" in routes:
         add("eager", dict(base, **{"activations (arena)": eager_act}))
     unavailable: dict[str, str] = {}
@@ -480,20 +483,16 @@ def _load_mlp_recompute_kernels(model: Module) -> None:
     (_lean_fused_activations). Done whatever the routes asked, so plans for any routes measure the same process.
     Compiled there instead, in a fresh install, they took a vit-tiny run in a cgroup 3.75% over its plan's need
     (tests/test_streaming_rss_under_cgroup.py's cold run). Kernel call counts are left as they were."""
-    from ..kernels import calls, kernel
+    from ..kernels import calls_unchanged, kernel
     from ..nn.transformer import keeping_mlp_activations
 
     dtypes = {np.dtype(m.fc1.weight.dtype) for m in keeping_mlp_activations(model)}
-    counted = calls.copy()
-    try:
+    with calls_unchanged():
         for dtype in dtypes:
             one = lambda: np.zeros((1, 1), dtype)  # noqa: E731
             kernel("bias_gelu_forward")(one(), np.zeros(1, dtype), one(), one(), "none")
             kernel("bias_gelu_backward_recompute")(one(), one(), one(), np.zeros(1, dtype), one(), "none")
             kernel("bias_gelu_backward")(one(), one(), one(), np.zeros(1, dtype), "none")  # fc2's weight frozen
-    finally:
-        calls.clear()
-        calls.update(counted)
 
 
 def _lean_fused_activations(model: Module, loss_fn: Callable, x: np.ndarray, y: Any, by_stage: bool) -> int | None:
