@@ -120,13 +120,19 @@ def test_a_new_arena_block_holds_no_page_a_freed_array_left_resident():
 
 
 # -- whole runs: `tensorarena train`, each in a process of its own ------------------------------------------------------
+def _one_thread_env() -> dict[str, str]:
+    """The environment of each `tensorarena` subprocess here: this checkout's package, one Numba and one OpenMP
+    thread."""
+    return {**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+
+
 def _train(tmp: Path, name: str, argv: list[str], *, limit: int | None = None, cold: bool = False) -> dict:
     """Run `tensorarena train <argv>` (inside a cgroup of `limit` bytes if given; with an empty Numba cache if
     `cold`) and return its summary with the cgroup's verdict."""
     from tests.cgroup_harness import CgroupUnavailable, run_limited
 
     summary = tmp / f"{name}.json"
-    env = {**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = _one_thread_env()
     if cold:  # Numba reads and writes this directory instead of the package's __pycache__: every kernel compiles
         (tmp / f"{name}-numba").mkdir()
         env["NUMBA_CACHE_DIR"] = str(tmp / f"{name}-numba")
@@ -182,8 +188,7 @@ def _warm_needs(tmp: Path, model: str, argv: list[str]) -> dict[str, int]:
     for _ in range(2):
         done = subprocess.run([sys.executable, "-m", "tensorarena", "plan", "--model", model, *argv,
                                "--memory-limit", "16G", "--json", str(out)], capture_output=True, text=True,
-                              env={**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-                                   "PYTHONPATH": str(REPO)}, cwd=tmp, timeout=600)
+                              env=_one_thread_env(), cwd=tmp, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
     return {route: est["required"] for route, est in json.loads(out.read_text())["estimates"].items()}
 
