@@ -1,7 +1,32 @@
-"""Test-wide settings: NumPy raises on float errors, as DESIGN.md's house rules ask."""
+"""Test-wide settings: NumPy raises on float errors, as DESIGN.md's house rules ask; and how the suite shares a
+machine's cores when README's command runs it in two pytest-xdist workers (`-n 2`)."""
 
-import numpy as np
-import pytest
+import os
+
+# Under xdist two workers share the cores. An idle OpenMP thread that spins (tensorarena.kernels lets MKL's spin
+# ~2-3 ms after every parallel region) then burns the core the other worker's test needs: five test files
+# (test_layers_hunt, test_torch_ops4, test_cli_hunt, test_optim_hunt, test_fused_memory) took 170 and 143 s
+# spinning against 119 and 108 s sleeping (PASSIVE), alternated, on a 2-core Zen 3. libgomp reads the policy once,
+# when it loads, so it is set here, before any test module imports tensorarena or MKL; tests of the policy itself
+# run their own subprocesses without it (tests/test_kernel_gemm.py, tests/test_docs_truth.py).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files with tests marked `heavy(seconds=...)` (~20 s or more on a 2-core machine) run first, the longest
+    first. pyproject's `--dist loadfile --no-loadscope-reorder` hands xdist's workers whole files in this order, so
+    the long ones start early and many short files are left to even out the end, instead of one worker running a
+    long file alone while the other has finished (xdist's own order, by the number of tests, put them last)."""
+    seconds: dict = {}
+    for item in items:
+        mark = item.get_closest_marker("heavy")
+        if mark is not None:
+            seconds[item.path] = seconds.get(item.path, 0) + mark.kwargs["seconds"]
+    items.sort(key=lambda item: -seconds.get(item.path, 0))  # stable: each file's tests stay together, in order
 
 
 @pytest.fixture(autouse=True)

@@ -478,6 +478,7 @@ def test_resume_same_route_constant_schedule_is_bit_exact(tmp_path):
     assert max_diff(load_ckpt(tmp_path / "full.st"), load_ckpt(tmp_path / "rest.st")) == 0.0
 
 
+@pytest.mark.heavy(seconds=26)
 def test_resume_across_routes_is_bit_exact_vit(tmp_path):
     # fused -> streaming and streaming -> eager, each against one uninterrupted eager run. --train-size 8 =
     # steps x batch of the 2-step half, so both runs draw the same images (see the ViT resume bug below);

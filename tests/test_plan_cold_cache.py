@@ -97,7 +97,7 @@ def _train_cold(tmp: Path, model: str) -> tuple[dict, dict]:
     return json.loads(out.read_text()), seen
 
 
-@pytest.mark.parametrize("model", ["mlp", "vit-tiny"])
+@pytest.mark.parametrize("model", ["mlp", pytest.param("vit-tiny", marks=pytest.mark.heavy(seconds=90))])
 def test_first_run_after_install_stays_within_its_plan(model, tmp_path):
     summary, seen = _train_cold(tmp_path, model)
     assert summary["route"] == "fused", summary["route"]

@@ -108,6 +108,7 @@ def test_evaluation_between_fused_steps_runs_in_the_slab_and_leaves_training_as_
     assert result == reference
 
 
+@pytest.mark.heavy(seconds=35)
 def test_fused_simcse_with_its_probes_stays_within_its_plan(tmp_path):
     # Regression (fixed): 885.7 MiB through every step against an 852 MiB need: the probe forward before step 1
     # left ~41 MiB of blocks cached in the pool, which the fused step (its buffers in its slab) never takes.

@@ -50,6 +50,7 @@ def _vit_small_run(tmp_path, limit_mib: int, route_expected: str):
     return result
 
 
+@pytest.mark.heavy(seconds=67)
 def test_a_model_bigger_than_the_limit_streams_inside_it_and_a_generous_limit_takes_fused(tmp_path):
     # ViT-Small's parameters, gradients and AdamW moments alone are ~330 MiB; with the process
     # (~200 MiB with NumPy, Numba and the kernels) the fused route needs ~555 MiB, over 460. Streaming needs

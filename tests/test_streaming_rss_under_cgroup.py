@@ -171,6 +171,7 @@ def _streams_within_plan_free_and_in_a_cgroup(tmp: Path, model: str) -> None:
     assert limited["peak_rss_bytes"] <= limit
 
 
+@pytest.mark.heavy(seconds=48)
 def test_vit_small_streams_within_its_plan_unlimited_and_in_a_cgroup(tmp_path):
     _streams_within_plan_free_and_in_a_cgroup(tmp_path, "vit-small")
 
@@ -193,6 +194,7 @@ def _warm_needs(tmp: Path, model: str, argv: list[str]) -> dict[str, int]:
     return {route: est["required"] for route, est in json.loads(out.read_text())["estimates"].items()}
 
 
+@pytest.mark.heavy(seconds=95)
 def test_the_first_run_after_install_streams_within_its_plan(tmp_path):
     # An empty Numba cache: the plan's traces compile the forward and backward kernels (inside its measurement),
     # and every kernel it calls after them (the optimizer's update; the MLPs' GELU recompute, which its lean

@@ -48,6 +48,7 @@ def test_vit_rejects_image_size_not_multiple_of_patch():
               "--no-progress"])
 
 
+@pytest.mark.heavy(seconds=23)
 def test_train_vit_tiny_learns_with_flat_arena(tmp_path, capsys):
     out = tmp_path / "summary.json"
     code = main(["train", "--model", "vit-tiny", "--steps", "40", "--image-size", "32", "--patch-size", "8",
