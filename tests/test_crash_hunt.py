@@ -73,10 +73,15 @@ def _final_params(trainer):
 
 @functools.lru_cache(maxsize=None)
 def _reference(route, io="map", depth=2):
-    """The uninterrupted run: losses of every step and the final parameters."""
-    tr = _trainer(route, tempfile.mkdtemp(prefix="crash-hunt-ref-"), io=io, depth=depth)
-    losses = [tr.step(x, y).loss for x, y in BATCHES]
-    return losses, _final_params(tr)
+    """The uninterrupted run: losses of every step and the final parameters. Its store is removed once the
+    parameters are back in memory (it was left in /tmp, one per route, io and depth, by every run of this file)."""
+    store = tempfile.mkdtemp(prefix="crash-hunt-ref-")
+    try:
+        tr = _trainer(route, store, io=io, depth=depth)
+        losses = [tr.step(x, y).loss for x, y in BATCHES]
+        return losses, _final_params(tr)
+    finally:
+        shutil.rmtree(store)
 
 
 def _assert_continues(losses, params, route="streaming", io="map", start=0, depth=2):
