@@ -29,20 +29,6 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: -seconds.get(item.path, 0))  # stable: each file's tests stay together, in order
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _workers_split_the_kernel_compile():
-    """Under xdist each worker first compiles its share of every fused kernel (float32, float64) and later loads
-    the others' from Numba's cache. A fresh clone's cache is empty, and left to the tests both workers compiled
-    the same kernels as their first tests met them (a cold run took ~225 s longer than a warm one, twice what
-    compiling everything once costs in one process). With a warm cache this only loads the kernels (seconds)."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if worker:
-        from tensorarena.kernels.warmup import compile_all
-
-        compile_all((np.float32, np.float64),
-                    share=(int(worker.removeprefix("gw")), int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
-
-
 @pytest.fixture(autouse=True)
 def _numpy_raises():
     old = np.seterr(all="raise")

@@ -525,20 +525,6 @@ def test_compile_all_times_every_fused_kernel():
     assert {"adam", "nadam", "rmsprop", "adagrad", "lion", "lamb"} <= set(seconds)
 
 
-def test_compile_all_shares_make_every_call_once_and_split_each_kernels_dtypes(monkeypatch):
-    import tensorarena.kernels.warmup as warmup
-
-    made = []
-    monkeypatch.setattr(warmup, "_tiny_calls", lambda dt: {name: (lambda name=name: made.append((name, dt)))
-                                                          for name in ("a", "b", "c")})
-    for i in range(2):
-        compile_all((np.float32, np.float64), share=(i, 2))
-    # every call once; each kernel's dtypes (about as long to compile) in different shares
-    assert made == [(n, np.float32) for n in "abc"] + [(n, np.float64) for n in "abc"]
-    with pytest.raises(ValueError, match=r"share must be \(i, n\) with 0 <= i < n, got \(2, 2\)"):
-        compile_all(share=(2, 2))
-
-
 @pytest.mark.parametrize("dt", DTYPES)
 @pytest.mark.parametrize("tile", [None, 2 * 3 * 5 * 5], ids=["one_tile", "tile_per_batch_element"])
 def test_attention_with_dropout(dt, tile, monkeypatch):

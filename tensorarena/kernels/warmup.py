@@ -114,23 +114,16 @@ def not_covered() -> list[str]:
     return sorted(name for name, impls in _registry.items() if "fused" in impls and name not in covered)
 
 
-def compile_all(dtypes=(np.float32,), *, share: tuple[int, int] = (0, 1)) -> dict[str, float]:
+def compile_all(dtypes=(np.float32,)) -> dict[str, float]:
     """Call every fused kernel once per dtype on tiny inputs; returns seconds spent per kernel name.
 
     Seconds are summed over `dtypes`. A warm on-disk cache makes each a few milliseconds; a cold
     one (first run after install or after editing a kernel) takes seconds per kernel and dtype.
-    `share=(i, n)` makes only the i-th of every n (kernel, dtype) calls, in a fixed order, so that n
-    processes split a cold compile between them (the test suite's xdist workers: tests/conftest.py).
     """
-    index, count = share
-    if not 0 <= index < count:
-        raise ValueError(f"share must be (i, n) with 0 <= i < n, got {share}")
-    per_dtype = [_tiny_calls(np.dtype(dt).type) for dt in dtypes]
-    # Kernel by kernel, each in every dtype: a kernel's dtypes, which take about as long, go to different shares.
-    pairs = [(name, calls[name]) for name in per_dtype[0] for calls in per_dtype]
     seconds: dict[str, float] = {}
-    for name, call in pairs[index::count]:
-        t0 = time.perf_counter()
-        call()
-        seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - t0
+    for dt in dtypes:
+        for name, call in _tiny_calls(np.dtype(dt).type).items():
+            t0 = time.perf_counter()
+            call()
+            seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - t0
     return seconds
