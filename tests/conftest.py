@@ -25,6 +25,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         mark = item.get_closest_marker("heavy")
         if mark is not None:
+            if not isinstance(mark.kwargs.get("seconds"), (int, float)):
+                raise pytest.UsageError(f"{item.nodeid}: write @pytest.mark.heavy(seconds=N), N the seconds it took")
             seconds[item.path] = seconds.get(item.path, 0) + mark.kwargs["seconds"]
     items.sort(key=lambda item: -seconds.get(item.path, 0))  # stable: each file's tests stay together, in order
 
