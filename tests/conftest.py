@@ -1,6 +1,7 @@
 """Test-wide settings: NumPy raises on float errors, as DESIGN.md's house rules ask; and how the suite shares a
 machine's cores when README's command runs it in two pytest-xdist workers (`-n 2`)."""
 
+import importlib.util
 import os
 
 # Under xdist two workers share the cores. An idle OpenMP thread that spins (tensorarena.kernels lets MKL's spin
@@ -11,6 +12,15 @@ import os
 # run their own subprocesses without it (tests/test_kernel_gemm.py, tests/test_docs_truth.py).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# A test's subprocess (`python -m tensorarena ...`, often from a temporary directory) must run the tensorarena these
+# tests import, not whichever one its interpreter finds. Under .ci/run the tests import the checkout (`python -m
+# pytest` puts the working directory first on sys.path) while a child with no PYTHONPATH imported the copy that
+# `pip install .` put in site-packages, whose Numba cache is empty: each first child compiled its kernels again.
+# find_spec locates the package without importing it (MKL's threads must not start before the policy above is set).
+# A PYTHONPATH the user set is kept: tests/*.py's regression recipes run a file against an older worktree that way.
+if "PYTHONPATH" not in os.environ:
+    os.environ["PYTHONPATH"] = os.path.dirname(os.path.dirname(importlib.util.find_spec("tensorarena").origin))
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
