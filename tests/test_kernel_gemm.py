@@ -268,7 +268,8 @@ burnt = []
 for _ in range(5):
     G.gemm(a, a, out)
     t = time.process_time(); time.sleep(0.08); burnt.append(time.process_time() - t)
-print(sorted(burnt)[2], G.backend().split()[0], os.environ["OMP_WAIT_POLICY"], os.environ.get("GOMP_SPINCOUNT", "-"))
+print(sorted(burnt)[2], max(burnt), G.backend().split()[0], os.environ["OMP_WAIT_POLICY"],
+      os.environ.get("GOMP_SPINCOUNT", "-"))
 """
 
 
@@ -278,11 +279,15 @@ print(sorted(burnt)[2], G.backend().split()[0], os.environ["OMP_WAIT_POLICY"], o
 def test_mkl_threads_spin_briefly_then_sleep_after_a_gemm(policy, burn_ms):
     out = _run(SPIN_PROBE, **({"OMP_WAIT_POLICY": policy} if policy else {}))
     assert out.returncode == 0, out.stderr
-    burnt, backend, wait_policy, spin_count = out.stdout.split()
+    median, most, backend, wait_policy, spin_count = out.stdout.split()
     assert backend == "MKL"
     assert (wait_policy, spin_count) == ((policy, "-") if policy else ("ACTIVE", "100000"))
     low, high = burn_ms
-    assert low <= float(burnt) * 1e3 <= high, f"idle threads burnt {float(burnt) * 1e3:.1f} ms of an 80 ms sleep"
+    # The brief spin's floor on the most of the five: on a Zen 4 under `-n 2` the median once fell to 0.06 ms
+    # (2026-12-05, the whole suite beside it), while a sleep that found its core free still spun.
+    burnt_low = float(most if policy is None else median) * 1e3
+    assert low <= burnt_low and float(median) * 1e3 <= high, \
+        f"idle threads burnt {float(median) * 1e3:.2f} ms (median), {float(most) * 1e3:.2f} ms (most) of 80 ms sleeps"
 
 
 def test_without_mkl_the_kernels_threads_sleep_at_once():
