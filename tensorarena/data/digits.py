@@ -35,6 +35,10 @@ def _ink_points(digit: int) -> np.ndarray:
     return np.asarray(pts, dtype=np.float64) - np.array([3.0, 2.0])
 
 
+_CHUNK = 64  # images per block: its (64, ink points, 16, 16) float64 distances are ~2 MiB, under the (count, 256)
+# float64 noise array drawn after, so generating a set peaks no higher than before
+
+
 def make_digits(count: int, *, seed: int = 0, noise: float = 0.25) -> tuple[np.ndarray, np.ndarray]:
     """`count` images (count, 256) float32 in [0, 1]-ish with labels (count,) int64."""
     if isinstance(count, bool) or not isinstance(count, (int, np.integer)):
@@ -51,22 +55,31 @@ def make_digits(count: int, *, seed: int = 0, noise: float = 0.25) -> tuple[np.n
             raise ValueError(f"seed must be a non-negative integer, got {seed}")
     rng = np.random.default_rng(seed)
     labels = rng.integers(0, NUM_CLASSES, size=count)
+    # Each image draws five uniforms in turn (scale, shear, the centre's row and column shift, stroke radius):
+    # one (count, 5) draw takes the same doubles in the same order, and `low + (high - low) * u` is how
+    # Generator.uniform makes each, so every image is bit-for-bit the one a per-image loop drew.
+    u = rng.random((count, 5))
+    scale = 1.45 + (2.0 - 1.45) * u[:, 0]
+    shear = -0.35 + (0.35 - -0.35) * u[:, 1]
+    centre_r = 7.5 + (-1.5 + (1.5 - -1.5) * u[:, 2])
+    centre_c = 7.5 + (-1.5 + (1.5 - -1.5) * u[:, 3])
+    width = 0.55 + (0.95 - 0.55) * u[:, 4]  # stroke radius in pixels
     images = np.zeros((count, SIZE, SIZE), dtype=np.float64)
     grid_r, grid_c = np.mgrid[0:SIZE, 0:SIZE].astype(np.float64)
-    for i, digit in enumerate(labels):
-        pts = _ink_points(int(digit))
-        scale = rng.uniform(1.45, 2.0)
-        shear = rng.uniform(-0.35, 0.35)
-        # glyph (row, col) -> canvas: scale, shear columns by row, then shift the centre.
-        rr = pts[:, 0] * scale
-        cc = (pts[:, 1] + shear * pts[:, 0]) * scale
-        centre = np.array([7.5, 7.5]) + rng.uniform(-1.5, 1.5, size=2)
-        rr += centre[0]
-        cc += centre[1]
-        width = rng.uniform(0.55, 0.95)  # stroke radius in pixels
-        d2 = (grid_r[None] - rr[:, None, None]) ** 2 + (grid_c[None] - cc[:, None, None]) ** 2
-        with np.errstate(under="ignore"):  # far from the ink exp(-d2 / 2w^2) is below float64's range too: 0
-            images[i] = np.exp(-d2 / (2 * width**2)).max(axis=0)
+    for digit in range(NUM_CLASSES):  # one glyph's images at a time, _CHUNK at a time
+        pts = _ink_points(digit)
+        which = np.flatnonzero(labels == digit)
+        for start in range(0, which.size, _CHUNK):
+            i = which[start:start + _CHUNK]
+            # glyph (row, col) -> canvas: scale, shear columns by row, then shift the centre.
+            rr = pts[None, :, 0] * scale[i, None] + centre_r[i, None]
+            cc = (pts[None, :, 1] + shear[i, None] * pts[None, :, 0]) * scale[i, None] + centre_c[i, None]
+            d2 = ((grid_r - rr[..., None, None]) ** 2 + (grid_c - cc[..., None, None]) ** 2).min(axis=1)
+            # The nearest ink point's stroke is the brightest: exp and the division by 2w^2 > 0 keep order, so
+            # exp of the least distance is the most of the per-point exps, with one exp per pixel instead of one
+            # per pixel and point.
+            with np.errstate(under="ignore"):  # far from the ink exp(-d2 / 2w^2) is below float64's range too: 0
+                images[i] = np.exp(-d2 / (2 * width[i, None, None] ** 2))
     images += rng.normal(0.0, noise, size=images.shape)
     # Without noise, pixels far from the ink hold exp(-hundreds): below float32's range, so they become 0,
     # as intended; under np.seterr(all="raise") that cast would raise an underflow FloatingPointError.
