@@ -71,7 +71,24 @@ def _batch():
     return rng.standard_normal((32, 3, 64, 64)).astype(np.float32), rng.integers(0, 10, 32)
 
 
-def test_auto_route_recomputes_the_mlps_when_keeping_gelu_does_not_fit(caplog):
+@pytest.fixture
+def lean_traces(monkeypatch):
+    """Counts the route plan's lean traces (every MLP recomputing GELU), which it runs only when fused does not
+    fit with GELU kept."""
+    from tensorarena.train import route_plan
+
+    calls = []
+    original = route_plan._lean_fused_activations
+
+    def counted(*args, **kwargs):
+        calls.append(args[0])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(route_plan, "_lean_fused_activations", counted)
+    return calls
+
+
+def test_auto_route_recomputes_the_mlps_when_keeping_gelu_does_not_fit(caplog, lean_traces):
     """A budget under the fused route's need with GELU kept, above it with GELU recomputed: route "auto" trains
     fused with its MLPs recomputing (logged, in the plan), not on the streaming route. Without the lean
     estimate (before this), the same budget streamed."""
@@ -82,9 +99,11 @@ def test_auto_route_recomputes_the_mlps_when_keeping_gelu_does_not_fit(caplog):
     kept = roomy.plan(x, y).estimates["fused"]
     assert "recompute" not in kept.note
     assert not any(m.recompute_activation for m in model.modules() if isinstance(m, FeedForward))
+    assert lean_traces == []  # fused fits as it is: no second trace
 
     tight, model = _auto_trainer(kept.required - 1)
     plan = tight.plan(x, y)
+    assert lean_traces == [model]
     lean = plan.estimates["fused"]
     # Five full blocks keep one (32 * 65 tokens, 768) float32 buffer less each (the last computes [CLS] alone):
     # 30 MiB, more than the process's share moves between two plans (~7 MiB seen).
@@ -116,3 +135,21 @@ def test_a_budget_neither_fits_keeps_the_default_mlps_and_streams():
     assert plan.chosen == "streaming" and not plan.recompute_mlp
     assert "recompute" not in plan.estimates["fused"].note  # the plan shows the fused route as it would run
     assert not any(m.recompute_activation for m in model.modules() if isinstance(m, FeedForward))
+
+
+# Regression (fixed 2026-12-05): the lean trace ran whenever fused did not fit, though recomputing GELU saves
+# activations only; a model whose parameters and optimizer state alone are over the budget (any model that
+# must stream) paid a second trace of every stage for nothing. Without the check in route_plan.plan_routes
+# (`fused.required - fused_act <= budget.nbytes`) lean_traces below is [model].
+def test_no_lean_trace_when_fused_could_not_fit_even_without_activations(lean_traces):
+    x, y = _batch()
+    roomy, _ = _auto_trainer(8 << 30)
+    kept = roomy.plan(x, y).estimates["fused"]
+    without_activations = kept.required - kept.parts["activations (slab)"]
+    # 16 MiB under what fused needs with no activations at all: more than the process's share moves between two
+    # plans (~7 MiB seen), so the check holds whichever way it moves.
+    trainer, model = _auto_trainer(without_activations - (16 << 20))
+    plan = trainer.plan(x, y)
+    assert lean_traces == []
+    assert not plan.estimates["fused"].fits and not plan.recompute_mlp
+    assert "recompute" not in plan.estimates["fused"].note

@@ -433,7 +433,10 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
                 (int(np.prod(p._data.shape)) * p._data.dtype.itemsize
                  for group in optimizer.param_groups for p in group["params"]), default=0)
         fused = estimate("fused", fused_parts, "" if fused_keeps_grads else "parameters updated inside backward")
-        if not fused.fits:
+        # Recomputing GELU can save at most all the activations: where the rest alone (parameters, gradients,
+        # optimizer state, inputs, the process) is over the budget, the lean trace could not make fused fit
+        # and is skipped (a streaming-sized model: it was a second trace of every stage, for nothing).
+        if not fused.fits and fused.required - fused_act <= budget.nbytes:
             lean_act = _lean_fused_activations(model, loss_fn, x, y, traced is not None)
             if lean_act is not None and lean_act < fused_act:
                 lean_note = (f"MLPs recompute GELU in backward: {format_bytes(fused_act - lean_act)} less than "
