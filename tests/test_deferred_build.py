@@ -304,6 +304,73 @@ def test_route_auto_plans_from_shapes_and_makes_values_only_for_the_route_it_pic
     assert tight.stream.last_stats.loss == pytest.approx(eager_losses[0], abs=TOL)
 
 
+def _half_and_full(route: str, tmp_path) -> tuple[object, list[float]]:
+    """A 4-step run on `route` with a checkpoint after step 2: (the checkpoint's path, the 4 losses)."""
+    model = _build(False)
+    trainer = Trainer(model, optim.AdamW(model.parameters(), lr=1e-2), cross_entropy, route=route,
+                      store_dir=tmp_path / f"full-{route}")
+    losses = []
+    for step, (x, y) in enumerate(_batches(4), 1):
+        losses.append(trainer.step(x, y).loss)
+        if step == 2:
+            trainer.save(tmp_path / f"half-{route}.st")
+    return tmp_path / f"half-{route}.st", losses
+
+
+@pytest.mark.parametrize("route", ["fused", "streaming"])
+def test_a_checkpoint_loaded_before_route_auto_chooses_waits_and_resumes_on_the_chosen_route(route, tmp_path):
+    # Regression (fixed): load() made the deferred model whole in memory, with the optimizer's state, before route
+    # auto's plan measured the process; a run that streamed within its limit could not resume at it (the CLI's
+    # test: tests/test_streaming_rss_under_cgroup.py). Now the values wait for the route choice at step 1.
+    half, losses = _half_and_full(route, tmp_path)
+    batches = _batches(4)
+    model = _build(True)
+    opt = optim.AdamW(model.parameters(), lr=1e-2)
+    limit = "16G"
+    if route == "streaming":  # a limit between the two needs, as in the test above: auto must stream
+        plan = Trainer(model, opt, cross_entropy, route="auto", memory_limit="16G",
+                       store_dir=tmp_path / "probe").plan(*batches[0])
+        limit = (plan.estimates["streaming"].required + plan.estimates["fused"].required) // 2 + plan.budget.margin
+    trainer = Trainer(model, opt, cross_entropy, route="auto", memory_limit=limit, store_dir=tmp_path / "resumed")
+    trainer.load(half)
+    assert trainer.step_count == 2 and all(p.is_deferred for p in model.parameters())  # checked, not loaded yet
+    reports = [trainer.step(x, y) for x, y in batches[2:]]
+    assert [r.route for r in reports] == [route, route] and reports[-1].step == 4
+    # The same route's arithmetic, from the same state: the losses of the uninterrupted run.
+    np.testing.assert_allclose([r.loss for r in reports], losses[2:], rtol=0, atol=TOL)
+
+
+def test_save_and_evaluate_before_step_1_see_the_checkpoint_route_auto_is_waiting_to_load(tmp_path):
+    from safetensors.numpy import load_file
+
+    half, _ = _half_and_full("eager", tmp_path)
+    x, y = _batches(1)[0]
+    reference = _build(False)
+    loaded = Trainer(reference, optim.AdamW(reference.parameters(), lr=1e-2), cross_entropy, route="eager")
+    loaded.load(half)
+    expected = loaded.evaluate(x, y)
+
+    def waiting() -> Trainer:
+        model = _build(True)
+        trainer = Trainer(model, optim.AdamW(model.parameters(), lr=1e-2), cross_entropy, route="auto")
+        trainer.load(half)
+        assert all(p.is_deferred for p in model.parameters())
+        return trainer
+
+    assert waiting().evaluate(x, y) == expected  # the checkpoint's weights, not a DeferredParameterError
+    waiting().save(tmp_path / "again.st")
+    saved, again = load_file(str(half)), load_file(str(tmp_path / "again.st"))
+    assert set(saved) == set(again)
+    for key in saved:
+        np.testing.assert_array_equal(again[key], saved[key], err_msg=key)
+    # A checkpoint of another model is refused at load(), as on every route, not at step 1; nothing changes.
+    other = _build(True, dim=48)
+    trainer = Trainer(other, optim.AdamW(other.parameters(), lr=1e-2), cross_entropy, route="auto")
+    with pytest.raises(ValueError, match="does not fit"):
+        trainer.load(half)
+    assert trainer.step_count == 0 and trainer._pending_checkpoint is None
+
+
 # -- bigger than the memory: a real hard limit -------------------------------------------------------------------------
 # 64 blocks of dim 384: 454,586,920 bytes of float32 parameters (433.5 MiB), trained under a 380 MiB cgroup limit.
 BIG = dict(image_size=16, patch_size=8, num_classes=10, dim=384, depth=64, num_heads=6)

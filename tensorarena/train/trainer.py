@@ -15,6 +15,7 @@ import logging
 import math
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -158,6 +159,9 @@ class Trainer:
         self._busy = threading.Lock()  # held by step/save/load/evaluate (_one_at_a_time)
         self._train_rows: int | None = None  # the last training batch's rows: evaluate's default batch size
         self._busy_with: str | None = None
+        # A checkpoint load()ed into a deferred model on route "auto" before step 1, checked and waiting for the route
+        # choice: loading it then puts it where the route keeps the model (the store, when streaming), never whole.
+        self._pending_checkpoint: Path | None = None
         self._take_deferred(model)
 
     def _take_deferred(self, model: Module) -> None:
@@ -305,6 +309,8 @@ class Trainer:
             self.route, self.fallback_reason = "eager", str(err)
             log.warning("route auto: neither the fused nor the streaming route can run this step, training on the "
                         "eager route (its memory is not planned before step 1): %s", err)
+            self._materialize("route auto fell back to eager, which holds it whole")
+            self._load_pending_checkpoint("route auto fell back to eager")
             return
         if plan.chosen is None:
             raise MemoryError(f"no training route fits before step 1: {plan.reason}\n{plan.format()}")
@@ -312,6 +318,7 @@ class Trainer:
         self._recompute_mlp_if_planned(plan)
         if plan.chosen != "streaming":
             self._materialize(f"route auto chose {plan.chosen}, which holds it whole")
+        self._load_pending_checkpoint(f"route auto chose {plan.chosen}")
         # The choice was the check against the limit: checking again at the next step would plan once more, with
         # the chosen route's buffers now in the process's memory counted a second time (simcse at 640M: fused
         # needs 607 MiB, then "901 MiB" at step 2, a MemoryError after a step that fit).
@@ -628,6 +635,7 @@ class Trainer:
             raise ValueError(f"evaluate: the targets must have one row per input row ({rows}); got arrays of shapes "
                              f"{short}")
         labels = leaves[0] if spec[0] == "array" and np.issubdtype(leaves[0].dtype, np.integer) else None
+        self._load_pending_checkpoint("evaluate() before step 1 runs the loaded weights")
         was_training = self.model.training
         total_loss, correct, counted = 0.0, 0, labels is not None
         self.model.eval()
@@ -675,6 +683,9 @@ class Trainer:
         from .checkpoint import json_extra, save_checkpoint
 
         extra = json_extra(extra or {})  # a TypeError naming the bad entry before any route writes, on every route
+        # Before step 1 a checkpoint may wait for the route choice (load on a deferred model): it is the state
+        # to save, so it is loaded now, into the model made whole (no route is chosen yet to keep it elsewhere).
+        self._load_pending_checkpoint("save() before step 1 writes what it holds")
         if self.stream is not None:
             from ..stream.checkpoint import save_streaming_checkpoint
 
@@ -690,7 +701,12 @@ class Trainer:
         optimizer or scheduler class, is a ValueError naming it and what does not match, and the trainer
         keeps its weights, optimizer state, schedule, RNGs and step count.
 
-        On route="streaming" the checkpoint goes into the store stage by stage, never whole into memory.
+        On route="streaming" the checkpoint goes into the store stage by stage, never whole into memory. On
+        route="auto" before step 1, a model built under nn.deferred_init() (no values yet) gets the file checked
+        now (the errors above, nothing changed) and the step count at once; the values, optimizer state, schedule
+        and RNGs are loaded at step 1, once the route is chosen, where that route keeps the model (the store when
+        it streams), so a run that streamed within a memory limit resumes within it. A save() or evaluate()
+        before then loads them first, into the model made whole in memory.
         """
         with self._one_at_a_time("load"):
             return self._load(path)
@@ -713,12 +729,47 @@ class Trainer:
             meta = load_into_streaming(self.stream, path, verified=True)
             self.step_count = meta["step"]
             return meta.get("extra") or {}
-        # A deferred model (route "auto" before step 1) has no arrays to load into: they are made first, and the
-        # checkpoint then replaces them (load_state_dict's all-or-nothing needs whole values to keep on a refusal).
-        self._materialize("a checkpoint is loaded into it before the route is chosen")
+        from ..nn.deferred import has_deferred
+
+        if self.route == "auto" and has_deferred(self.model):
+            # A deferred model before route auto's choice: loading now would make it whole in memory (and the
+            # optimizer's state beside it) before the plan measures the process, so a run that streamed within
+            # its limit could not resume at that limit ("nothing fits"). Checked now, as a load on any route is
+            # (a bad file changes nothing), and loaded at step 1 where the chosen route keeps the model.
+            meta = check_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+            from ..stream.checkpoint import verify_checkpoint_file
+
+            verify_checkpoint_file(path)
+            self._pending_checkpoint = Path(path)
+            self.step_count = meta["step"]
+            log.info("checkpoint %s checked; it is loaded at step %d, once route auto has chosen where the model "
+                     "lives (the model is deferred: loading it now would make it whole in memory)", path,
+                     meta["step"] + 1)
+            return meta.get("extra") or {}
+        self._pending_checkpoint = None  # a later load replaces one that was waiting
         meta = load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
         self.step_count = meta["step"]
         return meta.get("extra") or {}
+
+    def _load_pending_checkpoint(self, why: str) -> None:
+        """Load the checkpoint load() left waiting (if any) where the route now keeps the model: into the store
+        when streaming (stage by stage), else into the model made whole in memory."""
+        path, self._pending_checkpoint = self._pending_checkpoint, None
+        if path is None:
+            return
+        log.info("loading the checkpoint %s now (%s)", path, why)
+        if self.route == "streaming":
+            from ..stream.checkpoint import load_into_streaming
+
+            if self.stream is None:
+                self._start_streaming()
+            meta = load_into_streaming(self.stream, path, verified=True)
+        else:
+            from .checkpoint import load_checkpoint
+
+            self._materialize(f"the checkpoint {path} is loaded into it ({why})")
+            meta = load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+        self.step_count = meta["step"]
 
 
 def _check_loss(loss: Any, loss_fn: LossFn) -> None:
