@@ -126,7 +126,8 @@ def _one_thread_env() -> dict[str, str]:
     return {**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 
 
-def _train(tmp: Path, name: str, argv: list[str], *, limit: int | None = None, cold: bool = False) -> dict:
+def _train(tmp: Path, name: str, argv: list[str], *, limit: int | None = None, cold: bool = False,
+           steps: int = 2) -> dict:
     """Run `tensorarena train <argv>` (inside a cgroup of `limit` bytes if given; with an empty Numba cache if
     `cold`) and return its summary with the cgroup's verdict."""
     from tests.cgroup_harness import CgroupUnavailable, run_limited
@@ -137,7 +138,7 @@ def _train(tmp: Path, name: str, argv: list[str], *, limit: int | None = None, c
         (tmp / f"{name}-numba").mkdir()
         env["NUMBA_CACHE_DIR"] = str(tmp / f"{name}-numba")
     # 64 held-out images, not the default 2000: streamed evaluation of 2000 was most of a vit-small run's time.
-    cmd = [sys.executable, "-m", "tensorarena", "train", *argv, "--steps", "2", "--test-size", "64", "--no-progress",
+    cmd = [sys.executable, "-m", "tensorarena", "train", *argv, "--steps", str(steps), "--test-size", "64", "--no-progress",
            "--json", str(summary), "--store-dir", str(tmp / f"{name}-store")]
     if limit is None:
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp, timeout=600)
@@ -213,3 +214,22 @@ def test_the_first_run_after_install_streams_within_its_plan(tmp_path):
     # The cold process measured what COLD_EXTRA says it would, or the limit was not where this test means it.
     cold = {route: est["required"] for route, est in limited["route_plan_estimates"].items()}
     assert cold["streaming"] < limit < cold["fused"], (cold, limit)
+
+
+def test_a_run_resumed_on_route_auto_streams_within_the_limit_it_streamed_in(tmp_path):
+    # Regression (fixed): `--resume` on route auto loaded the checkpoint into the deferred model before the route
+    # plan, making the model and its optimizer state whole in memory, which the plan then measured as the process:
+    # vit-small streamed at --memory-limit 400M (243 MiB) and its resume there said "nothing fits: streaming needs
+    # 619 MiB". The load now waits for the route (Trainer.load). Streaming, it then read the file through one
+    # safetensors map: every page read stayed resident, 460 MiB against the 243 planned (stream/checkpoint.py).
+    # Both shown failing without the fix: `git stash` the two files, then this test fails at the resumed run.
+    first = _train(tmp_path, "first", ["--model", "vit-tiny", "--route", "streaming", "--memory-limit", "16G",
+                                       "--total-steps", "2", "--save", str(tmp_path / "half.st")], steps=1)
+    need = first["route_plan_estimates"]["streaming"]["required"]
+    # Room for streaming and not for fused (~90 MiB more here: the parameters, their gradients and AdamW's state).
+    limit = int(need * 1.08)
+    resumed = _train(tmp_path, "resumed", ["--model", "vit-tiny", "--memory-limit", str(limit),
+                                           "--resume", str(tmp_path / "half.st")], limit=limit)
+    assert resumed["steps"] == 2 and resumed["steps_this_run"] == 1
+    assert resumed["route_plan_estimates"]["fused"]["required"] > limit  # else the premise (a choice) is gone
+    _within_plan(resumed, f"vit-tiny resumed on route auto in a {limit / MIB:.1f} MiB cgroup")

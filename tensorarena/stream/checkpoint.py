@@ -35,6 +35,7 @@ from ..random import peek_default_generator
 from ..tensor import Tensor
 from . import optim_state
 from .follow import group_map, grow_state_kinds
+from .heap import return_freed_pages
 from .route import generator_states_problem, restore_generators
 from ..train.checkpoint import (CHECKSUM_KEY, FORMAT, VERSION, _atomic_write, _corrupt, _generators, _jsonable,
                                 checksums_entry, read_metadata, rng_state, saved_checksums)
@@ -271,16 +272,23 @@ def load_into_streaming(route, path: str | os.PathLike, *, verified: bool = Fals
             for k, (stage, param_names) in enumerate(zip(route.stages, route._names)):
                 store.read(k, 0).result()
                 views = store.views(0, k)
-                for i, (p, name) in enumerate(zip(stage.params, param_names)):
-                    np.copyto(views.params[i], f.get_tensor(f"model.{name}"), casting="same_kind")
-                    gi, j = group_of.get(id(p)), index.get(id(p))
-                    state = {} if j is None else _saved_state(f, names, saved, j, route.kinds)
-                    optim_state.put_state(route.kinds, optimizer, groups[gi] if gi is not None else None, state,
-                                          views.state[i], views.scalars[i])
+                # The file opened again for each stage: safetensors maps it, and every page a read touched stays
+                # in this process's RSS until the map goes. Through one map for the whole load, resuming
+                # vit-small at --memory-limit 400M peaked 460 MiB against a 243 MiB plan (+ the 247 MiB file).
+                with safe_open(str(path), framework="numpy") as stage_file:
+                    for i, (p, name) in enumerate(zip(stage.params, param_names)):
+                        np.copyto(views.params[i], stage_file.get_tensor(f"model.{name}"), casting="same_kind")
+                        gi, j = group_of.get(id(p)), index.get(id(p))
+                        state = {} if j is None else _saved_state(stage_file, names, saved, j, route.kinds)
+                        optim_state.put_state(route.kinds, optimizer, groups[gi] if gi is not None else None,
+                                              state, views.state[i], views.scalars[i])
                 views = None  # io="map": the write unmaps the slot (store._release)
                 store.write(k, 0, None).result()
             for key, value in outside:  # in memory: copied in place, as model.load_state_dict does
                 np.copyto(_in_memory(value), f.get_tensor(f"model.{key}"), casting="same_kind")
+            # The arrays read from the file are freed, but glibc keeps heap pages they took (stream/heap.py):
+            # vit-small resumed at 400M ran 5 MiB above its plan with them, within 0.3% after this.
+            return_freed_pages()
         except BaseException as exc:
             route._broken = (f"loading the checkpoint {path} failed ({type(exc).__name__}: {exc}) while it "
                              f"was written into the store, which now holds a mix of it and the run")
