@@ -191,6 +191,27 @@ def test_a_deferred_model_streams_exactly_as_the_same_model_built_in_memory(tmp_
                                        err_msg=f"{name} {key}")
 
 
+@pytest.mark.parametrize("name, dtype", [("vit small config, default generator", np.float64),
+                                         ("vit float64, Philox", np.float32)])
+def test_to_dtype_keeps_a_deferred_model_deferred_and_makes_the_eager_builds_cast_values(name, dtype, tmp_path):
+    # Regression (fixed): Module.to(dtype) on a deferred model raised DeferredParameterError (it read .data to cast
+    # it), where torch's meta-device model takes .to(dtype). Made later, in memory or straight into the store, the
+    # values are the eager build's cast by .to(): filled in the constructor's dtype, then rounded as astype rounds.
+    eager, lazy, _, _ = _eager_and_deferred(BUILDS[name])
+    assert lazy.to(dtype) is lazy
+    assert all(p.is_deferred and p.dtype == dtype for p in lazy.parameters())
+    eager.to(dtype)
+    _, streamed, _, _ = _eager_and_deferred(BUILDS[name])
+    streamed.to(dtype)
+    StreamingRoute.from_memory(streamed, optim.AdamW(streamed.parameters(), lr=1e-3), cross_entropy,
+                               tmp_path / "store").to_memory()
+    lazy.materialize()
+    for (key, p), made, stored in zip(eager.named_parameters(), lazy.parameters(), streamed.parameters()):
+        assert made.dtype == stored.dtype == p.dtype == dtype, key
+        np.testing.assert_array_equal(made.data, p.data, err_msg=key)
+        np.testing.assert_array_equal(stored.data, p.data, err_msg=key)
+
+
 def test_moving_a_deferred_model_into_the_store_holds_one_slot_never_the_model(tmp_path):
     lazy = _build(True, depth=6, dim=64)
     opt = optim.AdamW(lazy.parameters(), lr=1e-3)

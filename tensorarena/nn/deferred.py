@@ -87,6 +87,9 @@ class DeferredInit:
 
     def __init__(self, shape: tuple[int, ...], dtype: np.dtype) -> None:
         self.shape, self.dtype = shape, dtype
+        # The dtype the constructor filled in. Module.to(dtype) on a deferred model changes `dtype` only: the values
+        # are then made in this dtype and cast, as the eager build's float32 values cast by .to(np.float64) are.
+        self.built_dtype = dtype
         self.fill: _Fill | None = None
         self.fills = 0  # how many fills the constructor made (only the last decides the values)
         self.label = "a parameter"  # named when assigned to a module, fully by name_deferred(model)
@@ -128,7 +131,10 @@ class DeferredInit:
                 f"(e.g. nn.init.zeros_) or build the module outside deferred_init()")
         fn: Callable = getattr(init, self.fill.fn)
         gen = self.fill.generator()
-        fn(out, **self.fill.kwargs, **({} if gen is None else {"rng": gen}))
+        target = out if self.built_dtype == self.dtype else np.empty(self.shape, self.built_dtype)
+        fn(target, **self.fill.kwargs, **({} if gen is None else {"rng": gen}))
+        if target is not out:
+            np.copyto(out, target, casting="same_kind")  # astype's rounding: the eager build's .to()
         return out
 
 
@@ -174,8 +180,11 @@ def fill_bytes(p) -> int:
     """Scratch bytes making deferred parameter `p` takes beside its own: nn.init draws in float64 (8 per value)
     and casts into the target; trunc_normal_ also holds three bool masks while it compares and the indices of
     the values it draws again (at most a few percent of 8 bytes each: 1 is counted). A constant takes none."""
-    fill = p._arena.fill
+    record = p._arena
+    fill = record.fill
     per_value = {"constant_": 0, "trunc_normal_": 12}.get(fill.fn, 8) if fill is not None else 0
+    if record.built_dtype != record.dtype:  # made in the constructor's dtype, then cast (Module.to)
+        per_value += np.dtype(record.built_dtype).itemsize
     return per_value * math.prod(p.shape)
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..autograd import increment_version
 from ..tensor import SUPPORTED_FLOATS, Tensor
+from .deferred import placeholder
 from .parameter import Parameter
 
 
@@ -341,7 +342,8 @@ class Module:
 
     # -- dtype -------------------------------------------------------------------------
     def to(self, dtype) -> "Module":
-        """Convert parameters (and floating buffers) to float32 or float64, keeping the Parameter objects."""
+        """Convert parameters (and floating buffers) to float32 or float64, keeping the Parameter objects. A deferred
+        parameter (nn.deferred_init) stays deferred: made later, it holds its eager build's values cast to dtype."""
         try:
             dt = np.dtype(dtype)
         except TypeError:
@@ -350,7 +352,10 @@ class Module:
         if dt not in SUPPORTED_FLOATS:
             raise TypeError(f"Module.to supports float32 and float64, got {dt}")
         for p in self.parameters():
-            if p.dtype != dt:
+            if p.dtype != dt and p.is_deferred:  # no values to cast yet: they are made in dt (nn/deferred.py)
+                p._arena.dtype = dt
+                p._data = placeholder(p.shape, dt)
+            elif p.dtype != dt:
                 p.data = p.data.astype(dt)
                 if p.grad is not None:
                     p.grad = p.grad.astype(dt)
