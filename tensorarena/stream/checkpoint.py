@@ -284,8 +284,9 @@ def load_into_streaming(route, path: str | os.PathLike, *, verified: bool = Fals
                                               state, views.state[i], views.scalars[i])
                 views = None  # io="map": the write unmaps the slot (store._release)
                 store.write(k, 0, None).result()
-            for key, value in outside:  # in memory: copied in place, as model.load_state_dict does
-                np.copyto(_in_memory(value), f.get_tensor(f"model.{key}"), casting="same_kind")
+            with safe_open(str(path), framework="numpy") as outside_file:  # its own map too, gone after
+                for key, value in outside:  # in memory: copied in place, as model.load_state_dict does
+                    np.copyto(_in_memory(value), outside_file.get_tensor(f"model.{key}"), casting="same_kind")
             # The arrays read from the file are freed, but glibc keeps heap pages they took (stream/heap.py):
             # vit-small resumed at 400M ran 5 MiB above its plan with them, within 0.3% after this.
             return_freed_pages()
