@@ -117,3 +117,18 @@ def test_fused_simcse_with_its_probes_stays_within_its_plan(tmp_path):
     need, peak = _need_and_peak(summary)
     assert summary["probe_loss_before"] > 0 and summary["probe_loss_after"] > 0
     assert peak <= need * TOLERANCE, f"simcse: peak RSS {peak / MIB:.2f} MiB, the plan's need {need / MIB:.2f} MiB"
+
+
+def test_a_fused_run_resumed_on_route_auto_stays_within_its_plan(tmp_path):
+    # Regression (fixed): once Trainer.load() on route auto left the checkpoint of a deferred model to step 1 (so a
+    # streamed run resumes within its limit), a resumed vit-tiny on fused peaked at 333.7 MiB against a 293.8 MiB
+    # plan: the plan was made before the load, and the load's optimizer state and heap pages were in no part of it.
+    # Now route auto plans again once it has loaded the checkpoint into the model for fused (shown failing without
+    # that: drop the second plan in Trainer._choose_route).
+    (tmp_path / "first").mkdir(), (tmp_path / "resumed").mkdir()
+    _train(tmp_path / "first", "vit-tiny", "--steps", "1", "--save", str(tmp_path / "half.st"))
+    summary = _train(tmp_path / "resumed", "vit-tiny", "--resume", str(tmp_path / "half.st"))
+    assert summary["steps"] == 3 and summary["steps_this_run"] == 2
+    need, peak = _need_and_peak(summary)
+    assert peak <= need * TOLERANCE, (f"resumed vit-tiny: peak RSS {peak / MIB:.2f} MiB, the plan's need "
+                                      f"{need / MIB:.2f} MiB")
