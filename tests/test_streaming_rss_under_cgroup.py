@@ -138,8 +138,8 @@ def _train(tmp: Path, name: str, argv: list[str], *, limit: int | None = None, c
         (tmp / f"{name}-numba").mkdir()
         env["NUMBA_CACHE_DIR"] = str(tmp / f"{name}-numba")
     # 64 held-out images, not the default 2000: streamed evaluation of 2000 was most of a vit-small run's time.
-    cmd = [sys.executable, "-m", "tensorarena", "train", *argv, "--steps", str(steps), "--test-size", "64", "--no-progress",
-           "--json", str(summary), "--store-dir", str(tmp / f"{name}-store")]
+    cmd = [sys.executable, "-m", "tensorarena", "train", *argv, "--steps", str(steps), "--test-size", "64",
+           "--no-progress", "--json", str(summary), "--store-dir", str(tmp / f"{name}-store")]
     if limit is None:
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp, timeout=600)
         returncode, stderr, oom = done.returncode, done.stderr, False

@@ -159,8 +159,8 @@ class Trainer:
         self._busy = threading.Lock()  # held by step/save/load/evaluate (_one_at_a_time)
         self._train_rows: int | None = None  # the last training batch's rows: evaluate's default batch size
         self._busy_with: str | None = None
-        # A checkpoint load()ed into a deferred model on route "auto" before step 1, checked and waiting for the route
-        # choice: loading it then puts it where the route keeps the model (the store, when streaming), never whole.
+        # A checkpoint load()ed into a deferred model on route "auto" before step 1, checked and waiting for the
+        # route choice: loading it then puts it where the route keeps the model (the store, when streaming).
         self._pending_checkpoint: Path | None = None
         self._take_deferred(model)
 
