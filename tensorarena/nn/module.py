@@ -17,7 +17,6 @@ import numpy as np
 
 from ..autograd import increment_version
 from ..tensor import SUPPORTED_FLOATS, Tensor
-from .deferred import placeholder
 from .parameter import Parameter
 
 
@@ -353,8 +352,7 @@ class Module:
             raise TypeError(f"Module.to supports float32 and float64, got {dt}")
         for p in self.parameters():
             if p.dtype != dt and p.is_deferred:  # no values to cast yet: they are made in dt (nn/deferred.py)
-                p._arena.dtype = dt
-                p._data = placeholder(p.shape, dt)
+                p.defer_as(dt)
             elif p.dtype != dt:
                 p.data = p.data.astype(dt)
                 if p.grad is not None:

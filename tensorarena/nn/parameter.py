@@ -46,6 +46,13 @@ class Parameter(Tensor):
             self.data = record.fill_into(np.empty(record.shape, record.dtype))  # the setter forgets the record
         return self
 
+    def defer_as(self, dtype) -> None:
+        """A deferred parameter to be made in `dtype` (Module.to): still no values; made later, they are the eager
+        build's cast to dtype (DeferredInit.fill_into)."""
+        record = self._arena
+        record.dtype = np.dtype(dtype)
+        self._data = placeholder(record.shape, record.dtype)
+
     def __repr__(self) -> str:
         if self.is_deferred:  # repr must not raise: a debugger or a log line shows it
             return f"Parameter(deferred, shape={self.shape}, dtype={self.dtype}, requires_grad={self.requires_grad})"

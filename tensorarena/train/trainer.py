@@ -318,8 +318,7 @@ class Trainer:
             # A waiting checkpoint goes into the model made whole; what loading it leaves in the process (the
             # optimizer's state arrays, heap pages) is measured by planning again, as a load before the plan was:
             # without this a resumed vit-tiny peaked at 333.7 MiB on fused against a 293.8 MiB plan.
-            self._materialize(f"route auto chose {plan.chosen}, which holds it whole")
-            self._load_pending_checkpoint(f"route auto chose {plan.chosen}")
+            self._load_pending_checkpoint(f"route auto chose {plan.chosen}")  # (it makes the model whole first)
             plan = self.plan(inputs, targets, ("fused", "streaming"))
             if plan.chosen is None:
                 raise MemoryError(f"no training route fits before step 1 with the checkpoint loaded: {plan.reason}"
