@@ -339,12 +339,20 @@ def _kernel_flags(dispatcher):
 def _kernel_cases():
     x = np.linspace(-3, 3, 64 * 48).astype(np.float32).reshape(64, 48)
     flat = x.reshape(-1)
+    # Each GELU kernel has an erf and a tanh form (kernels/gelu.py says why): both must be packed.
+    gelu_args = {
+        "forward": (flat, flat.copy()),
+        "backward": (flat, flat, flat.copy()),
+        "bias_forward": (x, x[0].copy(), x.copy(), x.copy()),
+        "bias_backward": (x, x, x.copy(), np.zeros((2, 48)), 2),
+        "bias_backward_recompute": (x, x.copy(), x.copy(), np.zeros((2, 48)), 2),
+        "bias_forward_with_grad": (x, x[0].copy(), x.copy(), x.copy()),
+    }
     m, lead_shape, lead_stride, last = softmax._mask_layout(x.reshape(4, 16, 48), np.zeros((4, 1, 48), np.float32))
     return {
-        "gelu._forward": (gelu._forward, (flat, flat.copy(), False)),
-        "gelu._backward": (gelu._backward, (flat, flat, flat.copy(), True)),
-        "gelu._bias_forward": (gelu._bias_forward, (x, x[0].copy(), x.copy(), x.copy(), False)),
-        "gelu._bias_backward": (gelu._bias_backward, (x, x, x.copy(), np.zeros((2, 48)), 2, False)),
+        **{f"gelu._{kernel}_{form}": (getattr(gelu, f"_{kernel}_{form}"), args)
+           for form in ("erf", "tanh") for kernel, args in gelu_args.items()},
+        "gelu._backward_stored": (gelu._backward_stored, (x, x.copy(), np.zeros((2, 48)), 2)),
         "softmax._forward": (softmax._forward, (x, m, True, lead_shape, lead_stride, last, x.copy(), 8)),
         "softmax._exp_normalise": (softmax._exp_normalise, (x[0], x[1].copy(), x[0, 0])),
         "softmax._exp_fma_normalise": (softmax._exp_fma_normalise, (x[0].copy(), np.float32(0.125), np.float32(-1))),

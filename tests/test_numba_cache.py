@@ -20,7 +20,7 @@ def test_kernel_modules_are_cached_through_the_dependency_locator():
     from tensorarena.kernels import attention_heads, gelu
 
     assert numba_cache.installed()
-    for fn in (gelu._bias_forward, attention_heads._forward):
+    for fn in (gelu._bias_forward_erf, attention_heads._forward):
         locator = fn._cache._impl._locator
         assert isinstance(locator, numba_cache.KernelCacheLocator), type(locator)
         stamp = locator.get_source_stamp()
@@ -109,8 +109,8 @@ def test_an_edited_inlined_helper_is_recompiled(tmp_path, track):
 def test_real_kernels_load_from_the_cache_in_a_new_process():
     """The stamp of a real kernel is the same from one process to the next (else every start recompiles)."""
     code = ("import numpy as np\nfrom tensorarena.kernels import gelu\nx = np.ones((4, 8), np.float32)\n"
-            "gelu._bias_forward(x, np.ones(8, np.float32), np.empty_like(x), np.empty_like(x), False)\n"
-            "print(sum(gelu._bias_forward.stats.cache_hits.values()))")
+            "gelu._bias_forward_erf(x, np.ones(8, np.float32), np.empty_like(x), np.empty_like(x))\n"
+            "print(sum(gelu._bias_forward_erf.stats.cache_hits.values()))")
     runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
             for _ in range(2)]
     assert all(r.returncode == 0 for r in runs), runs[-1].stderr[-3000:]
@@ -120,7 +120,7 @@ def test_real_kernels_load_from_the_cache_in_a_new_process():
 def test_a_locator_list_the_user_set_wins(tmp_path):
     code = ("import logging\nlogging.basicConfig(level=logging.INFO)\n"
             "from tensorarena.kernels import gelu, numba_cache\n"
-            "print(numba_cache.installed(), type(gelu._bias_forward._cache._impl._locator).__name__)")
+            "print(numba_cache.installed(), type(gelu._bias_forward_erf._cache._impl._locator).__name__)")
     # Its own cache directory: an index written under Numba's stamp would make the next run recompile.
     env = dict(os.environ, NUMBA_CACHE_LOCATOR_CLASSES="UserProvidedCacheLocator,InTreeCacheLocator",
                NUMBA_CACHE_DIR=str(tmp_path))

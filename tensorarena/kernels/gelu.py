@@ -202,62 +202,6 @@ def _gelu_grad_tanh(x):
     return s + x * (s * one_minus_s) * fm.like(c, 2.0 * _SQRT_2_PI) * (one + fm.like(c, 3.0 * _K) * c * c)
 
 
-@numba.njit(parallel=True, **_JIT)
-def _forward(x, out, tanh):
-    # Two loops, not one with the test inside: each is then a single vectorised loop. (A prange
-    # over chunk indices with an inner range loop made LLVM gather/scatter: keep the plain prange.)
-    if tanh:
-        for i in numba.prange(x.shape[0]):
-            out[i] = _gelu_tanh(x[i])
-    else:
-        for i in numba.prange(x.shape[0]):
-            out[i] = _gelu_erf(x[i])
-
-
-@numba.njit(parallel=True, **_JIT)
-def _backward(x, g, out, tanh):
-    if tanh:
-        for i in numba.prange(x.shape[0]):
-            out[i] = g[i] * _gelu_grad_tanh(x[i])
-    else:
-        for i in numba.prange(x.shape[0]):
-            out[i] = g[i] * _gelu_grad_erf(x[i])
-
-
-@numba.njit(parallel=True, **_JIT)
-def _bias_forward(x, bias, pre, out, tanh):
-    n, d = x.shape
-    if tanh:
-        for r in numba.prange(n):
-            for j in range(d):
-                p = x[r, j] + bias[j]  # in the input dtype, exactly as the reference's np.add
-                pre[r, j] = p
-                out[r, j] = _gelu_tanh(p)
-    else:
-        for r in numba.prange(n):
-            for j in range(d):
-                p = x[r, j] + bias[j]
-                pre[r, j] = p
-                out[r, j] = _gelu_erf(p)
-
-
-@numba.njit(parallel=True, **_JIT)
-def _bias_backward(pre, g, dx, part, nchunks, tanh):
-    n, d = pre.shape
-    for c in numba.prange(nchunks):
-        lo, hi, acc = _chunk_and_partial(part, c, n)
-        for r in range(lo, hi):
-            dxr, gr, pr = dx[r], g[r], pre[r]
-            if tanh:
-                for j in range(d):
-                    dxr[j] = gr[j] * _gelu_grad_tanh(pr[j])
-            else:
-                for j in range(d):
-                    dxr[j] = gr[j] * _gelu_grad_erf(pr[j])
-            for j in range(d):  # apart: in the loop above the float64 sums would halve its width
-                acc[j] += dxr[j]
-
-
 @numba.njit(inline="always", error_model="numpy")
 def _gelu_and_grad_erf(x):
     # One ndtr_pdf for both: gelu(x) = x Phi(x) and gelu'(x) = Phi(x) + x phi(x). Phi of the clipped
@@ -281,50 +225,144 @@ def _gelu_and_grad_tanh(x):
     return x / (one + e), s + x * (s * one_minus_s) * fm.like(c, 2.0 * _SQRT_2_PI) * (one + fm.like(c, 3.0 * _K) * c * c)
 
 
+# Each kernel comes in two forms, `_erf` and `_tanh`, rather than one taking the form as a flag: Numba compiles
+# every branch of a kernel, so one with both forms cost the erf form's compile plus the tanh form's on every first
+# call, where a model uses one. bias_gelu_forward_with_grad float32, cold (a fresh Numba cache): both forms in one
+# kernel 2.0-2.4 s, the erf form alone 1.3-1.6 s, the tanh form alone 0.9 s (Zen 4); a first `tensorarena train
+# --model vit-tiny` compiles four of these kernels. Each form is one vectorised loop per row, as before: a
+# prange over chunk indices with an inner range loop made LLVM gather/scatter in _forward, so it keeps a plain
+# prange; in the row kernels the float64 dbias sums run in a loop of their own (_add_row), since in the
+# activation's loop they would halve its width.
 @numba.njit(parallel=True, **_JIT)
-def _bias_backward_recompute(pre, gdx, act, part, nchunks, tanh):
-    # gdx holds g on entry and dx on exit: one array read and written at the same index keeps the
-    # loop vectorised (a dx that merely aliased g failed LLVM's overlap check: 5x slower, scalar).
+def _forward_erf(x, out):
+    for i in numba.prange(x.shape[0]):
+        out[i] = _gelu_erf(x[i])
+
+
+@numba.njit(parallel=True, **_JIT)
+def _forward_tanh(x, out):
+    for i in numba.prange(x.shape[0]):
+        out[i] = _gelu_tanh(x[i])
+
+
+@numba.njit(parallel=True, **_JIT)
+def _backward_erf(x, g, out):
+    for i in numba.prange(x.shape[0]):
+        out[i] = g[i] * _gelu_grad_erf(x[i])
+
+
+@numba.njit(parallel=True, **_JIT)
+def _backward_tanh(x, g, out):
+    for i in numba.prange(x.shape[0]):
+        out[i] = g[i] * _gelu_grad_tanh(x[i])
+
+
+@numba.njit(parallel=True, **_JIT)
+def _bias_forward_erf(x, bias, pre, out):
+    n, d = x.shape
+    for r in numba.prange(n):
+        for j in range(d):
+            p = x[r, j] + bias[j]  # in the input dtype, exactly as the reference's np.add
+            pre[r, j] = p
+            out[r, j] = _gelu_erf(p)
+
+
+@numba.njit(parallel=True, **_JIT)
+def _bias_forward_tanh(x, bias, pre, out):
+    n, d = x.shape
+    for r in numba.prange(n):
+        for j in range(d):
+            p = x[r, j] + bias[j]
+            pre[r, j] = p
+            out[r, j] = _gelu_tanh(p)
+
+
+@numba.njit(inline="always")
+def _add_row(acc, row):
+    for j in range(row.shape[0]):
+        acc[j] += row[j]
+
+
+@numba.njit(parallel=True, **_JIT)
+def _bias_backward_erf(pre, g, dx, part, nchunks):
+    n, d = pre.shape
+    for c in numba.prange(nchunks):
+        lo, hi, acc = _chunk_and_partial(part, c, n)
+        for r in range(lo, hi):
+            dxr, gr, pr = dx[r], g[r], pre[r]
+            for j in range(d):
+                dxr[j] = gr[j] * _gelu_grad_erf(pr[j])
+            _add_row(acc, dxr)
+
+
+@numba.njit(parallel=True, **_JIT)
+def _bias_backward_tanh(pre, g, dx, part, nchunks):
+    n, d = pre.shape
+    for c in numba.prange(nchunks):
+        lo, hi, acc = _chunk_and_partial(part, c, n)
+        for r in range(lo, hi):
+            dxr, gr, pr = dx[r], g[r], pre[r]
+            for j in range(d):
+                dxr[j] = gr[j] * _gelu_grad_tanh(pr[j])
+            _add_row(acc, dxr)
+
+
+# The recompute kernels take g in gdx and leave dx there: one array read and written at the same index keeps the
+# loop vectorised (a dx that merely aliased g failed LLVM's overlap check: 5x slower, scalar).
+@numba.njit(parallel=True, **_JIT)
+def _bias_backward_recompute_erf(pre, gdx, act, part, nchunks):
     n, d = pre.shape
     for c in numba.prange(nchunks):
         lo, hi, acc = _chunk_and_partial(part, c, n)
         for r in range(lo, hi):
             dxr, pr, ar = gdx[r], pre[r], act[r]
-            if tanh:  # one loop per form, each with one inlined exp (more in one loop trips Numba's inliner)
-                for j in range(d):
-                    a, da = _gelu_and_grad_tanh(pr[j])
-                    ar[j] = a
-                    dxr[j] = dxr[j] * da
-            else:
-                for j in range(d):
-                    a, da = _gelu_and_grad_erf(pr[j])
-                    ar[j] = a
-                    dxr[j] = dxr[j] * da
             for j in range(d):
-                acc[j] += dxr[j]
+                a, da = _gelu_and_grad_erf(pr[j])
+                ar[j] = a
+                dxr[j] = dxr[j] * da
+            _add_row(acc, dxr)
 
 
 @numba.njit(parallel=True, **_JIT)
-def _bias_forward_with_grad(x, bias, act, dact, tanh):
+def _bias_backward_recompute_tanh(pre, gdx, act, part, nchunks):
+    n, d = pre.shape
+    for c in numba.prange(nchunks):
+        lo, hi, acc = _chunk_and_partial(part, c, n)
+        for r in range(lo, hi):
+            dxr, pr, ar = gdx[r], pre[r], act[r]
+            for j in range(d):
+                a, da = _gelu_and_grad_tanh(pr[j])
+                ar[j] = a
+                dxr[j] = dxr[j] * da
+            _add_row(acc, dxr)
+
+
+@numba.njit(parallel=True, **_JIT)
+def _bias_forward_with_grad_erf(x, bias, act, dact):
     n, d = x.shape
     for r in numba.prange(n):
         xr, ar, dr = x[r], act[r], dact[r]
-        if tanh:  # one loop per form, as _bias_backward_recompute
-            for j in range(d):
-                a, da = _gelu_and_grad_tanh(xr[j] + bias[j])  # the sum in the input dtype, as _bias_forward's
-                ar[j] = a
-                dr[j] = da
-        else:
-            for j in range(d):
-                a, da = _gelu_and_grad_erf(xr[j] + bias[j])
-                ar[j] = a
-                dr[j] = da
+        for j in range(d):
+            a, da = _gelu_and_grad_erf(xr[j] + bias[j])  # the sum in the input dtype, as _bias_forward_erf's
+            ar[j] = a
+            dr[j] = da
+
+
+@numba.njit(parallel=True, **_JIT)
+def _bias_forward_with_grad_tanh(x, bias, act, dact):
+    n, d = x.shape
+    for r in numba.prange(n):
+        xr, ar, dr = x[r], act[r], dact[r]
+        for j in range(d):
+            a, da = _gelu_and_grad_tanh(xr[j] + bias[j])
+            ar[j] = a
+            dr[j] = da
 
 
 @numba.njit(parallel=True, **_JIT)
 def _backward_stored(dact, gdx, part, nchunks):
-    # gdx holds g on entry and dx on exit (one array read and written at the same index: see
-    # _bias_backward_recompute); one float64 partial dbias row per chunk.
+    # gdx holds g on entry and dx on exit (one array read and written at the same index: see the comment above
+    # _bias_backward_recompute_erf); one float64 partial dbias row per chunk.
     n, d = dact.shape
     for c in numba.prange(nchunks):
         lo, hi, acc = _chunk_and_partial(part, c, n)
@@ -332,15 +370,14 @@ def _backward_stored(dact, gdx, part, nchunks):
             dxr, dr = gdx[r], dact[r]
             for j in range(d):
                 dxr[j] = dxr[j] * dr[j]
-            for j in range(d):
-                acc[j] += dxr[j]
+            _add_row(acc, dxr)
 
 
 def gelu_forward_fused(x: np.ndarray, out: np.ndarray, approximate: str = "none") -> None:
     """Same contract as `gelu_forward_reference`, one parallel pass."""
     tanh = _tanh_flag(approximate)
     o = rows_out(out, 1)
-    _forward(_flat(x), o.reshape(-1), tanh)
+    (_forward_tanh if tanh else _forward_erf)(_flat(x), o.reshape(-1))
     copy_back(out, o)
 
 
@@ -348,14 +385,14 @@ def gelu_backward_fused(x: np.ndarray, g: np.ndarray, out: np.ndarray, approxima
     """Same contract as `gelu_backward_reference`, one parallel pass."""
     tanh = _tanh_flag(approximate)
     o = rows_out(out, 1)
-    _backward(_flat(x), _flat(g), o.reshape(-1), tanh)
+    (_backward_tanh if tanh else _backward_erf)(_flat(x), _flat(g), o.reshape(-1))
     copy_back(out, o)
 
 
 def bias_gelu_forward_fused(x: np.ndarray, bias: np.ndarray, pre: np.ndarray, out: np.ndarray,
                             approximate: str = "none") -> None:
     """Same contract as `bias_gelu_forward_reference`, one parallel pass."""
-    _bias_forward(x, bias, pre, out, _tanh_flag(approximate))
+    (_bias_forward_tanh if _tanh_flag(approximate) else _bias_forward_erf)(x, bias, pre, out)
 
 
 @_quiet_underflow
@@ -365,7 +402,7 @@ def bias_gelu_backward_fused(pre: np.ndarray, g: np.ndarray, dx: np.ndarray, dbi
     (elementwise_fused.partial_rows: the step arena's, planned on the fused route)."""
     tanh = _tanh_flag(approximate)
     part = partial_rows(*pre.shape)
-    _bias_backward(pre, g, dx, part, part.shape[0], tanh)
+    (_bias_backward_tanh if tanh else _bias_backward_erf)(pre, g, dx, part, part.shape[0])
     sum_partials(part, dbias)
 
 
@@ -376,9 +413,9 @@ def bias_gelu_backward_recompute_fused(pre: np.ndarray, g: np.ndarray, dx: np.nd
     for both outputs (bias_gelu_linear's backward ran gelu_forward and bias_gelu_backward, two)."""
     tanh = _tanh_flag(approximate)
     if dx is not g:
-        np.copyto(dx, g)  # the kernel works in place (see _bias_backward_recompute)
+        np.copyto(dx, g)  # the kernel works in place (see _bias_backward_recompute_erf)
     part = partial_rows(*pre.shape)
-    _bias_backward_recompute(pre, dx, act, part, part.shape[0], tanh)
+    (_bias_backward_recompute_tanh if tanh else _bias_backward_recompute_erf)(pre, dx, act, part, part.shape[0])
     sum_partials(part, dbias)
 
 
@@ -386,7 +423,8 @@ def bias_gelu_forward_with_grad_fused(x: np.ndarray, bias: np.ndarray, act: np.n
                                       approximate: str = "none") -> None:
     """Same contract as `bias_gelu_forward_with_grad_reference`: one pass, one erf (or exp) per element for
     both outputs."""
-    _bias_forward_with_grad(x, bias, act, dact, _tanh_flag(approximate))
+    (_bias_forward_with_grad_tanh if _tanh_flag(approximate) else _bias_forward_with_grad_erf)(
+        x, bias, act, dact)
 
 
 @_quiet_underflow
