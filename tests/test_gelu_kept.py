@@ -8,6 +8,9 @@ bit for bit the same either way; the recomputing plan's slab is one (tokens, mlp
 smaller. Kernel-level twins and torch references: tests/test_kernels.py, tests/test_ops_attention.py.
 """
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -153,3 +156,24 @@ def test_no_lean_trace_when_fused_could_not_fit_even_without_activations(lean_tr
     assert lean_traces == []
     assert not plan.estimates["fused"].fits and not plan.recompute_mlp
     assert "recompute" not in plan.estimates["fused"].note
+
+
+def test_the_route_plan_loads_the_recompute_kernels_of_the_gelu_form_the_mlps_use():
+    # Regression (fixed): each GELU form is a kernel of its own (kernels/gelu.py), and the route plan loaded the erf
+    # form's recompute kernels alone before it measured the process; MLPs with tanh GELU then compiled theirs in the
+    # lean trace, after the measurement (as tests/test_plan_cold_cache.py's docstring tells of the update kernel).
+    # Shown failing with "none" in place of `approximate` in route_plan._load_mlp_recompute_kernels. A process of
+    # its own: in this one earlier tests may have loaded the kernels already.
+    code = (
+        "import numpy as np\n"
+        "from tensorarena.kernels import gelu\n"
+        "from tensorarena.nn.transformer import FeedForward\n"
+        "from tensorarena.train.route_plan import _load_mlp_recompute_kernels\n"
+        "_load_mlp_recompute_kernels(FeedForward(8, 16, activation='gelu_tanh'))\n"
+        "for name in ('_bias_forward', '_bias_backward_recompute', '_bias_backward'):\n"
+        "    print(name, len(getattr(gelu, name + '_tanh').signatures), len(getattr(gelu, name + '_erf').signatures))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded = {name: (int(tanh), int(erf)) for name, tanh, erf in (line.split() for line in done.stdout.splitlines())}
+    # The tanh form, once (float32), and not the erf form, which no MLP here runs.
+    assert loaded == {name: (1, 0) for name in ("_bias_forward", "_bias_backward_recompute", "_bias_backward")}, loaded

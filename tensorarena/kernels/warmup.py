@@ -16,6 +16,8 @@ from typing import Callable
 
 import numpy as np
 
+GELU_FORMS = ("none", "tanh")
+
 
 def _tiny_calls(dt) -> dict[str, Callable[[], object]]:
     """One zero-argument call per fused kernel on tiny arrays of dtype `dt`."""
@@ -41,13 +43,18 @@ def _tiny_calls(dt) -> dict[str, Callable[[], object]]:
         "layer_norm_backward": lambda: fused["layer_norm_backward"](g, x, w, *stats, arr(n, d), arr(d), arr(d)),
         "softmax_forward": lambda: fused["softmax_forward"](x, None, arr(n, d)),
         "softmax_backward": lambda: fused["softmax_backward"](x, g, arr(n, d)),
-        "gelu_forward": lambda: fused["gelu_forward"](x, arr(n, d), "none"),
-        "gelu_backward": lambda: fused["gelu_backward"](x, g, arr(n, d), "none"),
-        "bias_gelu_forward": lambda: fused["bias_gelu_forward"](x, b, arr(n, d), arr(n, d), "none"),
-        "bias_gelu_backward": lambda: fused["bias_gelu_backward"](x, g, arr(n, d), arr(d), "none"),
-        "bias_gelu_backward_recompute": lambda: fused["bias_gelu_backward_recompute"](x, g, arr(n, d), arr(d),
-                                                                                      arr(n, d), "none"),
-        "bias_gelu_forward_with_grad": lambda: fused["bias_gelu_forward_with_grad"](x, b, arr(n, d), arr(n, d), "none"),
+        # Each GELU form ("none", the erf one, and "tanh") is a kernel of its own (kernels/gelu.py).
+        "gelu_forward": lambda: [fused["gelu_forward"](x, arr(n, d), form) for form in GELU_FORMS],
+        "gelu_backward": lambda: [fused["gelu_backward"](x, g, arr(n, d), form) for form in GELU_FORMS],
+        "bias_gelu_forward": lambda: [fused["bias_gelu_forward"](x, b, arr(n, d), arr(n, d), form)
+                                      for form in GELU_FORMS],
+        "bias_gelu_backward": lambda: [fused["bias_gelu_backward"](x, g, arr(n, d), arr(d), form)
+                                       for form in GELU_FORMS],
+        "bias_gelu_backward_recompute": lambda: [fused["bias_gelu_backward_recompute"](x, g, arr(n, d), arr(d),
+                                                                                       arr(n, d), form)
+                                                 for form in GELU_FORMS],
+        "bias_gelu_forward_with_grad": lambda: [fused["bias_gelu_forward_with_grad"](x, b, arr(n, d), arr(n, d), form)
+                                                for form in GELU_FORMS],
         "bias_gelu_backward_stored": lambda: fused["bias_gelu_backward_stored"](x, g, arr(n, d), arr(d)),
         "attention_forward": lambda: fused["attention_forward"](q, k, v, pad, False, None, arr(1, 2, 3, 4), probs),
         "attention_backward": lambda: fused["attention_backward"](q, k, v, probs, arr(1, 2, 3, 4), None,

@@ -153,10 +153,15 @@ class FeedForward(Module):
         self.fc1 = Linear(dim, hidden_dim, rng=rng, dtype=dtype)
         self.fc2 = Linear(hidden_dim, dim, rng=rng, dtype=dtype)
 
+    @property
+    def approximate(self) -> str:
+        """GELU's form, as F.gelu's `approximate` names it: "none" (erf) or "tanh"."""
+        return _APPROXIMATE[self.activation]
+
     def forward(self, x: Tensor) -> Tensor:
         h = F.linear(x, self.fc1.weight)  # fc1's bias goes into the fused bias + GELU + fc2
         return F.bias_gelu_linear(h, self.fc1.bias, self.fc2.weight, self.fc2.bias,
-                                  approximate=_APPROXIMATE[self.activation], recompute=self.recompute_activation)
+                                  approximate=self.approximate, recompute=self.recompute_activation)
 
     def extra_repr(self) -> str:
         extra = ", recompute_activation=True" if self.recompute_activation else ""

@@ -489,13 +489,14 @@ def _load_mlp_recompute_kernels(model: Module) -> None:
     from ..kernels import calls_unchanged, kernel
     from ..nn.transformer import keeping_mlp_activations
 
-    dtypes = {np.dtype(m.fc1.weight.dtype) for m in keeping_mlp_activations(model)}
+    # Each GELU form is a kernel of its own (kernels/gelu.py): the forms the MLPs use, not "none" alone.
+    forms = {(np.dtype(m.fc1.weight.dtype), m.approximate) for m in keeping_mlp_activations(model)}
     with calls_unchanged():
-        for dtype in dtypes:
+        for dtype, approximate in forms:
             one = lambda: np.zeros((1, 1), dtype)  # noqa: E731
-            kernel("bias_gelu_forward")(one(), np.zeros(1, dtype), one(), one(), "none")
-            kernel("bias_gelu_backward_recompute")(one(), one(), one(), np.zeros(1, dtype), one(), "none")
-            kernel("bias_gelu_backward")(one(), one(), one(), np.zeros(1, dtype), "none")  # fc2's weight frozen
+            kernel("bias_gelu_forward")(one(), np.zeros(1, dtype), one(), one(), approximate)
+            kernel("bias_gelu_backward_recompute")(one(), one(), one(), np.zeros(1, dtype), one(), approximate)
+            kernel("bias_gelu_backward")(one(), one(), one(), np.zeros(1, dtype), approximate)  # fc2's weight frozen
 
 
 def _lean_fused_activations(model: Module, loss_fn: Callable, x: np.ndarray, y: Any, by_stage: bool) -> int | None:
