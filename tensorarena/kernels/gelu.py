@@ -229,10 +229,12 @@ def _gelu_and_grad_tanh(x):
 # every branch of a kernel, so one with both forms cost the erf form's compile plus the tanh form's on every first
 # call, where a model uses one. bias_gelu_forward_with_grad float32, cold (a fresh Numba cache): both forms in one
 # kernel 2.0-2.4 s, the erf form alone 1.3-1.6 s, the tanh form alone 0.9 s (Zen 4); a first `tensorarena train
-# --model vit-tiny` compiles four of these kernels. Each form is one vectorised loop per row, as before: a
-# prange over chunk indices with an inner range loop made LLVM gather/scatter in _forward, so it keeps a plain
-# prange; in the row kernels the float64 dbias sums run in a loop of their own (_add_row), since in the
-# activation's loop they would halve its width.
+# --model vit-tiny` compiles four of these kernels. The forms are written out twice on purpose: a kernel made by a
+# factory closure, or one taking the form's function as an argument, missed Numba's disk cache in every new
+# process. Each form is one vectorised loop per row, as before: a prange over chunk indices with an inner range
+# loop made LLVM gather/scatter in the flat kernels (_forward_*), so they keep a plain prange; in the row kernels
+# the float64 dbias sums run in a loop of their own (_add_row), since in the activation's loop they would halve
+# its width.
 @numba.njit(parallel=True, **_JIT)
 def _forward_erf(x, out):
     for i in numba.prange(x.shape[0]):
