@@ -31,6 +31,7 @@ from ..precision import float32_matmul_precision, get_float32_matmul_precision
 from ..precision import normalize as normalize_precision
 from ..tensor import Tensor
 from .report import NonFiniteLossError, StepReport, check_step_options
+from .trainer_streaming import streaming_step, switch_after_oom
 
 ROUTES = ("eager", "fused", "streaming", "auto")
 log = logging.getLogger("tensorarena")
@@ -369,86 +370,10 @@ class Trainer:
                  "fused route fits the budget", len(switched))
 
     def _start_streaming(self, *, redo_after_oom: bool = False) -> None:
-        import shutil
-        import tempfile
-        import weakref
+        """Move the training state into the streaming store and make it this trainer's route."""
+        from .trainer_streaming import start_streaming
 
-        from ..stream.route import StreamingRoute
-
-        made = None
-        if self.store_dir is None:
-            made = self.store_dir = tempfile.mkdtemp(prefix="tensorarena-store-")
-            log.info("streaming store: %s (temporary: removed when this trainer's route goes; pass store_dir= "
-                     "to keep it)", made)
-        start = "memory" if redo_after_oom else "auto"
-        try:
-            self.stream = StreamingRoute(self.model, self.optimizer, self.loss_fn, self.store_dir,
-                                         scheduler=self.scheduler, clip_grad_norm=self.clip_grad_norm,
-                                         on_nonfinite=self.on_nonfinite, start=start, step=self.step_count,
-                                         overwrite=redo_after_oom, io=self.stream_io, pool=self.pool)
-        except BaseException:
-            if made is not None:  # nothing moved into it (the route refuses before it offloads anything)
-                shutil.rmtree(made, ignore_errors=True)
-                self.store_dir = None
-            raise
-        if made is not None:
-            # A directory with a random name no later run can resume, holding a copy of the whole training
-            # state: removed, as tempfile.TemporaryDirectory does, once the route that reads it is gone (with
-            # the trainer, or at exit), never before, so checkpoints and to_memory() still find it.
-            weakref.finalize(self.stream, shutil.rmtree, made, ignore_errors=True)
-        self.step_count = self.stream.step_count
-        self.fused = None  # its flat buffers and slab held the state the store now has; let them go
-        self.route = "streaming"
-
-    def _streaming_step(self, inputs: Any, targets: Any) -> StepReport:
-        if self.stream is None:
-            self._start_streaming()
-        try:
-            self.stream.step(inputs, targets)
-        except MemoryError as err:
-            need = self._streaming_minimum(inputs, targets)
-            raise MemoryError(f"the streaming route ran out of memory too at step {self.step_count + 1} ({err}); "
-                              f"it needs at least {need} for this model and batch. Raise the memory limit or "
-                              f"lower the batch size") from err
-        stats = self.stream.last_stats
-        self.step_count = self.stream.step_count
-        return StepReport(step=self.step_count, loss=stats.loss, route="streaming", seconds=stats.seconds,
-                          arena_high_water=stats.arena_high_water, rss=rss_bytes(), lr=stats.lr,
-                          grad_norm=stats.grad_norm, skipped=stats.skipped)
-
-    def _streaming_minimum(self, inputs: Any, targets: Any) -> str:
-        from ..memory.meter import format_bytes
-        from .route_plan import persistent_bytes
-
-        try:
-            from ..stream.route import StreamingRoute
-
-            stream = StreamingRoute.estimate(self.model, self.optimizer)
-            x = np.asarray(inputs.data if isinstance(inputs, Tensor) else inputs)
-            return (f"{format_bytes(stream['resident_bytes'] + x.nbytes)} for its store buffers and inputs "
-                    f"plus one stage's activations (see Trainer.plan)")
-        except Exception:  # noqa: BLE001 - the estimate is only a hint inside an error message
-            return f"more than the {format_bytes(persistent_bytes(self.optimizer)['params'])} of parameters"
-
-    def _switch_after_oom(self, err: MemoryError, index: int, before) -> None:
-        from ..stream.stages import StreamingUnsupportedError
-
-        source = self.route
-        _restore_step_state(before)  # the redo draws the failed step's masks and sees its buffers
-        if not callable(getattr(self.model, "stream_stages", None)):
-            raise MemoryError(f"step {index} on the {source} route ran out of memory ({err}); the streaming "
-                              f"fallback needs a model with stream_stages(), which {type(self.model).__name__} "
-                              f"does not have. Lower the batch size or raise the memory limit") from err
-        try:
-            self._start_streaming(redo_after_oom=True)
-        except StreamingUnsupportedError as exc:
-            raise MemoryError(f"step {index} ran out of memory ({err}) and the streaming fallback is not "
-                              f"possible: {exc}") from err
-        self.route_switches.append({"step": index, "from": source, "to": "streaming", "error": str(err)})
-        log.warning("step %d ran out of memory on the %s route (%s); the training state moved to the streaming "
-                    "store %s and training goes on there", index, source, str(err), self.store_dir)
-        # str(err), not err: a handler that keeps records (pytest's capture, a MemoryHandler) would keep the
-        # exception's traceback and, through its frames, the fused step's slab and flat buffers let go above.
+        start_streaming(self, redo_after_oom=redo_after_oom)
 
     def compile(self, inputs: Any, targets: Any):
         """Trace the fused step for this batch signature now (before step 1); returns the FusedStep.
@@ -537,7 +462,7 @@ class Trainer:
     def _route_step(self, inputs: Any, targets: Any, before) -> StepReport:
         """The step on the current route; an out-of-memory eager or fused step moves to streaming and is redone."""
         if self.route == "streaming":
-            return self._streaming_step(inputs, targets)
+            return streaming_step(self, inputs, targets)
         try:
             if self.route == "fused":
                 report = self._fused_step(inputs, targets)
@@ -547,8 +472,8 @@ class Trainer:
         except MemoryError as err:  # ArenaOutOfMemory too; the step arena is already closed
             if not self.oom_fallback:
                 raise
-            self._switch_after_oom(err, self.step_count + 1, before)
-        return self._streaming_step(inputs, targets)
+            switch_after_oom(self, err, self.step_count + 1, before)
+        return streaming_step(self, inputs, targets)
 
     def _eager_step(self, inputs: Any, targets: Any) -> StepReport:
         start = time.perf_counter()
@@ -624,48 +549,10 @@ class Trainer:
         beyond the route plan's; a larger batch_size takes pool blocks beyond it, with one warning. batch_size
         defaults to the last training batch's rows (1024 before any step). Not while another thread steps, saves
         or loads this trainer (RuntimeError): the slab it borrows is the step's."""
+        from .evaluate import evaluate
+
         with self._one_at_a_time("evaluate"):
-            return self._evaluate(inputs, targets, self._train_rows or 1024 if batch_size is None else batch_size)
-
-    def _evaluate(self, inputs: np.ndarray, targets: Any, batch_size: int) -> dict:
-        from ..autograd import no_grad
-        from ..compile import targets as target_layout
-        from ..compile.lend import beyond_slab
-
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"evaluate: batch_size must be a positive int, got {batch_size!r}")
-        rows = len(inputs)
-        if rows == 0:
-            raise ValueError(f"evaluate: the held-out data is empty (inputs of shape {np.shape(inputs)}); "
-                             f"pass at least one row")
-        spec, leaves = target_layout.flatten(targets)
-        short = [leaf.shape for leaf in leaves if leaf.ndim == 0 or len(leaf) != rows]
-        if short:
-            raise ValueError(f"evaluate: the targets must have one row per input row ({rows}); got arrays of shapes "
-                             f"{short}")
-        labels = leaves[0] if spec[0] == "array" and np.issubdtype(leaves[0].dtype, np.integer) else None
-        self._load_pending_checkpoint("evaluate() before step 1 runs the loaded weights")
-        was_training = self.model.training
-        total_loss, correct, counted = 0.0, 0, labels is not None
-        self.model.eval()
-        try:
-            with no_grad(), float32_matmul_precision(self.matmul_precision):
-                warn = True  # once per call: every batch of a too-large batch_size would say the same
-                for begin in range(0, rows, batch_size):
-                    stop = min(begin + batch_size, rows)
-                    with self.scratch_arena("eval arena", warn=warn) as arena:
-                        xb = inputs[begin:stop]
-                        yb = target_layout.build(spec, [leaf[begin:stop] for leaf in leaves])
-                        out = Tensor(self.stream.predict(xb)) if self.stream is not None else self.model(Tensor(xb))
-                        total_loss += self.loss_fn(out, yb).item() * (stop - begin)
-                        if counted and out.shape[:-1] == yb.shape:
-                            correct += int((out.data.argmax(axis=-1) == yb).sum())
-                        else:
-                            counted = False  # not one class index per output row: no accuracy to give
-                    warn = warn and not beyond_slab(arena)
-        finally:
-            self.model.train(was_training)
-        return {"loss": total_loss / rows, "accuracy": correct / labels.size if counted else None}
+            return evaluate(self, inputs, targets, self._train_rows or 1024 if batch_size is None else batch_size)
 
     def scratch_arena(self, name: str, *, warn: bool = True) -> Arena:
         """An arena for work between steps (evaluate, a probe forward). Once a fused step is traced it takes the
@@ -685,23 +572,10 @@ class Trainer:
         OSError naming it, the file there before unchanged and no half file left. `extra` is JSON (str keys;
         NumPy scalars and arrays become numbers and lists): anything else is a TypeError before writing.
         """
+        from .trainer_checkpoints import save
+
         with self._one_at_a_time("save"):
-            self._save(path, extra)
-
-    def _save(self, path, extra: dict | None) -> None:
-        from .checkpoint import json_extra, save_checkpoint
-
-        extra = json_extra(extra or {})  # a TypeError naming the bad entry before any route writes, on every route
-        # Before step 1 a checkpoint may wait for the route choice (load on a deferred model): it is the state
-        # to save, so it is loaded now, into the model made whole (no route is chosen yet to keep it elsewhere).
-        self._load_pending_checkpoint("save() before step 1 writes what it holds")
-        if self.stream is not None:
-            from ..stream.checkpoint import save_streaming_checkpoint
-
-            save_streaming_checkpoint(self.stream, path, step=self.step_count, extra=extra)
-            return
-        save_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-                        step=self.step_count, extra=extra)
+            save(self, path, extra)
 
     def load(self, path) -> dict:
         """Restore everything `save` wrote (on any route); returns the checkpoint's `extra` dict.
@@ -717,70 +591,16 @@ class Trainer:
         it streams), so a run that streamed within a memory limit resumes within it. A save() or evaluate()
         before then loads them first, into the model made whole in memory.
         """
+        from .trainer_checkpoints import load
+
         with self._one_at_a_time("load"):
-            return self._load(path)
-
-    def _load(self, path) -> dict:
-        from .checkpoint import check_checkpoint, load_checkpoint
-
-        if self.route == "streaming":
-            # The file checked against the model, optimizer and schedule first, on this route too: a bad file
-            # must not start the route (moving the whole state into the store) nor fail after the store's
-            # rewrite began (a schedule of another class), and is named alike on every route.
-            check_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
-            from ..stream.checkpoint import load_into_streaming, verify_checkpoint_file
-
-            # The data against its checksums too, before the route starts: a corrupt file must not move the
-            # whole state into a new store first (nothing would be lost, but nothing should change).
-            verify_checkpoint_file(path)
-            if self.stream is None:
-                self._start_streaming()
-            meta = load_into_streaming(self.stream, path, verified=True)
-            self.step_count = meta["step"]
-            return meta.get("extra") or {}
-        from ..nn.deferred import has_deferred
-
-        if self.route == "auto" and has_deferred(self.model):
-            # A deferred model before route auto's choice: loading now would make it whole in memory (and the
-            # optimizer's state beside it) before the plan measures the process, so a run that streamed within
-            # its limit could not resume at that limit ("nothing fits"). Checked now, as a load on any route is
-            # (a bad file changes nothing), and loaded at step 1 where the chosen route keeps the model.
-            meta = check_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
-            from ..stream.checkpoint import verify_checkpoint_file
-
-            verify_checkpoint_file(path)
-            self._pending_checkpoint = Path(path)
-            self.step_count = meta["step"]
-            log.info("checkpoint %s checked; it is loaded at step %d, once route auto has chosen where the model "
-                     "lives (the model is deferred: loading it now would make it whole in memory)", path,
-                     meta["step"] + 1)
-            return meta.get("extra") or {}
-        self._pending_checkpoint = None  # a later load replaces one that was waiting
-        meta = load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
-        self.step_count = meta["step"]
-        return meta.get("extra") or {}
+            return load(self, path)
 
     def _load_pending_checkpoint(self, why: str) -> None:
-        """Load the checkpoint load() left waiting (if any) where the route now keeps the model: into the store
-        when streaming (stage by stage), else into the model made whole in memory."""
-        path, self._pending_checkpoint = self._pending_checkpoint, None
-        if path is None:
-            return
-        log.info("loading the checkpoint %s now (%s)", path, why)
-        if self.route == "streaming":
-            from ..stream.checkpoint import load_into_streaming
+        """Load the checkpoint load() left waiting (if any) where the route now keeps the model."""
+        from .trainer_checkpoints import load_pending
 
-            if self.stream is None:
-                self._start_streaming()
-            # Its checksums were checked by load(); reading the file once more here would cost RSS the plan does
-            # not count (the resumed vit-tiny of test_streaming_rss_under_cgroup.py went 1.7% over its need).
-            meta = load_into_streaming(self.stream, path, verified=True)
-        else:
-            from .checkpoint import load_checkpoint
-
-            self._materialize(f"the checkpoint {path} is loaded into it ({why})")
-            meta = load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
-        self.step_count = meta["step"]
+        load_pending(self, why)
 
 
 def _check_loss(loss: Any, loss_fn: LossFn) -> None:

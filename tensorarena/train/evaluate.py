@@ -1,0 +1,58 @@
+"""Trainer.evaluate's loop: held-out data batch by batch in eval mode, without a graph, each batch's forward in
+the fused slab once a step is traced (Trainer.scratch_arena), so evaluation between steps adds no memory the
+route plan did not count.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..precision import float32_matmul_precision
+from ..tensor import Tensor
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+
+def evaluate(trainer: Trainer, inputs: np.ndarray, targets: Any, batch_size: int) -> dict:
+    """Trainer.evaluate's work, with batch_size already defaulted: {"loss", "accuracy"} (see there)."""
+    from ..autograd import no_grad
+    from ..compile import targets as target_layout
+    from ..compile.lend import beyond_slab
+
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"evaluate: batch_size must be a positive int, got {batch_size!r}")
+    rows = len(inputs)
+    if rows == 0:
+        raise ValueError(f"evaluate: the held-out data is empty (inputs of shape {np.shape(inputs)}); "
+                         f"pass at least one row")
+    spec, leaves = target_layout.flatten(targets)
+    short = [leaf.shape for leaf in leaves if leaf.ndim == 0 or len(leaf) != rows]
+    if short:
+        raise ValueError(f"evaluate: the targets must have one row per input row ({rows}); got arrays of shapes "
+                         f"{short}")
+    labels = leaves[0] if spec[0] == "array" and np.issubdtype(leaves[0].dtype, np.integer) else None
+    trainer._load_pending_checkpoint("evaluate() before step 1 runs the loaded weights")
+    was_training = trainer.model.training
+    total_loss, correct, counted = 0.0, 0, labels is not None
+    trainer.model.eval()
+    try:
+        with no_grad(), float32_matmul_precision(trainer.matmul_precision):
+            warn = True  # once per call: every batch of a too-large batch_size would say the same
+            for begin in range(0, rows, batch_size):
+                stop = min(begin + batch_size, rows)
+                with trainer.scratch_arena("eval arena", warn=warn) as arena:
+                    xb = inputs[begin:stop]
+                    yb = target_layout.build(spec, [leaf[begin:stop] for leaf in leaves])
+                    out = Tensor(trainer.stream.predict(xb)) if trainer.stream is not None else trainer.model(Tensor(xb))
+                    total_loss += trainer.loss_fn(out, yb).item() * (stop - begin)
+                    if counted and out.shape[:-1] == yb.shape:
+                        correct += int((out.data.argmax(axis=-1) == yb).sum())
+                    else:
+                        counted = False  # not one class index per output row: no accuracy to give
+                warn = warn and not beyond_slab(arena)
+    finally:
+        trainer.model.train(was_training)
+    return {"loss": total_loss / rows, "accuracy": correct / labels.size if counted else None}

@@ -1,0 +1,100 @@
+"""Trainer.save/load on every route: one checkpoint file, written from and read into wherever the route keeps
+the training state (the model in memory, the fused plan's flat buffers through the module's views, or the
+streaming store stage by stage), and a load that waits for route auto's choice on a deferred model.
+
+The file format itself is train/checkpoint.py's (and stream/checkpoint.py's for the store); this module only
+decides, per route, which of them runs and what the trainer's step count becomes.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+log = logging.getLogger("tensorarena")
+
+
+def save(trainer: Trainer, path, extra: dict | None) -> None:
+    """Trainer.save's work: the route's state (the store's when streaming) to one checkpoint file."""
+    from .checkpoint import json_extra, save_checkpoint
+
+    extra = json_extra(extra or {})  # a TypeError naming the bad entry before any route writes, on every route
+    # Before step 1 a checkpoint may wait for the route choice (load on a deferred model): it is the state
+    # to save, so it is loaded now, into the model made whole (no route is chosen yet to keep it elsewhere).
+    load_pending(trainer, "save() before step 1 writes what it holds")
+    if trainer.stream is not None:
+        from ..stream.checkpoint import save_streaming_checkpoint
+
+        save_streaming_checkpoint(trainer.stream, path, step=trainer.step_count, extra=extra)
+        return
+    save_checkpoint(path, model=trainer.model, optimizer=trainer.optimizer, scheduler=trainer.scheduler,
+                    step=trainer.step_count, extra=extra)
+
+
+def load(trainer: Trainer, path) -> dict:
+    """Trainer.load's work: check the file, then load it where the route keeps the state; returns its extra."""
+    from .checkpoint import check_checkpoint, load_checkpoint
+
+    if trainer.route == "streaming":
+        # The file checked against the model, optimizer and schedule first, on this route too: a bad file
+        # must not start the route (moving the whole state into the store) nor fail after the store's
+        # rewrite began (a schedule of another class), and is named alike on every route.
+        check_checkpoint(path, model=trainer.model, optimizer=trainer.optimizer, scheduler=trainer.scheduler)
+        from ..stream.checkpoint import load_into_streaming, verify_checkpoint_file
+
+        # The data against its checksums too, before the route starts: a corrupt file must not move the
+        # whole state into a new store first (nothing would be lost, but nothing should change).
+        verify_checkpoint_file(path)
+        if trainer.stream is None:
+            trainer._start_streaming()
+        meta = load_into_streaming(trainer.stream, path, verified=True)
+        trainer.step_count = meta["step"]
+        return meta.get("extra") or {}
+    from ..nn.deferred import has_deferred
+
+    if trainer.route == "auto" and has_deferred(trainer.model):
+        # A deferred model before route auto's choice: loading now would make it whole in memory (and the
+        # optimizer's state beside it) before the plan measures the process, so a run that streamed within
+        # its limit could not resume at that limit ("nothing fits"). Checked now, as a load on any route is
+        # (a bad file changes nothing), and loaded at step 1 where the chosen route keeps the model.
+        meta = check_checkpoint(path, model=trainer.model, optimizer=trainer.optimizer, scheduler=trainer.scheduler)
+        from ..stream.checkpoint import verify_checkpoint_file
+
+        verify_checkpoint_file(path)
+        trainer._pending_checkpoint = Path(path)
+        trainer.step_count = meta["step"]
+        log.info("checkpoint %s checked; it is loaded at step %d, once route auto has chosen where the model "
+                 "lives (the model is deferred: loading it now would make it whole in memory)", path,
+                 meta["step"] + 1)
+        return meta.get("extra") or {}
+    trainer._pending_checkpoint = None  # a later load replaces one that was waiting
+    meta = load_checkpoint(path, model=trainer.model, optimizer=trainer.optimizer, scheduler=trainer.scheduler)
+    trainer.step_count = meta["step"]
+    return meta.get("extra") or {}
+
+
+def load_pending(trainer: Trainer, why: str) -> None:
+    """Load the checkpoint load() left waiting (if any) where the route now keeps the model: into the store
+    when streaming (stage by stage), else into the model made whole in memory."""
+    path, trainer._pending_checkpoint = trainer._pending_checkpoint, None
+    if path is None:
+        return
+    log.info("loading the checkpoint %s now (%s)", path, why)
+    if trainer.route == "streaming":
+        from ..stream.checkpoint import load_into_streaming
+
+        if trainer.stream is None:
+            trainer._start_streaming()
+        # Its checksums were checked by load(); reading the file once more here would cost RSS the plan does
+        # not count (the resumed vit-tiny of test_streaming_rss_under_cgroup.py went 1.7% over its need).
+        meta = load_into_streaming(trainer.stream, path, verified=True)
+    else:
+        from .checkpoint import load_checkpoint
+
+        trainer._materialize(f"the checkpoint {path} is loaded into it ({why})")
+        meta = load_checkpoint(path, model=trainer.model, optimizer=trainer.optimizer, scheduler=trainer.scheduler)
+    trainer.step_count = meta["step"]

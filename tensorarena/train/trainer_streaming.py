@@ -1,0 +1,115 @@
+"""The Trainer's streaming route: starting it (a store directory, temporary unless given), its step, the
+minimum it needs (for an out-of-memory message), and the switch to it when a fused or eager step runs out of
+memory, so that training goes on from the same state instead of dying.
+
+The route itself is stream/route.py's StreamingRoute; this module is the Trainer's side of it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..memory.meter import rss_bytes
+from ..tensor import Tensor
+from .report import StepReport
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+log = logging.getLogger("tensorarena")
+
+
+def start_streaming(trainer: Trainer, *, redo_after_oom: bool = False) -> None:
+    """Open the streaming route over trainer.store_dir (a temporary one if None) and make it the route;
+    redo_after_oom starts it from the state in memory, overwriting the store, to redo a failed step."""
+    import shutil
+    import tempfile
+    import weakref
+
+    from ..stream.route import StreamingRoute
+
+    made = None
+    if trainer.store_dir is None:
+        made = trainer.store_dir = tempfile.mkdtemp(prefix="tensorarena-store-")
+        log.info("streaming store: %s (temporary: removed when this trainer's route goes; pass store_dir= "
+                 "to keep it)", made)
+    start = "memory" if redo_after_oom else "auto"
+    try:
+        trainer.stream = StreamingRoute(trainer.model, trainer.optimizer, trainer.loss_fn, trainer.store_dir,
+                                        scheduler=trainer.scheduler, clip_grad_norm=trainer.clip_grad_norm,
+                                        on_nonfinite=trainer.on_nonfinite, start=start, step=trainer.step_count,
+                                        overwrite=redo_after_oom, io=trainer.stream_io, pool=trainer.pool)
+    except BaseException:
+        if made is not None:  # nothing moved into it (the route refuses before it offloads anything)
+            shutil.rmtree(made, ignore_errors=True)
+            trainer.store_dir = None
+        raise
+    if made is not None:
+        # A directory with a random name no later run can resume, holding a copy of the whole training
+        # state: removed, as tempfile.TemporaryDirectory does, once the route that reads it is gone (with
+        # the trainer, or at exit), never before, so checkpoints and to_memory() still find it.
+        weakref.finalize(trainer.stream, shutil.rmtree, made, ignore_errors=True)
+    trainer.step_count = trainer.stream.step_count
+    trainer.fused = None  # its flat buffers and slab held the state the store now has; let them go
+    trainer.route = "streaming"
+
+
+def streaming_step(trainer: Trainer, inputs: Any, targets: Any) -> StepReport:
+    """One streamed step (starting the route first if needed); an out-of-memory names the route's minimum."""
+    if trainer.stream is None:
+        start_streaming(trainer)
+    try:
+        trainer.stream.step(inputs, targets)
+    except MemoryError as err:
+        need = streaming_minimum(trainer, inputs, targets)
+        raise MemoryError(f"the streaming route ran out of memory too at step {trainer.step_count + 1} ({err}); "
+                          f"it needs at least {need} for this model and batch. Raise the memory limit or "
+                          f"lower the batch size") from err
+    stats = trainer.stream.last_stats
+    trainer.step_count = trainer.stream.step_count
+    return StepReport(step=trainer.step_count, loss=stats.loss, route="streaming", seconds=stats.seconds,
+                      arena_high_water=stats.arena_high_water, rss=rss_bytes(), lr=stats.lr,
+                      grad_norm=stats.grad_norm, skipped=stats.skipped)
+
+
+def streaming_minimum(trainer: Trainer, inputs: Any, targets: Any) -> str:
+    """The least memory the streaming route needs for this model and batch, as words for an error message."""
+    from ..memory.meter import format_bytes
+    from .route_plan import persistent_bytes
+
+    try:
+        from ..stream.route import StreamingRoute
+
+        stream = StreamingRoute.estimate(trainer.model, trainer.optimizer)
+        x = np.asarray(inputs.data if isinstance(inputs, Tensor) else inputs)
+        return (f"{format_bytes(stream['resident_bytes'] + x.nbytes)} for its store buffers and inputs "
+                f"plus one stage's activations (see Trainer.plan)")
+    except Exception:  # noqa: BLE001 - the estimate is only a hint inside an error message
+        return f"more than the {format_bytes(persistent_bytes(trainer.optimizer)['params'])} of parameters"
+
+
+def switch_after_oom(trainer: Trainer, err: MemoryError, index: int, before) -> None:
+    """Move a step that ran out of memory on the eager or fused route to streaming, with the state as it was
+    before the step (`before`); a model that cannot stream gets a MemoryError saying so."""
+    from ..stream.stages import StreamingUnsupportedError
+    from .trainer import _restore_step_state  # not at the top: trainer.py imports this module
+
+    source = trainer.route
+    _restore_step_state(before)  # the redo draws the failed step's masks and sees its buffers
+    if not callable(getattr(trainer.model, "stream_stages", None)):
+        raise MemoryError(f"step {index} on the {source} route ran out of memory ({err}); the streaming "
+                          f"fallback needs a model with stream_stages(), which {type(trainer.model).__name__} "
+                          f"does not have. Lower the batch size or raise the memory limit") from err
+    try:
+        start_streaming(trainer, redo_after_oom=True)
+    except StreamingUnsupportedError as exc:
+        raise MemoryError(f"step {index} ran out of memory ({err}) and the streaming fallback is not "
+                          f"possible: {exc}") from err
+    trainer.route_switches.append({"step": index, "from": source, "to": "streaming", "error": str(err)})
+    log.warning("step %d ran out of memory on the %s route (%s); the training state moved to the streaming "
+                "store %s and training goes on there", index, source, str(err), trainer.store_dir)
+    # str(err), not err: a handler that keeps records (pytest's capture, a MemoryHandler) would keep the
+    # exception's traceback and, through its frames, the fused step's slab and flat buffers let go above.
