@@ -19,7 +19,7 @@ import pytest
 
 from tensorarena import kernels, optim
 from tensorarena.compile.flat import FlatState
-from tensorarena.nn.module import ParameterList
+from tensorarena.nn.containers import ParameterList
 from tensorarena.nn.parameter import Parameter
 
 TOL = 1e-12

@@ -5,7 +5,8 @@ from .deferred import DeferredParameterError, deferred_init
 from .layers import (ELU, GELU, BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, Dropout, Embedding, HuberLoss, Identity,
                      L1Loss, LayerNorm, LeakyReLU, Linear, LogSoftmax, MSELoss, NLLLoss, ReLU, Sequential, Sigmoid,
                      SiLU, SmoothL1Loss, Softmax, Softplus, Tanh)
-from .module import IncompatibleKeys, Module, ModuleDict, ModuleList, ParameterDict, ParameterList
+from .containers import ModuleDict, ModuleList, ParameterDict, ParameterList
+from .module import IncompatibleKeys, Module
 from .parameter import Parameter
 from .transformer import (FeedForward, MultiheadAttention, PatchEmbedding, PositionEmbedding, TransformerBlock,
                           cls_pool, mean_pool)

@@ -13,7 +13,8 @@ from ..tape import host
 from ..tensor import Tensor
 from . import functional as F
 from . import init
-from .module import Module, ModuleList
+from .containers import ModuleList
+from .module import Module
 from .parameter import Parameter
 
 

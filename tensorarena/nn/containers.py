@@ -1,0 +1,265 @@
+"""torch.nn's containers: ModuleList, ParameterList, ModuleDict and ParameterDict.
+
+Module (module.py) finds children by walking attributes; a plain list or dict of modules (parameters) assigned
+to an attribute is wrapped in one of these (`container_for`), so it has a stable identity and the same dotted
+names ('blocks.0.fc.weight') as the torch container, and checkpoints exchange with torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Iterator
+
+import numpy as np
+
+from .module import Module, _check_name
+from .parameter import Parameter
+
+
+class ModuleList(Module):
+    """A list of modules; its entries are children named '0', '1', ... (torch.nn.ModuleList)."""
+
+    _walk_skip = ("_items",)
+
+    def __init__(self, modules=()) -> None:
+        super().__init__()
+        items = list(modules)
+        for i, m in enumerate(items):
+            if not isinstance(m, Module):
+                raise TypeError(f"{type(self).__name__} entry {i} is a {type(m).__name__}, not a Module")
+        object.__setattr__(self, "_items", items)
+
+    @classmethod
+    def _view(cls, items: list) -> "ModuleList":
+        # Shares the caller's list (not a copy) so later appends stay visible.
+        view = cls.__new__(cls)
+        Module.__init__(view)
+        object.__setattr__(view, "_items", items)
+        return view
+
+    def _own_children(self) -> Iterator[tuple[str, Module]]:
+        for i, m in enumerate(self._items):
+            yield str(i), m
+        yield from super()._own_children()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(self._items)
+
+    def _check_index(self, idx) -> None:
+        # The list's own IndexError names neither the index nor the length.
+        if isinstance(idx, (int, np.integer)) and not -len(self._items) <= idx < len(self._items):
+            raise IndexError(f"index {idx} is out of range for a {type(self).__name__} of {len(self._items)}")
+
+    def _check_module(self, module: Any) -> None:
+        if not isinstance(module, Module):
+            raise TypeError(f"{type(self).__name__} entries must be Modules, got {type(module).__name__}")
+
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            return self._from_list(self._items[idx])
+        self._check_index(idx)
+        return self._items[idx]
+
+    def _from_list(self, items: list) -> "ModuleList":
+        # Subclasses whose constructor takes *modules (Sequential) override this.
+        return ModuleList(items)
+
+    def __setitem__(self, idx: int, module: Module) -> None:
+        self._check_module(module)
+        self._check_index(idx)
+        self._items[idx] = module
+
+    def __delitem__(self, idx) -> None:
+        self._check_index(idx)
+        del self._items[idx]  # the later entries move up and are renamed, as in torch
+
+    def insert(self, index: int, module: Module) -> None:
+        """Insert one module before `index` (list.insert's rule)."""
+        self._check_module(module)
+        self._items.insert(index, module)
+
+    def append(self, module: Module) -> "ModuleList":
+        """Add one module at the end."""
+        self._check_module(module)
+        self._items.append(module)
+        return self
+
+    def extend(self, modules) -> "ModuleList":
+        """Add several modules at the end."""
+        for m in modules:
+            self.append(m)
+        return self
+
+    def __iadd__(self, modules) -> "ModuleList":
+        return self.extend(modules)
+
+    def __add__(self, other) -> "ModuleList":
+        """A new container of this one's modules followed by `other`'s (the modules themselves, not copies)."""
+        return self._from_list(self._items + list(other))
+
+
+class ParameterList(Module):
+    """A list of parameters named '0', '1', ... (torch.nn.ParameterList)."""
+
+    _walk_skip = ("_items",)
+
+    def __init__(self, params=()) -> None:
+        super().__init__()
+        items = list(params)
+        for i, p in enumerate(items):
+            if not isinstance(p, Parameter):
+                raise TypeError(f"ParameterList entry {i} is a {type(p).__name__}, not a Parameter")
+        object.__setattr__(self, "_items", items)
+
+    @classmethod
+    def _view(cls, items: list) -> "ParameterList":
+        view = cls.__new__(cls)
+        Module.__init__(view)
+        object.__setattr__(view, "_items", items)
+        return view
+
+    def _own_parameters(self) -> Iterator[tuple[str, Parameter]]:
+        for i, p in enumerate(self._items):
+            yield str(i), p
+        yield from super()._own_parameters()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[Parameter]:
+        return iter(self._items)
+
+    def __getitem__(self, idx):
+        return self._items[idx]
+
+    def append(self, p: Parameter) -> "ParameterList":
+        """Add one parameter at the end."""
+        if not isinstance(p, Parameter):
+            raise TypeError(f"ParameterList entries must be Parameters, got {type(p).__name__}")
+        self._items.append(p)
+        return self
+
+    def extra_repr(self) -> str:
+        return "\n".join(f"({i}): Parameter of shape {p.shape}, dtype {p.dtype}" for i, p in enumerate(self._items))
+
+
+class _Dict(Module):
+    """Shared body of ModuleDict and ParameterDict: string keys (no '.') in insertion order."""
+
+    _walk_skip = ("_entries",)
+    _kind: type = Module
+
+    def __init__(self, entries=None) -> None:
+        super().__init__()
+        object.__setattr__(self, "_entries", {})
+        if entries is not None:
+            self.update(entries)
+
+    @classmethod
+    def _view(cls, entries: dict) -> "_Dict":
+        # Shares the caller's dict (not a copy) so later insertions stay visible; checked when walked.
+        view = cls.__new__(cls)
+        Module.__init__(view)
+        object.__setattr__(view, "_entries", entries)
+        return view
+
+    def __getitem__(self, key: str):
+        try:
+            return self._entries[key]
+        except KeyError:
+            raise KeyError(f"{key!r} is not in this {type(self).__name__}; its keys: {list(self._entries)}") from None
+
+    def __setitem__(self, key: str, value) -> None:
+        _check_name(key, f"{type(self).__name__} key")
+        if not isinstance(value, self._kind):
+            raise TypeError(f"{type(self).__name__} entries must be {self._kind.__name__}s, got {type(value).__name__}")
+        self._entries[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        self[key]  # the KeyError naming the keys
+        del self._entries[key]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def keys(self):
+        """The keys, in insertion order."""
+        return self._entries.keys()
+
+    def values(self):
+        """The entries, in insertion order."""
+        return self._entries.values()
+
+    def items(self):
+        """(key, entry) pairs, in insertion order."""
+        return self._entries.items()
+
+    def update(self, entries) -> None:
+        """Add (or replace) entries from a mapping or from (key, entry) pairs."""
+        # Another ModuleDict is taken as a mapping too (as torch's update takes one), not as an iterable of keys.
+        for key, value in (entries.items() if isinstance(entries, (Mapping, _Dict)) else entries):
+            self[key] = value
+
+    def pop(self, key: str):
+        """Remove the entry under `key` and return it."""
+        value = self[key]
+        del self._entries[key]
+        return value
+
+    def clear(self) -> None:
+        """Remove every entry."""
+        self._entries.clear()
+
+
+class ModuleDict(_Dict):
+    """Modules under string keys, children named by their keys (torch.nn.ModuleDict)."""
+
+    def _own_children(self) -> Iterator[tuple[str, Module]]:
+        yield from self._entries.items()
+        yield from super()._own_children()
+
+
+class ParameterDict(_Dict):
+    """Parameters under string keys, named by their keys (torch.nn.ParameterDict)."""
+
+    _kind = Parameter
+
+    def _own_parameters(self) -> Iterator[tuple[str, Parameter]]:
+        yield from self._entries.items()
+        yield from super()._own_parameters()
+
+
+def container_for(name: str, items, default):
+    """ModuleList/ParameterList for a list of Modules/Parameters, ModuleDict/ParameterDict for a dict of them;
+    `default` for anything else.
+
+    A list or dict mixing modules or parameters with other values is refused: its modules would
+    silently go untrained, which is worse than an error.
+    """
+    is_dict = isinstance(items, dict)
+    values = items.values() if is_dict else items
+    n_mod = sum(isinstance(v, Module) for v in values)
+    n_par = sum(isinstance(v, Parameter) for v in values)
+    if n_mod == 0 and n_par == 0:
+        return default
+    if n_mod != len(items) and n_par != len(items):
+        raise TypeError(
+            f"attribute {name!r} is a {type(items).__name__} mixing Modules/Parameters with other values; "
+            f"its modules would not be registered. Keep modules (or parameters) in a "
+            f"{'dict' if is_dict else 'list'} of their own.")
+    if is_dict:
+        for key in items:
+            _check_name(key, f"attribute {name!r}: dict key")
+        cls = ModuleDict if n_mod else ParameterDict
+        return cls(items) if default is not None else cls._view(items)
+    cls = ModuleList if n_mod else ParameterList
+    return cls(items) if default is not None else cls._view(items)
