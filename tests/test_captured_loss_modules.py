@@ -34,7 +34,7 @@ import torch
 
 import tensorarena as ta
 from tensorarena import kernels
-from tensorarena.compile.captured import second_batch
+from tensorarena.compile.batches import second_batch
 from tensorarena.train.trainer import Trainer
 
 W = np.array([0.5, 2.0, 1.0, 3.0], np.float32)  # a class weight over the 4 outputs

@@ -1,4 +1,4 @@
-"""What the captured replay watches between steps (captured.ModelState), and how a recording that could not be
+"""What the captured replay watches between steps (watched_state.ModelState), and how a recording that could not be
 made or checked on one batch is made again on the next (captured.capture).
 
 - ModelState: a new instance attribute (a class default set on the instance), a value nested in a dict, list
@@ -19,7 +19,7 @@ import pytest
 
 from tensorarena import kernels, optim
 from tensorarena.compile import captured, compile_step
-from tensorarena.compile.captured import ModelState
+from tensorarena.compile.watched_state import ModelState
 from tensorarena.models import MLP, MLPConfig
 from tensorarena.nn import Linear, Module
 from tensorarena.nn.functional import cross_entropy, relu

@@ -432,13 +432,13 @@ def test_numbers_in_op_arguments_are_captured_as_constants():
 
 def test_a_number_computed_from_the_batch_is_still_refused(caplog):
     # A std ignores order: when the second checking batch was the first rolled by one, both gave the same
-    # scale, the recording froze it, and this test failed (captured.second_batch now changes the values too).
+    # scale, the recording froze it, and this test failed (batches.second_batch now changes the values too).
     _assert_refused(lambda: _Scaled(from_data=True), "differ from the Python replay's", caplog)
 
 
 def test_a_change_to_the_model_after_the_recording_records_the_step_again(caplog):
     # A dropout probability changed between steps: the Python replay follows it, and so must the captured
-    # one (compile/captured.ModelState). Before, the captured replay went on dropping at the old rate.
+    # one (compile/watched_state.ModelState). Before, the captured replay went on dropping at the old rate.
     from tensorarena.nn import Dropout
 
     batch = _images(1)[0]

@@ -1,4 +1,4 @@
-"""captured.second_batch on integer inputs that pack columns of different ranges, e.g. token ids and type ids.
+"""batches.second_batch on integer inputs that pack columns of different ranges, e.g. token ids and type ids.
 
 The second checking batch used to roll an integer input along its last axis and swap the batch's global
 smallest and largest values, moving ids of one column into another: the Python pass on it indexed past
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tensorarena import kernels, optim
-from tensorarena.compile.captured import second_batch
+from tensorarena.compile.batches import second_batch
 from tensorarena.nn import Embedding, Linear, Module
 from tensorarena.nn.functional import cross_entropy
 from tensorarena.train.trainer import Trainer
@@ -116,7 +116,7 @@ def test_second_batch_falls_back_to_the_global_change_when_columns_cannot_change
     np.array([4, 0, 7, 4], np.int32),
 ], ids=["f32-3d", "f64-1d", "f32-0d", "i64-2d", "i32-1d"])
 def test_second_batch_made_into_a_buffer_equals_the_one_made_alone(a):
-    # The capture makes B in the plan's own input buffer (captured.SecondOf), not as a copy beside it: the
+    # The capture makes B in the plan's own input buffer (batches.SecondOf), not as a copy beside it: the
     # same values, bit for bit, as second_batch(a) on its own, which the other tests here check.
     out = np.full_like(a, 99)
     assert second_batch(a, out=out) is out

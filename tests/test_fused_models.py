@@ -393,7 +393,7 @@ def _switch_off(model):
 
 # Regression (failed on d412136): on fused_replay="captured", a config flag that was not an instance attribute of a
 # plain type when the step was recorded (a class-level default later set on the instance, or a value in a dict)
-# was not watched by captured.ModelState, so after the flag was switched off the recording kept replaying the old
+# was not watched by watched_state.ModelState, so after the flag was switched off the recording kept replaying the old
 # forward: `b` went on being trained and the loss was the old branch's, with no error and no log. Now ModelState
 # watches the attribute set, values nested in dicts/lists/tuples and config objects, and swapped layers; the
 # change retraces the plan and the step trains like eager (no exception).

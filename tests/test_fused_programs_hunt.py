@@ -354,7 +354,7 @@ def _closure_loss():
 # Regression (fixed): on the captured replay (asked for: a loss of the user's own), a recording holds the numbers the
 # loss computed with as constants, so a scale changed between steps (a global, a closure variable, a loss object's
 # attribute) was silently replayed at its recorded value: the losses went 1.37, 1.37, 1.31... where eager's went
-# 1.37, 2.06, 2.62... Now the loss function's state is watched (captured.LossState) and a change records the step
+# 1.37, 2.06, 2.62... Now the loss function's state is watched (watched_state.LossState) and a change records the step
 # again; a state that does not change keeps the one recording.
 @pytest.mark.parametrize("kind", ["global", "closure", "loss_object"])
 def test_a_loss_scale_changed_between_steps_is_followed_on_the_captured_replay(kind, caplog):

@@ -13,7 +13,7 @@ into a worktree of that commit (git worktree add /tmp/base-compare 36a8d85), run
 `NUMBA_NUM_THREADS=1 PYTHONPATH=/tmp/base-compare python -m pytest -q -p no:cacheprovider tests/test_tensor_compare.py`.
 The 6 that pass there guard what the change must keep: identity hashing, `t == None` being False, bool() of one
 element, and the fused route's watch on module attributes (which fails once == is elementwise, unless it compares
-Parameters by identity, as compile/captured.py now does).
+Parameters by identity, as compile/watched_state.py now does).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import tensorarena as ta
-from tensorarena.compile.captured import ModelState
+from tensorarena.compile.watched_state import ModelState
 from tensorarena.nn import Module, Parameter
 
 TORCH_DTYPE = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64,
@@ -410,7 +410,7 @@ class _Scaled(Module):
 
 
 def test_fused_watch_sees_a_replaced_one_element_parameter_of_equal_value():
-    # Regression (fixed): compile/captured.ModelState compared the Parameters it watches with `==` (a list
+    # Regression (fixed): compile/watched_state.ModelState compared the Parameters it watches with `==` (a list
     # compare); once == is elementwise, a one-element Parameter replaced by an equal-valued one compared True and
     # the traced step would have gone on updating the old Parameter.
     model = _Scaled()

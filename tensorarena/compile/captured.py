@@ -53,8 +53,8 @@ reduce.py, index.py, loss.py, shape.py, nn_ops.py, attention.py, autograd's grad
 A recording holds the kernels handed out when it was made, and the modules' state it was made under.
 A switch of kernel dispatch (kernels.use_reference, gemm.use_backend, ...) gives the step a plan of its
 own (FusedStep.plan_for keys plans by kernels.dispatch_key), recorded anew; before each captured step,
-`changed` compares the dispatch again (a safety net). A change of the modules' state (ModelState: e.g. a
-dropout probability set anew) makes FusedStep.plan_for trace the plan again, so it is recorded anew too.
+`changed` compares the dispatch again (a safety net). A change of the modules' state (watched_state.ModelState:
+e.g. a dropout probability set anew) makes FusedStep.plan_for trace the plan again, so it is recorded anew too.
 
 On ViT, the MLP and BERT the recording passes the checks and trains bit for bit as the Python
 replay (tests/test_captured_replay.py, tests/test_captured_ops.py).
@@ -64,14 +64,10 @@ replay (tests/test_captured_replay.py, tests/test_captured_ops.py).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import enum
 import functools
 import hashlib
 import logging
 import math
-import operator
-import types
 import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -83,13 +79,13 @@ from .. import autograd, kernels
 from ..kernels import calls
 from ..memory.pool import return_freed_memory
 from ..nn.module import Module
-from ..nn.parameter import Parameter
 from ..ops._base import is_constant
 from ..precision import float32_matmul_precision
 from ..tape import Tape, host
 from ..tensor import Tensor
-from . import targets as target_layout
+from .batches import SecondOf, _data, load_batch
 from .trace import PlanMismatchError
+from .watched_state import BufferArrays, LossState, _loss_modules
 
 if TYPE_CHECKING:
     from .step import FusedStep, StepPlan
@@ -151,111 +147,6 @@ def _digest(a: np.ndarray) -> bytes:
     return hashlib.blake2b(np.ascontiguousarray(a).view(np.uint8).reshape(-1), digest_size=16).digest()
 
 
-def _data(x: Any) -> np.ndarray | None:
-    return None if x is None else (x.data if isinstance(x, Tensor) else np.asarray(x))
-
-
-class SecondOf:
-    """The second batch of `a` (second_batch), made where it is loaded: into the plan's own input buffer, so
-    the checking passes need no batch-sized copy beside it (4.8 MB for ViT-Tiny's batch of 8 images, which
-    took step 1's RSS peak 2.5% over memory_report()'s prediction)."""
-
-    def __init__(self, a: np.ndarray) -> None:
-        self.a = a
-
-    def into(self, out: np.ndarray) -> None:
-        second_batch(self.a, out=out)
-
-
-def load_batch(plan: "StepPlan", x: Any, y: Any) -> None:
-    """Copy a batch (arrays or Tensors, or SecondOf one) into the plan's persistent inputs, as every replay
-    starts. Targets may be a structure of arrays (compile/targets.py): each array goes to its own buffer."""
-    _load(x, [plan.inputs], whole=True)
-    if plan.target_buffers:
-        _load(y, plan.target_buffers, whole=False)
-
-
-def _load(value: Any, buffers: list[np.ndarray], *, whole: bool) -> None:
-    second = isinstance(value, SecondOf)
-    source = value.a if second else value
-    if whole or isinstance(source, np.ndarray):
-        leaves = [source]
-    else:
-        leaves = target_layout.flatten(source)[1]
-    for leaf, buffer in zip(leaves, buffers, strict=True):
-        if second:
-            second_batch(np.asarray(leaf), out=buffer)
-        else:
-            np.copyto(buffer, _data(leaf))
-
-
-def second_batch(a: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
-    """The checking passes' second batch B, made from the batch A: its values moved and changed.
-
-    Rolling alone keeps every statistic that ignores order (a mean, a std, how many ids are padding or
-    targets ignored), so a number the step computed from one of them would have been frozen into the
-    recording unseen; the change of values moves them (test_captured_replay shows a std).
-    - Floats and 1-D integers: rolled by one along the last axis, so every value moves; floats then scaled
-      and shifted (x 1.5 + 0.25), integers with their smallest and largest values swapped.
-    - Floats that all lie in [0, 1] (probabilities, binary targets, pixels) stay there: x 0.5 + 0.5 instead,
-      into [0.5, 1]. binary_cross_entropy rightly refuses a target or input outside [0, 1], and the second
-      batch would otherwise take every BCELoss with targets from the batch off the captured replay. The mean
-      and the spread still move (every affine map of [0, 1] into itself keeps some mean: this one only a batch
-      of ones, which rolled equals itself, and is then no check, said so).
-    - Integers of 2 or more dimensions: rolled by one along the batch axis (0), and at every position
-      along the other axes the smallest and largest values over the batch swapped. Such an input may pack
-      columns that index different tables (token ids up to 30000 beside type ids 0..1, on the last axis
-      or a middle one, as (B, 2, T) ids and mask): moved across them, a value would index past the
-      smaller table, and the capture be refused for nothing (tests/test_captured_second_batch.py). With
-      a batch of two rows the roll and the swap undo each other, so the swap alone is tried next; if B
-      still equals A (a batch of one row, constant positions), B is made as for 1-D integers (over the
-      whole array) instead, so the check is not weakened.
-    `out`: written there (and returned), cast to its dtype; floats are then moved and changed in out's
-    dtype with no temporary of their size.
-    """
-    if out is not None and a.dtype.kind == "f" and out.dtype.kind == "f":
-        scale, shift = _float_change(a)  # read from a, before out (which may be a's own buffer) is written
-        if a.ndim:
-            out[..., 1:] = a[..., :-1]  # np.roll(a, 1, axis=-1), into out
-            out[..., :1] = a[..., -1:]
-        else:
-            out[...] = a
-        out *= out.dtype.type(scale)
-        out += out.dtype.type(shift)
-        return out
-    if out is not None:
-        np.copyto(out, second_batch(a))
-        return out
-    if a.dtype.kind in "iu" and a.ndim >= 2 and a.size:
-        for rolled in (True, False):
-            # One copy, the rest in place (a batch-sized temporary stays in the heap's RSS after it is freed).
-            b = np.roll(a, 1, axis=0) if rolled else a.copy()
-            low, high = b.min(axis=0), b.max(axis=0)  # each position's own smallest and largest, over the batch
-            was_low = b == low
-            np.copyto(b, low, where=b == high)  # low and high broadcast over the batch axis
-            np.copyto(b, high, where=was_low)
-            if not np.array_equal(b, a):
-                return b
-    b = np.roll(a, 1, axis=-1) if a.ndim else a.copy()  # the copy; the rest in place, as above
-    if b.dtype.kind == "f":
-        scale, shift = _float_change(a)
-        b *= b.dtype.type(scale)
-        b += b.dtype.type(shift)
-    elif b.dtype.kind in "iu" and b.size:
-        low, high = b.min(), b.max()  # both in range for whatever reads them: ids, classes, ignore_index
-        was_low = b == low
-        b[b == high] = low
-        b[was_low] = high
-    return b
-
-
-def _float_change(a: np.ndarray) -> tuple[float, float]:
-    """second_batch's (scale, shift) for floats: x 0.5 + 0.5 keeps values of [0, 1] there (a loss's domain:
-    binary_cross_entropy's), x 1.5 + 0.25 moves any other (NaN among them) further."""
-    within = a.size and 0 <= a.min() and a.max() <= 1  # min and max are NaN if any value is: False
-    return (0.5, 0.5) if within else (1.5, 0.25)
-
-
 def _python_pass(step: "FusedStep", plan: "StepPlan", sink: GradSink, x, y, tape: Tape | None) -> dict:
     """Forward and backward as the Python replay runs them, updating nothing: the loss's digest, each
     gradient's, and (recording) the loss buffer and where forward ends."""
@@ -314,290 +205,6 @@ def _tape_pass(step: "FusedStep", plan: "StepPlan", sink: GradSink, capture: Cap
             fn(*args, **kwargs)
     grads = list(sink.hashes) if step.update_in_backward else [_digest(g.grad) for g in step.flat.groups]
     return {"loss": _digest(capture.loss), "grads": grads, "complete": arena.cursor == len(capture.tape.allocations)}
-
-
-# Values compared by value: immutable, and what a forward's flags and sizes are made of.
-_PLAIN = (bool, int, float, complex, str, bytes, type(None), enum.Enum, np.generic)
-# Objects compared by identity: replaced is changed (a layer swapped, a new generator); what they hold is
-# watched elsewhere (a Module's own attributes, a Parameter's requires_grad) or is not the forward's choice.
-_SAME = (Module, Parameter, np.random.Generator, types.FunctionType, types.BuiltinFunctionType,
-         functools.partial)
-_CONTAINERS = (dict, list, tuple)
-_MAX_DEPTH = 4  # containers nested deeper under a module's attribute are not watched
-_MAX_LEAVES = 256  # nor one holding more values: a config is small; a table or a vocabulary is not config
-
-
-class _Same:
-    """An expected value that equals only `obj` itself: a container watched as a space of its own, so that
-    a new container with equal contents, which the space no longer watches, still counts as a change; and a
-    watched Parameter (Tensor == is elementwise: a one-element Parameter replaced by an equal-valued one
-    would otherwise compare equal)."""
-
-    __slots__ = ("obj",)
-    __hash__ = None
-
-    def __init__(self, obj: Any) -> None:
-        self.obj = obj
-
-    def __eq__(self, other: Any) -> bool:
-        return other is self.obj
-
-    def __repr__(self) -> str:
-        return f"the {type(self.obj).__name__} at the time of recording"
-
-
-def _is_config(v: Any) -> bool:
-    """A config object whose attributes are watched like a module's: a dataclass instance or a SimpleNamespace."""
-    return (isinstance(v, types.SimpleNamespace) or (dataclasses.is_dataclass(v) and not isinstance(v, type))) \
-        and hasattr(v, "__dict__")
-
-
-def _copyable(v: Any, depth: int, budget: list[int]) -> bool | None:
-    """For a container: True if every value in it is plain or compared by identity (a structural copy of it
-    is then compared in one C-level ==), False if it also holds arrays, Tensors, config objects or other
-    objects (it is watched as a space of its own), None if past the bounds (not watched)."""
-    if depth > _MAX_DEPTH:
-        return None
-    values = v.values() if isinstance(v, dict) else v
-    copyable = True
-    for x in values:
-        budget[0] -= 1
-        if budget[0] < 0:
-            return None
-        if isinstance(x, _CONTAINERS):
-            inner = _copyable(x, depth + 1, budget)
-            if inner is None:
-                return None
-            copyable = copyable and inner
-        elif not isinstance(x, _PLAIN + _SAME):
-            copyable = False
-    return copyable
-
-
-def _copy(v: Any) -> Any:
-    """A structural copy of a copyable container: its containers copied, its values kept (immutable, or
-    compared by identity)."""
-    if isinstance(v, dict):
-        return {k: _copy(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_copy(x) for x in v]
-    if isinstance(v, tuple):
-        return tuple(_copy(x) for x in v)
-    return _Same(v) if isinstance(v, Tensor) else v  # a Parameter by identity: Tensor == is elementwise
-
-
-def _entry(prefix: str, key: Any, attributes: bool) -> str:
-    return f"{prefix}.{key}" if attributes else f"{prefix}[{key!r}]"
-
-
-def _keys(space: Any) -> tuple:
-    return tuple(space) if isinstance(space, dict) else tuple(range(len(space)))
-
-
-def _show(v: Any) -> str:
-    text = repr(v)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-class ModelState:
-    """What a module's Python may branch on besides the data, read when a step is recorded (or traced); a
-    recording (a trace) made under one state would go on replaying it after a change that the Python replay
-    follows (a dropout probability set anew, a flag switched off), so a change makes the plan record (trace)
-    its step again (FusedStep._replay, plan_for). Watched, for every module:
-    - the set of its attributes (a class default later set on the instance is a new one);
-    - plain values (a flag, a probability, a size, a string), by value;
-    - dicts, lists and tuples of them, nested (self.cfg["use_b"]), by value; and a config object (a dataclass
-      instance, a SimpleNamespace), attribute by attribute, as a module;
-    - Modules, Parameters, generators and functions, by identity: a layer swapped is a change;
-    - every parameter's requires_grad.
-    Not watched: arrays and Tensors (data, not config), other objects (looked into by nobody), and a
-    container nested more than _MAX_DEPTH deep or holding more than _MAX_LEAVES values.
-
-    `changed()` runs before every step: the dicts and keys are found once here, and a read is three list
-    comprehensions compared in C (~0.06 ms on a ViT-Base since Parameters compare through _Same's __eq__ in
-    Python, ~0.025 before; 0.020 for the narrower watch before that), not the ~1 ms a walk over
-    model.modules() takes.
-    `describe_change()` names the first change found (slow; for the log)."""
-
-    def __init__(self, model: "Module") -> None:
-        self._start()
-        for name, module in model.named_modules():
-            self._watch(vars(module), type(module).__name__, True, f" of {name!r}" if name else " of the model", 0)
-        named = list(model.named_parameters())
-        self._finish([n for n, _ in named], [p for _, p in named])
-
-    def _start(self) -> None:
-        self.spaces: list[tuple[str, bool, str, Any]] = []  # (prefix, attributes, suffix, container): lengths compared
-        self.space_keys: list[tuple] = []  # each space's keys when read (describe_change names what came or went)
-        self.slots: list[tuple[str, Any, Any]] = []  # (what, container, key): each value is compared
-        self.expected: list[Any] = []  # what each slot held: the value, the object, a copy, or _Same(container)
-
-    def _finish(self, param_names: list[str], params: list[Tensor]) -> None:
-        self.param_names, self.params = param_names, params
-        self.spaced = [c for *_, c in self.spaces]
-        self.getters, self.wanted = self._group()
-        self.lengths, _, self.grads = self._read()
-
-    def _group(self) -> tuple[list, list]:
-        """One itemgetter per space over its compared keys (one C call reads them all), and what it must give."""
-        by_space: dict[int, tuple[Any, list, list]] = {}
-        for (_, space, key), want in zip(self.slots, self.expected):
-            _, keys, wants = by_space.setdefault(id(space), (space, [], []))
-            keys.append(key)
-            wants.append(want)
-        getters = [(operator.itemgetter(*keys), space) for space, keys, _ in by_space.values()]
-        wanted = [wants[0] if len(wants) == 1 else tuple(wants) for _, _, wants in by_space.values()]
-        return getters, wanted
-
-    def _watch(self, space: Any, prefix: str, attributes: bool, suffix: str, depth: int) -> None:
-        """Watch a module's attributes (a config object's, or a container's entries: `attributes` False),
-        named `prefix`.key (prefix[key]) `suffix`, and the containers and config objects below them."""
-        self.spaces.append((prefix, attributes, suffix, space))
-        self.space_keys.append(_keys(space))
-        for key, v in (space.items() if isinstance(space, dict) else enumerate(space)):
-            entry = _entry(prefix, key, attributes)
-            what = entry + suffix
-            if isinstance(v, np.ndarray) or (isinstance(v, Tensor) and not isinstance(v, Parameter)):
-                continue  # data, not config (the space's length still notices it going away)
-            if isinstance(v, _PLAIN + _SAME):
-                self._slot(what, space, key, _Same(v) if isinstance(v, Tensor) else v)  # == is elementwise
-            elif isinstance(v, _CONTAINERS):
-                copyable = _copyable(v, depth + 1, [_MAX_LEAVES])
-                if copyable:
-                    self._slot(what, space, key, _copy(v))
-                elif copyable is False:
-                    self._slot(what, space, key, _Same(v))
-                    self._watch(v, entry, False, suffix, depth + 1)
-            elif _is_config(v) and depth < _MAX_DEPTH:
-                self._slot(what, space, key, _Same(v))
-                self._watch(vars(v), entry, True, suffix, depth + 1)
-
-    def _slot(self, what: str, space: Any, key: Any, expected: Any) -> None:
-        self.slots.append((what, space, key))
-        self.expected.append(expected)
-
-    def _read(self) -> tuple:
-        return ([len(c) for c in self.spaced], [get(c) for get, c in self.getters],
-                [p.requires_grad for p in self.params])
-
-    def changed(self) -> bool:
-        try:
-            lengths, values, grads = self._read()
-            return lengths != self.lengths or values != self.wanted or grads != self.grads
-        except Exception:  # noqa: BLE001 - a key gone (KeyError), or a value whose == will not say (an array): changed
-            return True
-
-    def describe_change(self) -> str:
-        """The first change found, named: class, attribute or entry, and module path; or the parameter."""
-        for (prefix, attributes, suffix, space), keys in zip(self.spaces, self.space_keys):
-            now = _keys(space)
-            if now != keys:
-                came = [k for k in now if k not in keys]
-                went = [k for k in keys if k not in now]
-                if came:
-                    return f"{_entry(prefix, came[0], attributes)}{suffix}: set to {_show(space[came[0]])} (new)"
-                if went:
-                    return f"{_entry(prefix, went[0], attributes)}{suffix}: removed"
-        for (what, space, key), want in zip(self.slots, self.expected):
-            got = space[key]
-            if got is want:
-                continue
-            try:
-                same = got is want.obj if isinstance(want, _Same) else bool(got == want)
-            except Exception:  # noqa: BLE001 - an == that will not say (an array): a change
-                same = False
-            if same:
-                continue
-            if isinstance(want, _Same) or (isinstance(want, _SAME) and not isinstance(want, _PLAIN)):
-                old = want.obj if isinstance(want, _Same) else want
-                return f"{what}: replaced ({type(old).__name__} -> another {type(got).__name__})"
-            return f"{what}: {_show(want)} -> {_show(got)}"
-        for name, p, want in zip(self.param_names, self.params, self.grads):
-            if p.requires_grad != want:
-                return f"parameter {name!r}: requires_grad {want} -> {p.requires_grad}"
-        return "no change"
-
-
-class _LiveNames(dict):
-    """name -> what `read(name)` gives now (a closure cell's contents, a global's value): a function's state
-    watched as a module's attributes are. The dict holds the names only; every read goes to `read`."""
-
-    def __init__(self, names: list[str], read: Any) -> None:
-        super().__init__(dict.fromkeys(names))
-        self._read = read
-
-    def __getitem__(self, name: str) -> Any:
-        return self._read(name)
-
-    def items(self) -> list[tuple[str, Any]]:
-        return [(name, self[name]) for name in self]
-
-
-_EMPTY_CELL = "<empty cell>"
-
-
-def _cell_reader(code: types.CodeType, closure: tuple) -> Any:
-    cells = dict(zip(code.co_freevars, closure))
-
-    def read(name: str) -> Any:
-        try:
-            return cells[name].cell_contents
-        except ValueError:  # a cell not bound yet
-            return _EMPTY_CELL
-    return read
-
-
-def _code_names(code: types.CodeType) -> list[str]:
-    """The global names `code` and the functions and lambdas defined in it may read."""
-    names = list(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names += _code_names(const)
-    return list(dict.fromkeys(names))
-
-
-def _loss_spaces(fn: Any, where: str, depth: int = 0) -> list[tuple[Any, str]]:
-    """(space, name) for what a loss function of the user's own may read besides its arguments: its closure
-    cells, the globals its code names, a callable object's or a bound method's instance attributes, a partial's
-    arguments. tensorarena's own functions are audited (module docstring) and not watched."""
-    if depth > _MAX_DEPTH:
-        return []
-    if isinstance(fn, functools.partial):
-        return [(list(fn.args), f"{where} args"), (fn.keywords, f"{where} keywords"),
-                *_loss_spaces(fn.func, where, depth + 1)]
-    if isinstance(fn, types.MethodType):
-        owner = fn.__self__
-        spaces = [(vars(owner), f"{where}.__self__")] if hasattr(owner, "__dict__") else []
-        return spaces + _loss_spaces(fn.__func__, where, depth + 1)
-    if isinstance(fn, types.FunctionType):
-        if (fn.__module__ or "").startswith("tensorarena."):
-            return []
-        code = fn.__code__
-        spaces = []
-        if fn.__closure__:
-            spaces.append((_LiveNames(list(code.co_freevars), _cell_reader(code, fn.__closure__)),
-                           f"{where}'s closure"))
-        names = [n for n in _code_names(code) if n in fn.__globals__]
-        if names:
-            spaces.append((_LiveNames(names, fn.__globals__.get), f"{where}'s globals"))
-        return spaces
-    if hasattr(fn, "__dict__") and not isinstance(fn, (type, types.BuiltinFunctionType, types.ModuleType)):
-        call = getattr(type(fn), "__call__", None)
-        return [(vars(fn), where), *(_loss_spaces(call, where, depth + 1) if call is not None else [])]
-    return []
-
-
-class LossState(ModelState):
-    """What the loss function reads besides its arguments (_loss_spaces), watched as ModelState watches a
-    module: a scale in a closure, a global, a loss object's attribute. A recording holds the numbers the loss
-    computed with as constants (`2.0 * loss`), so a change makes the step record again (`changed`), as the
-    Python replay, which calls the loss every step, follows it."""
-
-    def __init__(self, loss_fn: Any) -> None:
-        self._start()
-        for space, where in _loss_spaces(loss_fn, "loss_fn"):
-            self._watch(space, where, not isinstance(space, (list, tuple)), "", 0)
-        self._finish([], [])
 
 
 def changed(capture: Capture) -> str | None:
@@ -812,47 +419,6 @@ def _regions(step: "FusedStep", plan: "StepPlan") -> list[tuple[int, int]]:
     for module in [*step.model.modules(), *_loss_modules(step.loss_fn)]:
         arrays += [b.data if isinstance(b, Tensor) else b for _, b in module._own_buffers()]
     return [byte_bounds(a) for a in arrays if isinstance(a, np.ndarray) and a.size]
-
-
-def _loss_modules(loss_fn: Any) -> list[Module]:
-    """The modules a loss function is, or is a bound method or partial of (nn.NLLLoss(weight=w)): their buffers
-    are the loss's constants, as a model's are the model's."""
-    fn = loss_fn
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    if isinstance(fn, types.MethodType):
-        fn = fn.__self__
-    return list(fn.modules()) if isinstance(fn, Module) else []
-
-
-def _buffer_array(value: Any) -> Any:
-    """What a recorded call holds of a buffer: its array (a Tensor's, which `.data = ...` replaces)."""
-    return value._data if isinstance(value, Tensor) else value
-
-
-class BufferArrays:
-    """The arrays of the model's and the loss module's buffers when a step was recorded. A recorded call holds
-    the array itself, so a write into it (`loss.weight[0] = 2`) is read by every replay after it, but a buffer
-    assigned anew (`loss.weight = w`, `model.mask = m`, `loss.weight.data = a`) is not: the recording would
-    go on reading the old array where the Python replay reads the new one. `changed` names such a buffer, and
-    the step is recorded again (captured.changed). The slots are found once; a read is one pass over them
-    (none, for a model and a loss without buffers)."""
-
-    def __init__(self, model: Module, loss_fn: Any) -> None:
-        from .step import buffer_slots
-
-        self.slots = [(f"the model's buffer {path!r}", module, name) for path, module, name in buffer_slots(model)]
-        for loss_module in _loss_modules(loss_fn):
-            self.slots += [(f"the loss function's buffer {name!r}", loss_module, name)
-                           for name in vars(loss_module).get("_buffers", {})]
-        self.arrays = [_buffer_array(getattr(module, name, None)) for _, module, name in self.slots]
-
-    def changed(self) -> str | None:
-        """The first buffer whose array is not the one recorded, named, or None."""
-        for (what, module, name), then in zip(self.slots, self.arrays):
-            if _buffer_array(getattr(module, name, None)) is not then:
-                return what
-        return None
 
 
 def _stray_array(tape: Tape, regions: list[tuple[int, int]]) -> np.ndarray | None:

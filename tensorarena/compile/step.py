@@ -41,7 +41,7 @@ Between steps a user may change what a hand-written PyTorch loop lets them chang
 cleared, `add_param_group`, a setting that adds optimizer state such as momentum, a loaded state dict
 with other settings, a parameter's dtype after model.double() or float(): `FlatState.stale`) builds a
 new flat layout, which takes the values over, and traces again. A module attribute the forward may branch
-on (`captured.ModelState`) changed since a plan's trace retraces that plan. A parameter the traced step
+on (`watched_state.ModelState`) changed since a plan's trace retraces that plan. A parameter the traced step
 gives no gradient (unused, cut off by `detach`) is left out of the layout, as the eager optimizer skips it. A new `matmul_precision` traces (or
 finds) a plan of its own, as a new kernel dispatch does. The Trainer passes a new `clip_grad_norm` or
 scheduler on.
@@ -71,9 +71,11 @@ from ..precision import normalize as normalize_precision
 from ..tensor import Tensor
 from . import captured
 from . import targets as target_layout
+from .batches import load_batch
 from .flat import FlatState
 from .planner import MemoryPlan, plan_memory
 from .trace import PlanMismatchError, TracedBuffer, TracingArena, UnsupportedInputError, UnsupportedOpError
+from .watched_state import ModelState
 
 log = logging.getLogger("tensorarena")
 
@@ -135,7 +137,7 @@ class StepPlan:
     persistent: dict[str, int] = field(default_factory=dict)  # filled by FusedStep: params, grads, state...
     matmul_precision: str = "float32"  # of float32 products, traced and replayed (tensorarena.precision)
     capture: Any = None  # replay="captured": its recording or why there is none (compile/captured.py)
-    model_state: Any = None  # captured.ModelState read after the trace: a change retraces (FusedStep.plan_for)
+    model_state: Any = None  # watched_state.ModelState read after the trace: a change retraces (FusedStep.plan_for)
     target_buffers: list[np.ndarray] = field(default_factory=list)  # each array of the targets, in order
 
     def __post_init__(self) -> None:
@@ -396,7 +398,7 @@ class FusedStep:
                 self._lay_out_again(str(moved))
         # Read after the trace: a forward may set attributes (ViT's last_block_route), and each replay
         # compares against the state the previous step left.
-        plan.model_state = captured.ModelState(self.model)
+        plan.model_state = ModelState(self.model)
         return plan
 
     def _trace_step(self, inputs: Any, targets: Any, sig: Signature) -> StepPlan:
@@ -536,7 +538,7 @@ class FusedStep:
         if self.replay == "captured" and plan.capture is None:
             self.flat.ensure_bound()
             plan.capture = captured.capture(self, plan, inputs, targets)
-        captured.load_batch(plan, inputs, targets)
+        load_batch(plan, inputs, targets)
         if plan.capture is not None and plan.capture.tape is not None:
             return captured.replay(self, plan, plan.capture, index, on_nonfinite)
         calls[("fused_replay", "python")] += 1
