@@ -6,20 +6,17 @@ the one a background thread is bringing in next, so resident memory is two stage
 depth, and the page cache (which the kernel can drop) holds the rest. How a slot gets its stage:
 
   io="map" (default)  the stage file is memory-mapped (MAP_SHARED, its page tables filled on the
-                      I/O thread: see _map), so the arrays ARE the file's page-cache pages:
+                      I/O thread: see StageIO._map), so the arrays ARE the file's page-cache pages:
                       nothing is copied in, and the optimizer's writes go straight to the file
                       (the kernel writes them back). The mapping is dropped when the stage is
                       written.
   io="copy"           two slot buffers, filled with os.preadv and written back with os.pwritev.
 
-Copying moved ~2.3 GB per ViT-Base step through the CPU (read 1.3, written 1.0), on the same two
-cores as the compute: `python bench/streaming_interleaved.py` (the three taking turns in one
-process) measured a warm ViT-Base step at 1.08 s mapped, 1.52 s copied, 0.65 s fused. Mapping a
-110 MiB stage, touching every page and unmapping took 3 ms where reading and writing it back
-took 47 ms.
+Why mapping is the default, with measurements: stream/store_io.py, which reads and writes the stages.
 
 Per stage file, at 64-byte aligned offsets: the parameters (first, so the forward pass can
-read just them), then each state kind's arrays, then a (params, scalar kinds) float64 table.
+read just them), then each state kind's arrays, then a (params, scalar kinds) float64 table
+(stream/store_layout.py).
 
 manifest.json says what the files hold: the model signature (stage names; parameter names,
 shapes, dtypes in order), the optimizer class and its state kinds, the step count, the
@@ -67,120 +64,34 @@ import errno
 import fcntl
 import json
 import logging
-import math
-import mmap
 import os
 import shutil
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..memory.pool import aligned_bytes
+# ParamStore in parts (store_layout.py: what a stage file holds where; store_files.py: file names and helpers;
+# store_io.py: the slots and the I/O thread). The names that were defined here are imported back, so
+# `from tensorarena.stream.store import X` keeps working; a test that patches one must patch the module that
+# looks it up (e.g. store_io.MADV_POPULATE_WRITE, read by StageIO._map), or the patch changes nothing.
+from .store_files import (StoreError, _fmt, _fsync_dir, _generation_of, _name_file, _stage_file, _unlink_quietly,
+                          ensure_writable_dir)
+from .store_io import IO_MODES, MADV_POPULATE_WRITE, StageIO
+from .store_layout import ALIGN, ArraySpec, StageLayout, StageSpec, StageViews, StoreSpec, _signature_diff
 
 FORMAT = "tensorarena-stream-store"
 VERSION = 1
-IO_MODES = ("map", "copy")
-MADV_POPULATE_WRITE = 23  # <linux/mman.h>; Python's mmap module does not name it (3.11)
 MANIFEST = "manifest.json"
 MANIFEST_ROOM = ".manifest.json.next"  # the step's manifest commit is written here, then renamed (reserve_commit)
 JOURNAL = "journal.json"
-ALIGN = 64
 
 log = logging.getLogger("tensorarena")
 
 
-def ensure_writable_dir(where: Path) -> None:
-    """Create `where` and write and remove a probe file there; raises the OSError if that fails."""
-    where.mkdir(parents=True, exist_ok=True)
-    probe = where / f".write-probe-{os.getpid()}"
-    with open(probe, "wb") as f:
-        f.write(b"ok")
-    probe.unlink()
-
-
-class StoreError(RuntimeError):
-    """The streaming store cannot be used as asked; the message says what is wrong and what to do."""
-
-
-@dataclass(frozen=True)
-class ArraySpec:
-    """One parameter: its dotted name, shape and dtype."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-
-    @cached_property  # asked for every view of every load
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
-
-
-@dataclass(frozen=True)
-class StageSpec:
-    """One stage: its name and its parameters in order."""
-
-    name: str
-    params: tuple[ArraySpec, ...]
-
-
-@dataclass(frozen=True)
-class StoreSpec:
-    """What a store holds: the stages and the optimizer state kinds kept per parameter."""
-
-    stages: tuple[StageSpec, ...]
-    optimizer: str
-    state_arrays: tuple[str, ...]
-    state_scalars: tuple[str, ...]
-
-    def signature(self) -> list:
-        """The model signature as the manifest records it (JSON-ready)."""
-        return [{"stage": s.name, "params": [[a.name, list(a.shape), a.dtype] for a in s.params]}
-                for s in self.stages]
-
-
-def _align(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
-
-
-class StageLayout:
-    """Byte offsets of one stage's arrays inside its file (and inside a slot buffer)."""
-
-    def __init__(self, stage: StageSpec, spec: StoreSpec) -> None:
-        self.stage = stage
-        offset = 0
-        self.param_offsets = []
-        for a in stage.params:
-            self.param_offsets.append(offset)
-            offset = _align(offset + a.nbytes)
-        self.params_bytes = offset  # the forward pass reads [0, params_bytes)
-        self.state_offsets: dict[str, list[int]] = {}
-        for kind in spec.state_arrays:
-            self.state_offsets[kind] = []
-            for a in stage.params:
-                self.state_offsets[kind].append(offset)
-                offset = _align(offset + a.nbytes)
-        self.scalar_offset = offset
-        self.n_scalars = len(spec.state_scalars)
-        offset = _align(offset + 8 * self.n_scalars * len(stage.params))
-        self.total_bytes = offset
-
-
-@dataclass
-class StageViews:
-    """Arrays of one stage inside a slot: writes to them are writes to the slot buffer (io="copy") or,
-    through the mapping, to the stage file's pages (io="map")."""
-
-    params: list[np.ndarray]
-    state: list[dict[str, np.ndarray]] | None  # per parameter: kind -> array (None: parameters-only read)
-    scalars: np.ndarray | None  # (params, scalar kinds) float64; row i belongs to parameter i
-
-
-class ParamStore:
+class ParamStore(StageIO):
     """A directory of stage files plus manifest.json; see the module docstring.
 
     Args:
@@ -193,17 +104,12 @@ class ParamStore:
 
     def __init__(self, directory: str | os.PathLike, spec: StoreSpec, *, durable: bool = False,
                  io: str = "map") -> None:
-        if io not in IO_MODES:
-            raise ValueError(f"io must be one of {IO_MODES}, got {io!r}")
+        super().__init__(io, len(spec.stages))  # checks `io`; the slots' and the I/O thread's state: store_io.py
         self.directory = Path(directory)
         self.durable = durable
-        self.io = io
         self.files = [_stage_file(i, 0) for i in range(len(spec.stages))]
         self.manifest: dict[str, Any] | None = None
         self._journal: dict[str, Any] = {}
-        self.bytes_read = 0
-        self.bytes_written = 0
-        self._fds: list[int | None] = [None] * len(spec.stages)
         self._lock_fd: int | None = None
         self._manifest_lock = threading.Lock()
         # The step's manifest commit, reserved before the step changes any stage (reserve_commit): the open
@@ -215,24 +121,9 @@ class ParamStore:
         self._superseded = False
         self._manifest_bytes = 0
         self._journal_lock = threading.Lock()  # io="map": begin_write (caller) and _write (I/O thread)
-        self._pending: list[Future] = []
-        # Stages whose file the step in flight may have changed (begin_write with io="map", a started data write
-        # with io="copy"): the route asks it after a failure, to tell a step that changed nothing (take it again)
-        # from one partly applied. A write that failed stops the step's later ones (_write_failed) until drain().
-        self.changed = 0
-        self._write_failed: BaseException | None = None
-        self._io: ThreadPoolExecutor | None = None
-        self.closed = False
-        self._maps: list[tuple[int, mmap.mmap, int] | None] = [None, None]
         self._set_spec(spec)
         self._check_writable()
         self._take_lock()
-        # Mappings that still had arrays over them when their slot was released: they unmap when the
-        # last such array goes. Stays 0 in a healthy step (the route drops its views first; tested).
-        self.late_unmaps = 0
-        # How a stage about to be updated gets its pages (io="map", see _map): "write" (prefaulted
-        # writable on the I/O thread) or "faults" (this kernel refused; logged once). None: io="copy".
-        self.populate = "write" if io == "map" else None
 
     def _set_spec(self, spec: StoreSpec) -> None:
         """Hold `spec`: its layouts and two slots sized for its largest stage (no slot may be in use)."""
@@ -637,14 +528,6 @@ class ParamStore:
             self._journal = {}
             self._replace(JOURNAL, self._journal)
 
-    def release_slots(self) -> None:
-        """Wait for queued I/O and unmap both slots (io="map"), e.g. after a failed step."""
-        try:
-            self.drain()
-        finally:
-            for slot in range(len(self._maps)):
-                self._release(slot)
-
     def relayout(self, spec: StoreSpec, fill) -> None:
         """Lay every stage out again for `spec`: the same stages, more state kinds (momentum or amsgrad
         switched on mid-run). `fill(stage, param)` -> ({array kind: value}, {scalar kind: value}) for the
@@ -728,198 +611,7 @@ class ParamStore:
                 f.flush()
                 os.fsync(f.fileno())
 
-    def begin_write(self, index: int, step: int) -> None:
-        """Call before changing stage `index`'s arrays for `step`: io="map" changes the file itself, so
-        the journal must say "writing" first. With io="copy" the write task journals (nothing to do).
-        Refused once a write of this step failed: a stage changed after it could only widen the damage."""
-        self.raise_failed_write()
-        if self.io == "map":
-            self._mark(step, index, done=False)
-            self.changed += 1
-
-    def raise_failed_write(self) -> None:
-        """Raise the error of a write of this step that failed on the I/O thread, itself (it names the file and
-        errno), so the step stops there; nothing if none failed. The caller's own check: later writes are refused
-        on the I/O thread too (_refuse_after_failed_write), but the step should not compute stages it cannot keep."""
-        failed = self._write_failed
-        if failed is not None:
-            raise failed
-
-    def _refuse_after_failed_write(self, index: int) -> None:
-        failed = self._write_failed
-        if failed is not None:
-            raise StoreError(f"stage {index} was left as it was: writing an earlier stage of this step failed "
-                             f"({type(failed).__name__}: {failed})") from failed
-
-    # -- slots and I/O ------------------------------------------------------------
-    def views(self, slot: int, index: int) -> StageViews:
-        """Arrays of stage `index` inside slot `slot` (0 or 1); with io="map" the slot must hold that stage
-        (read it first), and a parameters-only read gives no state views."""
-        layout = self.layouts[index]
-        if self.io == "copy":
-            buf = self.slots[slot]
-        else:
-            held = self._maps[slot]
-            if held is None or held[0] != index:
-                raise StoreError(f"slot {slot} holds {'nothing' if held is None else f'stage {held[0]}'}, not stage "
-                                 f"{index}: read(index={index}, slot={slot}) it first")
-            buf = np.frombuffer(held[1], np.uint8) if held[1] is not None else _NOTHING
-
-        def at(offset: int, a: ArraySpec) -> np.ndarray:
-            return buf[offset:offset + a.nbytes].view(a.dtype).reshape(a.shape)
-
-        params = [at(o, a) for o, a in zip(layout.param_offsets, layout.stage.params)]
-        if buf.nbytes < layout.total_bytes:
-            return StageViews(params, None, None)
-        state = [{kind: at(layout.state_offsets[kind][i], a) for kind in self.spec.state_arrays}
-                 for i, a in enumerate(layout.stage.params)]
-        n = len(layout.stage.params) * layout.n_scalars
-        scalars = buf[layout.scalar_offset:layout.scalar_offset + 8 * n].view(np.float64)
-        return StageViews(params, state, scalars.reshape(len(layout.stage.params), layout.n_scalars))
-
-    def read(self, index: int, slot: int, *, params_only: bool = False) -> Future:
-        """Read stage `index` into `slot` on the I/O thread (parameters only, or everything)."""
-        layout = self.layouts[index]
-        nbytes = layout.params_bytes if params_only else layout.total_bytes
-        return self._submit(self._read, index, slot, nbytes)
-
-    def write(self, index: int, slot: int, step: int | None) -> Future:
-        """Write stage `index` from `slot` on the I/O thread; `step` journals it (None: creating, no journal).
-
-        With io="map" the slot's read of the whole stage must have completed (as for `views`).
-        """
-        if self.io == "map":
-            held = self._maps[slot]
-            if held is None or held[0] != index or held[2] < self.layouts[index].total_bytes:
-                raise StoreError(f"write of stage {index} from slot {slot}, which does not hold all of it "
-                                 f"({'nothing' if held is None else f'stage {held[0]}, {held[2]} bytes'}); read it "
-                                 f"with params_only=False first")
-        return self._submit(self._write, index, slot, step)
-
-    def _submit(self, fn, *args) -> Future:
-        if self.closed:
-            raise StoreError(f"the streaming store {self.directory} is closed")
-        if self._io is None:
-            # One worker: reads and writes run in submission order, so a slot is never read
-            # into before the write that empties it has finished.
-            self._io = ThreadPoolExecutor(1, thread_name_prefix="tensorarena-stream-io")
-        future = self._io.submit(fn, *args)
-        # Forget only what finished well: a failed write must stay until drain() raises it, or the step would
-        # commit a stage its file never received (a copied write's EIO was lost this way: the store resumed
-        # holding one stage of the step before).
-        self._pending = [f for f in self._pending if not _succeeded(f)] + [future]
-        return future
-
-    def _read(self, index: int, slot: int, nbytes: int) -> None:
-        if self.io == "map":
-            self._release(slot)
-            # A stage without parameters (a frozen embedding left out of its stage, a pooling stage) has a
-            # 0-byte file, which mmap refuses: it holds nothing, so the slot holds no mapping either.
-            self._maps[slot] = (index, self._map(index, nbytes) if nbytes else None, nbytes)
-            self.bytes_read += nbytes
-            return
-        view = memoryview(self.slots[slot])[:nbytes]
-        fd, done = self._fd(index), 0
-        while done < nbytes:
-            n = os.preadv(fd, [view[done:]], done)
-            if n == 0:
-                raise StoreError(f"{self.directory / self.files[index]} ended after {done} of {nbytes} bytes; the "
-                                 f"store was truncated: delete it and resume from a checkpoint")
-            done += n
-        self.bytes_read += nbytes
-
-    def _write(self, index: int, slot: int, step: int | None) -> None:
-        try:
-            self._refuse_after_failed_write(index)
-            self._write_stage(index, slot, step)
-        except BaseException as exc:
-            self._write_failed = self._write_failed or exc
-            raise
-
-    def _write_stage(self, index: int, slot: int, step: int | None) -> None:
-        nbytes = self.layouts[index].total_bytes
-        if step is not None:
-            self._mark(step, index, done=False)  # with io="map", begin_write did this already
-        if self.io == "map":
-            held = self._maps[slot]
-            if self.durable and held[1] is not None:
-                try:
-                    held[1].flush()  # msync: the pages are the file's, so this is its write to disk
-                except OSError as exc:
-                    raise _name_file(exc, self.directory / self.files[index])
-            self._release(slot)
-            self.bytes_written += nbytes
-            if step is not None:
-                self._mark(step, index, done=True)
-            return
-        view = memoryview(self.slots[slot])[:nbytes]
-        fd, done = self._fd(index), 0
-        if step is not None:
-            self.changed += 1  # journaled "writing": from here on the file may hold part of the step
-        try:
-            while done < nbytes:
-                done += os.pwritev(fd, [view[done:]], done)
-            if self.durable:
-                os.fsync(fd)
-        except OSError as exc:
-            raise _name_file(exc, self.directory / self.files[index])
-        self.bytes_written += nbytes
-        if step is not None:
-            self._mark(step, index, done=True)
-
-    def _map(self, index: int, nbytes: int) -> mmap.mmap:
-        """Map the first `nbytes` of stage `index`'s file, its page tables filled here on the I/O thread.
-
-        A parameters-only map is read by the forward pass: MAP_POPULATE. A whole stage is about to
-        be updated, and MAP_POPULATE fills a shared mapping read-only, so each page's first write
-        would still fault, in the optimizer's kernel: ~0.2 s of a ViT-Base step (a 110 MiB update
-        took 36-60 ms instead of 13). MADV_POPULATE_WRITE (Linux 5.14) takes those faults here.
-        """
-        prot = mmap.PROT_READ | mmap.PROT_WRITE
-        if nbytes < self.layouts[index].total_bytes:
-            return mmap.mmap(self._fd(index), nbytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=prot)
-        mapped = mmap.mmap(self._fd(index), nbytes, flags=mmap.MAP_SHARED, prot=prot)
-        if self.populate == "write":
-            try:
-                mapped.madvise(MADV_POPULATE_WRITE)
-            except OSError as exc:
-                self.populate = "faults"
-                log.warning("streaming store: madvise(MADV_POPULATE_WRITE) failed (%s; it needs Linux 5.14): the "
-                            "optimizer takes a page fault at the first write of every page of a stage", exc)
-        return mapped
-
-    def mapped_stages(self) -> list[int]:
-        """Stages whose files are mapped into a slot now (io="map"); empty between steps."""
-        return [held[0] for held in self._maps if held is not None]
-
-    def _release(self, slot: int) -> None:
-        """Unmap slot `slot` (io="map"); if arrays over it are still alive it unmaps when they go."""
-        held, self._maps[slot] = self._maps[slot], None
-        if held is not None and held[1] is not None:
-            try:
-                held[1].close()
-            except BufferError:
-                self.late_unmaps += 1
-
-    def _fd(self, index: int) -> int:
-        fd = self._fds[index]
-        if fd is None:
-            fd = self._fds[index] = os.open(self.directory / self.files[index], os.O_RDWR | os.O_CREAT, 0o644)
-        return fd
-
-    def drain(self) -> None:
-        """Wait for every queued read and write; re-raise the first failure."""
-        pending, self._pending = self._pending, []
-        error = None
-        for future in pending:
-            try:
-                future.result()
-            except BaseException as exc:  # noqa: BLE001 - keep draining, raise the first below
-                error = error or exc
-        self._write_failed = None  # every write queued has run: the caller hears of a failure below
-        if error is not None:
-            raise error
-
+    # -- closing ------------------------------------------------------------------
     def close(self) -> None:
         """Finish pending I/O, close the files and release the directory lock."""
         if self.closed:
@@ -941,7 +633,6 @@ class ParamStore:
                 os.close(self._lock_fd)  # closing the descriptor drops the flock
                 self._lock_fd = None
 
-
     def __del__(self) -> None:
         # A route dropped without close(): give the descriptors and the directory lock back.
         try:
@@ -950,71 +641,5 @@ class ParamStore:
             pass
 
 
-_NOTHING = np.empty(0, np.uint8)  # the slot buffer of a stage that holds no bytes (io="map")
-
-
-def _stage_file(index: int, generation: int) -> str:
-    """Stage `index`'s file name in layout generation `generation` (a `relayout` makes the next one)."""
-    return f"stage-{index:04d}.bin" if generation == 0 else f"stage-{index:04d}.g{generation}.bin"
-
-
-def _generation_of(name: str) -> int:
-    """The layout generation in a stage file's name (see _stage_file)."""
-    parts = name.split(".")  # stage-NNNN.bin or stage-NNNN.gG.bin
-    return int(parts[1][1:]) if len(parts) == 3 and parts[1][:1] == "g" and parts[1][1:].isdigit() else 0
-
-
-def _signature_diff(theirs: list, mine: list) -> str:
-    """The first differences between two signatures, in words."""
-    if [s.get("stage") for s in theirs] != [s["stage"] for s in mine]:
-        return (f"its stages are {[s.get('stage') for s in theirs][:6]}... ({len(theirs)}) but this model's are "
-                f"{[s['stage'] for s in mine][:6]}... ({len(mine)})")
-    for a, b in zip(theirs, mine):
-        if a.get("params") != b["params"]:
-            pa, pb = a.get("params") or [], b["params"]
-            for x, y in zip(pa, pb):
-                if x != y:
-                    return (f"in stage {b['stage']!r} it holds {x[0]} {tuple(x[1])} {x[2]} where this model has "
-                            f"{y[0]} {tuple(y[1])} {y[2]}")
-            return f"stage {b['stage']!r} has {len(pa)} parameters in the store but {len(pb)} in this model"
-    return "the signatures differ"
-
-
-def _succeeded(future: Future) -> bool:
-    """Whether `future` finished without an exception (never waits)."""
-    return future.done() and not future.cancelled() and future.exception() is None
-
-
-def _name_file(exc: OSError, path: Path) -> OSError:
-    """`exc` naming `path` if it names no file (os.pwrite and friends on a descriptor name none), so the
-    error says which file of the store failed, with its errno."""
-    if exc.filename is None:
-        exc.filename = str(path)
-    return exc
-
-
-def _unlink_quietly(path: Path) -> None:
-    """Remove a temporary file after a failure, never hiding that failure: where the directory refuses the
-    unlink too (read-only, removed), the file stays, and the next write of it truncates or replaces it."""
-    try:
-        path.unlink(missing_ok=True)
-    except OSError:
-        pass
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fmt(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} bytes"
-
-
-__all__ = ["ParamStore", "StoreError", "StoreSpec", "StageSpec", "ArraySpec", "StageLayout", "StageViews"]
+__all__ = ["ParamStore", "StoreError", "StoreSpec", "StageSpec", "ArraySpec", "StageLayout", "StageViews",
+           "ALIGN", "IO_MODES", "MADV_POPULATE_WRITE"]  # the last three: defined elsewhere since the split (above)
