@@ -76,7 +76,7 @@ def test_io_mode_and_slot_misuse_get_clear_errors(tmp_path):
 
 def test_a_kill_while_a_mapped_stage_is_updated_is_refused(tmp_path):
     # The update changes the stage file itself, so "writing" must be journaled before it starts.
-    # Without store.begin_write (checked by deleting its call in stream/route.py) the journal of
+    # Without store.begin_write (checked by deleting its call in stream/sweep.py) the journal of
     # this kill says nothing is being written, and resume silently continued from step 1 with
     # the head's weights already at step 2.
     killed_mid_step_then_resumed(tmp_path, """
@@ -90,7 +90,7 @@ def test_a_kill_while_a_mapped_stage_is_updated_is_refused(tmp_path):
 
 
 def test_a_stage_to_update_is_prefaulted_writable_and_a_kernel_without_it_is_reported(tmp_path, monkeypatch, caplog):
-    from tensorarena.stream import store as store_module
+    from tensorarena.stream import store_io  # StageIO._map reads MADV_POPULATE_WRITE there
 
     _, _, losses, _, _, _ = _train(tmp_path / "write", "map", 2)
     model, optimizer, sched = _setup()
@@ -98,7 +98,7 @@ def test_a_stage_to_update_is_prefaulted_writable_and_a_kernel_without_it_is_rep
         route.step(*_batches(1)[0])
         assert route.store.populate == "write"  # this machine's kernel (>= 5.14) has MADV_POPULATE_WRITE
     # A kernel that refuses the advice (an unknown one stands in for it) trains the same, slower, and says so.
-    monkeypatch.setattr(store_module, "MADV_POPULATE_WRITE", 9999)
+    monkeypatch.setattr(store_io, "MADV_POPULATE_WRITE", 9999)
     with caplog.at_level("WARNING", logger="tensorarena"):
         _, _, refused, _, _, _ = _train(tmp_path / "faults", "map", 2)
     assert refused == losses

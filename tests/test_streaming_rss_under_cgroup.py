@@ -61,7 +61,7 @@ def _resident(buffer: np.ndarray) -> int:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mincore and madvise as Linux has them")
 def test_the_streamed_arenas_hold_the_pages_the_plan_counts(tmp_path):
-    from tensorarena.stream.route import STAGE_BLOCK_BYTES, STEP_BLOCK_BYTES
+    from tensorarena.stream.arena_pages import STAGE_BLOCK_BYTES, STEP_BLOCK_BYTES
 
     with nn.deferred_init():
         model = ViT(ViTConfig(image_size=32, patch_size=8, num_classes=10, dim=96, depth=4, num_heads=4),
@@ -98,8 +98,7 @@ import numpy as np
 ctypes.CDLL(None).mallopt(-3, 256 << 20)  # M_MMAP_THRESHOLD: malloc serves blocks up to 256 MiB from its heap
 x = np.ones(48 << 20, np.uint8)  # a big array, every page touched, then freed: its pages stay with the heap
 del x
-from tensorarena.stream.arena_pages import SmallPagePool
-from tensorarena.stream.route import STEP_BLOCK_BYTES
+from tensorarena.stream.arena_pages import STEP_BLOCK_BYTES, SmallPagePool
 sys.path.insert(0, sys.argv[1])
 from tests.test_streaming_rss_under_cgroup import _resident
 print(_resident(SmallPagePool().acquire(STEP_BLOCK_BYTES).buffer) // mmap.PAGESIZE)

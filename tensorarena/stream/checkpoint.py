@@ -35,8 +35,8 @@ from ..random import peek_default_generator
 from ..tensor import Tensor
 from . import optim_state
 from .follow import group_map, grow_state_kinds
+from .generator_states import generator_states_problem, restore_generators
 from .heap import return_freed_pages
-from .route import generator_states_problem, restore_generators
 from ..train.checkpoint import (CHECKSUM_KEY, FORMAT, VERSION, _atomic_write, _corrupt, _generators, _jsonable,
                                 checksums_entry, read_metadata, rng_state, saved_checksums)
 from ..train.safetensors_io import DTYPES, raw_bytes

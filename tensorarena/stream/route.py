@@ -15,9 +15,12 @@ the ParamStore keeps every stage's parameters and optimizer state in files. One 
             and brings the next one into the second slot (memory-maps its file by default,
             io="map"; io="copy" reads it into a slot buffer: store.py)
 
+These passes are sweep.py's; this module keeps what lasts between them (the store, the parameters' place,
+the step count, commits and failures).
+
 Memory: two stage-sized slots + one stage of gradients + the largest stage's activations
 (in a nested arena closed per stage) + the boundary activations and two gradient buffers per
-boundary shape (_Sweep._io_grad) + the step's side inputs (a BERT's attention mask, computed once per step
+boundary shape (sweep.py _Sweep._io_grad) + the step's side inputs (a BERT's attention mask, computed once per step
 by model.stream_inputs and read by every stage: stages.py). Nothing grows with depth but the boundary
 activations (batch x tokens x dim per stage). Every step runs inside its own
 `Arena`, closed in `finally` (the `with` block), each stage's work in a nested one.
@@ -46,7 +49,6 @@ under the run is found before a step changes anything (store.lost_files); to_mem
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,66 +56,29 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..autograd import enable_grad, no_grad
-from ..memory.arena import Arena, StaleTensorError
+from ..autograd import no_grad
+from ..memory.arena import Arena
 from ..memory.pool import BlockPool, aligned_bytes
 from ..nn.deferred import fill_bytes
 from ..nn.module import Module
-from ..optim.clip import _norm
 from ..optim.optimizer import Optimizer
 from ..random import default_generator, peek_default_generator
 from ..tensor import Tensor
 from ..train.checkpoint import _generators, _jsonable, rng_state
 from ..train.report import NonFiniteLossError, check_step_options
 from . import optim_state
-from .arena_pages import SmallPagePool
-from .buffers import StageBuffers
+from .arena_pages import STAGE_BLOCK_BYTES, STEP_BLOCK_BYTES, SmallPagePool
 from .follow import follow_user_changes, group_map
+from .generator_states import generator_states_problem, restore_generators
 from .heap import return_freed_pages
+from .on_disk import _ON_DISK, _in_memory_bytes
 from .stages import Stage, model_stages, run_stage, stage_inputs
 from .store import ArraySpec, ParamStore, StageLayout, StageSpec, StoreError, StoreSpec
+from .sweep import _as_tensor, _Loads, run_step
 
 LossFn = Callable[[Tensor, Any], Tensor]
 log = logging.getLogger("tensorarena")
 STARTS = ("auto", "memory", "resume")
-# The block each arena of a streamed step (or predict) bumps in: one reserved block, of which only the pages an
-# arena touches become resident, so its RSS is what it allocated. With the pool's default 1 MiB blocks, each
-# allocation that did not fit opened a block of the next power of two and left the last one's tail behind, and
-# the step and stage arenas swapped cached blocks of mixed classes: vit-base's arenas held 21.7 MiB of touched
-# blocks for 16.7 MiB allocated (peak RSS 1.5% over the plan). Two different size classes, so the step arena
-# never takes a block a stage arena touched deeper, nor the reverse (RSS would then grow at step 2). The blocks
-# come from the route's own SmallPagePool (no 2 MiB pages: stream/arena_pages.py), whose touched pages the route
-# plan counts ("arena pages").
-STEP_BLOCK_BYTES = 32 << 20
-STAGE_BLOCK_BYTES = 64 << 20
-
-
-class _OnDisk:
-    """Stands in for the arena of a parameter the store holds, so reading it raises a clear error.
-
-    Tensor.data reads the arena's generation to compare it with the tensor's; here that read raises,
-    with a message of its own: the stale-arena one ("its memory now belongs to other tensors") would be
-    wrong, and would not say what to do.
-    """
-
-    closed = True
-    name = "the streaming store"
-
-    @property
-    def generation(self) -> int:
-        raise StaleTensorError(ON_DISK_MESSAGE)
-
-
-ON_DISK_MESSAGE = (
-    "this parameter lives on disk, in the store of a StreamingRoute that trains it, so it cannot be read or "
-    "changed in place (a forward outside the route, model.load_state_dict, ...). Bring the training state back "
-    "into memory first with trainer.stream.to_memory() (a route of your own: route.to_memory(); after "
-    "route.close(): StreamingRoute.resume(...).to_memory()); read or change it there, and the next training "
-    "step moves it into the store again. To restore a checkpoint, trainer.load(path) writes it into the store "
-    "directly.")
-
-
-_ON_DISK = _OnDisk()
 
 
 @dataclass(frozen=True)
@@ -460,7 +425,7 @@ class StreamingRoute:
             # the stages were updated in place (store.reserve_commit).
             self.store.reserve_commit(index)
             with arena:  # closed (blocks returned) before any exception propagates
-                loss, grad_norm, skipped, stage_hw, side_bytes = self._run(arena, inputs, targets, index)
+                loss, grad_norm, skipped, stage_hw, side_bytes = run_step(self, arena, inputs, targets, index)
                 step_hw = arena.stats.high_water
             self.store.drain()  # every stage's write has finished: what fails from here on is the commit
             if not skipped and self.scheduler is not None:
@@ -482,69 +447,6 @@ class StreamingRoute:
             bytes_read=self.store.bytes_read - read0, bytes_written=self.store.bytes_written - written0,
             resident_bytes=self.resident_bytes, side_input_bytes=side_bytes)
         return loss
-
-    def _run(self, arena: Arena, inputs: Any, targets: Any, index: int):
-        n = len(self.stages)
-        # Once per step, first in the step arena (so they live until every stage's backward ran, and the arena's
-        # bytes so far are theirs): stage 0's input and the side inputs every stage reading them gets.
-        with no_grad():
-            x, side = stage_inputs(self.model, self.stages, inputs)
-        side_bytes = arena.stats.bytes_in_use if side is not None else 0
-        acts: list[Any] = [x] + [None] * (n - 1)  # acts[k]: the input of stage k
-        rng_before: list[Any] = [None] * n
-        plan = [(k, True) for k in range(n - 1)]
-        if self.clip_grad_norm is not None:
-            plan += [(k, True) for k in reversed(range(n))]
-        plan += [(k, False) for k in reversed(range(n))]
-        # Every stage's gradient views, made before any stage is read or updated: a buffer that does not fit
-        # a stage's layout fails here, with the store untouched, not after some stages took the step.
-        grad_views = [self._grad_views(k) for k in range(n)]
-        loads = _Loads(self.store, plan)
-        buffers = StageBuffers(self.model, n)  # the backward sweeps recompute forwards: their writes are undone
-        stage_hw = 0
-        try:
-            with no_grad():
-                for k in range(n - 1):
-                    self._attach(k, loads.get(k))
-                    rng_before[k] = self._rng_snapshot()
-                    with Arena(pool=self._arena_pool, block_bytes=STAGE_BLOCK_BYTES,
-                               name=f"stage {self.stages[k].name!r} forward arena") as inner:
-                        xin = acts[0] if k == 0 else Tensor(acts[k])
-                        y = _as_tensor(run_stage(self.stages[k], xin, side), self.stages[k].name).data
-                        keep = arena.alloc(y.shape, y.dtype)  # the outer step arena: lives until backward
-                        np.copyto(keep, y)
-                    stage_hw = max(stage_hw, inner.stats.high_water)
-                    buffers.ran(k)
-                    self._detach(k)
-                    acts[k + 1] = keep
-            rng_before[n - 1] = self._rng_snapshot()
-            io_grads: dict[tuple, list[np.ndarray]] = {}
-            sweep = _Sweep(self, arena, loads, acts, side, rng_before, targets, io_grads, grad_views, buffers)
-            grad_norm = scale = None
-            if self.clip_grad_norm is not None:
-                loss, finite = sweep.run(update=False)
-                if not finite:
-                    return self._nonfinite(loss, index, sweep, loads, stage_hw) + (side_bytes,)
-                grad_norm = sweep.total_norm()
-                coef = self.clip_grad_norm / (grad_norm + 1e-6)  # as clip_grad_norm_ (and torch)
-                scale = None if coef >= 1.0 else coef  # NaN scales too, as there
-            loss, finite = sweep.run(update=True, coef=scale)
-            if not finite:
-                return self._nonfinite(loss, index, sweep, loads, stage_hw) + (side_bytes,)
-            self._rng_restore(sweep.rng_after)  # where the eager step leaves the generators
-            return loss, grad_norm, False, max(stage_hw, sweep.high_water), side_bytes
-        finally:
-            loads.finish()
-            for k in range(n):
-                self._detach(k)
-
-    def _nonfinite(self, loss: float, index: int, sweep: "_Sweep", loads: "_Loads", stage_hw: int):
-        self._rng_restore(sweep.rng_after)
-        if self.on_nonfinite == "raise":
-            raise NonFiniteLossError(
-                f"loss is {loss} at step {index}; the parameters were not updated. Lower the learning rate or "
-                f"check the batch, or pass on_nonfinite='skip' to skip such steps.")
-        return loss, None, True, max(stage_hw, sweep.high_water)
 
     def _abort(self, index: int, exc: BaseException) -> None:
         """After a failed step: finish I/O, leave parameters on disk and no stage mapped, and mark the route
@@ -755,213 +657,10 @@ class StreamingRoute:
         self.close()
 
 
-class _Loads:
-    """The step's stage reads in order, read j into slot j % 2, read j + 1 always in flight.
-
-    Read j + 1 goes to the slot of read j - 1; it is queued when j is taken, i.e. after the
-    caller finished with j - 1 and queued its write-back, and the store's single I/O thread
-    runs them in order, so the write empties the slot before the read refills it.
-    """
-
-    def __init__(self, store: ParamStore, plan: list[tuple[int, bool]]) -> None:
-        self.store, self.plan = store, plan
-        self.futures: dict[int, Any] = {}
-        self.taken = 0
-
-    def _queue(self, j: int) -> None:
-        if j < len(self.plan) and j not in self.futures:
-            k, params_only = self.plan[j]
-            self.futures[j] = self.store.read(k, j % 2, params_only=params_only)
-
-    def get(self, stage: int) -> int:
-        """Wait for the next planned read (which must be of `stage`); returns its slot."""
-        j = self.taken
-        assert self.plan[j][0] == stage, (j, stage, self.plan[j])
-        self._queue(j)
-        self._queue(j + 1)
-        self.futures.pop(j).result()
-        self.taken += 1
-        return j % 2
-
-    def finish(self) -> None:
-        """Wait for reads still in flight (an early exit must not leave the I/O thread filling slots)."""
-        for future in self.futures.values():
-            try:
-                future.result()
-            except BaseException:  # noqa: BLE001 - the step's own error matters more
-                pass
-        self.futures.clear()
-
-
-class _Sweep:
-    """One backward pass over the stages, last to first; see StreamingRoute's module docstring."""
-
-    def __init__(self, route: StreamingRoute, arena: Arena, loads: _Loads, acts: list, side: dict | None,
-                 rng_before: list, targets: Any, io_grads: dict, grad_views: list[list[np.ndarray]],
-                 buffers: StageBuffers) -> None:
-        self.route, self.arena, self.loads, self.acts = route, arena, loads, acts
-        self.side = side  # the step's side inputs (stages.py), the same arrays the forward pass read
-        self.buffers = buffers  # the model's buffers: each stage's forward writes them once a step, not per sweep
-        self.rng_before, self.targets, self.io_grads = rng_before, targets, io_grads
-        self.grad_views = grad_views  # per stage, over the route's one gradient buffer
-        self.rng_after = None
-        self.norms: list[float] = []
-        self.high_water = 0
-
-    def _io_grad(self, shape: tuple, dtype, parity: int) -> np.ndarray:
-        """A buffer for a stage input's gradient: two per (shape, dtype), alternating, in the step arena.
-
-        Stage k writes its input's gradient while reading stage k + 1's, so they must differ;
-        two suffice whatever the depth.
-        """
-        key = (tuple(shape), np.dtype(dtype).str)
-        pair = self.io_grads.get(key)
-        if pair is None:
-            pair = self.io_grads[key] = [self.arena.alloc(shape, dtype), self.arena.alloc(shape, dtype)]
-        return pair[parity]
-
-    def run(self, *, update: bool, coef: float | None = None) -> tuple[float, bool]:
-        """Recompute + backward every stage; update each one (update=True) or collect gradient norms. The
-        buffers end as the stages' real forwards left them (stream/buffers.py), however the sweep ends."""
-        try:
-            return self._run(update, coef)
-        finally:
-            self.buffers.sweep_ended()
-
-    def _run(self, update: bool, coef: float | None) -> tuple[float, bool]:
-        route, n = self.route, len(self.route.stages)
-        upstream = None
-        loss = math.nan
-        for k in reversed(range(n)):
-            stage = route.stages[k]
-            slot = self.loads.get(k)
-            # This read was queued after the write of stage k + 2 (and k + 1 may be done): a write that failed
-            # stops the step here, with its own error, before a stage is computed that could not be kept.
-            route.store.raise_failed_write()
-            views = route._attach(k, slot)
-            route._rng_restore(self.rng_before[k])
-            for p, g in zip(stage.params, self.grad_views[k]):
-                p.grad, p._grad_buffer = None, g
-            last = k == n - 1
-            with Arena(pool=route._arena_pool, block_bytes=STAGE_BLOCK_BYTES, name=f"stage {stage.name!r} backward arena") as inner:
-                if k == 0:
-                    xin = self.acts[0]
-                else:
-                    xin = Tensor(self.acts[k], requires_grad=True)
-                    xin._grad_buffer = self._io_grad(self.acts[k].shape, self.acts[k].dtype, k % 2)
-                with enable_grad():
-                    self.buffers.before(k)
-                    out = _as_tensor(run_stage(stage, xin, self.side), stage.name)
-                    self.buffers.after(k)  # before the loss: a non-finite one still keeps the real forward's writes
-                    if last:
-                        loss_t = route.loss_fn(out, self.targets)
-                        loss = float(loss_t.item())
-                        self.rng_after = route._rng_snapshot()
-                        if not math.isfinite(loss):
-                            return loss, False
-                        loss_t.backward()
-                        del loss_t
-                    elif upstream is not None and out.requires_grad:
-                        out.backward(upstream)
-                upstream = xin.grad if k > 0 else None
-            self.high_water = max(self.high_water, inner.stats.high_water)
-            del out, xin  # their graph saw the slot's parameters
-            if update:
-                changed = self._update(k, views, coef)
-                del views
-                route._detach(k)  # before the write: io="map" unmaps the slot there
-                # Journaled only if it changed: a stage nothing updated (frozen) still holds the last step.
-                route.store.write(k, slot, route.step_count + 1 if changed else None)
-            else:
-                # Only the optimizer's parameters, as eager clips them: a trainable parameter in no group
-                # (fine-tuning the head only) gets a gradient here but is neither clipped nor updated.
-                self.norms.extend(_norm(p.grad, 2.0) for p in stage.params
-                                  if p.grad is not None and id(p) in route._group_of)
-                del views
-                route._detach(k)
-        return loss, True
-
-    def _update(self, k: int, views, coef: float | None) -> bool:
-        """Update stage k's parameters that have a group and a gradient; whether anything changed."""
-        route = self.route
-        stage = route.stages[k]
-        by_group: dict[int, list[int]] = {}
-        for i, p in enumerate(stage.params):
-            gi = route._group_of.get(id(p))
-            if p.grad is not None and gi is not None:
-                by_group.setdefault(gi, []).append(i)
-        if not by_group:
-            return False
-        # Counted (and, io="map", journaled "writing": the update changes the file itself) just before the
-        # stage changes, so a failure earlier in the step leaves the route usable.
-        route.store.begin_write(k, route.step_count + 1)
-        route._writes += 1
-        for gi, members in by_group.items():
-            params = [stage.params[i] for i in members]
-            if coef is not None:
-                for p in params:
-                    np.multiply(p.grad, coef, out=p.grad)
-            optim_state.update(route.kinds, route.optimizer, route.optimizer.param_groups[gi], params,
-                               [views.state[i] for i in members], [views.scalars[i] for i in members])
-        return True
-
-    def total_norm(self) -> float:
-        """The global 2-norm of the gradients the last sweep saw (as clip_grad_norm_ computes it)."""
-        with np.errstate(over="ignore", invalid="ignore"):
-            try:
-                total = math.fsum(v ** 2.0 for v in self.norms) ** 0.5
-            except OverflowError:
-                total = math.inf
-            if any(math.isnan(v) for v in self.norms):
-                total = math.nan
-        return total
-
-
-def generator_states_problem(model: Module, states: dict[str, Any]) -> str | None:
-    """What keeps saved generator `states` (name -> JSON state) from going into `model`'s generators, in words
-    ("holds a MT19937 state for ..."); None if they fit. Asked before anything changes, as check_checkpoint does."""
-    generators = _generators(model)
-    for name, state in states.items():
-        kind = state.get("bit_generator") if isinstance(state, dict) else None
-        if name in generators and kind != type(generators[name].bit_generator).__name__:
-            return (f"holds a {kind} state for the generator {name}, which is a "
-                    f"{type(generators[name].bit_generator).__name__}; build the model with the generator the saved "
-                    f"run had")
-    return None
-
-
-def restore_generators(model: Module, states: dict[str, Any], default_state: dict | None) -> None:
-    """Put saved states (rng_state's JSON; NumPy's setters take its lists back) into `model`'s generators and the
-    default one (None: leave it). Setting a state draws nothing, so the default generator is peeked at."""
-    generators = _generators(model)
-    for name, state in states.items():
-        if name in generators:
-            generators[name].bit_generator.state = state
-    if default_state is not None:
-        peek_default_generator().bit_generator.state = default_state
-
-
-def _in_memory_bytes(stages: list[Stage], optimizer: Optimizer) -> int:
-    """Bytes of the stages' parameters (and their optimizer state arrays) that are in memory, not on disk."""
-    total = 0
-    for p in {id(p): p for s in stages for p in s.params}.values():
-        if p._arena is _ON_DISK or p.is_deferred:  # a deferred one has no values yet (made into the slot)
-            continue
-        total += p._data.nbytes
-        total += sum(v.nbytes for v in (optimizer.state.get(p) or {}).values() if isinstance(v, np.ndarray))
-    return total
-
-
 def _grad_buffer(store: ParamStore) -> np.ndarray:
     """One stage's parameter gradients, reused by every stage: as large as the largest stage's parameters."""
     grad_bytes = max(layout.params_bytes for layout in store.layouts)
     return aligned_bytes(max(grad_bytes, 1))
-
-
-def _as_tensor(value: Any, name: str) -> Tensor:
-    if not isinstance(value, Tensor):
-        raise TypeError(f"stage {name!r} returned a {type(value).__name__}; a stage's forward must return a Tensor")
-    return value
 
 
 __all__ = ["StreamingRoute", "StreamStepStats"]

@@ -1,0 +1,34 @@
+"""The model's random generators in a streaming store's manifest or checkpoint: whether saved states fit, and
+putting them back (StreamingRoute's resume and finished commits, stream/checkpoint.py's load)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..nn.module import Module
+from ..random import peek_default_generator
+from ..train.checkpoint import _generators
+
+
+def generator_states_problem(model: Module, states: dict[str, Any]) -> str | None:
+    """What keeps saved generator `states` (name -> JSON state) from going into `model`'s generators, in words
+    ("holds a MT19937 state for ..."); None if they fit. Asked before anything changes, as check_checkpoint does."""
+    generators = _generators(model)
+    for name, state in states.items():
+        kind = state.get("bit_generator") if isinstance(state, dict) else None
+        if name in generators and kind != type(generators[name].bit_generator).__name__:
+            return (f"holds a {kind} state for the generator {name}, which is a "
+                    f"{type(generators[name].bit_generator).__name__}; build the model with the generator the saved "
+                    f"run had")
+    return None
+
+
+def restore_generators(model: Module, states: dict[str, Any], default_state: dict | None) -> None:
+    """Put saved states (rng_state's JSON; NumPy's setters take its lists back) into `model`'s generators and the
+    default one (None: leave it). Setting a state draws nothing, so the default generator is peeked at."""
+    generators = _generators(model)
+    for name, state in states.items():
+        if name in generators:
+            generators[name].bit_generator.state = state
+    if default_state is not None:
+        peek_default_generator().bit_generator.state = default_state
