@@ -17,7 +17,7 @@ stages once; otherwise the whole step is traced. From the traced buffers:
   state, one stage's gradients; stream.StreamingRoute.estimate), the largest stage's traced
   slab, the boundary activations the step arena keeps (every stage's output but the last's,
   which lives in its stage's slab) and the two gradient buffers per boundary shape that
-  _Sweep._io_grad alternates between, each padded as the arena pads it, and the side inputs
+  stream/sweep.py _Sweep._io_grad alternates between, each padded as the arena pads it, and the side inputs
   (below). That is the step's measured transient peak exactly (tests/test_streaming_hunt.py,
   tests/test_streaming_masks.py). Starting from memory holds the
   parameters, their optimizer state and a slot at once until the store takes over; where that is
