@@ -129,7 +129,7 @@ def test_a_count_that_changes_with_the_batch_is_read_on_every_replay():
 def test_dropout_is_captured_and_draws_a_new_mask_every_step():
     # random.Seed draws inside a recorded call, so each replay draws a new seed, in the order and from the
     # generator the Python replay would: same losses, parameters and generator states, bit for bit.
-    from tensorarena.compile.step import rng_generators
+    from tensorarena.compile.step_state import rng_generators
 
     runs, states = [], []
     for replay in ("python", "captured"):

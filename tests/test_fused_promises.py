@@ -28,7 +28,7 @@ import pytest
 
 import tensorarena as ta
 from tensorarena import optim
-from tensorarena.compile.step import rng_generators
+from tensorarena.compile.step_state import rng_generators
 from tensorarena.kernels import gemm_bf16 as K
 from tensorarena.memory.pool import default_pool
 from tensorarena.models.bert import BertConfig, BertModel

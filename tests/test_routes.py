@@ -138,7 +138,7 @@ def test_out_of_memory_moves_to_streaming_once_and_loses_nothing(route, tmp_path
 def test_the_same_check_catches_a_fallback_that_loses_the_failed_steps_rng(tmp_path, monkeypatch):
     # Proof the trajectory check can fail: without restoring the RNG of the failed step, dropout
     # draws different masks on the redo and the losses part from the uninterrupted run.
-    from tensorarena.compile import step as compiled
+    from tensorarena.compile import step_state as compiled
 
     def make(route, **kw):
         model = _vit()
@@ -150,7 +150,7 @@ def test_the_same_check_catches_a_fallback_that_loses_the_failed_steps_rng(tmp_p
     batches = _batches(4)
     _, straight = make("eager")
     expected = [straight.step(*batches[i % 4]).loss for i in range(6)]
-    monkeypatch.setattr(compiled, "_restore_rng", lambda saved: None)
+    monkeypatch.setattr(compiled, "restore_rng", lambda saved: None)
     model, trainer = make("eager", store_dir=tmp_path / "store")
     _inject_oom(model, trainer, 3)
     losses = [trainer.step(*batches[i % 4]).loss for i in range(6)]

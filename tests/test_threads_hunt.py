@@ -275,8 +275,8 @@ def test_a_thread_local_precision_block_does_not_leak_into_another_thread():
 # -- the default generator (rng=None), which fused traces snapshot and restore -------------------------------
 
 # Regression: a fused trace and a captured recording snapshot the process-wide default generator (rng_generators always
-# includes it) and restore it afterwards (compile/step.py _trace_step's `finally: _restore_rng(saved_rng)`,
-# compile/captured.py _capture's `_restore_rng(saved)`). A model that never draws from it still rewinds it, so
+# includes it) and restore it afterwards (compile/step.py _trace_step's `finally: restore_rng(saved_rng)`,
+# compile/captured.py _capture's `restore_rng(saved)`). A model that never draws from it still rewinds it, so
 # another thread whose dropout uses rng=None (the default generator, torch's global-generator idiom) draws the
 # same masks again: its losses differ from its solo run, silently.
 def test_a_fused_trace_in_one_thread_does_not_rewind_another_threads_default_generator():

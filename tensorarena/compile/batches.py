@@ -18,7 +18,7 @@ from ..tensor import Tensor
 from . import targets as target_layout
 
 if TYPE_CHECKING:
-    from .step import StepPlan
+    from .step_plan import StepPlan
 
 def _data(x: Any) -> np.ndarray | None:
     return None if x is None else (x.data if isinstance(x, Tensor) else np.asarray(x))

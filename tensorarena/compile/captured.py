@@ -88,7 +88,8 @@ from .trace import PlanMismatchError
 from .watched_state import BufferArrays, LossState, _loss_modules
 
 if TYPE_CHECKING:
-    from .step import FusedStep, StepPlan
+    from .step import FusedStep
+    from .step_plan import StepPlan
 
 log = logging.getLogger("tensorarena")
 
@@ -195,7 +196,7 @@ def _python_pass(step: "FusedStep", plan: "StepPlan", sink: GradSink, x, y, tape
 
 def _tape_pass(step: "FusedStep", plan: "StepPlan", sink: GradSink, capture: Capture, x, y) -> dict:
     """The recording replayed on a batch, updating nothing: the loss's digest and each gradient's."""
-    from .step import TapeArena
+    from .step_plan import TapeArena
 
     load_batch(plan, x, y)
     sink.mode, sink.hashes = "hash", []
@@ -247,7 +248,7 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
     on the batch: a bad batch, a MemoryError, an interrupt) propagates, as the Python replay would raise it,
     with nothing updated and the generators where they were; a failure of the recording's own passes (3
     and 4) is a refusal; a batch that cannot tell the passes apart is _Unchecked."""
-    from .step import _buffer_states, _restore_buffers, _restore_rng, _rng_states
+    from .step_state import buffer_states, restore_buffers, restore_rng, rng_states
 
     x, y = _data(inputs), targets  # the targets as given: one array or a structure of them (load_batch)
     xb, yb = SecondOf(x), None if y is None else SecondOf(y)
@@ -259,10 +260,10 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
     dispatch = kernels.dispatch_key()  # the kernels the recording will hold are the ones handed out now
     loss_state = LossState(step.loss_fn)  # and the numbers the loss computes with now
     arrays = BufferArrays(step.model, step.loss_fn)  # and the buffers' arrays its calls will hold
-    saved = _rng_states(step.model)  # every pass starts from these states, and the real steps after them
+    saved = rng_states(step.model)  # every pass starts from these states, and the real steps after them
     # And from these buffers: a forward's buffer writes in training (running statistics) are the real step's
     # to make, once, as on eager; the passes' writes are compared (_left_buffers) and undone.
-    buffers = _buffer_states(step.model)
+    buffers = buffer_states(step.model)
     tape = Tape()
     try:
         with float32_matmul_precision(step.matmul_precision):
@@ -275,8 +276,8 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
             from ..random import default_asks, peek_default_generator
 
             used = [g for g, _ in saved if g is not peek_default_generator() or default_asks() != saved.asks]
-            drawn = _rng_states(step.model, used)
-            _restore_rng(saved)
+            drawn = rng_states(step.model, used)
+            restore_rng(saved)
             first["buffers"] = _left_buffers(step, buffers)
             if first["foreign"]:
                 return _refused(f"{len(first['foreign'])} leaf tensor(s) the optimizer does not own received a "
@@ -294,7 +295,7 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
                 raise
             except Exception as exc:  # the second batch is made up: its failure says nothing of the real one
                 return _Unchecked(f"the Python replay failed on the second batch ({type(exc).__name__}: {exc})")
-            _restore_rng(saved)
+            restore_rng(saved)
             second["buffers"] = _left_buffers(step, buffers)
             if not second["finite"]:
                 return _Unchecked(f"the loss on the second batch is {second['loss_value']}, so its gradients "
@@ -312,8 +313,8 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
             except Exception as exc:  # a recorded call that cannot run again, e.g.: the Python replay goes on
                 return _refused(f"replaying the recording failed ({type(exc).__name__}: {exc})")
     finally:
-        _restore_rng(saved)  # the first real step draws what the Python replay's first step would
-        _restore_buffers(buffers)  # and finds the buffers the previous step left
+        restore_rng(saved)  # the first real step draws what the Python replay's first step would
+        restore_buffers(buffers)  # and finds the buffers the previous step left
         sink.mode = "update"
     if random_outside:
         return _refused("the step draws random numbers outside its recorded calls (an rng used in the model's "
@@ -344,7 +345,7 @@ def _tape_passes(step: "FusedStep", plan: "StepPlan", sink: GradSink, result: Ca
     generators elsewhere than the Python pass did (then pass 4 is not run: None). Each pass's "buffers":
     the model's buffers it left with other values than its Python pass did (python_left: passes 1 and 2's
     _left_buffers), found before they are put back to `buffers`, as every pass found them."""
-    from .step import _restore_rng
+    from .step_state import restore_rng
 
     again = _tape_pass(step, plan, sink, result, *batch)
     again["buffers"] = _unrepeated_buffers(python_left[0], buffers)
@@ -352,7 +353,7 @@ def _tape_passes(step: "FusedStep", plan: "StepPlan", sink: GradSink, result: Ca
     # draw would not, and leaves the generators elsewhere than the Python pass did.
     if not all(_same_state(g.bit_generator.state, s) for g, s in drawn):
         return again, None, True
-    _restore_rng(saved)
+    restore_rng(saved)
     other = _tape_pass(step, plan, sink, result, *second)
     other["buffers"] = _unrepeated_buffers(python_left[1], buffers)
     return again, other, False
@@ -361,20 +362,20 @@ def _tape_passes(step: "FusedStep", plan: "StepPlan", sink: GradSink, result: Ca
 def _left_buffers(step: "FusedStep", buffers: list) -> list | None:
     """After a Python pass: the buffers as it left them (None when it changed none, the common case: no
     copy), then put back to `buffers`, where the pass found them."""
-    from .step import _buffer_states, _changed_buffers, _restore_buffers
+    from .step_state import buffer_states, changed_buffers, restore_buffers
 
-    left = _buffer_states(step.model) if _changed_buffers(buffers) else None
-    _restore_buffers(buffers)
+    left = buffer_states(step.model) if changed_buffers(buffers) else None
+    restore_buffers(buffers)
     return left
 
 
 def _unrepeated_buffers(python_left: list | None, buffers: list) -> list[str]:
     """After a recording's pass: the names of the buffers it left otherwise than its Python pass did
     (python_left, or `buffers` where that changed none), then every buffer put back to `buffers`."""
-    from .step import _changed_buffers, _restore_buffers
+    from .step_state import changed_buffers, restore_buffers
 
-    differ = _changed_buffers(python_left if python_left is not None else buffers)
-    _restore_buffers(buffers)
+    differ = changed_buffers(python_left if python_left is not None else buffers)
+    restore_buffers(buffers)
     return differ
 
 
@@ -487,7 +488,8 @@ def _refused(reason: str) -> Capture:
 def replay(step: "FusedStep", plan: "StepPlan", capture: Capture, index: int, on_nonfinite: str):
     """One training step from the recording (the batch is already in the plan's inputs): (loss, grad norm
     before clipping or None, skipped, the step's arena), as FusedStep._replay returns them."""
-    from .step import TapeArena, partly_applied, skip_non_finite
+    from .step import partly_applied, skip_non_finite
+    from .step_plan import TapeArena
 
     step.flat.ensure_bound()
     if capture.prepared_generation != step.flat.generation:  # e.g. a checkpoint loaded: new group dicts

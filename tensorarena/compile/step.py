@@ -52,16 +52,13 @@ from __future__ import annotations
 import logging
 import math
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numba
 import numpy as np
 
-from .. import autograd, kernels, tape
+from .. import autograd, kernels
 from ..kernels import calls
-from ..memory.arena import Arena
-from ..memory.meter import format_bytes
 from ..memory.pool import aligned_bytes
 from ..nn.module import Module
 from ..optim.clip import clip_grad_norm_
@@ -73,13 +70,14 @@ from . import captured
 from . import targets as target_layout
 from .batches import load_batch
 from .flat import FlatState
-from .planner import MemoryPlan, plan_memory
-from .trace import PlanMismatchError, TracedBuffer, TracingArena, UnsupportedInputError, UnsupportedOpError
+from .planner import plan_memory
+from .step_plan import PlannedArena, Signature, StepPlan
+from .step_state import buffer_states, restore_buffers, restore_rng, rng_states
+from .trace import PlanMismatchError, TracingArena, UnsupportedInputError, UnsupportedOpError
 from .watched_state import ModelState
 
 log = logging.getLogger("tensorarena")
 
-Signature = tuple
 
 
 def input_array(inputs: Any) -> np.ndarray:
@@ -120,115 +118,6 @@ def batch_signature(inputs: Any, targets: Any) -> Signature:
         return ((x.shape, x.dtype.str), (targets.shape, targets.dtype.str))
     spec, _ = target_layout.flatten(targets)
     return ((x.shape, x.dtype.str), spec[1:] if spec[0] == "array" else spec)
-
-
-@dataclass
-class StepPlan:
-    """One traced step for one batch signature: buffers, their slab placement and the persistent inputs."""
-
-    signature: Signature
-    buffers: list[TracedBuffer]
-    memory: MemoryPlan
-    slab: np.ndarray
-    views: list[np.ndarray]  # views[i]: traced buffer i inside the slab
-    inputs: np.ndarray
-    targets: Any  # what loss_fn gets: one buffer, None, or the caller's structure around target_buffers
-    host_calls: list[str]
-    persistent: dict[str, int] = field(default_factory=dict)  # filled by FusedStep: params, grads, state...
-    matmul_precision: str = "float32"  # of float32 products, traced and replayed (tensorarena.precision)
-    capture: Any = None  # replay="captured": its recording or why there is none (compile/captured.py)
-    model_state: Any = None  # watched_state.ModelState read after the trace: a change retraces (FusedStep.plan_for)
-    target_buffers: list[np.ndarray] = field(default_factory=list)  # each array of the targets, in order
-
-    def __post_init__(self) -> None:
-        if not self.target_buffers and isinstance(self.targets, np.ndarray):
-            self.target_buffers = [self.targets]
-
-    @property
-    def program(self) -> list[tuple[str, str, str]]:
-        """The flat list the plan runs: (kind, what, where) for every buffer-producing op, then the host calls."""
-        rows = [("op", b.op, f"{b.shape} {b.dtype} @ slab+{self.memory.offsets[str(b.index)]}") for b in self.buffers]
-        rows += [("host", call, "flat buffers") for call in self.host_calls]
-        return rows
-
-    def memory_report(self) -> dict[str, int]:
-        """Bytes by kind, known before step 1: persistent (params, grads, state.*, inputs; "grads outside the
-        optimizer": the .grad kept for trainable parameters in no param group), slab, the predicted peak
-        (everything training holds) and predicted growth (what it adds to a process that has the model)."""
-        report = dict(self.persistent)
-        report["inputs"] = self.inputs.nbytes + sum(b.nbytes for b in self.target_buffers)
-        persistent = sum(report.values())
-        report["persistent_total"] = persistent
-        report["slab"] = self.memory.slab_bytes
-        report["slab_lower_bound"] = self.memory.peak_live_bytes
-        report["saved_by_reuse"] = self.memory.saved_bytes
-        report["predicted_peak"] = persistent + self.memory.slab_bytes
-        # The parameters existed before: flattening moves them (the old arrays are freed and
-        # returned), so what training adds to the process is the peak less one copy of them.
-        report["predicted_growth"] = (report["predicted_peak"] - report["params"]
-                                      - report.get("params_not_trained", 0))
-        return report
-
-    def format_report(self) -> str:
-        lines = [f"fused plan for inputs {self.signature[0]}, targets {self.signature[1]}: "
-                 f"{len(self.buffers)} buffers, {len(self.host_calls)} host calls, float32 products in "
-                 f"{self.matmul_precision}"]
-        for key, value in self.memory_report().items():
-            lines.append(f"  {key:<20} {format_bytes(value):>12}")
-        return "\n".join(lines)
-
-
-class PlannedArena(Arena):
-    """A step arena whose i-th allocation is the plan's precomputed slab view i; it owns no blocks."""
-
-    def __init__(self, plan: StepPlan, name: str) -> None:
-        super().__init__(name=name)
-        self.plan = plan
-        self.cursor = 0
-        self.stats.high_water = plan.memory.slab_bytes
-
-    def alloc(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        i = self.cursor
-        buffers = self.plan.buffers
-        if i >= len(buffers):
-            raise PlanMismatchError(
-                f"this step asked for more buffers than its trace ({len(buffers)}): buffer #{i} {tuple(shape)} "
-                f"{np.dtype(dtype)}. The step's control flow depends on the data (or on Python state outside "
-                f"the model's modules); use route='eager' for it.")
-        b = buffers[i]
-        if b.shape != tuple(shape) or b.dtype != np.dtype(dtype):
-            raise PlanMismatchError(
-                f"this step diverged from its trace at buffer #{i}: the trace had {b.op} -> {b.shape} {b.dtype}, "
-                f"this step asked for {tuple(shape)} {np.dtype(dtype)}. The step's control flow depends on "
-                f"the data (or on Python state outside the model's modules); use route='eager' for it.")
-        self.cursor = i + 1
-        self.stats.allocations += 1
-        recording = tape.active()
-        if recording is not None and recording.depth:  # scratch a recorded kernel takes: its replay needs it too
-            recording.allocations.append(i)
-        return self.plan.views[i]
-
-
-class TapeArena(PlannedArena):
-    """The arena of a captured replay: hands out, in order, the plan buffers the recorded calls allocated
-    inside themselves (kernel scratch, e.g. attention's per-core tiles), and nothing else."""
-
-    def __init__(self, plan: StepPlan, order: list[int], name: str) -> None:
-        super().__init__(plan, name)
-        self.order = order
-
-    def alloc(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        if self.cursor >= len(self.order):
-            raise PlanMismatchError(f"a captured replay asked for more scratch buffers than its recording "
-                                    f"({len(self.order)}): {tuple(shape)} {np.dtype(dtype)}")
-        i = self.order[self.cursor]
-        b = self.plan.buffers[i]
-        if b.shape != tuple(shape) or b.dtype != np.dtype(dtype):
-            raise PlanMismatchError(f"a captured replay diverged from its recording at scratch buffer #{i}: "
-                                    f"recorded {b.shape} {b.dtype}, asked {tuple(shape)} {np.dtype(dtype)}")
-        self.cursor += 1
-        self.stats.allocations += 1
-        return self.plan.views[i]
 
 
 class FusedStep:
@@ -411,10 +300,10 @@ class FusedStep:
             target_buffers = [np.array(leaf, copy=True) for leaf in leaves]
             y = target_layout.build(spec, target_buffers)
         params = self.flat.params()
-        saved_rng = _rng_states(self.model)
+        saved_rng = rng_states(self.model)
         # The trace runs the step's Python once more on this batch: a forward that updates buffers in training
         # (a running mean, a batch count) must not keep that update, or the buffers see step 1's batch twice.
-        saved_buffers = _buffer_states(self.model)
+        saved_buffers = buffer_states(self.model)
         # Every other leaf's .grad is kept (the trace changes none): the model's parameters outside the layout
         # and those left out of it for having had no gradient, which may sit outside the model.
         others = {p: p.grad for p in [*self.model.parameters(), *self.left_out.values()] if not self.flat.owns(p)}
@@ -461,8 +350,8 @@ class FusedStep:
                             f"(requires_grad=False), or use route='eager'")
                 del loss
         finally:
-            _restore_rng(saved_rng)
-            _restore_buffers(saved_buffers)
+            restore_rng(saved_rng)
+            restore_buffers(saved_buffers)
             for p in params:
                 p.grad = None
             for p, grad in others.items():
@@ -668,100 +557,3 @@ def compile_step(model: Module, loss_fn: Callable, optimizer: Optimizer, example
                       replay=replay)
     fused.plan_for(*example_batch)
     return fused
-
-
-def rng_generators(model: Module) -> list[np.random.Generator]:
-    """Every generator a step may draw from: the default one and any a module holds, each once."""
-    from ..random import peek_default_generator
-    from ..train.checkpoint import _generators
-
-    return list({id(g): g for g in (peek_default_generator(), *_generators(model).values())}.values())
-
-
-class RngStates(list):
-    """[(generator, state)] taken by _rng_states, and how often this thread had been handed the default
-    generator then (random.default_asks): _restore_rng leaves the default one alone if that has not moved."""
-
-    asks: int = 0
-
-
-def _rng_states(model: Module, generators: list[np.random.Generator] | None = None) -> RngStates:
-    """(generator, state) for `generators` (default: all of `model`'s), to restore after a trace or a failed step."""
-    from ..random import default_asks
-
-    saved = RngStates((g, g.bit_generator.state)
-                      for g in (generators if generators is not None else rng_generators(model)))
-    saved.asks = default_asks()
-    return saved
-
-
-def _restore_rng(saved: list[tuple[np.random.Generator, dict]]) -> None:
-    """Put the generators back where `saved` found them; the default generator only if this thread was handed
-    it since (its draws were this step's; if not, they were another thread's, and stand)."""
-    from ..random import default_asks, peek_default_generator
-
-    untouched = isinstance(saved, RngStates) and saved.asks == default_asks()
-    for gen, state in saved:
-        if not (untouched and gen is peek_default_generator()):
-            gen.bit_generator.state = state
-
-
-# A buffer's entry in BufferStates: dotted name, its module and attribute, the object the attribute held, the
-# array holding its values (the object itself, a Tensor's data, or None for None or a plain number), a copy.
-BufferEntry = tuple[str, Module, str, Any, "np.ndarray | None", "np.ndarray | None"]
-
-
-def buffer_slots(model: Module) -> list[tuple[str, Module, str]]:
-    """(dotted name, module, attribute) of every registered buffer of `model`, a shared module's once; None
-    ones too (a forward may set one). Found by one walk over the modules."""
-    return [(f"{path}.{name}" if path else name, module, name)
-            for path, module in model.named_modules() for name in vars(module).get("_buffers", {})]
-
-
-class BufferStates(list):
-    """[BufferEntry] for the model's buffers, taken by _buffer_states; _restore_buffers puts back both the object
-    each attribute held and its values: a forward may write a buffer in place (`running_mean[...] = ...`,
-    `num_batches_tracked += 1`) or bind a new value (`self.running_mean = 0.9 * self.running_mean + ...`)."""
-
-
-def _buffer_states(model: Module | None = None, slots: list[tuple[str, Module, str]] | None = None) -> BufferStates:
-    """The buffers' objects and a copy of their values, now: of `slots` (buffer_slots, found once by a caller
-    that snapshots often) or of all of `model`'s. Empty, at the cost of one walk, for a model without buffers
-    (tensorarena's own models have none)."""
-    saved = BufferStates()
-    for path, module, name in (slots if slots is not None else buffer_slots(model)):
-        value = getattr(module, name, None)
-        array = value._data if isinstance(value, Tensor) else value if isinstance(value, np.ndarray) else None
-        saved.append((path, module, name, value, array, None if array is None else array.copy()))
-    return saved
-
-
-def _restore_buffers(saved: list[BufferEntry]) -> None:
-    """Put each buffer of `saved` back: the object its attribute held, holding the values it had then."""
-    for _, module, name, value, array, copy in saved:
-        object.__setattr__(module, name, value)  # as register_buffer sets it
-        if isinstance(value, Tensor):
-            value._data = array
-        if array is not None and array.flags.writeable:  # a read-only one cannot have been written in place
-            np.copyto(array, copy)
-
-
-def _buffer_unchanged(entry: BufferEntry) -> bool:
-    """Whether the buffer of `entry` holds the values it held then (bit for bit, in dtype and shape too), in
-    whatever object: what a checkpoint saves and a forward reads."""
-    _, module, name, value, _, copy = entry
-    now = getattr(module, name, None)
-    if now is None or value is None:
-        return now is value
-    then = copy if copy is not None else np.asarray(value)
-    now = np.asarray(now._data if isinstance(now, Tensor) else now)
-    if now.dtype != then.dtype or now.shape != then.shape:
-        return False
-    if now.dtype.hasobject:  # no bits to compare
-        return bool(np.array_equal(now, then))
-    return bool(np.array_equal(np.ascontiguousarray(now).view(np.uint8), np.ascontiguousarray(then).view(np.uint8)))
-
-
-def _changed_buffers(saved: list[BufferEntry]) -> list[str]:
-    """The dotted names of the buffers whose values differ from `saved`'s."""
-    return [entry[0] for entry in saved if not _buffer_unchanged(entry)]

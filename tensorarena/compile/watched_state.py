@@ -336,7 +336,7 @@ class BufferArrays:
     (none, for a model and a loss without buffers)."""
 
     def __init__(self, model: Module, loss_fn: Any) -> None:
-        from .step import buffer_slots
+        from .step_state import buffer_slots
 
         self.slots = [(f"the model's buffer {path!r}", module, name) for path, module, name in buffer_slots(model)]
         for loss_module in _loss_modules(loss_fn):

@@ -17,7 +17,7 @@ A model without buffers (tensorarena's own) costs one walk over its modules per 
 
 from __future__ import annotations
 
-from ..compile.step import BufferStates, _buffer_states, _buffer_unchanged, _restore_buffers, buffer_slots
+from ..compile.step_state import BufferStates, buffer_slots, buffer_states, buffer_unchanged, restore_buffers
 from ..nn.module import Module
 
 
@@ -26,14 +26,14 @@ class StageBuffers:
 
     def __init__(self, model: Module, stages: int) -> None:
         self.slots = buffer_slots(model)  # found once a step: a snapshot per stage reads only these
-        self.last = _buffer_states(slots=self.slots)  # as the real forwards so far left them
+        self.last = buffer_states(slots=self.slots)  # as the real forwards so far left them
         # Per stage, once its real forward ran: (before, after), the entries of the buffers it changed.
         self.writes: list[tuple[BufferStates, BufferStates] | None] = [None] * stages
 
     def ran(self, k: int) -> None:
         """Stage k's real forward (its first this step) has just run: note the buffers it changed."""
-        now = _buffer_states(slots=self.slots)
-        changed = [i for i, entry in enumerate(self.last) if not _buffer_unchanged(entry)]
+        now = buffer_states(slots=self.slots)
+        changed = [i for i, entry in enumerate(self.last) if not buffer_unchanged(entry)]
         self.writes[k] = (BufferStates(self.last[i] for i in changed), BufferStates(now[i] for i in changed))
         self.last = now
 
@@ -41,15 +41,15 @@ class StageBuffers:
         """Before stage k's forward in a backward sweep: a recompute finds the values its real forward found
         (the last stage's first forward, in the first sweep, is its real one: nothing to do)."""
         if self.writes[k] is not None:
-            _restore_buffers(self.writes[k][0])
+            restore_buffers(self.writes[k][0])
 
     def after(self, k: int) -> None:
         """After stage k's forward in a backward sweep: note its writes if it was the real one, and leave the
         values the stage found, for the stage below it."""
         if self.writes[k] is None:
             self.ran(k)
-        _restore_buffers(self.writes[k][0])
+        restore_buffers(self.writes[k][0])
 
     def sweep_ended(self) -> None:
         """A sweep ended (done, a non-finite loss, an error): every buffer as the real forwards left it."""
-        _restore_buffers(self.last)
+        restore_buffers(self.last)

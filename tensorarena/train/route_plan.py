@@ -188,11 +188,11 @@ class TracedStage:
 def _trace(run: Callable[[], Any], params: list[Tensor], model: Module) -> tuple[TracedStage, Any]:
     """Run `run` (forward then backward) under a TracingArena; restore grads, RNG and buffers after (a forward
     writing running statistics would otherwise count the estimate's batch as a step's: tests/test_trainer_hunt.py)."""
-    from ..compile.step import _buffer_states, _restore_buffers, _restore_rng, _rng_states
+    from ..compile.step_state import buffer_states, restore_buffers, restore_rng, rng_states
 
     saved_grads = [(p, p.grad, p._grad_buffer) for p in params]
-    rng = _rng_states(model)
-    saved_buffers = _buffer_states(model)
+    rng = rng_states(model)
+    saved_buffers = buffer_states(model)
     tracer = TracingArena(name="route estimate tracing arena")
     marks: dict[str, int] = {}
     try:
@@ -202,8 +202,8 @@ def _trace(run: Callable[[], Any], params: list[Tensor], model: Module) -> tuple
             result = run(lambda: marks.setdefault("forward_end", len(tracer.buffers)))
         buffers = tracer.finish()
     finally:
-        _restore_rng(rng)
-        _restore_buffers(saved_buffers)
+        restore_rng(rng)
+        restore_buffers(saved_buffers)
         for p, grad, buf in saved_grads:
             p.grad, p._grad_buffer = grad, buf
     n = len(buffers)
@@ -266,13 +266,13 @@ def _side_inputs(model: Module, stages: list, batch: np.ndarray) -> tuple[np.nda
     arena of its own), copied out of that arena for the traces, and the bytes they took in it: what the route's
     step arena holds all step (StreamStepStats.side_input_bytes). (None, None, 0) when no stage reads side inputs."""
     from ..autograd import no_grad
-    from ..compile.step import _restore_rng, _rng_states
+    from ..compile.step_state import restore_rng, rng_states
     from ..memory.arena import Arena
     from ..stream.stages import reads_side, stage_inputs
 
     if not reads_side(stages):
         return None, None, 0
-    rng = _rng_states(model)  # a stream_inputs drawing random numbers must not shift the first step's
+    rng = rng_states(model)  # a stream_inputs drawing random numbers must not shift the first step's
     try:
         with no_grad(), Arena(name="route estimate side inputs arena") as arena:
             first, side = stage_inputs(model, stages, batch)
@@ -281,7 +281,7 @@ def _side_inputs(model: Module, stages: list, batch: np.ndarray) -> tuple[np.nda
             first = np.array(first.data)
             side = {key: None if value is None else np.array(value) for key, value in side.items()}
     finally:
-        _restore_rng(rng)
+        restore_rng(rng)
     return first, side, nbytes
 
 

@@ -424,7 +424,7 @@ class Trainer:
             self._busy.release()
 
     def _step(self, inputs: Any, targets: Any) -> StepReport:
-        from ..compile.step import _buffer_states, _rng_states, buffer_slots, rng_generators
+        from ..compile.step_state import buffer_slots, buffer_states, rng_generators, rng_states
 
         if self.route == "auto":
             self._choose_route(inputs, targets)
@@ -440,8 +440,8 @@ class Trainer:
         # streamed forward draws stage by stage, and the out-of-memory redo must draw the failed step's masks
         # again. So are the buffers a forward writes (running statistics): the redo must not count the batch
         # twice. (tensorarena's own models have no buffers: then nothing is copied.)
-        before = (_rng_states(self.model, self._generators),
-                  _buffer_states(slots=self._buffer_slots) if self._buffer_slots else None)
+        before = (rng_states(self.model, self._generators),
+                  buffer_states(slots=self._buffer_slots) if self._buffer_slots else None)
         try:
             return self._route_step(inputs, targets, before)
         except NonFiniteLossError as err:
@@ -627,12 +627,12 @@ def _model_input(inputs: Any) -> Any:
 
 def _restore_step_state(before) -> None:
     """Put back what Trainer._step saved before a step: the generators' states and the buffers' values."""
-    from ..compile.step import _restore_buffers, _restore_rng
+    from ..compile.step_state import restore_buffers, restore_rng
 
     rng, buffers = before
-    _restore_rng(rng)
+    restore_rng(rng)
     if buffers is not None:
-        _restore_buffers(buffers)
+        restore_buffers(buffers)
 
 
 def _rows(inputs: Any) -> int | None:

@@ -1,0 +1,132 @@
+"""A traced step's plan for one batch signature, and the arenas that replay it.
+
+`StepPlan` holds what compile/step.py's trace found: the buffers in the order the step asks for them, their
+places in the one slab (compile/planner.py), the persistent inputs, and the memory report known before
+step 1. `PlannedArena` hands a replayed step those slab views in order, checking each request against the
+trace, so a step whose control flow depends on the data fails loudly instead of running on a wrong plan;
+`TapeArena` does the same for a captured replay's kernel scratch (compile/captured.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import tape
+from ..memory.arena import Arena
+from ..memory.meter import format_bytes
+from .planner import MemoryPlan
+from .trace import PlanMismatchError, TracedBuffer
+
+Signature = tuple  # ((input shape, dtype), targets' layout): what batch_signature gives, one plan each
+
+
+@dataclass
+class StepPlan:
+    """One traced step for one batch signature: buffers, their slab placement and the persistent inputs."""
+
+    signature: Signature
+    buffers: list[TracedBuffer]
+    memory: MemoryPlan
+    slab: np.ndarray
+    views: list[np.ndarray]  # views[i]: traced buffer i inside the slab
+    inputs: np.ndarray
+    targets: Any  # what loss_fn gets: one buffer, None, or the caller's structure around target_buffers
+    host_calls: list[str]
+    persistent: dict[str, int] = field(default_factory=dict)  # filled by FusedStep: params, grads, state...
+    matmul_precision: str = "float32"  # of float32 products, traced and replayed (tensorarena.precision)
+    capture: Any = None  # replay="captured": its recording or why there is none (compile/captured.py)
+    model_state: Any = None  # watched_state.ModelState read after the trace: a change retraces (FusedStep.plan_for)
+    target_buffers: list[np.ndarray] = field(default_factory=list)  # each array of the targets, in order
+
+    def __post_init__(self) -> None:
+        if not self.target_buffers and isinstance(self.targets, np.ndarray):
+            self.target_buffers = [self.targets]
+
+    @property
+    def program(self) -> list[tuple[str, str, str]]:
+        """The flat list the plan runs: (kind, what, where) for every buffer-producing op, then the host calls."""
+        rows = [("op", b.op, f"{b.shape} {b.dtype} @ slab+{self.memory.offsets[str(b.index)]}") for b in self.buffers]
+        rows += [("host", call, "flat buffers") for call in self.host_calls]
+        return rows
+
+    def memory_report(self) -> dict[str, int]:
+        """Bytes by kind, known before step 1: persistent (params, grads, state.*, inputs; "grads outside the
+        optimizer": the .grad kept for trainable parameters in no param group), slab, the predicted peak
+        (everything training holds) and predicted growth (what it adds to a process that has the model)."""
+        report = dict(self.persistent)
+        report["inputs"] = self.inputs.nbytes + sum(b.nbytes for b in self.target_buffers)
+        persistent = sum(report.values())
+        report["persistent_total"] = persistent
+        report["slab"] = self.memory.slab_bytes
+        report["slab_lower_bound"] = self.memory.peak_live_bytes
+        report["saved_by_reuse"] = self.memory.saved_bytes
+        report["predicted_peak"] = persistent + self.memory.slab_bytes
+        # The parameters existed before: flattening moves them (the old arrays are freed and
+        # returned), so what training adds to the process is the peak less one copy of them.
+        report["predicted_growth"] = (report["predicted_peak"] - report["params"]
+                                      - report.get("params_not_trained", 0))
+        return report
+
+    def format_report(self) -> str:
+        lines = [f"fused plan for inputs {self.signature[0]}, targets {self.signature[1]}: "
+                 f"{len(self.buffers)} buffers, {len(self.host_calls)} host calls, float32 products in "
+                 f"{self.matmul_precision}"]
+        for key, value in self.memory_report().items():
+            lines.append(f"  {key:<20} {format_bytes(value):>12}")
+        return "\n".join(lines)
+
+
+class PlannedArena(Arena):
+    """A step arena whose i-th allocation is the plan's precomputed slab view i; it owns no blocks."""
+
+    def __init__(self, plan: StepPlan, name: str) -> None:
+        super().__init__(name=name)
+        self.plan = plan
+        self.cursor = 0
+        self.stats.high_water = plan.memory.slab_bytes
+
+    def alloc(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        i = self.cursor
+        buffers = self.plan.buffers
+        if i >= len(buffers):
+            raise PlanMismatchError(
+                f"this step asked for more buffers than its trace ({len(buffers)}): buffer #{i} {tuple(shape)} "
+                f"{np.dtype(dtype)}. The step's control flow depends on the data (or on Python state outside "
+                f"the model's modules); use route='eager' for it.")
+        b = buffers[i]
+        if b.shape != tuple(shape) or b.dtype != np.dtype(dtype):
+            raise PlanMismatchError(
+                f"this step diverged from its trace at buffer #{i}: the trace had {b.op} -> {b.shape} {b.dtype}, "
+                f"this step asked for {tuple(shape)} {np.dtype(dtype)}. The step's control flow depends on "
+                f"the data (or on Python state outside the model's modules); use route='eager' for it.")
+        self.cursor = i + 1
+        self.stats.allocations += 1
+        recording = tape.active()
+        if recording is not None and recording.depth:  # scratch a recorded kernel takes: its replay needs it too
+            recording.allocations.append(i)
+        return self.plan.views[i]
+
+
+class TapeArena(PlannedArena):
+    """The arena of a captured replay: hands out, in order, the plan buffers the recorded calls allocated
+    inside themselves (kernel scratch, e.g. attention's per-core tiles), and nothing else."""
+
+    def __init__(self, plan: StepPlan, order: list[int], name: str) -> None:
+        super().__init__(plan, name)
+        self.order = order
+
+    def alloc(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        if self.cursor >= len(self.order):
+            raise PlanMismatchError(f"a captured replay asked for more scratch buffers than its recording "
+                                    f"({len(self.order)}): {tuple(shape)} {np.dtype(dtype)}")
+        i = self.order[self.cursor]
+        b = self.plan.buffers[i]
+        if b.shape != tuple(shape) or b.dtype != np.dtype(dtype):
+            raise PlanMismatchError(f"a captured replay diverged from its recording at scratch buffer #{i}: "
+                                    f"recorded {b.shape} {b.dtype}, asked {tuple(shape)} {np.dtype(dtype)}")
+        self.cursor += 1
+        self.stats.allocations += 1
+        return self.plan.views[i]

@@ -1,0 +1,114 @@
+"""What a training step changes besides its parameters and optimizer state: the random generators it draws
+from and the model's buffers a forward writes (BatchNorm-style running statistics).
+
+A trace, a captured recording's checking passes and a failed or redone step must leave both as they found
+them, so each snapshots them first (`rng_states`, `buffer_states`) and puts them back after
+(`restore_rng`, `restore_buffers`): step 1 is then the first step the model sees, and a redo after an
+out-of-memory draws the failed step's dropout masks again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..nn.module import Module
+from ..tensor import Tensor
+
+
+def rng_generators(model: Module) -> list[np.random.Generator]:
+    """Every generator a step may draw from: the default one and any a module holds, each once."""
+    from ..random import peek_default_generator
+    from ..train.checkpoint import _generators
+
+    return list({id(g): g for g in (peek_default_generator(), *_generators(model).values())}.values())
+
+
+class RngStates(list):
+    """[(generator, state)] taken by rng_states, and how often this thread had been handed the default
+    generator then (random.default_asks): restore_rng leaves the default one alone if that has not moved."""
+
+    asks: int = 0
+
+
+def rng_states(model: Module, generators: list[np.random.Generator] | None = None) -> RngStates:
+    """(generator, state) for `generators` (default: all of `model`'s), to restore after a trace or a failed step."""
+    from ..random import default_asks
+
+    saved = RngStates((g, g.bit_generator.state)
+                      for g in (generators if generators is not None else rng_generators(model)))
+    saved.asks = default_asks()
+    return saved
+
+
+def restore_rng(saved: list[tuple[np.random.Generator, dict]]) -> None:
+    """Put the generators back where `saved` found them; the default generator only if this thread was handed
+    it since (its draws were this step's; if not, they were another thread's, and stand)."""
+    from ..random import default_asks, peek_default_generator
+
+    untouched = isinstance(saved, RngStates) and saved.asks == default_asks()
+    for gen, state in saved:
+        if not (untouched and gen is peek_default_generator()):
+            gen.bit_generator.state = state
+
+
+# A buffer's entry in BufferStates: dotted name, its module and attribute, the object the attribute held, the
+# array holding its values (the object itself, a Tensor's data, or None for None or a plain number), a copy.
+BufferEntry = tuple[str, Module, str, Any, "np.ndarray | None", "np.ndarray | None"]
+
+
+def buffer_slots(model: Module) -> list[tuple[str, Module, str]]:
+    """(dotted name, module, attribute) of every registered buffer of `model`, a shared module's once; None
+    ones too (a forward may set one). Found by one walk over the modules."""
+    return [(f"{path}.{name}" if path else name, module, name)
+            for path, module in model.named_modules() for name in vars(module).get("_buffers", {})]
+
+
+class BufferStates(list):
+    """[BufferEntry] for the model's buffers, taken by buffer_states; restore_buffers puts back both the object
+    each attribute held and its values: a forward may write a buffer in place (`running_mean[...] = ...`,
+    `num_batches_tracked += 1`) or bind a new value (`self.running_mean = 0.9 * self.running_mean + ...`)."""
+
+
+def buffer_states(model: Module | None = None, slots: list[tuple[str, Module, str]] | None = None) -> BufferStates:
+    """The buffers' objects and a copy of their values, now: of `slots` (buffer_slots, found once by a caller
+    that snapshots often) or of all of `model`'s. Empty, at the cost of one walk, for a model without buffers
+    (tensorarena's own models have none)."""
+    saved = BufferStates()
+    for path, module, name in (slots if slots is not None else buffer_slots(model)):
+        value = getattr(module, name, None)
+        array = value._data if isinstance(value, Tensor) else value if isinstance(value, np.ndarray) else None
+        saved.append((path, module, name, value, array, None if array is None else array.copy()))
+    return saved
+
+
+def restore_buffers(saved: list[BufferEntry]) -> None:
+    """Put each buffer of `saved` back: the object its attribute held, holding the values it had then."""
+    for _, module, name, value, array, copy in saved:
+        object.__setattr__(module, name, value)  # as register_buffer sets it
+        if isinstance(value, Tensor):
+            value._data = array
+        if array is not None and array.flags.writeable:  # a read-only one cannot have been written in place
+            np.copyto(array, copy)
+
+
+def buffer_unchanged(entry: BufferEntry) -> bool:
+    """Whether the buffer of `entry` holds the values it held then (bit for bit, in dtype and shape too), in
+    whatever object: what a checkpoint saves and a forward reads."""
+    _, module, name, value, _, copy = entry
+    now = getattr(module, name, None)
+    if now is None or value is None:
+        return now is value
+    then = copy if copy is not None else np.asarray(value)
+    now = np.asarray(now._data if isinstance(now, Tensor) else now)
+    if now.dtype != then.dtype or now.shape != then.shape:
+        return False
+    if now.dtype.hasobject:  # no bits to compare
+        return bool(np.array_equal(now, then))
+    return bool(np.array_equal(np.ascontiguousarray(now).view(np.uint8), np.ascontiguousarray(then).view(np.uint8)))
+
+
+def changed_buffers(saved: list[BufferEntry]) -> list[str]:
+    """The dotted names of the buffers whose values differ from `saved`'s."""
+    return [entry[0] for entry in saved if not buffer_unchanged(entry)]
