@@ -16,37 +16,51 @@ from .module import Module, _check_name
 from .parameter import Parameter
 
 
-class ModuleList(Module):
-    """A list of modules; its entries are children named '0', '1', ... (torch.nn.ModuleList)."""
+def _sharing(cls: type, attribute: str, held: list | dict) -> Module:
+    """A `cls` container that holds the caller's own list or dict as `attribute` (no copy, no check): the view
+    Module wraps an attribute's plain list or dict in when it walks it."""
+    view = cls.__new__(cls)
+    Module.__init__(view)
+    object.__setattr__(view, attribute, held)
+    return view
+
+
+class _List(Module):
+    """Shared body of ModuleList and ParameterList: entries of one kind (`_kind`) named '0', '1', ..."""
 
     _walk_skip = ("_items",)
+    _kind: type = Module
 
-    def __init__(self, modules=()) -> None:
+    def __init__(self, entries=()) -> None:
         super().__init__()
-        items = list(modules)
-        for i, m in enumerate(items):
-            if not isinstance(m, Module):
-                raise TypeError(f"{type(self).__name__} entry {i} is a {type(m).__name__}, not a Module")
+        items = list(entries)
+        for i, e in enumerate(items):
+            if not isinstance(e, self._kind):
+                raise TypeError(f"{type(self).__name__} entry {i} is a {type(e).__name__}, not a {self._kind.__name__}")
         object.__setattr__(self, "_items", items)
 
     @classmethod
-    def _view(cls, items: list) -> "ModuleList":
+    def _view(cls, items: list) -> "_List":
         # Shares the caller's list (not a copy) so later appends stay visible.
-        view = cls.__new__(cls)
-        Module.__init__(view)
-        object.__setattr__(view, "_items", items)
-        return view
+        return _sharing(cls, "_items", items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator:
+        return iter(self._items)
+
+
+class ModuleList(_List):
+    """A list of modules; its entries are children named '0', '1', ... (torch.nn.ModuleList)."""
+
+    def __init__(self, modules=()) -> None:
+        super().__init__(modules)
 
     def _own_children(self) -> Iterator[tuple[str, Module]]:
         for i, m in enumerate(self._items):
             yield str(i), m
         yield from super()._own_children()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __iter__(self) -> Iterator[Module]:
-        return iter(self._items)
 
     def _check_index(self, idx) -> None:
         # The list's own IndexError names neither the index nor the length.
@@ -101,36 +115,18 @@ class ModuleList(Module):
         return self._from_list(self._items + list(other))
 
 
-class ParameterList(Module):
+class ParameterList(_List):
     """A list of parameters named '0', '1', ... (torch.nn.ParameterList)."""
 
-    _walk_skip = ("_items",)
+    _kind = Parameter
 
     def __init__(self, params=()) -> None:
-        super().__init__()
-        items = list(params)
-        for i, p in enumerate(items):
-            if not isinstance(p, Parameter):
-                raise TypeError(f"ParameterList entry {i} is a {type(p).__name__}, not a Parameter")
-        object.__setattr__(self, "_items", items)
-
-    @classmethod
-    def _view(cls, items: list) -> "ParameterList":
-        view = cls.__new__(cls)
-        Module.__init__(view)
-        object.__setattr__(view, "_items", items)
-        return view
+        super().__init__(params)
 
     def _own_parameters(self) -> Iterator[tuple[str, Parameter]]:
         for i, p in enumerate(self._items):
             yield str(i), p
         yield from super()._own_parameters()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __iter__(self) -> Iterator[Parameter]:
-        return iter(self._items)
 
     def __getitem__(self, idx):
         return self._items[idx]
@@ -161,10 +157,7 @@ class _Dict(Module):
     @classmethod
     def _view(cls, entries: dict) -> "_Dict":
         # Shares the caller's dict (not a copy) so later insertions stay visible; checked when walked.
-        view = cls.__new__(cls)
-        Module.__init__(view)
-        object.__setattr__(view, "_entries", entries)
-        return view
+        return _sharing(cls, "_entries", entries)
 
     def __getitem__(self, key: str):
         try:
