@@ -112,3 +112,12 @@ def buffer_unchanged(entry: BufferEntry) -> bool:
 def changed_buffers(saved: list[BufferEntry]) -> list[str]:
     """The dotted names of the buffers whose values differ from `saved`'s."""
     return [entry[0] for entry in saved if not buffer_unchanged(entry)]
+
+
+def restore_step_state(before: tuple[RngStates, BufferStates | None]) -> None:
+    """Put back what a step's caller saved before it, (rng_states(...), buffer_states(...) or None): the
+    generators' states and the buffers' values, after a failed step or before its redo on another route."""
+    rng, buffers = before
+    restore_rng(rng)
+    if buffers is not None:
+        restore_buffers(buffers)

@@ -74,13 +74,12 @@ import numpy as np
 
 from ..memory.pool import aligned_bytes
 # ParamStore in parts (store_layout.py: what a stage file holds where; store_files.py: file names and helpers;
-# store_io.py: the slots and the I/O thread). The names that were defined here are imported back, so
-# `from tensorarena.stream.store import X` keeps working; a test that patches one must patch the module that
-# looks it up (e.g. store_io.MADV_POPULATE_WRITE, read by StageIO._map), or the patch changes nothing.
+# store_io.py: the slots and the I/O thread). __all__'s names stay importable from here, as before the split;
+# a test that patches a name must patch the module that looks it up, or the patch changes nothing.
 from .store_files import (StoreError, _fmt, _fsync_dir, _generation_of, _name_file, _stage_file, _unlink_quietly,
                           ensure_writable_dir)
-from .store_io import IO_MODES, MADV_POPULATE_WRITE, StageIO
-from .store_layout import ALIGN, ArraySpec, StageLayout, StageSpec, StageViews, StoreSpec, _signature_diff
+from .store_io import StageIO
+from .store_layout import ArraySpec, StageLayout, StageSpec, StageViews, StoreSpec, _signature_diff
 
 FORMAT = "tensorarena-stream-store"
 VERSION = 1
@@ -641,5 +640,4 @@ class ParamStore(StageIO):
             pass
 
 
-__all__ = ["ParamStore", "StoreError", "StoreSpec", "StageSpec", "ArraySpec", "StageLayout", "StageViews",
-           "ALIGN", "IO_MODES", "MADV_POPULATE_WRITE"]  # the last three: defined elsewhere since the split (above)
+__all__ = ["ParamStore", "StoreError", "StoreSpec", "StageSpec", "ArraySpec", "StageLayout", "StageViews"]

@@ -2,14 +2,8 @@
 
 ParamStore (stream/store.py) is a StageIO: this is its half that reads and writes stage data (read, write,
 views, drain), and store.py the half that says what the files hold and when they are consistent (manifest,
-journal, commit). A slot gets its stage in one of two ways:
-
-  io="map" (default)  the stage file is memory-mapped (MAP_SHARED, its page tables filled on the
-                      I/O thread: see _map), so the arrays ARE the file's page-cache pages:
-                      nothing is copied in, and the optimizer's writes go straight to the file
-                      (the kernel writes them back). The mapping is dropped when the stage is
-                      written.
-  io="copy"           two slot buffers, filled with os.preadv and written back with os.pwritev.
+journal, commit). A slot gets its stage as store.py's table of io modes says: io="map" maps the stage file
+(see _map), io="copy" reads it into one of two slot buffers and writes it back.
 
 Copying moved ~2.3 GB per ViT-Base step through the CPU (read 1.3, written 1.0), on the same two
 cores as the compute: `python bench/streaming_interleaved.py` (the three taking turns in one

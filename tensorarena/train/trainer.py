@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..compile.step_state import buffer_slots, buffer_states, restore_step_state, rng_generators, rng_states
 from ..memory.arena import Arena
 from ..memory.budget import resolve_budget
 from ..memory.meter import rss_bytes
@@ -134,7 +135,7 @@ class Trainer:
         self._scheduler = scheduler
         self.route = route
         self.on_nonfinite = on_nonfinite
-        from ..stream.store import IO_MODES
+        from ..stream.store_io import IO_MODES
 
         if stream_io not in IO_MODES:
             raise ValueError(f"stream_io must be one of {IO_MODES}, got {stream_io!r}")
@@ -424,8 +425,6 @@ class Trainer:
             self._busy.release()
 
     def _step(self, inputs: Any, targets: Any) -> StepReport:
-        from ..compile.step_state import buffer_slots, buffer_states, rng_generators, rng_states
-
         if self.route == "auto":
             self._choose_route(inputs, targets)
         elif self._limit_to_check and self.route in ("eager", "fused", "streaming"):
@@ -445,7 +444,7 @@ class Trainer:
         try:
             return self._route_step(inputs, targets, before)
         except NonFiniteLossError as err:
-            _restore_step_state(before)
+            restore_step_state(before)
             shape = np.shape(inputs.data if isinstance(inputs, Tensor) else inputs)
             if shape[:1] == (0,):  # the mean loss of no rows is NaN: say why, not "lower the learning rate"
                 raise NonFiniteLossError(f"{err} The batch is empty: inputs of shape {shape}; check the data "
@@ -456,7 +455,7 @@ class Trainer:
                 # Only the streaming step's commit failed: its updates stand and are committed first thing later
                 # (stream/route.py retry_commit), so its buffer writes and draws stand too.
                 raise
-            _restore_step_state(before)
+            restore_step_state(before)
             raise
 
     def _route_step(self, inputs: Any, targets: Any, before) -> StepReport:
@@ -623,16 +622,6 @@ def _model_input(inputs: Any) -> Any:
     if isinstance(inputs, (np.ndarray, list, tuple, int, float, np.generic)):
         return Tensor(inputs)
     return inputs
-
-
-def _restore_step_state(before) -> None:
-    """Put back what Trainer._step saved before a step: the generators' states and the buffers' values."""
-    from ..compile.step_state import restore_buffers, restore_rng
-
-    rng, buffers = before
-    restore_rng(rng)
-    if buffers is not None:
-        restore_buffers(buffers)
 
 
 def _rows(inputs: Any) -> int | None:

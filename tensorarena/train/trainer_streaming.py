@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..compile.step_state import restore_step_state
 from ..memory.meter import rss_bytes
 from ..tensor import Tensor
 from .report import StepReport
@@ -95,10 +96,9 @@ def switch_after_oom(trainer: Trainer, err: MemoryError, index: int, before) -> 
     """Move a step that ran out of memory on the eager or fused route to streaming, with the state as it was
     before the step (`before`); a model that cannot stream gets a MemoryError saying so."""
     from ..stream.stages import StreamingUnsupportedError
-    from .trainer import _restore_step_state  # not at the top: trainer.py imports this module
 
     source = trainer.route
-    _restore_step_state(before)  # the redo draws the failed step's masks and sees its buffers
+    restore_step_state(before)  # the redo draws the failed step's masks and sees its buffers
     if not callable(getattr(trainer.model, "stream_stages", None)):
         raise MemoryError(f"step {index} on the {source} route ran out of memory ({err}); the streaming "
                           f"fallback needs a model with stream_stages(), which {type(trainer.model).__name__} "
