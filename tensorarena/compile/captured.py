@@ -485,9 +485,11 @@ def _refused(reason: str) -> Capture:
     return Capture(None, note=f"python: {reason}")
 
 
-def replay(step: "FusedStep", plan: "StepPlan", capture: Capture, index: int, on_nonfinite: str):
+def replay(step: "FusedStep", plan: "StepPlan", capture: Capture, index: int, on_nonfinite: str, *,
+           update: bool = True):
     """One training step from the recording (the batch is already in the plan's inputs): (loss, grad norm
-    before clipping or None, skipped, the step's arena), as FusedStep._replay returns them."""
+    before clipping or None, skipped, the step's arena), as FusedStep._replay returns them. Without `update`
+    (a micro-batch) the gradients are left in the flat buffers: no clipping, update or schedule."""
     from .step import partly_applied, skip_non_finite
     from .step_plan import TapeArena
 
@@ -525,7 +527,7 @@ def replay(step: "FusedStep", plan: "StepPlan", capture: Capture, index: int, on
         if not step.update_in_backward:
             for p in params:  # as after the Python replay's backward: .grad is the flat gradient
                 p.grad = p._grad_buffer
-        grad_norm = step.after_backward(params, index)
+        grad_norm = step.after_backward(params, index) if update else None
     calls[("fused_replay", "captured")] += 1
     step.replays += 1
     return value, grad_norm, False, arena

@@ -70,6 +70,7 @@ from . import captured
 from . import targets as target_layout
 from .batches import load_batch
 from .flat import FlatState
+from .micro_batches import GradAccumulator, check_micro_batch, split_batch
 from .planner import plan_memory
 from .step_plan import PlannedArena, Signature, StepPlan
 from .step_state import buffer_states, restore_buffers, restore_rng, rng_states
@@ -130,7 +131,7 @@ class FusedStep:
     def __init__(self, model: Module, loss_fn: Callable, optimizer: Optimizer, *, scheduler=None,
                  clip_grad_norm: float | None = None, max_plans: int = 4,
                  update_in_backward: bool | None = None, matmul_precision: str | None = None,
-                 replay: str = "auto") -> None:
+                 replay: str = "auto", micro_batch: int | None = None) -> None:
         if not isinstance(max_plans, int) or max_plans < 1:
             raise ValueError(f"max_plans must be a positive integer, got {max_plans!r}")
         self.replay_asked = replay
@@ -142,11 +143,15 @@ class FusedStep:
                                   else get_float32_matmul_precision())
         self.model, self._loss_fn, self.optimizer = model, loss_fn, optimizer
         self.scheduler, self.clip_grad_norm, self.max_plans = scheduler, clip_grad_norm, max_plans
-        self.update_in_backward = resolve_update_in_backward(update_in_backward, clip_grad_norm)
+        self.micro_batch = check_micro_batch(micro_batch)
+        self.update_in_backward = resolve_update_in_backward(update_in_backward, clip_grad_norm, self.micro_batch)
         log.info("fused route: %s", "each parameter updated inside backward (no gradient buffer)"
                  if self.update_in_backward else "flat gradients, one update kernel per group after backward "
-                 f"({'clip_grad_norm needs every gradient first' if clip_grad_norm is not None else 'asked for'})")
+                 f"({_why_flat_grads(clip_grad_norm, self.micro_batch)})")
         self.flat = FlatState(model, optimizer, keep_grads=not self.update_in_backward)
+        # The micro-batches' weighted gradient sum (compile/micro_batches.py): made with the layout, so that
+        # memory_report counts it before step 1.
+        self.accumulator = GradAccumulator(self.flat) if self.micro_batch is not None else None
         # (signature, dispatch_key(), threads, matmul precision) -> plan
         self.plans: OrderedDict[tuple, StepPlan] = OrderedDict()
         self.traces = 0  # how many times a step was traced (first signature + every retrace)
@@ -209,6 +214,10 @@ class FusedStep:
             report["other_plans"] = extra
             report["predicted_peak"] += extra
             report["predicted_growth"] += extra
+        if self.accumulator is not None:
+            report["grad_accumulator"] = self.accumulator.nbytes
+            for key in ("persistent_total", "predicted_peak", "predicted_growth"):
+                report[key] += self.accumulator.nbytes
         return report
 
     def plan_for(self, inputs: Any, targets: Any) -> StepPlan:
@@ -261,6 +270,7 @@ class FusedStep:
         log.info("fused route: %s; laying the parameters and optimizer state out again and tracing anew", reason)
         self.flat = FlatState(self.model, self.optimizer, keep_grads=not self.update_in_backward,
                               leave_out=self.left_out.values())
+        self.accumulator = GradAccumulator(self.flat) if self.micro_batch is not None else None
         self.plans.clear()
         self.grad_sink = captured.GradSink(self)
         self.layouts += 1
@@ -410,14 +420,54 @@ class FusedStep:
     # -- replay -----------------------------------------------------------------
     def step(self, inputs: Any, targets: Any, *, index: int = 0, on_nonfinite: str = "raise"
              ) -> tuple[float, float | None, bool, PlannedArena]:
-        """One replayed step: (loss, grad norm before clipping or None, skipped, the step's arena)."""
+        """One replayed step: (loss, grad norm before clipping or None, skipped, the step's arena). With
+        micro_batch, a batch of more rows is run as micro-batches and updated once (_micro_step)."""
         # Underflow is a result here, as in eager backward (autograd.backward): the captured replay runs the
         # recorded backward calls without passing through autograd's own errstate.
         with float32_matmul_precision(self.matmul_precision), np.errstate(under="ignore"):
+            chunks = split_batch(inputs, targets, self.micro_batch)
+            if len(chunks) > 1:
+                return self._micro_step(chunks, index, on_nonfinite)
             return self._replay(inputs, targets, index, on_nonfinite)
 
-    def _replay(self, inputs: Any, targets: Any, index: int, on_nonfinite: str
+    def _micro_step(self, chunks: list, index: int, on_nonfinite: str) -> tuple[float, float | None, bool, PlannedArena]:
+        """Forward and backward on each micro-batch, its gradient added to the weighted sum, then one update
+        (compile/micro_batches.py). The returned arena is the one with the highest high-water mark."""
+        for x, y, _ in chunks[-1:] + chunks[:1]:
+            # Planned (traced, perhaps laid out again) before any gradient is summed: a new layout mid-step
+            # would drop the sum. The last micro-batch first: a smaller one is its own signature.
+            self.plan_for(x, y)
+        flat, loss, biggest = self.flat, 0.0, None
+        try:
+            for i, (x, y, weight) in enumerate(chunks):
+                value, _, skipped, arena = self._replay(x, y, index, on_nonfinite, update=False)
+                if skipped:  # a non-finite loss (on_nonfinite="skip"): nothing updated
+                    self._drop_grads()
+                    return value, None, True, arena
+                if self.flat is not flat:
+                    raise RuntimeError(f"step {index}: the fused route laid the parameters out again between "
+                                       f"micro-batches (max_plans={self.max_plans} evicted a plan mid-step?); "
+                                       f"nothing was updated. Raise max_plans to 2 or more")
+                if biggest is None or arena.stats.high_water > biggest.stats.high_water:
+                    biggest = arena
+                loss += weight * value
+                if i < len(chunks) - 1:
+                    self.accumulator.add(weight, first=i == 0)
+                else:
+                    self.accumulator.finish(weight)
+        except BaseException:
+            self._drop_grads()  # a partial sum must not pass for a step's gradients
+            raise
+        return loss, self.after_backward(flat.params(), index), False, biggest
+
+    def _drop_grads(self) -> None:
+        for p in self.flat.params():
+            p.grad = None
+
+    def _replay(self, inputs: Any, targets: Any, index: int, on_nonfinite: str, *, update: bool = True
                 ) -> tuple[float, float | None, bool, PlannedArena]:
+        """One forward and backward on the plan for this batch; then, with `update`, clipping, the update and the
+        schedule (after_backward). Without it (a micro-batch) the gradients are left in the flat buffers."""
         plan = self.plan_for(inputs, targets)
         if plan.capture is not None:
             stale = captured.changed(plan.capture)
@@ -429,7 +479,7 @@ class FusedStep:
             plan.capture = captured.capture(self, plan, inputs, targets)
         load_batch(plan, inputs, targets)
         if plan.capture is not None and plan.capture.tape is not None:
-            return captured.replay(self, plan, plan.capture, index, on_nonfinite)
+            return captured.replay(self, plan, plan.capture, index, on_nonfinite, update=update)
         calls[("fused_replay", "python")] += 1
         self.flat.ensure_bound()
         params = self.flat.params()
@@ -467,7 +517,8 @@ class FusedStep:
             if missing:
                 raise PlanMismatchError(f"parameters {missing[:5]} got no gradient in this step but did in its "
                                         f"trace{partly}")
-            grad_norm = self.after_backward(params, index)
+            if update:
+                grad_norm = self.after_backward(params, index)
         self.replays += 1
         return value, grad_norm, False, arena
 
@@ -527,13 +578,19 @@ def partly_applied_note(index: int, updated: int, total: int) -> str:
             f"already updated (update_in_backward): the step is partly applied. Restore the last checkpoint")
 
 
-def resolve_update_in_backward(update_in_backward: bool | None, clip_grad_norm: float | None) -> bool:
-    """Whether the fused step updates parameters inside backward: None means yes unless clipping.
+def resolve_update_in_backward(update_in_backward: bool | None, clip_grad_norm: float | None,
+                               micro_batch: int | None = None) -> bool:
+    """Whether the fused step updates parameters inside backward: None means yes unless clipping or micro-batches.
 
-    ValueError for True with global-norm clipping, which must see every gradient first.
+    ValueError for True with global-norm clipping, which must see every gradient first, or with micro_batch,
+    whose update waits for the last micro-batch's gradient.
     """
+    if update_in_backward and micro_batch is not None:
+        raise ValueError(f"update_in_backward=True cannot be combined with micro_batch={micro_batch}: the update "
+                         f"waits for every micro-batch's gradient. Drop one of the two (update_in_backward=False, "
+                         f"or the default None, keeps flat gradients with micro-batches)")
     if update_in_backward is None:
-        return clip_grad_norm is None
+        return clip_grad_norm is None and micro_batch is None
     if update_in_backward and clip_grad_norm is not None:
         raise ValueError("update_in_backward=True cannot be combined with clip_grad_norm: global-norm clipping "
                          "must see every gradient before any parameter is updated. Drop one of the two "
@@ -541,19 +598,28 @@ def resolve_update_in_backward(update_in_backward: bool | None, clip_grad_norm: 
     return bool(update_in_backward)
 
 
+def _why_flat_grads(clip_grad_norm: float | None, micro_batch: int | None) -> str:
+    if clip_grad_norm is not None:
+        return "clip_grad_norm needs every gradient first"
+    return "micro-batches sum their gradients first" if micro_batch is not None else "asked for"
+
+
 def compile_step(model: Module, loss_fn: Callable, optimizer: Optimizer, example_batch: tuple[Any, Any], *,
                  scheduler=None, clip_grad_norm: float | None = None, max_plans: int = 4,
                  update_in_backward: bool | None = None, matmul_precision: str | None = None,
-                 replay: str = "auto") -> FusedStep:
+                 replay: str = "auto", micro_batch: int | None = None) -> FusedStep:
     """Trace `model`'s training step on `example_batch` = (inputs, targets); nothing is updated yet.
 
     The result's `memory_report()` gives the step's memory before step 1; `step(x, y)` trains.
     `matmul_precision` ("float32" or "bfloat16", see tensorarena.precision; default: this thread's
     setting now) is the precision of the plans' float32 products; setting the result's `matmul_precision`
-    changes it from the next step on.
+    changes it from the next step on. `micro_batch` (rows): a batch of more rows is run as micro-batches of that
+    many, their gradients summed before one update (compile/micro_batches.py); the example batch's first
+    micro-batch is what gets traced, so memory_report() is a micro-batch's.
     """
     fused = FusedStep(model, loss_fn, optimizer, scheduler=scheduler, clip_grad_norm=clip_grad_norm,
                       max_plans=max_plans, update_in_backward=update_in_backward, matmul_precision=matmul_precision,
-                      replay=replay)
-    fused.plan_for(*example_batch)
+                      replay=replay, micro_batch=micro_batch)
+    x, y, _ = split_batch(*example_batch, fused.micro_batch)[0]
+    fused.plan_for(x, y)
     return fused

@@ -1,0 +1,122 @@
+"""Micro-batches: one optimizer step over a batch too big to run whole, as a few smaller forward/backward passes.
+
+`Trainer(..., micro_batch=m)` and `compile_step(..., micro_batch=m)` cut a batch of more than m rows into
+micro-batches of m rows (the last one may be smaller), run forward and backward on each in turn, and update
+once from the sum of their gradients, each weighted by its share of the batch's rows: w_i = rows_i / rows. For a
+loss that is a mean over rows (every loss here with reduction="mean" over a batch of whole samples) that sum is
+the gradient of the whole batch's loss, and the step's reported loss, sum(w_i * loss_i), is its loss: the same
+update as one pass over the whole batch, up to the order of float sums. A loss that averages over something else
+(cross_entropy's ignore_index leaves a different number of counted targets in each micro-batch; reduction="sum")
+is not divided that way, so its micro-batched step differs from the whole batch's, as PyTorch's usual
+gradient-accumulation loop does. Dropout draws each micro-batch's masks in turn, so the masks differ too.
+
+Memory: only one micro-batch's activations are alive at a time (eager: each pass runs in an arena of its own,
+closed before the next; fused: the plan is traced for m rows). Gradients add up where they are kept anyway on the
+eager route (autograd accumulates into .grad); the fused route keeps one more gradient-sized buffer per flat
+group (`GradAccumulator`), counted in its memory report as "grad_accumulator", and never updates inside backward.
+
+The batch is cut along the first dimension of the inputs and of every array in the targets, which must all have
+the batch's rows (a constant in a targets structure, a number or a string, goes to every micro-batch as it is).
+The cuts are views: nothing is copied here (the fused route copies each micro-batch into its plan's inputs, as it
+copies a whole batch).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..tensor import Tensor
+from .flat import FlatState, _aligned_zeros
+
+
+def check_micro_batch(micro_batch: Any) -> int | None:
+    """`micro_batch` itself if it is None or a positive int; ValueError otherwise."""
+    if micro_batch is None:
+        return None
+    if isinstance(micro_batch, bool) or not isinstance(micro_batch, (int, np.integer)) or micro_batch < 1:
+        raise ValueError(f"micro_batch must be a positive number of rows (or None: the whole batch in one pass), "
+                         f"got {micro_batch!r}")
+    return int(micro_batch)
+
+
+def split_batch(inputs: Any, targets: Any, micro_batch: int | None) -> list[tuple[Any, Any, float]]:
+    """[(inputs_i, targets_i, weight_i)]: the batch cut into micro-batches of at most `micro_batch` rows, each with
+    its share of the rows; [(inputs, targets, 1.0)] as given when there is nothing to cut."""
+    if micro_batch is None:
+        return [(inputs, targets, 1.0)]
+    x = inputs.data if isinstance(inputs, Tensor) else inputs
+    if not isinstance(x, np.ndarray):
+        x = np.asarray(x)
+    if x.ndim == 0:
+        raise ValueError(f"micro_batch={micro_batch} cuts the batch along the inputs' first dimension, but the "
+                         f"inputs are a scalar")
+    rows = x.shape[0]
+    if rows <= micro_batch:
+        return [(inputs, targets, 1.0)]
+    _check_rows(targets, rows, "targets")
+    return [(x[start:start + micro_batch], _cut(targets, start, start + micro_batch),
+             min(micro_batch, rows - start) / rows) for start in range(0, rows, micro_batch)]
+
+
+def _check_rows(y: Any, rows: int, where: str) -> None:
+    """ValueError naming the first array of the targets whose first dimension is not the batch's rows."""
+    if y is None or isinstance(y, (bool, int, float, complex, str, bytes, np.generic)):
+        return
+    if isinstance(y, dict):
+        for key, value in y.items():
+            _check_rows(value, rows, f"{where}[{key!r}]")
+        return
+    if isinstance(y, (tuple, list)) and any(isinstance(v, (np.ndarray, Tensor, dict, tuple, list)) for v in y):
+        for i, value in enumerate(y):
+            _check_rows(value, rows, f"{where}[{i}]")
+        return
+    shape = np.shape(y.data if isinstance(y, Tensor) else y)
+    if shape[:1] != (rows,):
+        raise ValueError(f"micro_batch cuts the batch along its first dimension, but {where} has shape {shape} "
+                         f"while the inputs have {rows} rows: every array of the targets must have the batch's "
+                         f"rows first (pass a per-batch constant as a number, or train without micro_batch)")
+
+
+def _cut(y: Any, start: int, stop: int) -> Any:
+    """`y` with every array cut to rows start:stop; containers rebuilt, constants kept."""
+    if y is None or isinstance(y, (bool, int, float, complex, str, bytes, np.generic)):
+        return y
+    if isinstance(y, dict):
+        return {key: _cut(value, start, stop) for key, value in y.items()}
+    if isinstance(y, (tuple, list)) and any(isinstance(v, (np.ndarray, Tensor, dict, tuple, list)) for v in y):
+        return type(y)(_cut(value, start, stop) for value in y)
+    if isinstance(y, Tensor):
+        return y.data[start:stop]
+    return np.asarray(y)[start:stop]
+
+
+class GradAccumulator:
+    """The fused route's running sum of weighted micro-batch gradients, one buffer per flat group.
+
+    After each micro-batch's backward the flat gradients hold that micro-batch's gradient; `add` scales it by
+    its weight and adds it to the sum, `finish` (the last micro-batch) leaves the weighted total in the flat
+    gradients, where clipping and the flat update read it. In-place NumPy ufuncs only: a replayed step still
+    allocates nothing."""
+
+    def __init__(self, flat: FlatState) -> None:
+        self.flat = flat
+        self.sums = [_aligned_zeros(g.grad.size, g.grad.dtype) for g in flat.groups]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.sums)
+
+    def add(self, weight: float, *, first: bool) -> None:
+        for group, total in zip(self.flat.groups, self.sums):
+            np.multiply(group.grad, weight, out=group.grad)
+            if first:
+                np.copyto(total, group.grad)
+            else:
+                np.add(total, group.grad, out=total)
+
+    def finish(self, weight: float) -> None:
+        for group, total in zip(self.flat.groups, self.sums):
+            np.multiply(group.grad, weight, out=group.grad)
+            np.add(group.grad, total, out=group.grad)
