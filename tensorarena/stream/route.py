@@ -15,7 +15,8 @@ the ParamStore keeps every stage's parameters and optimizer state in files. One 
             and brings the next one into the second slot (memory-maps its file by default,
             io="map"; io="copy" reads it into a slot buffer: store.py)
 
-These passes are sweep.py's; this module keeps what lasts between them (the store, the parameters' place,
+These passes are sweep.py's, and moving the training state into the store and back out (from_memory, resume,
+to_memory) is route_moves.py's; this module keeps what lasts between them (the store, the parameters' place,
 the step count, commits and failures).
 
 Memory: two stage-sized slots + one stage of gradients + the largest stage's activations
@@ -62,16 +63,15 @@ from ..memory.pool import BlockPool, aligned_bytes
 from ..nn.deferred import fill_bytes
 from ..nn.module import Module
 from ..optim.optimizer import Optimizer
-from ..random import default_generator, peek_default_generator
+from ..random import default_generator
 from ..tensor import Tensor
-from ..train.checkpoint import _generators, _jsonable, rng_state
+from ..train.checkpoint import _generators
 from ..train.report import NonFiniteLossError, check_step_options
-from . import optim_state
+from . import optim_state, route_moves
 from .arena_pages import STAGE_BLOCK_BYTES, STEP_BLOCK_BYTES, SmallPagePool
-from .follow import follow_user_changes, group_map
-from .generator_states import generator_states_problem, restore_generators
-from .heap import return_freed_pages
-from .on_disk import _ON_DISK, _in_memory_bytes
+from .follow import follow_user_changes
+from .generator_states import restore_generators
+from .on_disk import _in_memory_bytes
 from .stages import Stage, model_stages, run_stage, stage_inputs
 from .store import ArraySpec, ParamStore, StageLayout, StageSpec, StoreError, StoreSpec
 from .sweep import _as_tensor, _Loads, run_step
@@ -278,107 +278,17 @@ class StreamingRoute:
         return [[self._group_of.get(id(p), -1) for p in s.params] for s in self.stages]
 
     def _move_in(self, step: int, overwrite: bool, *, keep_committed: bool = False) -> None:
-        store = self.store
-        on_disk = [name for s, names in zip(self.stages, self._names) for p, name in zip(s.params, names)
-                   if p._arena is _ON_DISK]
-        if on_disk:
-            raise StoreError(f"the model's parameters ({on_disk[0]}, ...) are not in memory: a StreamingRoute holds "
-                             f"them on disk (closed without to_memory()). Continue that run with "
-                             f"StreamingRoute.resume(...), or bring them back with resume(...).to_memory() first")
-        if store.has_manifest() and not overwrite:
-            raise StoreError(f"{store.directory} already holds a streaming store; continue it with "
-                             f"StreamingRoute.resume(...), or pass overwrite=True to replace it with the in-memory "
-                             f"state (its current contents are lost)")
-        if store.leftovers() and not overwrite:
-            raise StoreError(f"{store.directory} holds stage files but no manifest: creating a store there was "
-                             f"interrupted. Pass overwrite=True (or delete the directory) to start it again")
-        store.create(keep_committed=keep_committed)
-        for k, stage in enumerate(self.stages):
-            store.read(k, 0).result()  # io="map" writes through a mapping of the (new, zero) file
-            views = store.views(0, k)
-            for i, p in enumerate(stage.params):
-                if p.is_deferred:
-                    # Built under nn.deferred_init(): its values are made straight into the slot, so the model
-                    # is never whole in memory; until the commit below it stays deferred (nothing is lost).
-                    p._arena.fill_into(views.params[i])
-                else:
-                    np.copyto(views.params[i], p.data)
-                gi = self._group_of.get(id(p))
-                group = self.optimizer.param_groups[gi] if gi is not None else None
-                optim_state.read_state(self.kinds, self.optimizer, p, group, views.state[i], views.scalars[i])
-            del views  # no array over the slot may outlive its write (io="map" unmaps it there)
-            store.write(k, 0, None).result()
-        self.step_count = step
-        store.commit(signature=self._spec(self.kinds).signature(),
-                     optimizer={"class": self.kinds.optimizer, "state_arrays": list(self.kinds.arrays),
-                                "state_scalars": list(self.kinds.scalars)},
-                     param_groups_of=self._groups_of_params(), layout_generation=store.generation,
-                     **self._progress(step, step))
-        # Only now, with the store committed, let go of the in-memory arrays.
-        self._offload_all()
+        route_moves.move_in(self, step, overwrite, keep_committed=keep_committed)
 
     def _progress(self, step: int, data_step: int) -> dict[str, Any]:
-        """Manifest fields that change every step; every stage holds the update of `data_step`."""
-        return {"step": step, "data_step": data_step,
-                "stages": [{"name": s.name, "file": f, "step": data_step}
-                           for s, f in zip(self.stages, self.store.files)],
-                "param_groups": [_jsonable({k: v for k, v in g.items() if k != "params"})
-                                 for g in self.optimizer.param_groups],
-                "scheduler": None if self.scheduler is None else _jsonable(self.scheduler.state_dict()),
-                # As JSON: MT19937, Philox and SFC64 keep arrays in their states (rng_state); peek: no draw.
-                "rng": {name: rng_state(g) for name, g in _generators(self.model).items()},
-                "rng_default": rng_state(peek_default_generator())}
+        return route_moves.progress(self, step, data_step)
 
     def _resume(self) -> None:
-        manifest = self.store.open()
-        where = self.store.directory
-        # The store's state kinds: this optimizer's, or more (momentum switched on mid-run, see store._adopt).
-        self.kinds = optim_state.StateKinds(self.kinds.optimizer, self.store.spec.state_arrays,
-                                            self.store.spec.state_scalars)
-        if manifest.get("param_groups_of") != self._groups_of_params():
-            raise StoreError(f"the optimizer's parameter groups differ from the ones the store {where} was trained "
-                             f"with; build the optimizer with the same groups (or delete the directory)")
-        problem = generator_states_problem(self.model, manifest.get("rng", {}))
-        if problem:
-            raise StoreError(f"the store {where} {problem}")
-        if (manifest.get("scheduler") is None) != (self.scheduler is None):
-            raise StoreError(f"the store {where} was trained {'without' if manifest.get('scheduler') is None else 'with'} "
-                             f"an LR scheduler but this route was given "
-                             f"{'one' if self.scheduler is not None else 'none'}; pass the same scheduler kind")
-        # Everything checked: now restore (hyperparameters first: the schedule's state refers to them).
-        for group, entries in zip(self.optimizer.param_groups, manifest["param_groups"]):
-            group.update({k: tuple(v) if k == "betas" else v for k, v in entries.items()})
-        if self.scheduler is not None:
-            self.scheduler.load_state_dict(manifest["scheduler"])
-        restore_generators(self.model, manifest.get("rng", {}), manifest["rng_default"])
-        self.step_count = int(manifest["step"])
-        self._offload_all()
+        route_moves.resume(self)
 
     # -- parameters in and out of the slots ------------------------------------------
-    def _offload_all(self) -> None:
-        """Offload every streamed parameter, then give the freed pages back to the kernel: free() alone left
-        them in the heap, and RSS as high as if the parameters were still in memory (stream/heap.py)."""
-        for stage in self.stages:
-            for p in stage.params:
-                self._offload(p)
-        if self.release:
-            return_freed_pages()
-
-    def _offload(self, p) -> None:
-        """Point `p` at a 1-element placeholder; free (or keep, release=False) its arrays and state."""
-        if p._arena is not _ON_DISK:
-            if not self.release and not p.is_deferred:  # a deferred one has no array to keep (to_memory makes one)
-                self._kept[id(p)] = p._data
-                self._kept_state[id(p)] = self.optimizer.state.get(p)
-            self.optimizer.state.pop(p, None)
-        self._detach_param(p)
-
     def _detach_param(self, p) -> None:
-        # Private Tensor slots on purpose: the public setter would forget the "on disk" marker.
-        p._data = self._placeholder[id(p)]
-        p._arena, p._generation = _ON_DISK, 0
-        p.grad = None
-        p._grad_buffer = None
+        route_moves.detach_param(self, p)
 
     def _attach(self, k: int, slot: int):
         views = self.store.views(slot, k)
@@ -540,27 +450,7 @@ class StreamingRoute:
         self._check_stages()
 
     def _reenter(self) -> None:
-        """After to_memory(): the training state, maybe changed in memory, goes into a new store in the same
-        directory (as from_memory(..., overwrite=True) would, but the committed store stays whole until the new
-        one commits: to_memory() promised to leave it as it was), and the route goes on from there."""
-        # The stages again from the model as it is: a module replaced while the state was in memory is trained
-        # from here on, as on the eager route (_check_stages refuses to train on without this).
-        self.stages = model_stages(self.model)
-        self._index_stages()
-        self.kinds = optim_state.state_kinds(self.optimizer)
-        self._group_of = group_map(self)
-        self.store = ParamStore(self.store.directory, self._spec(self.kinds), **self._store_options)
-        try:
-            # The user may have changed dtypes (model.double()) or shapes in memory: everything sized from the
-            # parameters is sized again from the new layouts, before the state moves in (as in __init__).
-            self._grads = _grad_buffer(self.store)
-            self._placeholder = self._placeholders()
-            self._move_in(self.step_count, overwrite=True, keep_committed=True)
-        except BaseException:
-            self.store.close()
-            raise
-        self._in_memory = False
-        self._broken = None
+        route_moves.reenter(self)
 
     # -- outside the step -------------------------------------------------------------
     @property
@@ -599,7 +489,7 @@ class StreamingRoute:
         and RNG were live objects all along. Continue streaming with `resume` (the store is
         unchanged) or `from_memory` (after editing the in-memory state).
         """
-        self._bring_back(with_state=True)
+        route_moves.bring_back(self, with_state=True)
         self._in_memory = True
 
     def params_to_memory(self) -> None:
@@ -607,36 +497,7 @@ class StreamingRoute:
         outputs (an evaluation, a saved model), without the memory of the optimizer's state (for Adam, twice the
         parameters' bytes), which stays in the store. The route is closed after: to train on, resume from the
         store (StreamingRoute.resume) or use to_memory() instead."""
-        self._bring_back(with_state=False)
-
-    def _bring_back(self, *, with_state: bool) -> None:
-        what = "to_memory" if with_state else "params_to_memory"
-        self._check_open()
-        if self._broken:
-            raise StoreError(self._refusal())
-        pending = self._pending_commit
-        if pending is not None:
-            try:
-                self.retry_commit()
-            except StoreError as exc:
-                # Bringing the state out is this method's whole point, and what a commit that cannot be taken
-                # (the directory removed, a read-only disk) leaves the user: the stages hold step `pending[0]`.
-                log.warning("%s: %s. The training state of step %d comes into memory; the next step writes "
-                            "a new store", what, exc, pending[0])
-                self._took_pending(*pending)
-        self.store.drain()
-        for k, stage in enumerate(self.stages):
-            self.store.read(k, 0).result()
-            views = self.store.views(0, k)
-            for i, p in enumerate(stage.params):
-                kept = self._kept.pop(id(p), None)
-                array = optim_state._into(kept, views.params[i])
-                gi = self._group_of.get(id(p))
-                if with_state and gi is not None:
-                    optim_state.write_state(self.kinds, self.optimizer, p, self.optimizer.param_groups[gi],
-                                            views.state[i], views.scalars[i], self._kept_state.pop(id(p), None))
-                p._data, p._arena, p._generation = array, None, 0
-        self.close()
+        route_moves.bring_back(self, with_state=False)
 
     def close(self) -> None:
         """Finish I/O and release the store (parameters stay on disk unless to_memory() ran).
