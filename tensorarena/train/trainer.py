@@ -32,6 +32,7 @@ from ..precision import float32_matmul_precision, get_float32_matmul_precision
 from ..precision import normalize as normalize_precision
 from ..tensor import Tensor
 from .report import NonFiniteLossError, StepReport, check_step_options
+from .trainer_route_choice import check_the_limit, choose_route, planned_for, recompute_mlp_if_planned
 from .trainer_streaming import streaming_step, switch_after_oom
 
 ROUTES = ("eager", "fused", "streaming", "auto")
@@ -267,7 +268,7 @@ class Trainer:
             if route is not None:
                 route.scheduler = value
 
-    # -- routes ------------------------------------------------------------------------
+    # -- routes (the plan and the choice before step 1: trainer_route_choice.py) -------
     def plan(self, inputs: Any, targets: Any, routes: tuple[str, ...] = ("fused", "streaming"), *,
              data_bytes: int | None = None):
         """Estimate the routes for this batch against the budget (before step 1); returns the RoutePlan.
@@ -275,100 +276,21 @@ class Trainer:
         `data_bytes`: the bytes of the data the caller holds for the run (its train and held-out arrays), a part
         of every route (route_plan.TRAINING_DATA) rather than of the measured process share. Kept as
         `self.data_bytes` (which a caller may also set) for the plans the Trainer makes itself before step 1."""
-        from .route_plan import plan_routes
+        from .trainer_route_choice import plan
 
-        from ..compile.step import batch_signature
-
-        if data_bytes is not None:
-            self.data_bytes = data_bytes
-        with float32_matmul_precision(self.matmul_precision):  # its traces hold the bfloat16 buffers too
-            self.route_plan = plan_routes(self.model, self.optimizer, self.loss_fn, inputs, targets, self.budget,
-                                          routes=routes, fused_keeps_grads=not self.update_in_backward,
-                                          data_bytes=getattr(self, "data_bytes", 0))
-        self._route_plan_batch = (batch_signature(inputs, targets), routes)
-        return self.route_plan
+        return plan(self, inputs, targets, routes, data_bytes)
 
     def _planned_for(self, inputs: Any, targets: Any, routes: tuple[str, ...]):
-        """The route plan for this batch: the one plan() made before step 1 if it was for this batch's shapes
-        (a preview on a smaller batch is not), else a new one."""
-        from ..compile.step import batch_signature
-
-        if self.route_plan is not None and self._route_plan_batch == (batch_signature(inputs, targets), routes):
-            return self.route_plan
-        if self.route_plan is not None:
-            log.info("route plan: step 1's batch %s is not the one planned before, planning again",
-                     batch_signature(inputs, targets))
-        return self.plan(inputs, targets, routes)
+        return planned_for(self, inputs, targets, routes)
 
     def _choose_route(self, inputs: Any, targets: Any) -> None:
-        from ..compile.trace import UnsupportedOpError
-
-        try:
-            plan = self._planned_for(inputs, targets, ("fused", "streaming"))
-        except UnsupportedOpError as err:  # e.g. a dict batch, which neither fused nor streaming can hold
-            if not self.fallback_to_eager:
-                raise
-            self.route, self.fallback_reason = "eager", str(err)
-            log.warning("route auto: neither the fused nor the streaming route can run this step, training on the "
-                        "eager route (its memory is not planned before step 1): %s", err)
-            self._materialize("route auto fell back to eager, which holds it whole")
-            self._load_pending_checkpoint("route auto fell back to eager")
-            return
-        if plan.chosen is None:
-            raise MemoryError(f"no training route fits before step 1: {plan.reason}\n{plan.format()}")
-        if plan.chosen != "streaming" and self._pending_checkpoint is not None:
-            # A waiting checkpoint goes into the model made whole; what loading it leaves in the process (the
-            # optimizer's state arrays, heap pages) is measured by planning again, as a load before the plan was:
-            # without this a resumed vit-tiny peaked at 333.7 MiB on fused against a 293.8 MiB plan.
-            self._load_pending_checkpoint(f"route auto chose {plan.chosen}")  # (it makes the model whole first)
-            plan = self.plan(inputs, targets, ("fused", "streaming"))
-            if plan.chosen is None:
-                raise MemoryError(f"no training route fits before step 1 with the checkpoint loaded: {plan.reason}"
-                                  f"\n{plan.format()}")
-        self.route = plan.chosen
-        self._recompute_mlp_if_planned(plan)
-        if plan.chosen != "streaming":
-            self._materialize(f"route auto chose {plan.chosen}, which holds it whole")
-        self._load_pending_checkpoint(f"route auto chose {plan.chosen}")
-        # The choice was the check against the limit: checking again at the next step would plan once more, with
-        # the chosen route's buffers now in the process's memory counted a second time (simcse at 640M: fused
-        # needs 607 MiB, then "901 MiB" at step 2, a MemoryError after a step that fit).
-        self._limit_to_check = False
-        log.info("route auto -> %s: %s", plan.chosen, plan.reason)
+        return choose_route(self, inputs, targets)
 
     def _check_the_limit(self, inputs: Any, targets: Any) -> None:
-        """Before step 1 on a route the user chose (eager, fused or streaming) with a memory_limit: that route's
-        estimate against it, a MemoryError naming both if it does not fit (the limit is not ignored)."""
-        if self.route == "streaming" and self.stream is not None:
-            return  # already streaming (resumed from a store): its buffers are allocated, nothing to plan
-        plan = self._planned_for(inputs, targets, (self.route,))
-        estimate = plan.estimates.get(self.route)
-        if estimate is None:  # streaming a model without stages: StreamingRoute's own error says why, next
-            log.info("route %s not checked against memory_limit: %s", self.route,
-                     plan.unavailable.get(self.route, plan.reason))
-            return
-        if not estimate.fits:
-            # Streaming is the smallest route there is: only a bigger limit or a smaller batch helps it.
-            advice = ("Raise memory_limit or lower the batch size" if self.route == "streaming" else
-                      "Use route='auto' (streams when fused does not fit), raise memory_limit or lower the batch "
-                      "size")
-            raise MemoryError(f"route {self.route!r} does not fit memory_limit: {plan.reason}. {advice}\n"
-                              f"{plan.format()}")
-        self._recompute_mlp_if_planned(plan)
-        log.info("route %s fits memory_limit: %s", self.route, plan.reason)
+        return check_the_limit(self, inputs, targets)
 
     def _recompute_mlp_if_planned(self, plan) -> None:
-        """Switch the model's MLPs to recompute GELU in backward where the plan's fused estimate counted on it
-        (RoutePlan.recompute_mlp: keeping GELU's output and derivative did not fit the budget)."""
-        if not plan.recompute_mlp:
-            return
-        from ..nn.transformer import keeping_mlp_activations
-
-        switched = keeping_mlp_activations(self.model)
-        for m in switched:
-            m.recompute_activation = True
-        log.info("route plan: %d MLPs recompute GELU in backward (FeedForward.recompute_activation) so that the "
-                 "fused route fits the budget", len(switched))
+        return recompute_mlp_if_planned(self, plan)
 
     def _start_streaming(self, *, redo_after_oom: bool = False) -> None:
         """Move the training state into the streaming store and make it this trainer's route."""

@@ -1,0 +1,123 @@
+"""The Trainer's route choice before step 1: the route plan for a batch (kept for step 1 when the batch matches),
+route="auto"'s pick of fused or streaming from it, the check of a route the user chose against a memory_limit
+they set, and switching MLPs to recompute GELU where the plan counted on it.
+
+The estimates themselves are train/route_plan.py's (plan_routes); this module only decides, for the trainer,
+when to plan, what the plan's answer does to its route, and what is said or raised when nothing fits.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ..precision import float32_matmul_precision
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+log = logging.getLogger("tensorarena")
+
+
+def plan(trainer: Trainer, inputs: Any, targets: Any, routes: tuple[str, ...], data_bytes: int | None):
+    """Trainer.plan's work: every asked route's estimate for this batch against the budget, kept as route_plan."""
+    from .route_plan import plan_routes
+
+    from ..compile.step import batch_signature
+
+    if data_bytes is not None:
+        trainer.data_bytes = data_bytes
+    with float32_matmul_precision(trainer.matmul_precision):  # its traces hold the bfloat16 buffers too
+        trainer.route_plan = plan_routes(trainer.model, trainer.optimizer, trainer.loss_fn, inputs, targets,
+                                         trainer.budget, routes=routes,
+                                         fused_keeps_grads=not trainer.update_in_backward,
+                                         data_bytes=getattr(trainer, "data_bytes", 0))
+    trainer._route_plan_batch = (batch_signature(inputs, targets), routes)
+    return trainer.route_plan
+
+
+def planned_for(trainer: Trainer, inputs: Any, targets: Any, routes: tuple[str, ...]):
+    """The route plan for this batch: the one plan() made before step 1 if it was for this batch's shapes
+    (a preview on a smaller batch is not), else a new one."""
+    from ..compile.step import batch_signature
+
+    if trainer.route_plan is not None and trainer._route_plan_batch == (batch_signature(inputs, targets), routes):
+        return trainer.route_plan
+    if trainer.route_plan is not None:
+        log.info("route plan: step 1's batch %s is not the one planned before, planning again",
+                 batch_signature(inputs, targets))
+    return trainer.plan(inputs, targets, routes)
+
+
+def choose_route(trainer: Trainer, inputs: Any, targets: Any) -> None:
+    """Route "auto" at step 1: take the plan's choice (fused or streaming), or eager on an allowed fallback."""
+    from ..compile.trace import UnsupportedOpError
+
+    try:
+        plan = trainer._planned_for(inputs, targets, ("fused", "streaming"))
+    except UnsupportedOpError as err:  # e.g. a dict batch, which neither fused nor streaming can hold
+        if not trainer.fallback_to_eager:
+            raise
+        trainer.route, trainer.fallback_reason = "eager", str(err)
+        log.warning("route auto: neither the fused nor the streaming route can run this step, training on the "
+                    "eager route (its memory is not planned before step 1): %s", err)
+        trainer._materialize("route auto fell back to eager, which holds it whole")
+        trainer._load_pending_checkpoint("route auto fell back to eager")
+        return
+    if plan.chosen is None:
+        raise MemoryError(f"no training route fits before step 1: {plan.reason}\n{plan.format()}")
+    if plan.chosen != "streaming" and trainer._pending_checkpoint is not None:
+        # A waiting checkpoint goes into the model made whole; what loading it leaves in the process (the
+        # optimizer's state arrays, heap pages) is measured by planning again, as a load before the plan was:
+        # without this a resumed vit-tiny peaked at 333.7 MiB on fused against a 293.8 MiB plan.
+        trainer._load_pending_checkpoint(f"route auto chose {plan.chosen}")  # (it makes the model whole first)
+        plan = trainer.plan(inputs, targets, ("fused", "streaming"))
+        if plan.chosen is None:
+            raise MemoryError(f"no training route fits before step 1 with the checkpoint loaded: {plan.reason}"
+                              f"\n{plan.format()}")
+    trainer.route = plan.chosen
+    trainer._recompute_mlp_if_planned(plan)
+    if plan.chosen != "streaming":
+        trainer._materialize(f"route auto chose {plan.chosen}, which holds it whole")
+    trainer._load_pending_checkpoint(f"route auto chose {plan.chosen}")
+    # The choice was the check against the limit: checking again at the next step would plan once more, with
+    # the chosen route's buffers now in the process's memory counted a second time (simcse at 640M: fused
+    # needs 607 MiB, then "901 MiB" at step 2, a MemoryError after a step that fit).
+    trainer._limit_to_check = False
+    log.info("route auto -> %s: %s", plan.chosen, plan.reason)
+
+
+def check_the_limit(trainer: Trainer, inputs: Any, targets: Any) -> None:
+    """Before step 1 on a route the user chose (eager, fused or streaming) with a memory_limit: that route's
+    estimate against it, a MemoryError naming both if it does not fit (the limit is not ignored)."""
+    if trainer.route == "streaming" and trainer.stream is not None:
+        return  # already streaming (resumed from a store): its buffers are allocated, nothing to plan
+    plan = trainer._planned_for(inputs, targets, (trainer.route,))
+    estimate = plan.estimates.get(trainer.route)
+    if estimate is None:  # streaming a model without stages: StreamingRoute's own error says why, next
+        log.info("route %s not checked against memory_limit: %s", trainer.route,
+                 plan.unavailable.get(trainer.route, plan.reason))
+        return
+    if not estimate.fits:
+        # Streaming is the smallest route there is: only a bigger limit or a smaller batch helps it.
+        advice = ("Raise memory_limit or lower the batch size" if trainer.route == "streaming" else
+                  "Use route='auto' (streams when fused does not fit), raise memory_limit or lower the batch "
+                  "size")
+        raise MemoryError(f"route {trainer.route!r} does not fit memory_limit: {plan.reason}. {advice}\n"
+                          f"{plan.format()}")
+    trainer._recompute_mlp_if_planned(plan)
+    log.info("route %s fits memory_limit: %s", trainer.route, plan.reason)
+
+
+def recompute_mlp_if_planned(trainer: Trainer, plan) -> None:
+    """Switch the model's MLPs to recompute GELU in backward where the plan's fused estimate counted on it
+    (RoutePlan.recompute_mlp: keeping GELU's output and derivative did not fit the budget)."""
+    if not plan.recompute_mlp:
+        return
+    from ..nn.transformer import keeping_mlp_activations
+
+    switched = keeping_mlp_activations(trainer.model)
+    for m in switched:
+        m.recompute_activation = True
+    log.info("route plan: %d MLPs recompute GELU in backward (FeedForward.recompute_activation) so that the "
+             "fused route fits the budget", len(switched))
