@@ -138,6 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "trains as one 6-step run (default: --steps; on --resume the checkpoint's)")
     train.add_argument("--batch-size", type=positive_int, default=None,
                        help="examples per step (default: the model's, mlp 128)")
+    train.add_argument("--micro-batch", type=positive_int, default=None,
+                       help="mlp, vit: examples per forward/backward pass; a batch of more runs as micro-batches "
+                            "whose gradients are summed (each weighted by its rows) before one update, so a step "
+                            "holds one micro-batch's activations (not with --route streaming; simcse needs the "
+                            "whole batch for its in-batch negatives) (default: the whole batch in one pass)")
     train.add_argument("--optimizer", choices=["adamw", "adam", "sgd"], default="adamw", help="optimizer")
     train.add_argument("--lr", type=positive_float, default=None, help="peak learning rate (default: the model's, mlp 2e-3)")
     train.add_argument("--weight-decay", type=nonnegative_float, default=1e-2, help="weight decay (decoupled for adamw)")

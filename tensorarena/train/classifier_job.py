@@ -159,7 +159,9 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
 
     `eval_batch_size` defaults to args.batch_size: the route plan covers evaluation at the training batch size,
     which on the fused route runs in the fused slab (Trainer.scratch_arena). The mlp evaluated at 1024 rows,
-    ~3.4 MiB of activations no plan counted, which took its run 1.6% over the plan's need."""
+    ~3.4 MiB of activations no plan counted, which took its run 1.6% over the plan's need. With --micro-batch
+    the slab is a micro-batch's, so evaluation runs micro-batch by micro-batch: at the training batch it would
+    take pool blocks beyond the slab, which no plan counts (Trainer.scratch_arena warns)."""
     from tqdm import tqdm
 
     x_train, y_train = train
@@ -178,7 +180,8 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
     trainer = Trainer(model, optimizer, cross_entropy, scheduler=scheduler,
                       clip_grad_norm=args.clip or None, on_nonfinite=args.on_nonfinite, route=route,
                       memory_limit=getattr(args, "memory_limit", None), store_dir=getattr(args, "store_dir", None),
-                      matmul_precision=getattr(args, "matmul_precision", "float32"))
+                      matmul_precision=getattr(args, "matmul_precision", "float32"),
+                      micro_batch=getattr(args, "micro_batch", None))
     # The arrays held all run are a part of the route plan, not of its measured process share: `tensorarena
     # plan` (which draws no data) counts the same bytes, so the two agree (route_plan.TRAINING_DATA).
     trainer.data_bytes = sum(a.nbytes for a in (*train, *test))
@@ -207,7 +210,8 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
                 bar.set_postfix(loss=f"{report.loss:.4f}", lr=f"{report.lr:.2e}")
         bar.close()
         elapsed = time.perf_counter() - started
-        held_out = trainer.evaluate(*test, batch_size=eval_batch_size or args.batch_size)
+        held_out = trainer.evaluate(*test, batch_size=getattr(args, "micro_batch", None) or eval_batch_size
+                                    or args.batch_size)
         if args.save:
             with SigintDeferred("the checkpoint's write", lambda: _save_abandoned(args, trainer)):
                 saved = _save_progress(args, trainer, loader, reports, resumed, always=True)
@@ -226,6 +230,7 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
         "total_steps": args.total_steps,
         **route_summary(trainer, planning),
         "matmul_precision": trainer.matmul_precision, "bf16_products": bf16_products_since(products_before),
+        "micro_batch": trainer.micro_batch,
         "first_loss": first.loss if first else None, "final_loss": last.loss if last else None,
         "test_loss": held_out["loss"], "test_accuracy": held_out["accuracy"],
         **step_rate([r.seconds for r in reports], elapsed),

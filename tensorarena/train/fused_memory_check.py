@@ -24,7 +24,7 @@ VIT_SIZES = {"vit-tiny": "tiny", "vit-small": "small", "vit-base": "base"}
 
 
 def measure(model_name: str, batch: int, image_size: int, steps: int, seed: int = 0,
-            update_in_backward: bool | None = None) -> dict:
+            update_in_backward: bool | None = None, micro_batch: int | None = None) -> dict:
     from ..compile.step import compile_step
     from ..kernels.warmup import compile_all
     from ..memory.meter import peak_rss_bytes, rss_bytes
@@ -42,7 +42,8 @@ def measure(model_name: str, batch: int, image_size: int, steps: int, seed: int 
     gc.collect()
     baseline = rss_bytes()
     start = time.perf_counter()
-    fused = compile_step(model, cross_entropy, optimizer, (x, y), update_in_backward=update_in_backward)
+    fused = compile_step(model, cross_entropy, optimizer, (x, y), update_in_backward=update_in_backward,
+                         micro_batch=micro_batch)
     trace_s = time.perf_counter() - start
     report = fused.memory_report()
     step_s = []
@@ -51,7 +52,7 @@ def measure(model_name: str, batch: int, image_size: int, steps: int, seed: int 
         fused.step(x, y)
         step_s.append(time.perf_counter() - start)
     growth = rss_bytes() - baseline
-    return {"model": model_name, "batch": batch, "image_size": image_size,
+    return {"model": model_name, "batch": batch, "image_size": image_size, "micro_batch": micro_batch,
             "update_in_backward": fused.update_in_backward,
             "report": report,
             "predicted_peak": report["predicted_peak"], "predicted_growth": report["predicted_growth"],
@@ -71,9 +72,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="update each parameter inside backward, no gradient buffer (the default)")
     update.add_argument("--flat-grads", dest="update_in_backward", action="store_false",
                         help="flat gradient buffer, one update kernel after backward")
+    parser.add_argument("--micro-batch", type=int, default=None,
+                        help="rows per forward/backward pass; their gradients are summed before one update")
     args = parser.parse_args(argv)
     print(json.dumps(measure(args.model, args.batch, args.image_size, args.steps,
-                             update_in_backward=args.update_in_backward)))
+                             update_in_backward=args.update_in_backward, micro_batch=args.micro_batch)))
 
 
 if __name__ == "__main__":

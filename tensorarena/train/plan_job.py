@@ -49,6 +49,9 @@ def add_plan_parser(sub) -> None:
                       help="mlp, vit: training examples, as train's (default: mlp 8000, vit what --steps shows)")
     plan.add_argument("--test-size", type=positive_int, default=train.get_default("test_size"),
                       help="mlp, vit: held-out examples, as train's (a vit's capped at 64 MiB of images)")
+    plan.add_argument("--micro-batch", type=positive_int, default=None,
+                      help="mlp, vit: examples per forward/backward pass, as train's --micro-batch: the step is "
+                           "traced on one micro-batch, fused adds a gradient-sized sum, and streaming is left out")
     plan.add_argument("--optimizer", choices=["adamw", "adam", "sgd"], default="adamw")
     plan.add_argument("--clip", type=nonnegative_float, default=train.get_default("clip"),
                       help="global gradient-norm clip, as `tensorarena train --clip` (0: none, so the fused step "
@@ -138,7 +141,8 @@ def _print_plan(args, model, plan, data_bytes: int) -> None:
     to_stdout = args.json == "-"
     shape = {"mlp": "", "simcse": f" x {args.seq_len} tokens"}.get(args.model, f", {args.image_size}x{args.image_size}")
     table = sys.stderr if to_stdout else sys.stdout
-    print(f"{args.model}, batch {args.batch}{shape}, {args.optimizer}, {model.num_parameters():,} parameters",
+    micro = f" in micro-batches of {args.micro_batch}" if args.micro_batch and args.micro_batch < args.batch else ""
+    print(f"{args.model}, batch {args.batch}{micro}{shape}, {args.optimizer}, {model.num_parameters():,} parameters",
           file=table)
     print(plan.format(), file=table)
     if args.json:
@@ -165,6 +169,9 @@ def cmd_plan(args) -> dict:
     from ..memory.budget import resolve_budget
     from .route_plan import plan_routes
 
+    if args.micro_batch is not None and args.model == "simcse":
+        raise SystemExit("tensorarena plan: --micro-batch is not supported for simcse (its loss needs the whole "
+                         "batch: the other sentences are the negatives)")
     model, x, y, loss_fn = _model_and_batch(args)
     data_bytes = _data_bytes(args)
     # simcse's train holds its tokenizer all run (~12 MiB of vocabulary in RSS, the process's share): held here
@@ -179,7 +186,8 @@ def cmd_plan(args) -> dict:
     # mask as side inputs, a part of their own in the plan.
     plan = plan_routes(model, opt, loss_fn, x, y, budget, routes=("fused", "eager", "streaming"),
                        fused_keeps_grads=bool(args.clip), choose=("fused", "streaming"), data_bytes=data_bytes,
-                       data_held=False)  # counted from train's sizes, never drawn here
+                       data_held=False,  # counted from train's sizes, never drawn here
+                       micro_batch=args.micro_batch)
     del tokenizer  # measured: the plan is made
     _print_plan(args, model, plan, data_bytes)
     return {"plan": plan, "chosen": plan.chosen}

@@ -82,7 +82,8 @@ TRAINING_DATA = "training data"
 # simcse's probe run in the fused slab (compile/lend.py), whose bytes are dead between steps, so at the training
 # batch size they need nothing beyond the route's total. (An ordinary arena beside the slab took mlp's run 1.6% and
 # vit-tiny's 0.5% over this plan; simcse's probe, left cached in the pool, 4%.)
-EVALUATION_NOTE = "evaluation (at the training batch): runs in the fused slab between steps, no part of its own"
+EVALUATION_NOTE = ("evaluation (at the training batch, or micro-batch): runs in the fused slab between steps, "
+                   "no part of its own")
 log = logging.getLogger("tensorarena")
 
 
@@ -339,7 +340,8 @@ def _backward_peak(traced: list[TracedStage], peak: str) -> int:
 def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: Any, targets: Any,
                 budget: MemoryBudget, *, routes: tuple[str, ...] = ("fused", "streaming"),
                 process_other_bytes: int | None = None, fused_keeps_grads: bool = False,
-                choose: tuple[str, ...] | None = None, data_bytes: int = 0, data_held: bool = True) -> RoutePlan:
+                choose: tuple[str, ...] | None = None, data_bytes: int = 0, data_held: bool = True,
+                micro_batch: int | None = None) -> RoutePlan:
     """Estimate each route in `routes` for this batch and pick the first that fits (see module docstring).
 
     `choose`: the routes the choice is made from, in order (default: all of `routes`); the others are estimated
@@ -353,7 +355,13 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
     TRAINING_DATA of every route. `data_held`: whether they are in this process's memory now (a train job's,
     drawn before planning), so that the measured process share holds them and leaves them out, not to count
     them twice; False for `tensorarena plan`, which counts them without drawing any.
+
+    `micro_batch`: the Trainer's (compile/micro_batches.py). The step is traced on the batch's first micro-batch,
+    whose activations and input buffers are what a step holds at once; fused keeps flat gradients and their
+    weighted sum besides ("grad accumulator"); streaming cannot sum micro-batches (it updates each stage inside
+    its backward sweep) and is left out, saying so.
     """
+    from ..compile.micro_batches import split_batch
     from ..compile.step import input_array
     from ..compile.targets import build, flatten
 
@@ -362,6 +370,7 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
     if unknown:  # before tracing: a typo should not cost a trace of the step first
         raise ValueError(f"choose={order!r} names {unknown}, which are not among routes={routes!r}: a route is "
                          f"chosen only from those estimated")
+    inputs, targets, _ = split_batch(inputs, targets, micro_batch)[0]
     x = input_array(inputs)  # as the model reads it (Tensor's dtype rules), as the fused plan holds it
     y, target_bytes = None, 0
     if targets is not None:  # one array, or a structure of them (compile/targets.py)
@@ -425,6 +434,9 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
         base["grads outside the optimizer"] = outside
     if "fused" in routes:
         fused_parts = dict(base, **{"activations (slab)": fused_act})
+        if micro_batch is not None:
+            fused_keeps_grads = True  # the Trainer's update_in_backward resolves to False (compile/step.py)
+            fused_parts["grad accumulator"] = persistent["grads"]
         if not fused_keeps_grads:
             # update_in_backward: no gradient buffer; each gradient lives in the slab from its op to
             # its parameter's update, which follows at once, so about one parameter's worth extra.
@@ -451,7 +463,10 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
         add("eager", dict(base, **{"activations (arena)": eager_act}))
     unavailable: dict[str, str] = {}
     if "streaming" in routes:
-        if no_streaming is None:
+        if micro_batch is not None:
+            unavailable["streaming"] = (f"micro_batch={micro_batch}: the streaming route updates each stage inside "
+                                        f"its backward sweep, so it cannot sum micro-batches' gradients first")
+        elif no_streaming is None:
             from ..stream.route import StreamingRoute
 
             stream = StreamingRoute.estimate(model, optimizer)

@@ -63,6 +63,10 @@ def _check_args(args) -> None:
     if args.resume:
         raise SystemExit("tensorarena train: --resume is not supported for simcse; --save writes a model "
                          "directory (weights only), not a trainer checkpoint")
+    if getattr(args, "micro_batch", None) is not None:
+        raise SystemExit("tensorarena train: --micro-batch is not supported for simcse: its InfoNCE loss takes "
+                         "every other sentence of the batch as a negative, so micro-batches would train another "
+                         "loss, not the batch's; lower --batch-size instead")
 
 
 def _model_loss(loss, _targets):

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..compile.micro_batches import split_batch
 from ..compile.step_state import buffer_slots, buffer_states, restore_step_state, rng_generators, rng_states
 from ..memory.arena import Arena
 from ..memory.budget import resolve_budget
@@ -31,6 +32,7 @@ from ..optim.optimizer import Optimizer
 from ..precision import float32_matmul_precision, get_float32_matmul_precision
 from ..precision import normalize as normalize_precision
 from ..tensor import Tensor
+from . import eager_micro_batches
 from .report import NonFiniteLossError, StepReport, check_step_options
 from .trainer_route_choice import check_the_limit, choose_route, planned_for, recompute_mlp_if_planned
 from .trainer_streaming import streaming_step, switch_after_oom
@@ -74,8 +76,16 @@ class Trainer:
             as soon as its gradient is complete, so no parameter-sized gradient buffer exists and
             `p.grad` stays None after a step, unless clip_grad_norm is set (clipping needs every
             gradient first): then flat gradients and one update kernel per group after backward.
-            False asks for the flat gradients always; True with clip_grad_norm is an error.
+            False asks for the flat gradients always; True with clip_grad_norm or micro_batch is an error.
             See compile/step.py.
+        micro_batch: rows per forward/backward pass (None, default: the whole batch in one). A batch of more
+            rows is cut into micro-batches of this many (the last may be smaller), whose gradients are summed,
+            each weighted by its share of the batch's rows, before one update, clipping and schedule step; the
+            report's loss is the same weighted mean. For a loss that averages over rows this is the whole
+            batch's step, holding one micro-batch's activations at a time (fused: plus one gradient-sized
+            buffer, its plan traced at the micro-batch's rows). Eager and fused only: the streaming route
+            updates each stage inside backward, so route="streaming" refuses it, route="auto" does not stream
+            and an out-of-memory step is not moved to streaming. See compile/micro_batches.py.
         on_nonfinite: "raise" (default) raises NonFiniteLossError naming the step before
             any update; "skip" leaves parameters untouched and reports the step as skipped.
         pool: block pool for step arenas (default: the process-wide pool).
@@ -113,9 +123,18 @@ class Trainer:
                  pool: BlockPool | None = None, fallback_to_eager: bool = False, max_plans: int = 4,
                  memory_limit: str | int | None = None, store_dir=None, oom_fallback: bool = True,
                  update_in_backward: bool | None = None, stream_io: str = "map",
-                 matmul_precision: str | None = None, fused_replay: str = "auto") -> None:
+                 matmul_precision: str | None = None, fused_replay: str = "auto",
+                 micro_batch: int | None = None) -> None:
         if route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
+        from ..compile.micro_batches import check_micro_batch
+
+        self._micro_batch = check_micro_batch(micro_batch)
+        if self.micro_batch is not None and route == "streaming":
+            raise ValueError(f"micro_batch={self.micro_batch} cannot be used with route='streaming': it updates each "
+                             f"stage inside its backward sweep, so it cannot sum micro-batches' gradients first. "
+                             f"Use route='eager' or 'fused' (or 'auto', which then does not stream), or drop "
+                             f"micro_batch")
         from ..compile.captured import REPLAYS
 
         if fused_replay not in REPLAYS:
@@ -126,7 +145,7 @@ class Trainer:
 
         # Resolved (and checked) now, not at the first fused step; asked kept for a later clip_grad_norm change.
         self._update_in_backward_asked = update_in_backward
-        self.update_in_backward = resolve_update_in_backward(update_in_backward, clip_grad_norm)
+        self.update_in_backward = resolve_update_in_backward(update_in_backward, clip_grad_norm, self.micro_batch)
         self._matmul_precision = (normalize_precision(matmul_precision) if matmul_precision is not None
                                   else get_float32_matmul_precision())
         self.model = model
@@ -205,6 +224,12 @@ class Trainer:
 
     # -- options a user may change between steps, as in a hand-written PyTorch loop ------
     @property
+    def micro_batch(self) -> int | None:
+        """Rows per forward/backward pass (None: the whole batch), fixed when the Trainer is built: the fused plans
+        are traced for it and its route choice counted on it."""
+        return self._micro_batch
+
+    @property
     def clip_grad_norm(self) -> float | None:
         return self._clip_grad_norm
 
@@ -215,7 +240,8 @@ class Trainer:
         from ..compile.step import resolve_update_in_backward
 
         check_step_options(value, self.on_nonfinite)
-        in_backward = resolve_update_in_backward(self._update_in_backward_asked, value)  # ValueError if it cannot
+        # ValueError if it cannot
+        in_backward = resolve_update_in_backward(self._update_in_backward_asked, value, self.micro_batch)
         self._clip_grad_norm = value
         if in_backward != self.update_in_backward:
             self.update_in_backward = in_backward
@@ -301,7 +327,8 @@ class Trainer:
     def compile(self, inputs: Any, targets: Any):
         """Trace the fused step for this batch signature now (before step 1); returns the FusedStep.
 
-        Its `memory_report()` is the step's memory, known before any update.
+        Its `memory_report()` is the step's memory, known before any update. With micro_batch, the plan traced is
+        the batch's first micro-batch's (what every step of that batch replays).
         """
         from ..compile.step import FusedStep
 
@@ -309,8 +336,9 @@ class Trainer:
             self.fused = FusedStep(self.model, self.loss_fn, self.optimizer, scheduler=self.scheduler,
                                    clip_grad_norm=self.clip_grad_norm, max_plans=self.max_plans,
                                    update_in_backward=self.update_in_backward, matmul_precision=self.matmul_precision,
-                                   replay=self.fused_replay)
-        self.fused.plan_for(inputs, targets)
+                                   replay=self.fused_replay, micro_batch=self.micro_batch)
+        x, y, _ = split_batch(inputs, targets, self.micro_batch)[0]
+        self.fused.plan_for(x, y)
         return self.fused
 
     def step(self, inputs: Any, targets: Any) -> StepReport:
@@ -393,6 +421,11 @@ class Trainer:
         except MemoryError as err:  # ArenaOutOfMemory too; the step arena is already closed
             if not self.oom_fallback:
                 raise
+            if self.micro_batch is not None:  # streaming cannot sum micro-batches (compile/micro_batches.py)
+                err.add_note(f"tensorarena: step {self.step_count + 1} was not moved to the streaming route "
+                             f"(oom_fallback), which cannot sum micro_batch={self.micro_batch}'s gradients; "
+                             f"nothing was updated. Lower micro_batch, or raise the memory limit")
+                raise
             switch_after_oom(self, err, self.step_count + 1, before)
         return streaming_step(self, inputs, targets)
 
@@ -403,22 +436,28 @@ class Trainer:
         lr = float(self.optimizer.param_groups[0]["lr"])
         grad_norm = None
         skipped = False
+        chunks = split_batch(inputs, targets, self.micro_batch)
         arena = Arena(pool=self.pool, name=f"step {index} arena")
         with arena:  # closed (blocks returned) before any exception below propagates
-            loss = self.loss_fn(self.model(_model_input(inputs)), targets)
-            _check_loss(loss, self.loss_fn)
-            loss_value = loss.item()
-            if not math.isfinite(loss_value):
-                if self.on_nonfinite == "raise":
-                    raise NonFiniteLossError(
-                        f"loss is {loss_value} at step {index}; the parameters were not updated. "
-                        f"Lower the learning rate or check the batch, or pass on_nonfinite='skip' "
-                        f"to skip such steps."
-                    )
-                skipped = True
+            micro_high_water = 0
+            if len(chunks) > 1:  # each micro-batch in an arena of its own, the gradients summed in .grad
+                loss_value, skipped, micro_high_water = eager_micro_batches.forward_backward(self, chunks, index)
             else:
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                loss = self.loss_fn(self.model(_model_input(inputs)), targets)
+                _check_loss(loss, self.loss_fn)
+                loss_value = loss.item()
+                if not math.isfinite(loss_value):
+                    if self.on_nonfinite == "raise":
+                        raise NonFiniteLossError(
+                            f"loss is {loss_value} at step {index}; the parameters were not updated. "
+                            f"Lower the learning rate or check the batch, or pass on_nonfinite='skip' "
+                            f"to skip such steps."
+                        )
+                    skipped = True
+                else:
+                    self.optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+            if not skipped:
                 if self.clip_grad_norm is not None:
                     # The optimizer's parameters read now, as the fused route clips them: one unfrozen
                     # since the Trainer was built is clipped too.
@@ -427,7 +466,7 @@ class Trainer:
                 self.optimizer.step()
                 if self.scheduler is not None:
                     self.scheduler.step()
-            high_water = arena.stats.high_water
+            high_water = max(arena.stats.high_water, micro_high_water)
         self.step_count = index
         return StepReport(step=index, loss=loss_value, route=self.route, seconds=time.perf_counter() - start,
                           arena_high_water=high_water, rss=rss_bytes(), lr=lr, grad_norm=grad_norm,
@@ -468,12 +507,15 @@ class Trainer:
         The model's train/eval mode is put back as it was, also on an error. Once a fused step is traced, each
         batch's forward runs in its slab (scratch_arena): at up to the training batch size it needs no memory
         beyond the route plan's; a larger batch_size takes pool blocks beyond it, with one warning. batch_size
-        defaults to the last training batch's rows (1024 before any step). Not while another thread steps, saves
-        or loads this trainer (RuntimeError): the slab it borrows is the step's."""
+        defaults to the last training batch's rows (1024 before any step), or micro_batch if that is smaller (the
+        slab is a micro-batch's). Not while another thread steps, saves or loads this trainer (RuntimeError): the
+        slab it borrows is the step's."""
         from .evaluate import evaluate
 
+        if batch_size is None:
+            batch_size = min(self._train_rows or 1024, self.micro_batch or 1024 ** 3)
         with self._one_at_a_time("evaluate"):
-            return evaluate(self, inputs, targets, self._train_rows or 1024 if batch_size is None else batch_size)
+            return evaluate(self, inputs, targets, batch_size)
 
     def scratch_arena(self, name: str, *, warn: bool = True) -> Arena:
         """An arena for work between steps (evaluate, a probe forward). Once a fused step is traced it takes the

@@ -31,7 +31,8 @@ def plan(trainer: Trainer, inputs: Any, targets: Any, routes: tuple[str, ...], d
         trainer.route_plan = plan_routes(trainer.model, trainer.optimizer, trainer.loss_fn, inputs, targets,
                                          trainer.budget, routes=routes,
                                          fused_keeps_grads=not trainer.update_in_backward,
-                                         data_bytes=getattr(trainer, "data_bytes", 0))
+                                         data_bytes=getattr(trainer, "data_bytes", 0),
+                                         micro_batch=trainer.micro_batch)
     trainer._route_plan_batch = (batch_signature(inputs, targets), routes)
     return trainer.route_plan
 
