@@ -18,17 +18,22 @@ group (`GradAccumulator`), counted in its memory report as "grad_accumulator", a
 The batch is cut along the first dimension of the inputs and of every array in the targets, which must all have
 the batch's rows (a constant in a targets structure, a number or a string, goes to every micro-batch as it is).
 The cuts are views: nothing is copied here (the fused route copies each micro-batch into its plan's inputs, as it
-copies a whole batch).
+copies a whole batch). `micro_step` is the fused route's loop over them; the eager one is
+train/eager_micro_batches.py.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..tensor import Tensor
 from .flat import FlatState, _aligned_zeros
+
+if TYPE_CHECKING:
+    from .step import FusedStep
+    from .step_plan import PlannedArena
 
 
 def check_micro_batch(micro_batch: Any) -> int | None:
@@ -120,3 +125,42 @@ class GradAccumulator:
         for group, total in zip(self.flat.groups, self.sums):
             np.multiply(group.grad, weight, out=group.grad)
             np.add(group.grad, total, out=group.grad)
+
+
+def micro_step(fused: FusedStep, chunks: list[tuple[Any, Any, float]], index: int, on_nonfinite: str
+               ) -> tuple[float, float | None, bool, PlannedArena]:
+    """FusedStep.step for a batch cut into `chunks` (split_batch): forward and backward on each micro-batch, its
+    gradient added to the weighted sum, then one update. Returns what FusedStep.step does; the arena is the one
+    with the highest high-water mark. A non-finite loss (on_nonfinite="skip") or any error updates nothing and
+    leaves every .grad None: a partial sum must not pass for a step's gradients."""
+    for x, y, _ in chunks[-1:] + chunks[:1]:
+        # Planned (traced, perhaps laid out again) before any gradient is summed: a new layout mid-step would drop
+        # the sum. The last micro-batch first: a smaller one is a signature of its own.
+        fused.plan_for(x, y)
+    flat, loss, biggest = fused.flat, 0.0, None
+    try:
+        for i, (x, y, weight) in enumerate(chunks):
+            value, _, skipped, arena = fused._replay(x, y, index, on_nonfinite, update=False)
+            if skipped:
+                _drop_grads(flat)
+                return value, None, True, arena
+            if fused.flat is not flat:
+                raise RuntimeError(f"step {index}: the fused route laid the parameters out again between "
+                                   f"micro-batches (max_plans={fused.max_plans} evicted a plan mid-step?); "
+                                   f"nothing was updated. Raise max_plans to 2 or more")
+            if biggest is None or arena.stats.high_water > biggest.stats.high_water:
+                biggest = arena
+            loss += weight * value
+            if i < len(chunks) - 1:
+                fused.accumulator.add(weight, first=i == 0)
+            else:
+                fused.accumulator.finish(weight)
+    except BaseException:
+        _drop_grads(fused.flat)
+        raise
+    return loss, fused.after_backward(flat.params(), index), False, biggest
+
+
+def _drop_grads(flat: FlatState) -> None:
+    for p in flat.params():
+        p.grad = None

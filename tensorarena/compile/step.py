@@ -32,6 +32,8 @@ branch on the data's values); the checks refuse what they can see breaking that,
 keeps the Python replay, with the reason logged. The default, `replay="auto"`, captures when the
 model's modules and the loss are all tensorarena's (kept free of such branches) and keeps the
 Python replay for a step that runs the user's own forward or loss (captured.choose_replay).
+`micro_batch=m` runs a batch of more rows as micro-batches of m on the plan for m rows, summing their weighted
+gradients in one more flat buffer before one update (compile/micro_batches.py; never inside backward).
 The trace itself does not update anything: no step is taken, and RNG states and the model's buffers (what a
 forward writes in training, as BatchNorm's running statistics) are restored, so `memory_report()` is known
 before step 1, step 1 is the first replay, and the buffers see each batch once, as on the eager route.
@@ -70,7 +72,7 @@ from . import captured
 from . import targets as target_layout
 from .batches import load_batch
 from .flat import FlatState
-from .micro_batches import GradAccumulator, check_micro_batch, split_batch
+from .micro_batches import GradAccumulator, check_micro_batch, micro_step, split_batch
 from .planner import plan_memory
 from .step_plan import PlannedArena, Signature, StepPlan
 from .step_state import buffer_states, restore_buffers, restore_rng, rng_states
@@ -421,48 +423,14 @@ class FusedStep:
     def step(self, inputs: Any, targets: Any, *, index: int = 0, on_nonfinite: str = "raise"
              ) -> tuple[float, float | None, bool, PlannedArena]:
         """One replayed step: (loss, grad norm before clipping or None, skipped, the step's arena). With
-        micro_batch, a batch of more rows is run as micro-batches and updated once (_micro_step)."""
+        micro_batch, a batch of more rows is run as micro-batches and updated once (micro_batches.micro_step)."""
         # Underflow is a result here, as in eager backward (autograd.backward): the captured replay runs the
         # recorded backward calls without passing through autograd's own errstate.
         with float32_matmul_precision(self.matmul_precision), np.errstate(under="ignore"):
             chunks = split_batch(inputs, targets, self.micro_batch)
             if len(chunks) > 1:
-                return self._micro_step(chunks, index, on_nonfinite)
+                return micro_step(self, chunks, index, on_nonfinite)
             return self._replay(inputs, targets, index, on_nonfinite)
-
-    def _micro_step(self, chunks: list, index: int, on_nonfinite: str) -> tuple[float, float | None, bool, PlannedArena]:
-        """Forward and backward on each micro-batch, its gradient added to the weighted sum, then one update
-        (compile/micro_batches.py). The returned arena is the one with the highest high-water mark."""
-        for x, y, _ in chunks[-1:] + chunks[:1]:
-            # Planned (traced, perhaps laid out again) before any gradient is summed: a new layout mid-step
-            # would drop the sum. The last micro-batch first: a smaller one is its own signature.
-            self.plan_for(x, y)
-        flat, loss, biggest = self.flat, 0.0, None
-        try:
-            for i, (x, y, weight) in enumerate(chunks):
-                value, _, skipped, arena = self._replay(x, y, index, on_nonfinite, update=False)
-                if skipped:  # a non-finite loss (on_nonfinite="skip"): nothing updated
-                    self._drop_grads()
-                    return value, None, True, arena
-                if self.flat is not flat:
-                    raise RuntimeError(f"step {index}: the fused route laid the parameters out again between "
-                                       f"micro-batches (max_plans={self.max_plans} evicted a plan mid-step?); "
-                                       f"nothing was updated. Raise max_plans to 2 or more")
-                if biggest is None or arena.stats.high_water > biggest.stats.high_water:
-                    biggest = arena
-                loss += weight * value
-                if i < len(chunks) - 1:
-                    self.accumulator.add(weight, first=i == 0)
-                else:
-                    self.accumulator.finish(weight)
-        except BaseException:
-            self._drop_grads()  # a partial sum must not pass for a step's gradients
-            raise
-        return loss, self.after_backward(flat.params(), index), False, biggest
-
-    def _drop_grads(self) -> None:
-        for p in self.flat.params():
-            p.grad = None
 
     def _replay(self, inputs: Any, targets: Any, index: int, on_nonfinite: str, *, update: bool = True
                 ) -> tuple[float, float | None, bool, PlannedArena]:
