@@ -88,7 +88,10 @@ def vit_train_flops(*, batch: int, dim: int, depth: int, heads: int, mlp: int, i
 
 # -- children ---------------------------------------------------------------------------------
 def _case() -> dict:
-    return CASES[os.environ.get("BENCH_CASE", "tiny")]
+    case = CASES[os.environ.get("BENCH_CASE", "tiny")]
+    if os.environ.get("BENCH_BATCH"):  # bench/micro_batches.py's batch
+        case = dict(case, batch=int(os.environ["BENCH_BATCH"]))
+    return case
 
 
 def _steps() -> int:
@@ -104,7 +107,8 @@ def _data():
             rng.integers(0, CLASSES, batch).astype(np.int64))
 
 
-def run_ours(route: str = "eager", update_in_backward: bool | None = None, matmul_precision: str = "float32") -> dict:
+def run_ours(route: str = "eager", update_in_backward: bool | None = None, matmul_precision: str = "float32",
+             micro_batch: int | None = None) -> dict:
     import numpy as np
 
     from tensorarena import optim
@@ -121,7 +125,8 @@ def run_ours(route: str = "eager", update_in_backward: bool | None = None, matmu
     if got != want:
         raise SystemExit(f"ViTConfig.{name}() is {got}, the benchmark's FLOP count assumes {want}")
     trainer = Trainer(model, optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY), cross_entropy,
-                      route=route, update_in_backward=update_in_backward, matmul_precision=matmul_precision)
+                      route=route, update_in_backward=update_in_backward, matmul_precision=matmul_precision,
+                      micro_batch=micro_batch)
     x, y = _data()
     if route != "fused":
         return time_trainer(trainer, x, y, warmup=WARMUP, steps=_steps())
@@ -137,7 +142,8 @@ def run_ours(route: str = "eager", update_in_backward: bool | None = None, matmu
     result.update(trace_s=trace_s, memory_report=report, predicted_growth_bytes=report["predicted_growth"],
                   measured_growth_bytes=rss_bytes() - baseline)
     result["prediction_ratio"] = result["measured_growth_bytes"] / report["predicted_growth"]
-    result["routes"] = sorted({"fused"} if trainer.fused.replays == WARMUP + _steps() else {"NOT all fused"})
+    passes = -(-len(x) // micro_batch) if micro_batch else 1  # replays per step
+    result["routes"] = sorted({"fused"} if trainer.fused.replays == passes * (WARMUP + _steps()) else {"NOT all fused"})
     result["update_in_backward"] = trainer.fused.update_in_backward
     return result
 
