@@ -372,3 +372,28 @@ def test_an_out_of_memory_micro_batch_is_not_moved_to_streaming(route, tmp_path)
         assert p.grad is None
     block.forward = real
     assert trainer.step(*batches[2]).route == route  # and training goes on
+
+
+def _weighted_rows(out, targets):  # a per-row weighted mean: still a mean over rows, so micro-batches are exact
+    from tensorarena.tensor import Tensor as T
+
+    labels, weights = targets["labels"], targets["pair"][0]
+    return (cross_entropy(out, labels, reduction="none") * T(weights)).mean() * targets["pair"][1]
+
+
+@pytest.mark.parametrize("route", ["eager", "fused"])
+def test_structured_targets_are_cut_with_the_batch(route):
+    from tensorarena.train import Trainer
+
+    rng = np.random.default_rng(7)
+    batches = [(x, {"labels": y, "pair": (rng.uniform(0.5, 1.5, len(y)), 2.0)}) for x, y in _rows(3)]
+    runs = []
+    for micro_batch in (None, 3):
+        model = _mlp()
+        trainer = Trainer(model, optim.AdamW(model.parameters(), lr=1e-2), _weighted_rows, route=route,
+                          micro_batch=micro_batch, fused_replay="captured")
+        losses = [trainer.step(x, y).loss for x, y in batches]
+        runs.append((losses, [p.data.copy() for p in model.parameters()]))
+    np.testing.assert_allclose(runs[1][0], runs[0][0], rtol=0, atol=1e-12)
+    for p, q in zip(runs[1][1], runs[0][1]):
+        np.testing.assert_allclose(p, q, rtol=0, atol=1e-10)
