@@ -6,13 +6,15 @@ optimizer update and the schedule inside it, and closes it in `finally`
 back to the pool, so the next step reuses them and memory stays flat — also
 when the caller wraps the whole loop in an outer arena that is never reset,
 which is exactly the leak DESIGN.md was written about.
+
+The routes' steps live beside it: eager_step.py (with its micro-batches), compile/step.py (fused),
+trainer_streaming.py; the route choice before step 1 is trainer_route_choice.py's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import threading
 import time
 from pathlib import Path
@@ -27,12 +29,11 @@ from ..memory.budget import resolve_budget
 from ..memory.meter import rss_bytes
 from ..memory.pool import BlockPool
 from ..nn.module import Module
-from ..optim import clip_grad_norm_
 from ..optim.optimizer import Optimizer
 from ..precision import float32_matmul_precision, get_float32_matmul_precision
 from ..precision import normalize as normalize_precision
 from ..tensor import Tensor
-from . import eager_micro_batches
+from .eager_step import eager_step
 from .report import NonFiniteLossError, StepReport, check_step_options
 from .trainer_route_choice import check_the_limit, choose_route, planned_for, recompute_mlp_if_planned
 from .trainer_streaming import streaming_step, switch_after_oom
@@ -430,47 +431,7 @@ class Trainer:
         return streaming_step(self, inputs, targets)
 
     def _eager_step(self, inputs: Any, targets: Any) -> StepReport:
-        start = time.perf_counter()
-        index = self.step_count + 1
-        self.model.train()
-        lr = float(self.optimizer.param_groups[0]["lr"])
-        grad_norm = None
-        skipped = False
-        chunks = split_batch(inputs, targets, self.micro_batch)
-        arena = Arena(pool=self.pool, name=f"step {index} arena")
-        with arena:  # closed (blocks returned) before any exception below propagates
-            micro_high_water = 0
-            if len(chunks) > 1:  # each micro-batch in an arena of its own, the gradients summed in .grad
-                loss_value, skipped, micro_high_water = eager_micro_batches.forward_backward(self, chunks, index)
-            else:
-                loss = self.loss_fn(self.model(_model_input(inputs)), targets)
-                _check_loss(loss, self.loss_fn)
-                loss_value = loss.item()
-                if not math.isfinite(loss_value):
-                    if self.on_nonfinite == "raise":
-                        raise NonFiniteLossError(
-                            f"loss is {loss_value} at step {index}; the parameters were not updated. "
-                            f"Lower the learning rate or check the batch, or pass on_nonfinite='skip' "
-                            f"to skip such steps."
-                        )
-                    skipped = True
-                else:
-                    self.optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-            if not skipped:
-                if self.clip_grad_norm is not None:
-                    # The optimizer's parameters read now, as the fused route clips them: one unfrozen
-                    # since the Trainer was built is clipped too.
-                    params = [p for group in self.optimizer.param_groups for p in group["params"]]
-                    grad_norm = float(clip_grad_norm_(params, self.clip_grad_norm))
-                self.optimizer.step()
-                if self.scheduler is not None:
-                    self.scheduler.step()
-            high_water = max(arena.stats.high_water, micro_high_water)
-        self.step_count = index
-        return StepReport(step=index, loss=loss_value, route=self.route, seconds=time.perf_counter() - start,
-                          arena_high_water=high_water, rss=rss_bytes(), lr=lr, grad_norm=grad_norm,
-                          skipped=skipped)
+        return eager_step(self, inputs, targets)
 
     def _fused_step(self, inputs: Any, targets: Any) -> StepReport | None:
         """A replayed fused step, or None after switching to eager (allowed fallback only)."""
@@ -564,28 +525,6 @@ class Trainer:
         from .trainer_checkpoints import load_pending
 
         load_pending(self, why)
-
-
-def _check_loss(loss: Any, loss_fn: LossFn) -> None:
-    """The eager step differentiates what loss_fn returned: a Tensor of one value (a number has no graph)."""
-    if not isinstance(loss, Tensor):
-        raise TypeError(f"loss_fn {getattr(loss_fn, '__name__', type(loss_fn).__name__)!r} returned a "
-                        f"{type(loss).__name__}; it must return the loss as a scalar Tensor computed from the outputs "
-                        f"(a Python or NumPy number has no graph to differentiate: keep the tensor ops, drop .item())")
-    if math.prod(loss.shape) != 1:
-        raise ValueError(f"loss_fn returned a Tensor of shape {loss.shape}; it must return one value (reduce it, "
-                         f"e.g. .mean() or .sum(), as torch's backward needs a scalar)")
-
-
-def _model_input(inputs: Any) -> Any:
-    """What the eager step hands the model: a Tensor of an array-like batch, or a batch that is no array (a
-    tokenizer's Encoding, a dict) as it is, as a PyTorch loop does. (The fused and streaming routes hold the
-    inputs in a plan buffer, so they take arrays only: Tensor() says so.)"""
-    if isinstance(inputs, Tensor):
-        return inputs
-    if isinstance(inputs, (np.ndarray, list, tuple, int, float, np.generic)):
-        return Tensor(inputs)
-    return inputs
 
 
 def _rows(inputs: Any) -> int | None:
