@@ -68,6 +68,13 @@ def test_targets_of_other_rows_are_refused_with_both_shapes():
         split_batch(np.zeros((10, 2)), {"y": np.zeros(10), "w": np.zeros(3)}, 4)
 
 
+def test_inputs_that_are_no_array_are_refused_naming_their_type():
+    with pytest.raises(ValueError, match="the inputs are a dict: pass them as one array or Tensor"):
+        split_batch({"ids": np.zeros((8, 3))}, np.zeros(8), 4)
+    with pytest.raises(ValueError, match="the inputs are a float"):
+        split_batch(3.0, None, 4)
+
+
 @pytest.mark.parametrize("bad", [0, -2, 2.5, True, "4"])
 def test_micro_batch_must_be_a_positive_int(bad):
     with pytest.raises(ValueError, match="micro_batch must be a positive number of rows"):
@@ -87,6 +94,22 @@ def test_fused_micro_batches_train_as_the_whole_batch(replay, micro_batch):
     assert not fused.update_in_backward
     np.testing.assert_allclose(losses, whole_losses, rtol=0, atol=1e-12)
     for p, q in zip(params, whole_params):
+        np.testing.assert_allclose(p, q, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("replay", ["python", "captured"])
+def test_a_fused_vit_in_micro_batches_trains_as_the_whole_batch(replay):
+    # Shared parameters and sums over tokens (the class token, position embedding, LayerNorm): every gradient
+    # the recorded backward writes must overwrite the scaled one the accumulator left in the flat buffer.
+    runs = []
+    for micro_batch in (None, 3):  # 8 images: 3 + 3 + 2
+        model = _vit(dtype=np.float64)
+        fused = ta.compile_step(model, cross_entropy, optim.AdamW(model.parameters(), lr=1e-2),
+                                _images(1, dtype=np.float64)[0], micro_batch=micro_batch, replay=replay)
+        losses = [fused.step(x, y, index=i + 1)[0] for i, (x, y) in enumerate(_images(4, dtype=np.float64))]
+        runs.append((losses, [p.data.copy() for p in model.parameters()]))
+    np.testing.assert_allclose(runs[1][0], runs[0][0], rtol=0, atol=1e-12)
+    for p, q in zip(runs[1][1], runs[0][1]):
         np.testing.assert_allclose(p, q, rtol=0, atol=1e-10)
 
 

@@ -52,11 +52,12 @@ def split_batch(inputs: Any, targets: Any, micro_batch: int | None) -> list[tupl
     if micro_batch is None:
         return [(inputs, targets, 1.0)]
     x = inputs.data if isinstance(inputs, Tensor) else inputs
-    if not isinstance(x, np.ndarray):
+    if isinstance(x, (list, tuple)):
         x = np.asarray(x)
-    if x.ndim == 0:
+    if not isinstance(x, np.ndarray) or x.ndim == 0:
+        what = f"a {type(inputs).__name__}" if not isinstance(x, np.ndarray) else "a scalar"
         raise ValueError(f"micro_batch={micro_batch} cuts the batch along the inputs' first dimension, but the "
-                         f"inputs are a scalar")
+                         f"inputs are {what}: pass them as one array or Tensor, or train without micro_batch")
     rows = x.shape[0]
     if rows <= micro_batch:
         return [(inputs, targets, 1.0)]
