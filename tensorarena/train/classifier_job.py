@@ -314,8 +314,9 @@ def _save_abandoned(args, trainer: Trainer) -> str:
 def print_classifier_result(summary: dict, header: str, *, test_note: str = "", accuracy_note: str = "") -> None:
     """The job-specific head of a classifier run's report: what trained, losses, held-out metrics."""
     if summary["steps_this_run"]:
+        micro = f", in micro-batches of {summary['micro_batch']}" if summary.get("micro_batch") else ""
         print(f"trained {summary['model']} ({summary['parameters']:,} parameters{header}) for {summary['steps']} "
-              f"steps on the {summary['route']} route")
+              f"steps on the {summary['route']} route{micro}")
     else:
         print(f"nothing trained: {summary['model']} ({summary['parameters']:,} parameters{header}) is already at "
               f"step {summary['steps']}, which --steps does not go past; its last step ran on the "
