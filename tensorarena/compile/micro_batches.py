@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..tensor import Tensor
+from . import targets as target_layout
 from .flat import FlatState, _aligned_zeros
 
 if TYPE_CHECKING:
@@ -62,7 +63,13 @@ def split_batch(inputs: Any, targets: Any, micro_batch: int | None) -> list[tupl
     if rows <= micro_batch:
         return [(inputs, targets, 1.0)]
     _check_rows(targets, rows, "targets")
-    return [(x[start:start + micro_batch], _cut(targets, start, start + micro_batch),
+    if targets is None:
+        return [(x[start:start + micro_batch], None, min(micro_batch, rows - start) / rows)
+                for start in range(0, rows, micro_batch)]
+    # The targets as a plan holds them (compile/targets.py): array leaves cut, the structure and constants rebuilt.
+    spec, leaves = target_layout.flatten(targets)
+    return [(x[start:start + micro_batch],
+             target_layout.build(spec, [leaf[start:start + micro_batch] if leaf.ndim else leaf for leaf in leaves]),
              min(micro_batch, rows - start) / rows) for start in range(0, rows, micro_batch)]
 
 
@@ -85,19 +92,6 @@ def _check_rows(y: Any, rows: int, where: str) -> None:
                          f"rows first (pass a per-batch constant as a number, or train without micro_batch)")
 
 
-def _cut(y: Any, start: int, stop: int) -> Any:
-    """`y` with every array cut to rows start:stop; containers rebuilt, constants kept."""
-    if y is None or isinstance(y, (bool, int, float, complex, str, bytes, np.generic)):
-        return y
-    if isinstance(y, dict):
-        return {key: _cut(value, start, stop) for key, value in y.items()}
-    if isinstance(y, (tuple, list)) and any(isinstance(v, (np.ndarray, Tensor, dict, tuple, list)) for v in y):
-        return type(y)(_cut(value, start, stop) for value in y)
-    if isinstance(y, Tensor):
-        return y.data[start:stop]
-    return np.asarray(y)[start:stop]
-
-
 class GradAccumulator:
     """The fused route's running sum of weighted micro-batch gradients, one buffer per flat group.
 
@@ -116,10 +110,10 @@ class GradAccumulator:
 
     def add(self, weight: float, *, first: bool) -> None:
         for group, total in zip(self.flat.groups, self.sums):
-            np.multiply(group.grad, weight, out=group.grad)
-            if first:
-                np.copyto(total, group.grad)
+            if first:  # the sum starts as this gradient, scaled straight into it (one pass)
+                np.multiply(group.grad, weight, out=total)
             else:
+                np.multiply(group.grad, weight, out=group.grad)
                 np.add(total, group.grad, out=total)
 
     def finish(self, weight: float) -> None:

@@ -474,7 +474,9 @@ class Trainer:
         from .evaluate import evaluate
 
         if batch_size is None:
-            batch_size = min(self._train_rows or 1024, self.micro_batch or 1024 ** 3)
+            batch_size = self._train_rows or 1024
+            if self.micro_batch is not None:
+                batch_size = min(batch_size, self.micro_batch)
         with self._one_at_a_time("evaluate"):
             return evaluate(self, inputs, targets, batch_size)
 
