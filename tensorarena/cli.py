@@ -141,8 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--micro-batch", type=positive_int, default=None,
                        help="mlp, vit: examples per forward/backward pass; a batch of more runs as micro-batches "
                             "whose gradients are summed (each weighted by its rows) before one update, so a step "
-                            "holds one micro-batch's activations (not with --route streaming; simcse needs the "
-                            "whole batch for its in-batch negatives) (default: the whole batch in one pass)")
+                            "holds one micro-batch's activations (--route streaming: in a stage, its boundaries stay "
+                            "the whole batch's; simcse needs the whole batch for its in-batch negatives) (default: the whole batch in one pass)")
     train.add_argument("--optimizer", choices=["adamw", "adam", "sgd"], default="adamw", help="optimizer")
     train.add_argument("--lr", type=positive_float, default=None, help="peak learning rate (default: the model's, mlp 2e-3)")
     train.add_argument("--weight-decay", type=nonnegative_float, default=1e-2, help="weight decay (decoupled for adamw)")

@@ -58,6 +58,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..autograd import no_grad
+from ..compile.micro_batches import check_micro_batch
 from ..memory.arena import Arena
 from ..memory.pool import BlockPool, aligned_bytes
 from ..nn.deferred import fill_bytes
@@ -125,15 +126,21 @@ class StreamingRoute:
             copied) or "copy" (read into and written from two slot buffers); see stream/store.py.
         pool: block pool for the step arenas (default: one of the route's own, whose blocks never take 2 MiB
             pages, so that the route plan's "arena pages" count what they hold: stream/arena_pages.py).
+        micro_batch: rows per forward/backward pass (None: the whole batch). Each loaded stage runs every
+            micro-batch in turn and is updated once from their weighted sum, so the store is read no more often;
+            the step holds one micro-batch's activations in a stage, the boundaries stay the whole batch's
+            (sweep.py; what is computed: compile/micro_batches.py).
     """
 
     def __init__(self, model: Module, optimizer: Optimizer, loss_fn: LossFn, store_dir: str | Path, *,
                  scheduler=None, clip_grad_norm: float | None = None, on_nonfinite: str = "raise",
                  start: str = "auto", step: int = 0, overwrite: bool = False, release: bool = True,
-                 durable: bool = False, io: str = "map", pool: BlockPool | None = None) -> None:
+                 durable: bool = False, io: str = "map", pool: BlockPool | None = None,
+                 micro_batch: int | None = None) -> None:
         if start not in STARTS:
             raise ValueError(f"start must be one of {STARTS}, got {start!r}")
         check_step_options(clip_grad_norm, on_nonfinite)
+        self.micro_batch = check_micro_batch(micro_batch)
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be a non-negative int (steps already taken), got {step!r}")
         self.model, self.optimizer, self.loss_fn, self.scheduler = model, optimizer, loss_fn, scheduler
@@ -161,7 +168,7 @@ class StreamingRoute:
             # Before the state moves in (parameters come first in every layout, so resuming's state kinds do
             # not change it): nothing after the move may fail, or a caller could not tell whether the store
             # now holds the only copy of the parameters.
-            self._grads = _grad_buffer(self.store)
+            self._size_grad_buffers()
             if start == "auto":
                 start = "resume" if self.store.has_manifest() else "memory"
             if start == "memory":
@@ -211,6 +218,8 @@ class StreamingRoute:
         fill = max((fill_bytes(p) for s in stages for p in s.params if p.is_deferred), default=0)
         return {"stages": len(layouts), "largest_stage": largest.stage.name,
                 "resident_bytes": 2 * largest.total_bytes + max(lay.params_bytes for lay in layouts),
+                # one stage's gradients: with micro_batch, the route holds a second buffer of this, their sum
+                "grad_bytes": max(lay.params_bytes for lay in layouts),
                 "disk_bytes": sum(lay.total_bytes for lay in layouts),
                 # forward reads parameters (all stages but the last), backward reads and writes everything
                 "read_bytes_per_step": sum(lay.params_bytes + lay.total_bytes for lay in layouts[:-1])
@@ -300,9 +309,18 @@ class StreamingRoute:
         for p in self.stages[k].params:
             self._detach_param(p)
 
-    def _grad_views(self, k: int) -> list[np.ndarray]:
+    def _size_grad_buffers(self) -> None:
+        """One stage's gradients, reused by every stage; with micro_batch, their sum over the micro-batches too
+        (each micro-batch's backward writes its gradients straight into the first, as a whole batch's does, so a
+        stage arena holds what the route plan traced: sweep.py)."""
+        self._grads = _grad_buffer(self.store)
+        self._grad_sums = _grad_buffer(self.store) if self.micro_batch is not None else None
+
+    def _grad_views(self, k: int, buffer: np.ndarray | None = None) -> list[np.ndarray]:
+        """Stage k's parameters' gradients over `buffer` (default: the route's gradient buffer)."""
+        buffer = self._grads if buffer is None else buffer
         layout = self.store.layouts[k]
-        return [self._grads[o:o + a.nbytes].view(a.dtype).reshape(a.shape)
+        return [buffer[o:o + a.nbytes].view(a.dtype).reshape(a.shape)
                 for o, a in zip(layout.param_offsets, layout.stage.params)]
 
     # -- RNG ------------------------------------------------------------------------
@@ -455,8 +473,10 @@ class StreamingRoute:
     # -- outside the step -------------------------------------------------------------
     @property
     def resident_bytes(self) -> int:
-        """Bytes the route keeps in memory between steps: two store slots and one stage of gradients."""
-        return self.store.resident_bytes + self._grads.nbytes
+        """Bytes the route keeps in memory between steps: two store slots and one stage of gradients (two with
+        micro_batch: the micro-batch's and their sum)."""
+        sums = self._grad_sums.nbytes if self._grad_sums is not None else 0
+        return self.store.resident_bytes + self._grads.nbytes + sums
 
     def predict(self, inputs: Any) -> np.ndarray:
         """Model outputs in eval mode (no graph, dropout off), streamed stage by stage; a NumPy copy."""

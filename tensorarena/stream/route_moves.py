@@ -121,8 +121,6 @@ def reenter(route: StreamingRoute) -> None:
     """After to_memory(): the training state, maybe changed in memory, goes into a new store in the same
     directory (as from_memory(..., overwrite=True) would, but the committed store stays whole until the new
     one commits: to_memory() promised to leave it as it was), and the route goes on from there."""
-    from .route import _grad_buffer  # here: route.py imports this module
-
     # The stages again from the model as it is: a module replaced while the state was in memory is trained
     # from here on, as on the eager route (_check_stages refuses to train on without this).
     route.stages = model_stages(route.model)
@@ -133,7 +131,7 @@ def reenter(route: StreamingRoute) -> None:
     try:
         # The user may have changed dtypes (model.double()) or shapes in memory: everything sized from the
         # parameters is sized again from the new layouts, before the state moves in (as in StreamingRoute.__init__).
-        route._grads = _grad_buffer(route.store)
+        route._size_grad_buffers()
         route._placeholder = route._placeholders()
         move_in(route, route.step_count, overwrite=True, keep_committed=True)
     except BaseException:

@@ -5,6 +5,15 @@ forward over stages 0 .. N-2 (parameters only, boundary activations kept in the 
 before each stage saved), then `_Sweep`, the backward from the last stage to the first (recompute with grad,
 backward, update), run twice with global-norm clipping (the first sweep only for the norm). `_Loads` keeps
 the store's next read in flight in the other slot while a stage computes; predict uses it too.
+
+Micro-batches (StreamingRoute(micro_batch=m), compile/micro_batches.py): each stage, once loaded, runs every
+micro-batch in turn, so the store is still read once per stage and sweep, and the stage's update, after its last
+micro-batch, uses their weighted sum (each loss seeded with rows_i / rows; micro_batches.GradSums adds them up in
+one more stage-sized gradient buffer). The boundary activations and input gradients stay the whole batch's (each
+micro-batch fills its rows); a stage arena holds one micro-batch's activations. The RNG state is saved per stage and micro-batch, so the recompute draws
+what the forward drew. The masks are drawn stage by stage (every micro-batch through stage 0, then stage 1 ...),
+where the eager route's micro-batches draw micro-batch by micro-batch, so with dropout the two draw different
+masks; without dropout (or in eval) they compute the same step.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from ..train.report import NonFiniteLossError
 from . import optim_state
 from .arena_pages import STAGE_BLOCK_BYTES
 from .buffers import StageBuffers
+from .micro_batches import Cut, Feed, GradSums, micro_batch_cuts
 from .stages import run_stage, stage_inputs
 
 if TYPE_CHECKING:
@@ -34,13 +44,17 @@ def run_step(route: StreamingRoute, arena: Arena, inputs: Any, targets: Any, ind
     boundary activations), then one backward sweep (two with clipping); returns (loss, grad_norm, skipped,
     the largest stage arena's high-water, side input bytes)."""
     n = len(route.stages)
+    cuts = micro_batch_cuts(route.micro_batch, inputs, targets)
     # Once per step, first in the step arena (so they live until every stage's backward ran, and the arena's
     # bytes so far are theirs): stage 0's input and the side inputs every stage reading them gets.
     with no_grad():
         x, side = stage_inputs(route.model, route.stages, inputs)
     side_bytes = arena.stats.bytes_in_use if side is not None else 0
-    acts: list[Any] = [x] + [None] * (n - 1)  # acts[k]: the input of stage k
-    rng_before: list[Any] = [None] * n
+    feed = Feed(x, side, cuts)
+    acts: list[Any] = [x] + [None] * (n - 1)  # acts[k]: the input of stage k (from 1 on, the whole batch's array)
+    # rng_before[k][i]: the generators before stage k's forward on micro-batch i. The last stage's first forward
+    # runs in the first sweep: its micro-batches after the first are noted there (_Sweep._generators).
+    rng_before: list[list[Any]] = [[None] * len(cuts) for _ in range(n)]
     plan = [(k, True) for k in range(n - 1)]
     if route.clip_grad_norm is not None:
         plan += [(k, True) for k in reversed(range(n))]
@@ -48,27 +62,33 @@ def run_step(route: StreamingRoute, arena: Arena, inputs: Any, targets: Any, ind
     # Every stage's gradient views, made before any stage is read or updated: a buffer that does not fit
     # a stage's layout fails here, with the store untouched, not after some stages took the step.
     grad_views = [route._grad_views(k) for k in range(n)]
+    # With micro-batches, their sum: micro-batch 1 writes into it, each later one into grad_views, then added.
+    sum_views = [route._grad_views(k, route._grad_sums) for k in range(n)] if len(cuts) > 1 else None
     loads = _Loads(route.store, plan)
-    buffers = StageBuffers(route.model, n)  # the backward sweeps recompute forwards: their writes are undone
+    # The backward sweeps recompute forwards: their writes are undone.
+    buffers = StageBuffers(route.model, n, len(cuts))
     stage_hw = 0
     try:
         with no_grad():
             for k in range(n - 1):
                 route._attach(k, loads.get(k))
-                rng_before[k] = route._rng_snapshot()
-                with Arena(pool=route._arena_pool, block_bytes=STAGE_BLOCK_BYTES,
-                           name=f"stage {route.stages[k].name!r} forward arena") as inner:
-                    xin = acts[0] if k == 0 else Tensor(acts[k])
-                    y = _as_tensor(run_stage(route.stages[k], xin, side), route.stages[k].name).data
-                    keep = arena.alloc(y.shape, y.dtype)  # the outer step arena: lives until backward
-                    np.copyto(keep, y)
-                stage_hw = max(stage_hw, inner.stats.high_water)
-                buffers.ran(k)
+                keep = None
+                for i, cut in enumerate(cuts):
+                    rng_before[k][i] = route._rng_snapshot()
+                    with Arena(pool=route._arena_pool, block_bytes=STAGE_BLOCK_BYTES,
+                               name=f"stage {route.stages[k].name!r} forward arena") as inner:
+                        y = _as_tensor(run_stage(route.stages[k], feed.input(k, acts, i), feed.side(i)),
+                                       route.stages[k].name).data
+                        if keep is None:  # the outer step arena: lives until backward
+                            keep = arena.alloc(feed.whole_shape(route.stages[k].name, y.shape), y.dtype)
+                        np.copyto(keep[cut.rows], feed.check_rows(route.stages[k].name, y, i, keep.shape))
+                    stage_hw = max(stage_hw, inner.stats.high_water)
+                    buffers.ran(k, i)
                 route._detach(k)
                 acts[k + 1] = keep
-        rng_before[n - 1] = route._rng_snapshot()
+        rng_before[n - 1][0] = route._rng_snapshot()
         io_grads: dict[tuple, list[np.ndarray]] = {}
-        sweep = _Sweep(route, arena, loads, acts, side, rng_before, targets, io_grads, grad_views, buffers)
+        sweep = _Sweep(route, arena, loads, acts, feed, rng_before, io_grads, grad_views, buffers, sum_views)
         grad_norm = scale = None
         if route.clip_grad_norm is not None:
             loss, finite = sweep.run(update=False)
@@ -138,14 +158,15 @@ class _Loads:
 class _Sweep:
     """One backward pass over the stages, last to first; see StreamingRoute's module docstring."""
 
-    def __init__(self, route: StreamingRoute, arena: Arena, loads: _Loads, acts: list, side: dict | None,
-                 rng_before: list, targets: Any, io_grads: dict, grad_views: list[list[np.ndarray]],
-                 buffers: StageBuffers) -> None:
+    def __init__(self, route: StreamingRoute, arena: Arena, loads: _Loads, acts: list, feed: Feed,
+                 rng_before: list[list], io_grads: dict, grad_views: list[list[np.ndarray]],
+                 buffers: StageBuffers, sum_views: list[list[np.ndarray]] | None = None) -> None:
         self.route, self.arena, self.loads, self.acts = route, arena, loads, acts
-        self.side = side  # the step's side inputs (stages.py), the same arrays the forward pass read
+        self.feed = feed  # micro-batch i's rows of the inputs and side inputs, the arrays the forward pass read
         self.buffers = buffers  # the model's buffers: each stage's forward writes them once a step, not per sweep
-        self.rng_before, self.targets, self.io_grads = rng_before, targets, io_grads
+        self.rng_before, self.io_grads = rng_before, io_grads
         self.grad_views = grad_views  # per stage, over the route's one gradient buffer
+        self.sum_views = sum_views  # per stage, over the micro-batches' sum (None: the whole batch in one pass)
         self.rng_after = None
         self.norms: list[float] = []
         self.high_water = 0
@@ -170,10 +191,18 @@ class _Sweep:
         finally:
             self.buffers.sweep_ended()
 
+    def _generators(self, k: int, i: int) -> None:
+        """The generators as stage k's forward on micro-batch i found them; the last stage's micro-batches after the
+        first run for the first time in the first sweep, which notes their state (the one before is restored)."""
+        if self.rng_before[k][i] is None:
+            self.rng_before[k][i] = self.route._rng_snapshot()
+        else:
+            self.route._rng_restore(self.rng_before[k][i])
+
     def _run(self, update: bool, coef: float | None) -> tuple[float, bool]:
-        route, n = self.route, len(self.route.stages)
+        route, n, feed = self.route, len(self.route.stages), self.feed
         upstream = None
-        loss = math.nan
+        loss = 0.0
         for k in reversed(range(n)):
             stage = route.stages[k]
             slot = self.loads.get(k)
@@ -181,33 +210,50 @@ class _Sweep:
             # stops the step here, with its own error, before a stage is computed that could not be kept.
             route.store.raise_failed_write()
             views = route._attach(k, slot)
-            route._rng_restore(self.rng_before[k])
-            for p, g in zip(stage.params, self.grad_views[k]):
-                p.grad, p._grad_buffer = None, g
+            sums = GradSums(stage.params, self.grad_views[k], self.sum_views[k]) if self.sum_views else None
             last = k == n - 1
-            with Arena(pool=route._arena_pool, block_bytes=STAGE_BLOCK_BYTES, name=f"stage {stage.name!r} backward arena") as inner:
-                if k == 0:
-                    xin = self.acts[0]
+            # The gradient of the stage's input, the whole batch's; each micro-batch writes its rows.
+            grad_in = None if k == 0 else self._io_grad(self.acts[k].shape, self.acts[k].dtype, k % 2)
+            got_grad = False
+            for i, cut in enumerate(feed.cuts):
+                if sums is None:
+                    for p, g in zip(stage.params, self.grad_views[k]):
+                        p.grad, p._grad_buffer = None, g
                 else:
-                    xin = Tensor(self.acts[k], requires_grad=True)
-                    xin._grad_buffer = self._io_grad(self.acts[k].shape, self.acts[k].dtype, k % 2)
-                with enable_grad():
-                    self.buffers.before(k)
-                    out = _as_tensor(run_stage(stage, xin, self.side), stage.name)
-                    self.buffers.after(k)  # before the loss: a non-finite one still keeps the real forward's writes
-                    if last:
-                        loss_t = route.loss_fn(out, self.targets)
-                        loss = float(loss_t.item())
-                        self.rng_after = route._rng_snapshot()
-                        if not math.isfinite(loss):
-                            return loss, False
-                        loss_t.backward()
-                        del loss_t
-                    elif upstream is not None and out.requires_grad:
-                        out.backward(upstream)
-                upstream = xin.grad if k > 0 else None
-            self.high_water = max(self.high_water, inner.stats.high_water)
-            del out, xin  # their graph saw the slot's parameters
+                    sums.before(i)
+                self._generators(k, i)
+                with Arena(pool=route._arena_pool, block_bytes=STAGE_BLOCK_BYTES,
+                           name=f"stage {stage.name!r} backward arena") as inner:
+                    if k == 0:
+                        xin = feed.input(0, self.acts, i)
+                    else:
+                        xin = Tensor(self.acts[k][cut.rows], requires_grad=True)
+                        xin._grad_buffer = grad_in[cut.rows]  # autograd writes the gradient there (tensor.py)
+                    with enable_grad():
+                        self.buffers.before(k, i)
+                        out = _as_tensor(run_stage(stage, xin, feed.side(i)), stage.name)
+                        self.buffers.after(k, i)  # before the loss: a non-finite one keeps the real forward's writes
+                        if last:
+                            loss_t = route.loss_fn(out, cut.targets)
+                            value = float(loss_t.item())
+                            self.rng_after = route._rng_snapshot()
+                            if not math.isfinite(value):
+                                return value, False
+                            # Seeded with its weight, each micro-batch adds its share into the stage's .grad.
+                            loss_t.backward(None if feed.whole else np.asarray(cut.weight, dtype=loss_t.data.dtype))
+                            loss += value if feed.whole else cut.weight * value
+                            del loss_t
+                        elif upstream is not None and out.requires_grad:
+                            out.backward(upstream if feed.whole else upstream[cut.rows])
+                    if k > 0:
+                        got_grad = self._took_input_grad(xin, grad_in, cut, got_grad)
+                self.high_water = max(self.high_water, inner.stats.high_water)
+                del out, xin  # their graph saw the slot's parameters
+                if sums is not None:
+                    sums.after(i)
+            if sums is not None:
+                sums.finish()
+            upstream = grad_in if got_grad else None
             if update:
                 changed = self._update(k, views, coef)
                 del views
@@ -222,6 +268,17 @@ class _Sweep:
                 del views
                 route._detach(k)
         return loss, True
+
+    def _took_input_grad(self, xin: Tensor, grad_in: np.ndarray, cut: Cut, got_any: bool) -> bool:
+        """Whether the stage's input has a gradient so far: its rows of `grad_in` hold micro-batch `cut`'s (zeros
+        where its output did not depend on it while another micro-batch's did)."""
+        rows = grad_in[cut.rows]
+        if xin.grad is None:
+            rows.fill(0)
+            return got_any
+        if xin.grad is not rows and not np.shares_memory(xin.grad, rows):
+            np.copyto(rows, xin.grad)
+        return True
 
     def _update(self, k: int, views, coef: float | None) -> bool:
         """Update stage k's parameters that have a group and a gradient; whether anything changed."""

@@ -51,7 +51,8 @@ def add_plan_parser(sub) -> None:
                       help="mlp, vit: held-out examples, as train's (a vit's capped at 64 MiB of images)")
     plan.add_argument("--micro-batch", type=positive_int, default=None,
                       help="mlp, vit: examples per forward/backward pass, as train's --micro-batch: the step is "
-                           "traced on one micro-batch, fused adds a gradient-sized sum, and streaming is left out")
+                           "traced on one micro-batch, fused adds a gradient-sized sum, streaming keeps whole-batch "
+                           "boundaries")
     plan.add_argument("--optimizer", choices=["adamw", "adam", "sgd"], default="adamw")
     plan.add_argument("--clip", type=nonnegative_float, default=train.get_default("clip"),
                       help="global gradient-norm clip, as `tensorarena train --clip` (0: none, so the fused step "

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -358,8 +359,8 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
 
     `micro_batch`: the Trainer's (compile/micro_batches.py). The step is traced on the batch's first micro-batch,
     whose activations and input buffers are what a step holds at once; fused keeps flat gradients and their
-    weighted sum besides ("grad accumulator"); streaming cannot sum micro-batches (it updates each stage inside
-    its backward sweep) and is left out, saying so.
+    weighted sum besides ("grad accumulator"). Streaming holds one micro-batch's activations in a stage, but its
+    boundary activations, their gradients, the side inputs and the inputs are the whole batch's (stream/sweep.py).
     """
     from ..compile.micro_batches import split_batch
     from ..compile.step import input_array
@@ -370,7 +371,9 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
     if unknown:  # before tracing: a typo should not cost a trace of the step first
         raise ValueError(f"choose={order!r} names {unknown}, which are not among routes={routes!r}: a route is "
                          f"chosen only from those estimated")
-    inputs, targets, _ = split_batch(inputs, targets, micro_batch)[0]
+    chunks = split_batch(inputs, targets, micro_batch)
+    whole = _WholeBatch(inputs, targets) if len(chunks) > 1 else None  # what streaming holds of it
+    inputs, targets, _ = chunks[0]
     x = input_array(inputs)  # as the model reads it (Tensor's dtype rules), as the fused plan holds it
     y, target_bytes = None, 0
     if targets is not None:  # one array, or a structure of them (compile/targets.py)
@@ -463,14 +466,14 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
         add("eager", dict(base, **{"activations (arena)": eager_act}))
     unavailable: dict[str, str] = {}
     if "streaming" in routes:
-        if micro_batch is not None:
-            unavailable["streaming"] = (f"micro_batch={micro_batch}: the streaming route updates each stage inside "
-                                        f"its backward sweep, so it cannot sum micro-batches' gradients first")
-        elif no_streaming is None:
+        if no_streaming is None:
             from ..stream.route import StreamingRoute
 
             stream = StreamingRoute.estimate(model, optimizer)
-            add("streaming", _streaming_parts(stream, inputs_bytes, side_bytes, traced, data_bytes),
+            if whole is not None:  # the boundaries, side inputs and inputs are the whole batch's
+                inputs_bytes, side_bytes = whole.inputs_bytes, whole.side_bytes(model, side_bytes)
+            add("streaming", _streaming_parts(stream, inputs_bytes, side_bytes, traced, data_bytes,
+                                              batch_rows=None if whole is None else whole.rows, micro_batch=micro_batch),
                 note=f"{stream['stages']} stages, largest {stream['largest_stage']}; "
                      f"{format_bytes(stream['disk_bytes'])} on disk")
             details["streaming"] = stream
@@ -568,18 +571,46 @@ def _padded(nbytes: int) -> int:
     return (nbytes + ALIGN - 1) // ALIGN * ALIGN or ALIGN
 
 
-def _boundaries(traced: list[TracedStage]) -> dict[str, int]:
+def _boundaries(traced: list[TracedStage], batch_rows: int | None = None) -> dict[str, int]:
     """What the streaming step arena holds across stages: the kept output of every stage but the last
     (the last's lives in its own stage arena, counted in its slab), and two input-gradient buffers per
-    distinct boundary (shape, dtype), which stage k and k + 1 alternate between (stream/route.py _io_grad)."""
+    distinct boundary (shape, dtype), which stage k and k + 1 alternate between (stream/sweep.py _io_grad).
+    `batch_rows`: stages traced on a micro-batch keep whole-batch boundaries, of this many rows."""
     kept = traced[:-1]
-    shapes = {s.output_key: s.output_bytes for s in kept}
-    return {"boundary activations": sum(_padded(s.output_bytes) for s in kept),
+    if batch_rows is None:
+        sizes = [(s.output_key, s.output_bytes) for s in kept]
+    else:
+        sizes = [(s.output_key, math.prod((batch_rows,) + tuple(s.output_key[0][1:])) * np.dtype(s.output_key[1]).itemsize)
+                 for s in kept]
+    shapes = dict(sizes)
+    return {"boundary activations": sum(_padded(nbytes) for _, nbytes in sizes),
             "boundary gradients": 2 * sum(_padded(nbytes) for nbytes in shapes.values())}
 
 
+class _WholeBatch:
+    """What the streaming route holds of a batch it runs in micro-batches: its rows, its inputs and targets
+    (stage 0 reads the batch), and the side inputs computed once per step from all of it."""
+
+    def __init__(self, inputs: Any, targets: Any) -> None:
+        from ..compile.step import input_array
+        from ..compile.targets import flatten
+
+        self.x = input_array(inputs)  # as stage 0 and stream_inputs read it
+        self.rows = self.x.shape[0]
+        self.inputs_bytes = self.x.nbytes + (sum(leaf.nbytes for leaf in flatten(targets)[1]) if targets is not None else 0)
+
+    def side_bytes(self, model: Module, micro_side_bytes: int) -> int:
+        """The side inputs' bytes for the whole batch (0 when the stages read none, as for the micro-batch)."""
+        if not micro_side_bytes:
+            return 0
+        from ..stream.stages import model_stages
+
+        return _side_inputs(model, model_stages(model), self.x)[2]
+
+
 def _streaming_parts(stream: dict[str, Any], inputs_bytes: int, side_bytes: int,
-                     traced: list[TracedStage], data_bytes: int = 0) -> dict[str, int]:
+                     traced: list[TracedStage], data_bytes: int = 0, *, batch_rows: int | None = None,
+                     micro_batch: int | None = None) -> dict[str, int]:
     """The streaming route's parts: its step, and what moving the in-memory state into the store holds on top.
 
     "process, not params" (added to every route) leaves the parameters out, which is true for streaming only
@@ -592,7 +623,7 @@ def _streaming_parts(stream: dict[str, Any], inputs_bytes: int, side_bytes: int,
     from ..stream.heap import HEAP_RETURNS_PAGES
 
     parts = dict({"inputs": inputs_bytes, "stream buffers": stream["resident_bytes"],
-                  "activations (one stage)": max(s.slab for s in traced)}, **_boundaries(traced))
+                  "activations (one stage)": max(s.slab for s in traced)}, **_boundaries(traced, batch_rows))
     if side_bytes:  # in the step arena all step, beside the boundaries (StreamStepStats.side_input_bytes)
         parts[SIDE_INPUTS] = side_bytes
     # RSS is the arenas' touched pages (stream/arena_pages.py): the stage arena reaches past its live bytes where a
@@ -601,6 +632,8 @@ def _streaming_parts(stream: dict[str, Any], inputs_bytes: int, side_bytes: int,
     stage_arena = parts["activations (one stage)"]
     parts["arena pages"] = (page_rounded(step_arena) - step_arena
                             + max(page_rounded(stage_arena), max(s.touched for s in traced)) - stage_arena)
+    if micro_batch is not None:  # the micro-batches' gradient sum, one stage's (StreamingRoute._size_grad_buffers)
+        parts["grad accumulator"] = stream["grad_bytes"]
     if not HEAP_RETURNS_PAGES and stream["in_memory_bytes"]:
         parts["params (pages kept)"] = stream["in_memory_bytes"]
     parts["moving into the store"] = max(0, stream["move_in_bytes"] - sum(parts.values()))

@@ -84,9 +84,10 @@ class Trainer:
             each weighted by its share of the batch's rows, before one update, clipping and schedule step; the
             report's loss is the same weighted mean. For a loss that averages over rows this is the whole
             batch's step, holding one micro-batch's activations at a time (fused: plus one gradient-sized
-            buffer, its plan traced at the micro-batch's rows). Eager and fused only: the streaming route
-            updates each stage inside backward, so route="streaming" refuses it, route="auto" does not stream
-            and an out-of-memory step is not moved to streaming. See compile/micro_batches.py.
+            buffer, its plan traced at the micro-batch's rows; streaming: each loaded stage runs every
+            micro-batch before its update, so the store is read as often as without, stream/sweep.py). Dropout
+            masks are drawn micro-batch by micro-batch (eager, fused) or stage by stage (streaming), so with
+            dropout the routes draw different masks. See compile/micro_batches.py.
         on_nonfinite: "raise" (default) raises NonFiniteLossError naming the step before
             any update; "skip" leaves parameters untouched and reports the step as skipped.
         pool: block pool for step arenas (default: the process-wide pool).
@@ -131,11 +132,6 @@ class Trainer:
         from ..compile.micro_batches import check_micro_batch
 
         self._micro_batch = check_micro_batch(micro_batch)
-        if self.micro_batch is not None and route == "streaming":
-            raise ValueError(f"micro_batch={self.micro_batch} cannot be used with route='streaming': it updates each "
-                             f"stage inside its backward sweep, so it cannot sum micro-batches' gradients first. "
-                             f"Use route='eager' or 'fused' (or 'auto', which then does not stream), or drop "
-                             f"micro_batch")
         from ..compile.captured import REPLAYS
 
         if fused_replay not in REPLAYS:
@@ -421,11 +417,6 @@ class Trainer:
             return self._eager_step(inputs, targets)
         except MemoryError as err:  # ArenaOutOfMemory too; the step arena is already closed
             if not self.oom_fallback:
-                raise
-            if self.micro_batch is not None:  # streaming cannot sum micro-batches (compile/micro_batches.py)
-                err.add_note(f"tensorarena: step {self.step_count + 1} was not moved to the streaming route "
-                             f"(oom_fallback), which cannot sum micro_batch={self.micro_batch}'s gradients; "
-                             f"nothing was updated. Lower micro_batch, or raise the memory limit")
                 raise
             switch_after_oom(self, err, self.step_count + 1, before)
         return streaming_step(self, inputs, targets)

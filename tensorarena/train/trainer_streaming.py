@@ -42,7 +42,8 @@ def start_streaming(trainer: Trainer, *, redo_after_oom: bool = False) -> None:
         trainer.stream = StreamingRoute(trainer.model, trainer.optimizer, trainer.loss_fn, trainer.store_dir,
                                         scheduler=trainer.scheduler, clip_grad_norm=trainer.clip_grad_norm,
                                         on_nonfinite=trainer.on_nonfinite, start=start, step=trainer.step_count,
-                                        overwrite=redo_after_oom, io=trainer.stream_io, pool=trainer.pool)
+                                        overwrite=redo_after_oom, io=trainer.stream_io, pool=trainer.pool,
+                                        micro_batch=trainer.micro_batch)
     except BaseException:
         if made is not None:  # nothing moved into it (the route refuses before it offloads anything)
             shutil.rmtree(made, ignore_errors=True)
