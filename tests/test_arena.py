@@ -48,6 +48,22 @@ def test_blocks_released_by_nested_arena_are_reused():
     assert pool.stats.bytes_cached == MIN_BLOCK_BYTES + size_class(1_200_000)
 
 
+# Regression (fixed in Arena.close): blocks went back to the pool first to last, and the pool hands out the last
+# one back first, so the next arena of the size bumped through the previous one's blocks in the other order: a
+# streamed stage taking two blocks (vit-small, 224 x 224, batch 16) filled the second one, touched part-way, from
+# its start, and from step 2 on both were wholly resident, 23 MiB over the route plan. Releasing them in the other
+# order (for block in self._blocks) fails this test: the second arena gets [second block, first block].
+def test_the_next_arena_gets_the_blocks_in_the_order_this_one_had_them():
+    pool = ta.BlockPool()
+    order = []
+    for step in range(3):
+        with ta.Arena(pool=pool, block_bytes=MIN_BLOCK_BYTES, name=f"stage {step}") as a:
+            first = a.alloc((MIN_BLOCK_BYTES // 4,), np.float32)  # fills the first block
+            second = a.alloc((MIN_BLOCK_BYTES // 16,), np.float32)  # a quarter of a second one
+            order.append((first.ctypes.data, second.ctypes.data))
+    assert pool.stats.misses == 2 and order[1] == order[2] == order[0]
+
+
 def test_reset_makes_old_tensors_stale_and_reuses_memory():
     pool = ta.BlockPool()
     with ta.Arena(pool=pool) as a:

@@ -260,7 +260,12 @@ class Arena:
         self._free.clear()
         self._by_size.clear()
         self._watch.clear()
-        for block in self._blocks:
+        # Last block first: the pool hands cached blocks out last in, first out, so the next arena of this size
+        # gets them in the order this one had them, and bumps through the same pages. In order, it got this one's
+        # last block (touched only up to where it stopped) first, filled it, then this one's first: a stage of a
+        # streamed step taking two blocks made both wholly resident (vit-small, 224 x 224, batch 16: 23 MiB over
+        # its route plan from step 2 on).
+        for block in reversed(self._blocks):
             self.pool.release(block)
         self._blocks.clear()
         self._bytes.clear()
