@@ -623,7 +623,10 @@ def _streaming_parts(stream: dict[str, Any], inputs_bytes: int, side_bytes: int,
     from ..stream.heap import HEAP_RETURNS_PAGES
 
     parts = dict({"inputs": inputs_bytes, "stream buffers": stream["resident_bytes"],
-                  "activations (one stage)": max(s.slab for s in traced)}, **_boundaries(traced, batch_rows))
+                  # The stage arena's high-water: the most bytes alive at once, as the arena reuses dead ones (the
+                  # offline slab placement was up to 4% above it for a block without dropout); the pages it
+                  # touches beyond that are "arena pages" below.
+                  "activations (one stage)": max(s.live_peak for s in traced)}, **_boundaries(traced, batch_rows))
     if side_bytes:  # in the step arena all step, beside the boundaries (StreamStepStats.side_input_bytes)
         parts[SIDE_INPUTS] = side_bytes
     # RSS is the arenas' touched pages (stream/arena_pages.py): the stage arena reaches past its live bytes where a
