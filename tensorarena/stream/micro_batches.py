@@ -71,8 +71,8 @@ class Feed:
             return self.first if self.whole else Tensor(self.first.data[self.cuts[i].rows])
         return Tensor(acts[k] if self.whole else acts[k][self.cuts[i].rows])
 
-    def whole_shape(self, name: str, shape: tuple) -> tuple:
-        """The shape of stage `name`'s kept output for the whole batch, from its first micro-batch's `shape`."""
+    def whole_shape(self, shape: tuple) -> tuple:
+        """The shape of a stage's kept output for the whole batch, from its first micro-batch's `shape`."""
         return shape if self.whole else (self.batch_rows,) + tuple(shape[1:])  # check_rows then checks the rows
 
     def check_rows(self, name: str, y: np.ndarray, i: int, whole: tuple) -> np.ndarray:
@@ -96,11 +96,13 @@ class GradSums:
         self.params, self.scratch, self.sums = params, scratch, sums
         self.summed = [False] * len(params)
 
-    def before(self, i: int) -> None:
+    def before(self) -> None:
+        """Before a micro-batch's backward: each .grad None, its buffer the sum until it holds one, then the scratch."""
         for p, g, total, summed in zip(self.params, self.scratch, self.sums, self.summed):
             p.grad, p._grad_buffer = None, (g if summed else total)
 
-    def after(self, i: int) -> None:
+    def after(self) -> None:
+        """After a micro-batch's backward: its gradients are in the sum."""
         for j, (p, total) in enumerate(zip(self.params, self.sums)):
             if p.grad is None:
                 continue

@@ -80,7 +80,7 @@ def run_step(route: StreamingRoute, arena: Arena, inputs: Any, targets: Any, ind
                         y = _as_tensor(run_stage(route.stages[k], feed.input(k, acts, i), feed.side(i)),
                                        route.stages[k].name).data
                         if keep is None:  # the outer step arena: lives until backward
-                            keep = arena.alloc(feed.whole_shape(route.stages[k].name, y.shape), y.dtype)
+                            keep = arena.alloc(feed.whole_shape(y.shape), y.dtype)
                         np.copyto(keep[cut.rows], feed.check_rows(route.stages[k].name, y, i, keep.shape))
                     stage_hw = max(stage_hw, inner.stats.high_water)
                     buffers.ran(k, i)
@@ -220,7 +220,7 @@ class _Sweep:
                     for p, g in zip(stage.params, self.grad_views[k]):
                         p.grad, p._grad_buffer = None, g
                 else:
-                    sums.before(i)
+                    sums.before()
                 self._generators(k, i)
                 with Arena(pool=route._arena_pool, block_bytes=STAGE_BLOCK_BYTES,
                            name=f"stage {stage.name!r} backward arena") as inner:
@@ -250,7 +250,7 @@ class _Sweep:
                 self.high_water = max(self.high_water, inner.stats.high_water)
                 del out, xin  # their graph saw the slot's parameters
                 if sums is not None:
-                    sums.after(i)
+                    sums.after()
             if sums is not None:
                 sums.finish()
             upstream = grad_in if got_grad else None
