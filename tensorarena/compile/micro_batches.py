@@ -19,7 +19,8 @@ The batch is cut along the first dimension of the inputs and of every array in t
 the batch's rows (a constant in a targets structure, a number or a string, goes to every micro-batch as it is).
 The cuts are views: nothing is copied here (the fused route copies each micro-batch into its plan's inputs, as it
 copies a whole batch). `micro_step` is the fused route's loop over them; the eager one is
-train/eager_step.py.
+train/eager_step.py; the streaming route runs every micro-batch through each stage while it is loaded
+(stream/sweep.py, stream/micro_batches.py), drawing dropout masks stage by stage.
 """
 
 from __future__ import annotations
