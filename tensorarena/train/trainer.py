@@ -186,7 +186,7 @@ class Trainer:
     def _take_deferred(self, model: Module) -> None:
         """A model built under nn.deferred_init() holds no values yet. Streaming makes them stage by stage into its
         store; eager and fused hold the model whole, so for those routes they are made in memory now. route="auto"
-        decides at its first step, from the plan (which needs shapes only: route_plan.values_for_tracing)."""
+        decides at its first step, from the plan (which needs shapes only: route_traces.values_for_tracing)."""
         from ..nn.deferred import has_deferred, name_deferred
 
         if not has_deferred(model):
