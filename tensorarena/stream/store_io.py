@@ -1,8 +1,8 @@
 """How the streaming store moves stages between their files and the two slots, on one I/O thread.
 
 ParamStore (stream/store.py) is a StageIO: this is its half that reads and writes stage data (read, write,
-views, drain), and store.py the half that says what the files hold and when they are consistent (manifest,
-journal, commit). A slot gets its stage as store.py's table of io modes says: io="map" maps the stage file
+views, drain), and store_manifest.py (its StoreManifest subclass, ParamStore's base) the half that says what
+the files hold and when they are consistent (manifest, journal, commit). A slot gets its stage as store.py's table of io modes says: io="map" maps the stage file
 (see _map), io="copy" reads it into one of two slot buffers and writes it back.
 
 Copying moved ~2.3 GB per ViT-Base step through the CPU (read 1.3, written 1.0), on the same two
@@ -11,7 +11,7 @@ process) measured a warm ViT-Base step at 1.08 s mapped, 1.52 s copied, 0.65 s f
 110 MiB stage, touching every page and unmapping took 3 ms where reading and writing it back
 took 47 ms.
 
-Each write journals its stage through the store's _mark (store.py), before its data ("writing k") and after
+Each write journals its stage through the store's _mark (store_manifest.py), before its data ("writing k") and after
 ("k written"), so a run killed mid-write is refused on resume instead of mixing two steps' weights.
 """
 
