@@ -29,6 +29,10 @@ from tensorarena.tensor import Tensor
 from tensorarena.train.report import NonFiniteLossError
 from tensorarena.train.trainer import Trainer
 
+# Writes two buffers in training (a running mean and a count) and scales its output by the mean, so a statistic
+# recomputed twice, or rolled back to the wrong micro-batch, changes the losses.
+from test_streaming_followups import _RunningMean
+
 
 def _vit(dropout=0.0, dtype=np.float64, depth=3):
     cfg = ViTConfig(image_size=16, patch_size=4, num_classes=5, dim=32, depth=depth, num_heads=4, dropout=dropout,
@@ -132,23 +136,6 @@ def test_dropout_masks_are_drawn_stage_by_stage(tmp_path, clip):
     # ... and not the masks the eager route's micro-batches draw (micro-batch by micro-batch): a different step.
     eager = _trained(_trainer(_vit(dropout=0.2), "eager", tmp_path, 4, clip_grad_norm=clip), batches)
     assert max(np.abs(p - q).max() for p, q in zip(eager[1], got[1])) > 1e-6
-
-
-class _RunningMean(Module):
-    """Writes two buffers in training (a running mean of its input and a count) and scales its output by the mean,
-    so a statistic recomputed twice, or rolled back to the wrong micro-batch, changes the losses."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-        self.register_buffer("running_mean", np.zeros((), np.float64))
-        self.register_buffer("num_batches_tracked", np.zeros((), np.int64))
-
-    def forward(self, x):
-        if self.training:
-            self.num_batches_tracked += 1
-            self.running_mean[...] = 0.9 * self.running_mean + 0.1 * float(x.data.mean())
-        return self.inner(x) * (1.0 + float(self.running_mean))
 
 
 @pytest.mark.parametrize("clip", [None, 0.5], ids=["no-clip", "clip"])
