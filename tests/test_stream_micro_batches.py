@@ -318,3 +318,18 @@ def test_a_non_finite_micro_batch_updates_no_stage(tmp_path, on_nonfinite):
     trainer.stream.to_memory()
     for p, b in zip(model.parameters(), before):
         np.testing.assert_array_equal(p.data, b)
+
+
+# -- the command line --------------------------------------------------------------------------------------------
+def test_train_streams_in_micro_batches_from_the_command_line(tmp_path):
+    import json
+
+    from tensorarena import cli
+
+    out = tmp_path / "summary.json"
+    assert cli.main(["train", "--model", "vit-tiny", "--steps", "2", "--batch-size", "8", "--micro-batch", "3",
+                     "--route", "streaming", "--store-dir", str(tmp_path / "store"), "--test-size", "16",
+                     "--no-progress", "--json", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["route"] == "streaming" and summary["micro_batch"] == 3 and summary["steps"] == 2
+    assert np.isfinite(summary["final_loss"]) and np.isfinite(summary["test_loss"])
