@@ -239,14 +239,14 @@ class _Sweep:
                             self.rng_after = route._rng_snapshot()
                             if not math.isfinite(value):
                                 return value, False
-                            # Seeded with its weight, each micro-batch adds its share into the stage's .grad.
+                            # Seeded with its weight (rows_i / rows): its gradients are its share, GradSums adds them.
                             loss_t.backward(None if feed.whole else np.asarray(cut.weight, dtype=loss_t.data.dtype))
                             loss += value if feed.whole else cut.weight * value
                             del loss_t
                         elif upstream is not None and out.requires_grad:
                             out.backward(upstream if feed.whole else upstream[cut.rows])
                     if k > 0:
-                        got_grad = self._took_input_grad(xin, grad_in, cut, got_grad)
+                        got_grad = _took_input_grad(xin, grad_in, cut, got_grad)
                 self.high_water = max(self.high_water, inner.stats.high_water)
                 del out, xin  # their graph saw the slot's parameters
                 if sums is not None:
@@ -268,17 +268,6 @@ class _Sweep:
                 del views
                 route._detach(k)
         return loss, True
-
-    def _took_input_grad(self, xin: Tensor, grad_in: np.ndarray, cut: Cut, got_any: bool) -> bool:
-        """Whether the stage's input has a gradient so far: its rows of `grad_in` hold micro-batch `cut`'s (zeros
-        where its output did not depend on it while another micro-batch's did)."""
-        rows = grad_in[cut.rows]
-        if xin.grad is None:
-            rows.fill(0)
-            return got_any
-        if xin.grad is not rows and not np.shares_memory(xin.grad, rows):
-            np.copyto(rows, xin.grad)
-        return True
 
     def _update(self, k: int, views, coef: float | None) -> bool:
         """Update stage k's parameters that have a group and a gradient; whether anything changed."""
@@ -314,6 +303,19 @@ class _Sweep:
             if any(math.isnan(v) for v in self.norms):
                 total = math.nan
         return total
+
+
+def _took_input_grad(xin: Tensor, grad_in: np.ndarray, cut: Cut, got_any: bool) -> bool:
+    """Whether the stage's input has a gradient so far: its rows of `grad_in` hold micro-batch `cut`'s (zeros where
+    its output did not depend on it while another micro-batch's did). Autograd wrote it there (xin._grad_buffer)
+    unless it had to make it elsewhere."""
+    rows = grad_in[cut.rows]
+    if xin.grad is None:
+        rows.fill(0)
+        return got_any
+    if not np.shares_memory(xin.grad, rows):
+        np.copyto(rows, xin.grad)
+    return True
 
 
 def _as_tensor(value: Any, name: str) -> Tensor:
