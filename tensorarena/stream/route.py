@@ -24,7 +24,8 @@ Memory: two stage-sized slots + one stage of gradients + the largest stage's act
 boundary shape (sweep.py _Sweep._io_grad) + the step's side inputs (a BERT's attention mask, computed once per step
 by model.stream_inputs and read by every stage: stages.py). Nothing grows with depth but the boundary
 activations (batch x tokens x dim per stage). Every step runs inside its own
-`Arena`, closed in `finally` (the `with` block), each stage's work in a nested one.
+`Arena`, closed in `finally` (the `with` block), each stage's work in a nested one. With micro_batch, a stage's
+work is one micro-batch's, and one more stage-sized gradient buffer holds their sum (sweep.py).
 
 The update is the eager update: the same functional kernels (optim.adam.adam, optim.sgd.sgd)
 with the optimizer's live param_groups (so an LR scheduler works unchanged), and dropout
