@@ -8,7 +8,8 @@ persistent input buffers, and the same Python ops run inside a `PlannedArena` wh
 i-th allocation is the precomputed slab view of traced buffer i — so a replayed step
 allocates no array memory. Parameters and optimizer state are flat (compile/flat.py), and so
 are gradients when the update runs after backward (below); clipping and the LR schedule run
-as host calls after backward, reading the live step count and lr.
+as host calls after backward, reading the live step count and lr. Tracing one plan from one
+batch is compile/step_trace.py's.
 
 Where the update is applied: by default (`update_in_backward=None`) each parameter is updated
 inside backward the moment its gradient is complete (the optimizer's kernel on that parameter's
@@ -61,23 +62,19 @@ import numpy as np
 
 from .. import autograd, kernels
 from ..kernels import calls
-from ..memory.pool import aligned_bytes
 from ..nn.module import Module
 from ..optim.clip import clip_grad_norm_
 from ..optim.optimizer import Optimizer
 from ..precision import float32_matmul_precision, get_float32_matmul_precision
 from ..precision import normalize as normalize_precision
 from ..tensor import Tensor
-from . import captured
+from . import captured, step_trace
 from . import targets as target_layout
 from .batches import load_batch
 from .flat import FlatState
 from .micro_batches import GradAccumulator, check_micro_batch, micro_step, split_batch
-from .planner import plan_memory
 from .step_plan import PlannedArena, Signature, StepPlan
-from .step_state import buffer_states, restore_buffers, restore_rng, rng_states
-from .trace import PlanMismatchError, TracingArena, UnsupportedInputError, UnsupportedOpError
-from .watched_state import ModelState
+from .trace import PlanMismatchError, UnsupportedInputError
 
 log = logging.getLogger("tensorarena")
 
@@ -101,14 +98,6 @@ def input_array(inputs: Any) -> np.ndarray:
             f"{type(inputs).__name__} ({exc}). Pass the inputs as one array (and read the rest from the targets or "
             f"the model), or train with route='eager' (Trainer(..., fallback_to_eager=True) falls back and logs "
             f"why)") from None
-
-
-def _input_tensor(buffer: np.ndarray, source: Tensor) -> Tensor:
-    """The traced step's input over the plan's buffer, naming the dtype the batch came in as its source does:
-    a dtype error then says "float16 (converted to float32)", as on the eager route, not float32."""
-    x = Tensor(buffer)
-    x._converted_from = getattr(source, "_converted_from", None)
-    return x
 
 
 def batch_signature(inputs: Any, targets: Any) -> Signature:
@@ -278,131 +267,13 @@ class FusedStep:
         self.layouts += 1
 
     def _trace(self, inputs: Any, targets: Any, sig: Signature) -> StepPlan:
-        for attempt in range(2):
-            try:
-                with float32_matmul_precision(self.matmul_precision):
-                    plan = self._trace_step(inputs, targets, sig)
-                break
-            except _GradientsMoved as moved:
-                if attempt:  # a second trace under the new layout saw other gradients again: not a layout matter
-                    raise UnsupportedOpError(f"the traced step's gradients changed between two traces ({moved}); "
-                                             f"use route='eager' for this model") from None
-                for p in moved.no_grad:
-                    self.left_out[id(p)] = p
-                    state = self.optimizer.state.get(p)
-                    if state and float(state.get("step", 0.0)) == 0.0:
-                        # Made by the first layout (bind fills fresh state) for a parameter never updated: the
-                        # eager optimizer, as torch's, makes none for a parameter without a gradient.
-                        del self.optimizer.state[p]
-                for p in moved.regained:
-                    del self.left_out[id(p)]
-                self._lay_out_again(str(moved))
-        # Read after the trace: a forward may set attributes (ViT's last_block_route), and each replay
-        # compares against the state the previous step left.
-        plan.model_state = ModelState(self.model)
-        return plan
+        return step_trace.trace(self, inputs, targets, sig)
 
     def _trace_step(self, inputs: Any, targets: Any, sig: Signature) -> StepPlan:
-        source = inputs if isinstance(inputs, Tensor) else Tensor(inputs)
-        x = np.array(source.data, copy=True)
-        target_buffers: list[np.ndarray] = []
-        y = None
-        if targets is not None:
-            spec, leaves = target_layout.flatten(targets)
-            target_buffers = [np.array(leaf, copy=True) for leaf in leaves]
-            y = target_layout.build(spec, target_buffers)
-        params = self.flat.params()
-        saved_rng = rng_states(self.model)
-        # The trace runs the step's Python once more on this batch: a forward that updates buffers in training
-        # (a running mean, a batch count) must not keep that update, or the buffers see step 1's batch twice.
-        saved_buffers = buffer_states(self.model)
-        # Every other leaf's .grad is kept (the trace changes none): the model's parameters outside the layout
-        # and those left out of it for having had no gradient, which may sit outside the model.
-        others = {p: p.grad for p in [*self.model.parameters(), *self.left_out.values()] if not self.flat.owns(p)}
-        tracer = TracingArena(name=f"tracing arena ({sig})")
-        self.model.train()
-        try:
-            with tracer:
-                for p in [*params, *others]:  # the others get theirs back below; None tells who got one
-                    p.grad = None
-                loss = self.loss_fn(self.model(_input_tensor(x, source)), y)
-                if not isinstance(loss, Tensor):  # a float or NumPy value has no graph to differentiate
-                    raise TypeError(f"loss_fn must return the loss as a scalar Tensor, computed with tensorarena ops "
-                                    f"from the model's output, got {type(loss).__name__}; a number made with "
-                                    f".item() or NumPy has no gradient")
-                if loss.data.size != 1:
-                    raise ValueError(f"loss_fn must return a scalar, got shape {loss.shape}")
-                if self.update_in_backward:
-                    seen: set[int] = set()
-                    # The trace updates nothing: it notes who got a gradient and lets it die as a replay would.
-                    autograd.backward(loss, on_leaf_grad=self._leaf_hook(seen, update=False))
-                else:
-                    loss.backward()
-                    seen = {id(p) for p in params if p.grad is not None}
-                # The layout holds exactly the parameters that get a gradient: the eager optimizer skips one
-                # without (unused, cut off by detach, a branch the config turned off), so it is left out.
-                no_grad = [p for p in params if id(p) not in seen]
-                regained = [p for p in self.left_out.values() if p.grad is not None]
-                if no_grad or regained:
-                    raise _GradientsMoved(self.flat, no_grad, regained)
-                # A trainable parameter in no optimizer group (an optimizer over the head only) keeps the
-                # gradient every backward gives it in .grad, a heap array of its own, as torch keeps it: that
-                # is memory the step holds, so the report counts it (train/route_plan.py's part of this name).
-                grads_outside = sum(p._data.nbytes for p in others if p.grad is not None)
-                if not self.update_in_backward:
-                    outside = [name for name, p in self.model.named_parameters()
-                               if p.grad is not None and not self.flat.owns(p)]
-                    if outside:
-                        # Its .grad would accumulate from step to step, so each replay would take a different
-                        # path through autograd than the trace (a PlanMismatchError naming no parameter).
-                        raise UnsupportedOpError(
-                            f"parameters {outside[:5]}{'...' if len(outside) > 5 else ''} get a gradient but are not "
-                            f"in the optimizer; with flat gradients (clip_grad_norm or update_in_backward=False) the "
-                            f"fused route needs every such parameter in it. Add them to the optimizer, freeze them "
-                            f"(requires_grad=False), or use route='eager'")
-                del loss
-        finally:
-            restore_rng(saved_rng)
-            restore_buffers(saved_buffers)
-            for p in params:
-                p.grad = None
-            for p, grad in others.items():
-                p.grad = grad
-        buffers = tracer.finish()
-        self.traces += 1
-        memory = plan_memory(tracer.lifetimes())
-        slab = aligned_bytes(max(memory.slab_bytes, 1))  # persistent: owned by the plan; offsets are ALIGN multiples
-        views = [slab[memory.offsets[str(b.index)]:memory.offsets[str(b.index)] + b.nbytes]
-                 .view(b.dtype).reshape(b.shape) for b in buffers]
-        name = type(self.optimizer).__name__
-        if self.update_in_backward:
-            host = [f"backward, each parameter updated as its gradient completes ({name}.update_flat on its pieces)"]
-        else:
-            host = ["zero_grad (set_to_none)", "backward"]
-            if self.clip_grad_norm is not None:
-                host.append(f"clip_grad_norm_({self.clip_grad_norm})")
-            host += [f"{name}.update_flat(group {i})" for i in range(len(self.flat.groups))]
-        if self.scheduler is not None:
-            host.append(f"{type(self.scheduler).__name__}.step()")
-        persistent = {**self.flat.nbytes(), **self._untrained_bytes()}
-        if grads_outside:
-            persistent["grads outside the optimizer"] = grads_outside
-        plan = StepPlan(sig, buffers, memory, slab, views, x, y, host, persistent, self.matmul_precision,
-                        target_buffers=target_buffers)
-        log.info("fused route: traced %s (float32 products in %s)", memory.summary(), self.matmul_precision)
-        return plan
+        return step_trace.trace_step(self, inputs, targets, sig)
 
     def _untrained_bytes(self) -> dict[str, int]:
-        """What training holds outside the flat layout: parameters it does not train (frozen ones, which the
-        forward still reads; those left out for having no gradient) and optimizer state they keep (a
-        parameter frozen mid-run keeps its moments, as in torch). Empty when every parameter is trained."""
-        outside = {id(p): p for p in [*self.model.parameters(),
-                                      *(q for group in self.optimizer.param_groups for q in group["params"])]
-                   if not self.flat.owns(p)}
-        params = sum(p._data.nbytes for p in outside.values())
-        state = sum(v.nbytes for p in outside.values() for v in self.optimizer.state.get(p, {}).values()
-                    if isinstance(v, np.ndarray))
-        return {k: v for k, v in (("params_not_trained", params), ("state_not_trained", state)) if v}
+        return step_trace.untrained_bytes(self)
 
     def _leaf_hook(self, received: set[int], *, update: bool) -> Callable:
         """update_in_backward's on_leaf_grad: for each flattened parameter, record that its gradient came
@@ -499,23 +370,6 @@ class FusedStep:
         if self.scheduler is not None:
             self.scheduler.step()
         return grad_norm
-
-
-class _GradientsMoved(Exception):
-    """A trace's gradients do not match the flat layout: parameters of it got none, or left-out ones got one.
-    FusedStep._trace lays the state out again and traces once more; nothing was updated."""
-
-    def __init__(self, flat: FlatState, no_grad: list[Tensor], regained: list[Tensor]) -> None:
-        self.no_grad, self.regained = no_grad, regained
-        parts = []
-        if no_grad:
-            names = [flat.name(p) for p in no_grad]
-            parts.append(f"parameters {names[:5]}{'...' if len(names) > 5 else ''} got no gradient in the traced step "
-                         f"and are left out of the fused update (the eager optimizer skips them too)")
-        if regained:
-            names = [flat.name(p) for p in regained]
-            parts.append(f"parameters {names[:5]}{'...' if len(names) > 5 else ''} left out before now get a gradient")
-        super().__init__("; ".join(parts))
 
 
 def skip_non_finite(value: float, index: int, on_nonfinite: str) -> bool:
