@@ -9,6 +9,7 @@ which is exactly the leak DESIGN.md was written about.
 
 The routes' steps live beside it: eager_step.py (with its micro-batches), compile/step.py (fused),
 trainer_streaming.py; the route choice before step 1 is trainer_route_choice.py's.
+trainer_step.py holds the step's frame (states put back on failure, route dispatch, OOM switch) and the fused step.
 """
 
 from __future__ import annotations
@@ -16,17 +17,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from ..compile.micro_batches import split_batch
-from ..compile.step_state import buffer_slots, buffer_states, restore_step_state, rng_generators, rng_states
 from ..memory.arena import Arena
 from ..memory.budget import resolve_budget
-from ..memory.meter import rss_bytes
 from ..memory.pool import BlockPool
 from ..nn.module import Module
 from ..optim.optimizer import Optimizer
@@ -34,9 +31,9 @@ from ..precision import float32_matmul_precision, get_float32_matmul_precision
 from ..precision import normalize as normalize_precision
 from ..tensor import Tensor
 from .eager_step import eager_step
-from .report import NonFiniteLossError, StepReport, check_step_options
+from .report import StepReport, check_step_options
 from .trainer_route_choice import check_the_limit, choose_route, planned_for, recompute_mlp_if_planned
-from .trainer_streaming import streaming_step, switch_after_oom
+from .trainer_step import _rows, compile_fused, fused_step, route_step, run_step
 
 ROUTES = ("eager", "fused", "streaming", "auto")
 log = logging.getLogger("tensorarena")
@@ -327,16 +324,7 @@ class Trainer:
         Its `memory_report()` is the step's memory, known before any update. With micro_batch, the plan traced is
         the batch's first micro-batch's (what every step of that batch replays).
         """
-        from ..compile.step import FusedStep
-
-        if self.fused is None:
-            self.fused = FusedStep(self.model, self.loss_fn, self.optimizer, scheduler=self.scheduler,
-                                   clip_grad_norm=self.clip_grad_norm, max_plans=self.max_plans,
-                                   update_in_backward=self.update_in_backward, matmul_precision=self.matmul_precision,
-                                   replay=self.fused_replay, micro_batch=self.micro_batch)
-        x, y, _ = split_batch(inputs, targets, self.micro_batch)[0]
-        self.fused.plan_for(x, y)
-        return self.fused
+        return compile_fused(self, inputs, targets)
 
     def step(self, inputs: Any, targets: Any) -> StepReport:
         """One training step on a batch; returns its report. One step at a time: a second thread calling it
@@ -372,83 +360,18 @@ class Trainer:
             self._busy.release()
 
     def _step(self, inputs: Any, targets: Any) -> StepReport:
-        if self.route == "auto":
-            self._choose_route(inputs, targets)
-        elif self._limit_to_check and self.route in ("eager", "fused", "streaming"):
-            self._check_the_limit(inputs, targets)
-            self._limit_to_check = False  # checked once, at the first step
-        # Generators found once (walking every module each step would be hot-path work for nothing).
-        if self._generators is None:
-            self._generators = rng_generators(self.model)
-            self._buffer_slots = buffer_slots(self.model)
-        # A failed step leaves the generators where they were before it, on every route: eager's forward
-        # draws its dropout masks before a bad label fails the loss, a fused trace restores what it drew, a
-        # streamed forward draws stage by stage, and the out-of-memory redo must draw the failed step's masks
-        # again. So are the buffers a forward writes (running statistics): the redo must not count the batch
-        # twice. (tensorarena's own models have no buffers: then nothing is copied.)
-        before = (rng_states(self.model, self._generators),
-                  buffer_states(slots=self._buffer_slots) if self._buffer_slots else None)
-        try:
-            return self._route_step(inputs, targets, before)
-        except NonFiniteLossError as err:
-            restore_step_state(before)
-            shape = np.shape(inputs.data if isinstance(inputs, Tensor) else inputs)
-            if shape[:1] == (0,):  # the mean loss of no rows is NaN: say why, not "lower the learning rate"
-                raise NonFiniteLossError(f"{err} The batch is empty: inputs of shape {shape}; check the data "
-                                         f"loader (its last batch?)") from None
-            raise
-        except BaseException:
-            if self.stream is not None and self.stream.uncommitted_step is not None:
-                # Only the streaming step's commit failed: its updates stand and are committed first thing later
-                # (stream/route.py retry_commit), so its buffer writes and draws stand too.
-                raise
-            restore_step_state(before)
-            raise
+        return run_step(self, inputs, targets)
 
     def _route_step(self, inputs: Any, targets: Any, before) -> StepReport:
         """The step on the current route; an out-of-memory eager or fused step moves to streaming and is redone."""
-        if self.route == "streaming":
-            return streaming_step(self, inputs, targets)
-        try:
-            if self.route == "fused":
-                report = self._fused_step(inputs, targets)
-                if report is not None:
-                    return report
-            return self._eager_step(inputs, targets)
-        except MemoryError as err:  # ArenaOutOfMemory too; the step arena is already closed
-            if not self.oom_fallback:
-                raise
-            switch_after_oom(self, err, self.step_count + 1, before)
-        return streaming_step(self, inputs, targets)
+        return route_step(self, inputs, targets, before)
 
     def _eager_step(self, inputs: Any, targets: Any) -> StepReport:
         return eager_step(self, inputs, targets)
 
     def _fused_step(self, inputs: Any, targets: Any) -> StepReport | None:
         """A replayed fused step, or None after switching to eager (allowed fallback only)."""
-        from ..compile.trace import UnsupportedOpError
-
-        start = time.perf_counter()
-        index = self.step_count + 1
-        self.model.train()
-        lr = float(self.optimizer.param_groups[0]["lr"])
-        try:
-            if self.fused is None:
-                self.compile(inputs, targets)
-            # Traces (a new signature, a changed model or optimizer) happen inside, before any update: an
-            # UnsupportedOpError leaves nothing applied.
-            loss_value, grad_norm, skipped, arena = self.fused.step(inputs, targets, index=index,
-                                                                    on_nonfinite=self.on_nonfinite)
-        except UnsupportedOpError as err:
-            if not self.fallback_to_eager:
-                raise
-            self.route, self.fallback_reason = "eager", str(err)
-            log.warning("fused route unavailable, training on the eager route: %s", err)
-            return None
-        self.step_count = index
-        return StepReport(step=index, loss=loss_value, route="fused", seconds=time.perf_counter() - start,
-                          arena_high_water=arena.stats.high_water, rss=rss_bytes(), lr=lr, grad_norm=grad_norm,
-                          skipped=skipped)
+        return fused_step(self, inputs, targets)
 
     def evaluate(self, inputs: np.ndarray, targets: Any, *, batch_size: int | None = None) -> dict:
         """Mean loss on held-out data in eval mode, without building a graph, batch by batch: {"loss",
@@ -518,18 +441,3 @@ class Trainer:
         from .trainer_checkpoints import load_pending
 
         load_pending(self, why)
-
-
-def _rows(inputs: Any) -> int | None:
-    """The rows of a batch's inputs (an array, a Tensor, or a container of them: its first leaf), or None."""
-    from ..compile import targets as target_layout
-
-    shape = getattr(inputs, "shape", None)  # an array or a Tensor, every step: no flattening on the hot path
-    if shape is not None:
-        return shape[0] if len(shape) else None
-
-    try:
-        _, leaves = target_layout.flatten(inputs)
-    except TypeError:
-        return None
-    return len(leaves[0]) if leaves and leaves[0].ndim else None
