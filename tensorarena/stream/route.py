@@ -18,6 +18,7 @@ the ParamStore keeps every stage's parameters and optimizer state in files. One 
 These passes are sweep.py's, and moving the training state into the store and back out (from_memory, resume,
 to_memory) is route_moves.py's; this module keeps what lasts between them (the store, the parameters' place,
 the step count, commits and failures).
+Failed steps and commits and the checks before each use are route_failures.py's, estimate's sums route_estimate.py's.
 
 Memory: two stage-sized slots + one stage of gradients + the largest stage's activations
 (in a nested arena closed per stage) + the boundary activations and two gradient buffers per
@@ -62,20 +63,17 @@ from ..autograd import no_grad
 from ..compile.micro_batches import check_micro_batch
 from ..memory.arena import Arena
 from ..memory.pool import BlockPool, aligned_bytes
-from ..nn.deferred import fill_bytes
 from ..nn.module import Module
 from ..optim.optimizer import Optimizer
 from ..random import default_generator
 from ..tensor import Tensor
 from ..train.checkpoint import _generators
-from ..train.report import NonFiniteLossError, check_step_options
-from . import optim_state, route_moves
+from ..train.report import check_step_options
+from . import optim_state, route_estimate, route_failures, route_moves
 from .arena_pages import STAGE_BLOCK_BYTES, STEP_BLOCK_BYTES, SmallPagePool
 from .follow import follow_user_changes
-from .generator_states import restore_generators
-from .on_disk import _in_memory_bytes
 from .stages import Stage, model_stages, run_stage, stage_inputs
-from .store import ArraySpec, ParamStore, StageLayout, StageSpec, StoreError, StoreSpec
+from .store import ArraySpec, ParamStore, StageSpec, StoreError, StoreSpec
 from .sweep import _as_tensor, _Loads, run_step
 
 LossFn = Callable[[Tensor, Any], Tensor]
@@ -208,26 +206,7 @@ class StreamingRoute:
         Parameters built under nn.deferred_init() are not in memory: they are made stage by stage into that
         slot, which needs only the largest one's draw on top (fill_bytes; nn/deferred.py).
         """
-        kinds = optim_state.state_kinds(optimizer)
-        stages = model_stages(model)
-        spec = StoreSpec(tuple(StageSpec(s.name, tuple(ArraySpec(f"{s.name}.{i}", tuple(p.shape), p.dtype.str)
-                                                        for i, p in enumerate(s.params))) for s in stages),
-                         kinds.optimizer, kinds.arrays, kinds.scalars)
-        layouts = [StageLayout(stage, spec) for stage in spec.stages]
-        largest = max(layouts, key=lambda layout: layout.total_bytes)
-        in_memory = _in_memory_bytes(stages, optimizer)
-        fill = max((fill_bytes(p) for s in stages for p in s.params if p.is_deferred), default=0)
-        return {"stages": len(layouts), "largest_stage": largest.stage.name,
-                "resident_bytes": 2 * largest.total_bytes + max(lay.params_bytes for lay in layouts),
-                # one stage's gradients: with micro_batch, the route holds a second buffer of this, their sum
-                "grad_bytes": max(lay.params_bytes for lay in layouts),
-                "disk_bytes": sum(lay.total_bytes for lay in layouts),
-                # forward reads parameters (all stages but the last), backward reads and writes everything
-                "read_bytes_per_step": sum(lay.params_bytes + lay.total_bytes for lay in layouts[:-1])
-                + layouts[-1].total_bytes,
-                "written_bytes_per_step": sum(lay.total_bytes for lay in layouts),
-                "in_memory_bytes": in_memory, "fill_bytes": fill,
-                "move_in_bytes": in_memory + largest.total_bytes + fill}
+        return route_estimate.estimate(model, optimizer)
 
     # -- setup --------------------------------------------------------------------
     def _index_params(self, model: Module, optimizer: Optimizer) -> None:
@@ -249,31 +228,7 @@ class StreamingRoute:
         self._staged = {id(p): p for s in self.stages for p in s.params}
 
     def _check_stages(self) -> None:
-        """Refuse to go on when the model's stages no longer hold the parameters the store was built with.
-
-        A module or parameter replaced between steps (`model.head = nn.Linear(...)`) is what the eager step trains
-        from then on, but the store keeps training the old one: the run would silently leave the eager one. Moving
-        the state out and back in (to_memory(), then _reenter) builds the stages again from the model as it is.
-        """
-        now = model_stages(self.model)
-        was = [(s.name, [id(p) for p in s.params]) for s in self.stages]
-        if [(s.name, [id(p) for p in s.params]) for s in now] == was:
-            return
-        if [s.name for s in now] != [name for name, _ in was]:
-            what = (f"its stages are now {[s.name for s in now][:6]} ({len(now)}), not {[n for n, _ in was][:6]} "
-                    f"({len(was)})")
-        else:
-            names = {id(p): name for name, p in self.model.named_parameters()}
-            k = next(k for k, (s, (_, ids)) in enumerate(zip(now, was)) if [id(p) for p in s.params] != ids)
-            new = [names.get(id(p), f"parameter {i}") for i, p in enumerate(now[k].params) if id(p) not in was[k][1]]
-            what = (f"stage {now[k].name!r} now holds {', '.join(new[:4]) or 'other parameters'}, which its store "
-                    f"does not" if new else f"stage {now[k].name!r} lost parameters its store holds")
-        raise StoreError(
-            f"the model changed since this StreamingRoute started: {what} (a module or parameter replaced or added, "
-            f"e.g. model.head = nn.Linear(...)). The store trains the parameters it was built with, so training on "
-            f"would not train the model as it is. Nothing was changed. Bring the training state into memory: "
-            f"trainer.stream.to_memory() (a route of your own: route.to_memory()); the next step then moves the model "
-            f"as it is now into the store")
+        route_failures.check_stages(self)
 
     def _placeholders(self) -> dict[int, np.ndarray]:
         """What an offloaded parameter points at: no memory, but its shape and dtype (p.dtype stays true)."""
@@ -378,39 +333,13 @@ class StreamingRoute:
         return loss
 
     def _abort(self, index: int, exc: BaseException) -> None:
-        """After a failed step: finish I/O, leave parameters on disk and no stage mapped, and mark the route
-        broken if it wrote (the error then says so too)."""
-        for k in range(len(self.stages)):
-            self._detach(k)
-        try:
-            self.store.release_slots()
-            self.store.drop_reservation()
-        except BaseException:  # noqa: BLE001 - the original error is the one to report
-            pass
-        if self._committing:
-            # The step ran to its end and every stage holds it (the model's state in memory, RNG and schedule
-            # too): only the manifest saying so failed. Nothing is lost; the same commit is taken again.
-            exc.add_note(self._pending_message(exc))
-        elif self.store.changed and not isinstance(exc, NonFiniteLossError):
-            self._broken = self._failed_step(index, exc)
-            exc.add_note(self._refusal())
+        route_failures.abort(self, index, exc)
 
     def _failed_step(self, index: int, exc: BaseException) -> str:
-        """Why a step that changed stages leaves the route broken, as far as it got."""
-        # Counted in the files the store began to change, not in the stages updated in memory (io="copy" writes
-        # them later, and a failed write leaves the rest of the step's files as they were).
-        return (f"step {index} failed ({type(exc).__name__}: {exc}) after updating {self.store.changed} of "
-                f"{len(self.stages)} stages: the step is partly applied, so the store holds two different steps")
+        return route_failures.failed_step(self, index, exc)
 
     def _pending_message(self, exc: BaseException) -> str:
-        """What a route whose step's commit failed says, and what to do."""
-        index = self._pending_commit[0]
-        return (f"step {index} was applied to every stage, but its commit (the manifest in {self.store.directory} "
-                f"that records step {index}: step count, RNG, schedule) failed: {type(exc).__name__}: {exc}. "
-                f"Nothing is lost: this process holds step {index}, and the store on disk is refused until the "
-                f"commit is taken. Fix the cause (permissions, a read-only or failing disk, the directory removed), "
-                f"then go on: the next step(), or route.retry_commit(), commits step {index} first (its batch was "
-                f"used: go on with the next one)")
+        return route_failures.pending_message(self, exc)
 
     @property
     def uncommitted_step(self) -> int | None:
@@ -422,51 +351,19 @@ class StreamingRoute:
 
         Raises StoreError, naming the cause, while the commit still fails; the route then stays as it was.
         """
-        if self._pending_commit is None:
-            return
-        index, fields = self._pending_commit
-        lost = self.store.lost_files()
-        if lost:  # a commit now would record files that are gone
-            raise StoreError(
-                f"step {index} was applied to every stage, but its commit failed and the store then lost "
-                f"{', '.join(lost[:4])}: it cannot be committed any more. This process still holds the whole "
-                f"training state of step {index}: bring it back with trainer.stream.to_memory() (or "
-                f"route.to_memory()), then the next step writes a new store in {self.store.directory}")
-        try:
-            self.store.commit(**fields)
-        except BaseException as exc:
-            raise StoreError(self._pending_message(exc)) from exc
-        self._took_pending(index, fields)
+        route_failures.retry_commit(self)
 
     def _took_pending(self, index: int, fields: dict[str, Any]) -> None:
-        """The step whose commit failed counts now (committed, or its state brought into memory)."""
-        self._pending_commit = None
-        self.step_count = index
-        # The generators as the step left them: a caller may have put them back to before the step when it raised
-        # (Trainer does, for a step it takes as not taken), and the run must go on from the state the step left
-        # (the one the store records), or it would draw the masks of that step again.
-        restore_generators(self.model, fields["rng"], fields["rng_default"])
+        route_failures.took_pending(self, index, fields)
 
     def _refusal(self) -> str:
-        """What a broken route says, and what to do."""
-        return (f"{self._broken}. Do not train on: load the last checkpoint (trainer.load(path), or "
-                f"tensorarena.stream.checkpoint.load_into_streaming(route, path)), or delete "
-                f"{self.store.directory} and resume from a checkpoint")
+        return route_failures.refusal(self)
 
     def _check_open(self) -> None:
-        """Refuse a closed route; after to_memory(), move the in-memory state back into the store first."""
-        if self._in_memory:
-            self._reenter()
-        if self.store.closed:
-            raise StoreError("this StreamingRoute is closed (close() ended it; the parameters stay in its store); "
-                             "continue training with StreamingRoute.resume(...)")
+        route_failures.check_open(self)
 
     def _check_usable(self) -> None:
-        self._check_open()
-        if self._broken:
-            raise StoreError(self._refusal())
-        self.retry_commit()  # a step whose commit failed: every use starts by committing it
-        self._check_stages()
+        route_failures.check_usable(self)
 
     def _reenter(self) -> None:
         route_moves.reenter(self)
