@@ -107,7 +107,7 @@ class GradSums:
             if p.grad is None:
                 continue
             if not self.summed[j]:
-                if not np.shares_memory(p.grad, total):
+                if not np.may_share_memory(p.grad, total):  # bounds only: cheap
                     np.copyto(total, p.grad)
                 self.summed[j] = True
             else:

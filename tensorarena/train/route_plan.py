@@ -198,8 +198,6 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
     boundary activations, their gradients, the side inputs and the inputs are the whole batch's (stream/sweep.py).
     """
     from ..compile.micro_batches import split_batch
-    from ..compile.step import input_array
-    from ..compile.targets import build, flatten
 
     order = routes if choose is None else tuple(choose)
     unknown = [r for r in order if r not in routes]
@@ -207,15 +205,11 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
         raise ValueError(f"choose={order!r} names {unknown}, which are not among routes={routes!r}: a route is "
                          f"chosen only from those estimated")
     chunks = split_batch(inputs, targets, micro_batch)
-    whole = _WholeBatch(inputs, targets) if len(chunks) > 1 else None  # what streaming holds of it
+    # Streaming holds the whole batch (stage 0 reads it) even when the step runs in micro-batches.
+    batch_x, _, batch_bytes = _batch_arrays(inputs, targets) if len(chunks) > 1 else (None, None, 0)
     inputs, targets, _ = chunks[0]
-    x = input_array(inputs)  # as the model reads it (Tensor's dtype rules), as the fused plan holds it
-    y, target_bytes = None, 0
-    if targets is not None:  # one array, or a structure of them (compile/targets.py)
-        spec, leaves = flatten(targets)
-        y, target_bytes = build(spec, leaves), sum(leaf.nbytes for leaf in leaves)
+    x, y, inputs_bytes = _batch_arrays(inputs, targets)
     persistent = persistent_bytes(optimizer)
-    inputs_bytes = x.nbytes + target_bytes
     details: dict[str, Any] = {}
     traced, side_bytes, no_streaming = _stage_traces(model, loss_fn, x, y)
     if no_streaming is not None:
@@ -305,10 +299,14 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
             from ..stream.route import StreamingRoute
 
             stream = StreamingRoute.estimate(model, optimizer)
-            if whole is not None:  # the boundaries, side inputs and inputs are the whole batch's
-                inputs_bytes, side_bytes = whole.inputs_bytes, whole.side_bytes(model, side_bytes)
+            batch_rows = None
+            if batch_x is not None:  # the boundaries, side inputs and inputs are the whole batch's
+                from ..stream.stages import model_stages
+
+                batch_rows, inputs_bytes = batch_x.shape[0], batch_bytes
+                side_bytes = _side_inputs(model, model_stages(model), batch_x)[2] if side_bytes else 0
             add("streaming", _streaming_parts(stream, inputs_bytes, side_bytes, traced, data_bytes,
-                                              batch_rows=None if whole is None else whole.rows, micro_batch=micro_batch),
+                                              batch_rows=batch_rows, micro_batch=micro_batch),
                 note=f"{stream['stages']} stages, largest {stream['largest_stage']}; "
                      f"{format_bytes(stream['disk_bytes'])} on disk")
             details["streaming"] = stream
@@ -354,25 +352,17 @@ def _boundaries(traced: list[TracedStage], batch_rows: int | None = None) -> dic
             "boundary gradients": 2 * sum(_padded(nbytes) for nbytes in shapes.values())}
 
 
-class _WholeBatch:
-    """What the streaming route holds of a batch it runs in micro-batches: its rows, its inputs and targets
-    (stage 0 reads the batch), and the side inputs computed once per step from all of it."""
+def _batch_arrays(inputs: Any, targets: Any) -> tuple[np.ndarray, Any, int]:
+    """(x, y, bytes): the inputs as the model reads them (Tensor's dtype rules) and the fused plan holds them, the
+    targets as one array or a structure of them (compile/targets.py), and the bytes of both."""
+    from ..compile.step import input_array
+    from ..compile.targets import build, flatten
 
-    def __init__(self, inputs: Any, targets: Any) -> None:
-        from ..compile.step import input_array
-        from ..compile.targets import flatten
-
-        self.x = input_array(inputs)  # as stage 0 and stream_inputs read it
-        self.rows = self.x.shape[0]
-        self.inputs_bytes = self.x.nbytes + (sum(leaf.nbytes for leaf in flatten(targets)[1]) if targets is not None else 0)
-
-    def side_bytes(self, model: Module, micro_side_bytes: int) -> int:
-        """The side inputs' bytes for the whole batch (0 when the stages read none, as for the micro-batch)."""
-        if not micro_side_bytes:
-            return 0
-        from ..stream.stages import model_stages
-
-        return _side_inputs(model, model_stages(model), self.x)[2]
+    x = input_array(inputs)
+    if targets is None:
+        return x, None, x.nbytes
+    spec, leaves = flatten(targets)
+    return x, build(spec, leaves), x.nbytes + sum(leaf.nbytes for leaf in leaves)
 
 
 def _streaming_parts(stream: dict[str, Any], inputs_bytes: int, side_bytes: int,
