@@ -453,7 +453,7 @@ def test_public_names_readme_mentions_exist():
     from tensorarena import kernels
     from tensorarena.stream import StreamingRoute
     from tensorarena.train import Trainer
-    from tensorarena.compile import captured
+    from tensorarena.compile import replay_choice
 
     for name in ("Arena", "ArenaOutOfMemory", "StaleTensorError", "default_pool", "compile_step",
                  "set_float32_matmul_precision", "float32_matmul_precision"):
@@ -467,7 +467,7 @@ def test_public_names_readme_mentions_exist():
     for name in ("route", "memory_limit", "store_dir", "clip_grad_norm", "scheduler", "update_in_backward",
                  "fused_replay", "matmul_precision"):
         assert name in params, name
-    assert set(captured.REPLAYS) == {"auto", "captured", "python"}
+    assert set(replay_choice.REPLAYS) == {"auto", "captured", "python"}
     assert isinstance(ta.FusedStep, type) and hasattr(kernels.calls, "most_common")
     assert inspect.signature(StreamingRoute).parameters["io"].default == "map"
     assert callable(getattr(ta.models.ViT, "stream_stages"))

@@ -32,7 +32,7 @@ captured CUDA graph, it assumes the step does the same work for every batch of a
 branch on the data's values); the checks refuse what they can see breaking that, and the plan then
 keeps the Python replay, with the reason logged. The default, `replay="auto"`, captures when the
 model's modules and the loss are all tensorarena's (kept free of such branches) and keeps the
-Python replay for a step that runs the user's own forward or loss (captured.choose_replay).
+Python replay for a step that runs the user's own forward or loss (replay_choice.choose_replay).
 `micro_batch=m` runs a batch of more rows as micro-batches of m on the plan for m rows, summing their weighted
 gradients in one more flat buffer before one update (compile/micro_batches.py; never inside backward).
 The trace itself does not update anything: no step is taken, and RNG states and the model's buffers (what a
@@ -73,6 +73,7 @@ from . import targets as target_layout
 from .batches import load_batch
 from .flat import FlatState
 from .micro_batches import GradAccumulator, check_micro_batch, micro_step, split_batch
+from .replay_choice import choose_replay
 from .step_plan import PlannedArena, Signature, StepPlan
 from .trace import PlanMismatchError, UnsupportedInputError
 
@@ -126,7 +127,7 @@ class FusedStep:
         if not isinstance(max_plans, int) or max_plans < 1:
             raise ValueError(f"max_plans must be a positive integer, got {max_plans!r}")
         self.replay_asked = replay
-        self.replay, self.replay_reason = captured.choose_replay(replay, model, loss_fn)
+        self.replay, self.replay_reason = choose_replay(replay, model, loss_fn)
         log.info("fused route: %s replay (%s)", self.replay, self.replay_reason)
         self.grad_sink = captured.GradSink(self)
         # Every trace and replay runs under it (tensorarena.precision); settable between steps (the property).
@@ -165,7 +166,7 @@ class FusedStep:
         if value is self._loss_fn:
             return
         self._loss_fn = value
-        self.replay, self.replay_reason = captured.choose_replay(self.replay_asked, self.model, value)
+        self.replay, self.replay_reason = choose_replay(self.replay_asked, self.model, value)
         log.info("fused route: a new loss_fn; its plans (%d) are traced anew at the next step, %s replay (%s)",
                  len(self.plans), self.replay, self.replay_reason)
         self.plans.clear()

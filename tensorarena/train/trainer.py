@@ -129,7 +129,7 @@ class Trainer:
         from ..compile.micro_batches import check_micro_batch
 
         self._micro_batch = check_micro_batch(micro_batch)
-        from ..compile.captured import REPLAYS
+        from ..compile.replay_choice import REPLAYS
 
         if fused_replay not in REPLAYS:
             raise ValueError(f"fused_replay must be one of {REPLAYS}, got {fused_replay!r}")
