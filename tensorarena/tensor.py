@@ -72,8 +72,11 @@ class Tensor:
         elif array.dtype.kind == "f" and array.dtype not in SUPPORTED_FLOATS:
             self._converted_from = array.dtype
             array = array.astype(DEFAULT_DTYPE)
-        if isinstance(data, (int, float, list, tuple)) and array.dtype == np.float64 and dtype is None:
-            array = array.astype(DEFAULT_DTYPE)  # Python floats default to float32, as in torch
+        if isinstance(data, (int, float, list, tuple)) and not isinstance(data, np.generic) \
+                and array.dtype == np.float64 and dtype is None:
+            # Python floats default to float32, as in torch; a NumPy float64 scalar (a float subclass) keeps its
+            # dtype, as torch.tensor(np.float64(0.1)) does
+            array = array.astype(DEFAULT_DTYPE)
         if requires_grad:  # after every cast: an explicit dtype=np.int64 must be refused too
             _check_can_require_grad(array.dtype)
         self._data = array
@@ -361,7 +364,7 @@ def tensor(data: Any, *, dtype=None, requires_grad: bool = False) -> Tensor:
     """A new leaf tensor holding a copy of `data` (float32 unless told otherwise)."""
     raw = data.data if isinstance(data, Tensor) else data
     array = np.array(raw, copy=True)
-    if dtype is None and array.dtype == np.float64 and not isinstance(raw, np.ndarray):
+    if dtype is None and array.dtype == np.float64 and not isinstance(raw, (np.ndarray, np.generic)):
         dtype = DEFAULT_DTYPE  # Python floats and lists of them are float32, as in torch
     return Tensor(array, dtype=dtype, requires_grad=requires_grad)
 

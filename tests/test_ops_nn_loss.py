@@ -149,12 +149,16 @@ def test_layer_norm_int_shape_weight_only_and_finite_differences(impl):
 def test_layer_norm_strided_input_and_mixed_precision_weight():
     x = randn(0, (5, 4, 3))
     check_op(lambda x: layer_norm(x.transpose(0, 2), (4, 5)), lambda x: F.layer_norm(x.transpose(0, 2), (4, 5)), [x])
+    # Mixed precision is refused both ways, as torch's "mixed dtype (CPU)" error (this test once asserted that
+    # float64 won, which torch does not do: a float32 batch through a float64 norm widened the model silently).
     x32 = ta.tensor(randn(1, (3, 4)), dtype=np.float32, requires_grad=True)
     w64 = ta.tensor(randn(2, (4,)), dtype=np.float64, requires_grad=True)
-    out = layer_norm(x32, 4, w64)
-    assert out.dtype == np.float64  # float64 wins, as in torch's type promotion
-    out.sum().backward()
-    assert x32.grad.dtype == np.float32 and w64.grad.dtype == np.float64
+    with pytest.raises(TypeError, match="layer_norm: the input is float32 but the weight is float64"):
+        layer_norm(x32, 4, w64)
+    with pytest.raises(TypeError, match="layer_norm: the input is float64 but the weight is float32"):
+        layer_norm(ta.tensor(randn(1, (3, 4)), dtype=np.float64), 4, ta.tensor(randn(2, (4,)), dtype=np.float32))
+    with pytest.raises(RuntimeError, match="mixed dtype"):
+        F.layer_norm(torch.ones(3, 4), (4,), torch.ones(4, dtype=torch.float64))
 
 
 def test_layer_norm_writes_parameter_grads_straight_into_their_buffers(monkeypatch):

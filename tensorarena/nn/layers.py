@@ -134,15 +134,16 @@ class LayerNorm(Module):
 
 
 class Dropout(Module):
-    """Inverted dropout while training, identity in eval mode; randomness from `rng` (or the default)."""
+    """Inverted dropout while training, identity in eval mode; randomness from `rng` (or the default).
+    `inplace` is accepted as torch's and changes nothing computed (see the activations below)."""
 
-    def __init__(self, p: float = 0.5, *, rng: np.random.Generator | None = None) -> None:
+    def __init__(self, p: float = 0.5, inplace: bool = False, *, rng: np.random.Generator | None = None) -> None:
         super().__init__()
         if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
             raise TypeError(f"Dropout: dropout probability must be a real number in [0, 1], got {p!r}")
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"dropout probability has to be between 0 and 1, got {p}")
-        self.p = float(p)
+        self.p, self.inplace = float(p), inplace
         self.rng = rng
 
     def forward(self, x) -> Tensor:
@@ -170,7 +171,11 @@ class GELU(Module):
 
 
 class ReLU(Module):
-    """max(x, 0)."""
+    """max(x, 0); `inplace` as torch's, see the activations below."""
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+        self.inplace = inplace
 
     def forward(self, x) -> Tensor:
         return F.relu(x)

@@ -389,13 +389,14 @@ class Module:
             yield from child._state_entries(_join(prefix, name))
 
     def state_dict(self, *, prefix: str = "", keep_vars: bool = False) -> "OrderedDict[str, Any]":
-        """Name -> copy of each parameter and persistent buffer (the objects themselves if keep_vars)."""
+        """Name -> copy of each parameter and persistent buffer (the objects themselves if keep_vars).
+        `prefix` is put before each name as it is, as torch's: prefix="enc." gives "enc.weight"."""
         out: OrderedDict[str, Any] = OrderedDict()
-        for key, _, _, value in self._state_entries(prefix):
+        for key, _, _, value in self._state_entries():
             if keep_vars:
-                out[key] = value
+                out[prefix + key] = value
             else:
-                out[key] = (value.data if isinstance(value, Tensor) else value).copy()
+                out[prefix + key] = (value.data if isinstance(value, Tensor) else value).copy()
         return out
 
     def load_state_dict(self, state_dict, strict: bool = True) -> IncompatibleKeys:

@@ -15,8 +15,10 @@ class Parameter(Tensor):
 
     def __init__(self, data, *, requires_grad: bool = True, dtype=None) -> None:
         array = np.array(data.data if isinstance(data, Tensor) else data, dtype=dtype, copy=True)
-        if array.dtype.kind != "f":
-            array = array.astype(np.float32)
+        if array.dtype.kind != "f" and requires_grad:
+            # As torch: converting would silently drop a complex value's imaginary part or round integers.
+            raise TypeError(f"Parameter: only floating-point data can require gradients, got dtype {array.dtype}; "
+                            f"convert it (dtype=np.float32) or pass requires_grad=False")
         super().__init__(array, requires_grad=requires_grad)
 
     @classmethod

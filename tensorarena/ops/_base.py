@@ -147,6 +147,10 @@ def normalize_axes(axis, ndim: int) -> tuple[int, ...]:
         return tuple(range(ndim))
     if isinstance(axis, (int, np.integer)):  # a NumPy integer too (a dim read from a shape array), as torch
         axis = (axis,)
+    if not isinstance(axis, (tuple, list)) or not all(_is_dim(ax) for ax in axis):
+        # a bool is an int to Python: sum(True) would reduce dim 1 where keepdim=True was meant; a float
+        # would be truncated or fail inside NumPy. torch refuses both.
+        raise TypeError(f"dim must be an int or a tuple of ints, got {axis!r}")
     bound = max(ndim, 1)  # a 0-d tensor accepts dim 0 and -1, as in torch
     out = []
     for ax in axis:
@@ -158,6 +162,22 @@ def normalize_axes(axis, ndim: int) -> tuple[int, ...]:
                              f"dimension once")
         out.append(ax % bound)
     return tuple(sorted(out)) if ndim else ()
+
+
+def _is_dim(ax) -> bool:
+    return isinstance(ax, (int, np.integer)) and not isinstance(ax, (bool, np.bool_))
+
+
+def as_count(value, what: str) -> int:
+    """A size, count or shift given as an int (a NumPy integer, or a one-element integer tensor, as torch takes).
+
+    int() would truncate 2.7 to 2 and read True as 1, silently; torch refuses both, and so does this.
+    """
+    if isinstance(value, Tensor) and value.data.dtype.kind in "iu" and value.data.size == 1:
+        return int(value)
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    raise TypeError(f"{what} must be an int, got {value!r} ({type(value).__name__})")
 
 
 def as_dtype(g: np.ndarray, dtype: np.dtype) -> np.ndarray:

@@ -59,7 +59,7 @@ def install() -> None:
     T.T = property(lambda a: shape.permute(a, *reversed(range(a.ndim))))
     T.min, T.std = reduce.min, reduce.std
     T.gather, T.argsort, T.sort, T.topk = sorting.gather, sorting.argsort, sorting.sort, sorting.topk
-    T.t = lambda a: a if a.ndim < 2 else shape.transpose(a, 0, 1)  # torch's t(): 2-D at most
+    T.t = _t
     T.masked_fill = index.masked_fill
     T.split, T.chunk, T.contiguous = shape.split, shape.chunk, shape.contiguous
     T.repeat, T.unbind = shape.repeat, shape.unbind
@@ -70,4 +70,14 @@ def install() -> None:
     T.is_contiguous = lambda a: bool(a.data.flags.c_contiguous)
     T.cpu = lambda a: a  # the only device there is
     T.device = property(lambda a: "cpu")
+
+
+def _t(a):
+    """torch's t(): the transpose of a 2-D tensor, a 0-d or 1-D one as it is; more dims are refused."""
+    from . import shape
+
+    if a.ndim > 2:
+        raise ValueError(f"t() expects a tensor with <= 2 dimensions, got shape {a.shape}; use transpose(a, dim0, "
+                         f"dim1) or permute for more")
+    return a if a.ndim < 2 else shape.transpose(a, 0, 1)
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..tape import host
 from ..tensor import Tensor
-from ._base import as_tensor, new, normalize_axes
+from ._base import as_count, as_tensor, new, normalize_axes
 from .arith import mul
 from .shape import reshape
 
@@ -51,7 +51,7 @@ def roll(input: Tensor, shifts, dims=None) -> Tensor:  # noqa: A002 - torch's na
             if not -bound <= d < bound:
                 raise IndexError(f"roll: dimension {d} is out of range for a tensor with {ad.ndim} dimensions")
         axes = tuple(d % bound for d in dims_t)
-    shifts_t = tuple(int(s) for s in shifts_t)
+    shifts_t = tuple(as_count(s, "roll: a shift") for s in shifts_t)
     back = tuple(-s for s in shifts_t)
     return _linear_map(input, _roll_into, (shifts_t, axes), (back, axes))
 

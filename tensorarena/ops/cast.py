@@ -6,7 +6,7 @@ import numpy as np
 
 from ..tape import host
 from ..tensor import Tensor
-from ._base import as_dtype, new
+from ._base import as_dtype, as_tensor, new
 
 
 def to_dtype(a: Tensor, dtype) -> Tensor:
@@ -51,6 +51,25 @@ def to_int(a: Tensor) -> Tensor:
 def to_bool(a: Tensor) -> Tensor:
     """a != 0 as a bool tensor (torch's Tensor.bool)."""
     return to_dtype(a, np.bool_)
+
+
+def float_input(a: Tensor) -> Tensor:
+    """`a` for a float-valued function (exp, log, sqrt, tanh, sigmoid): a bool or integer tensor is first
+    converted to float32, torch's default dtype, as torch does for these (torch.arange(3).exp() is float32).
+    A NumPy array is taken as a tensor, as Linear takes one."""
+    a = as_tensor(a)
+    return to_float(a) if a.data.dtype.kind in "biu" else a
+
+
+def refuse_integers(a: Tensor, op: str) -> Tensor:
+    """`a` (a NumPy array taken as a tensor) for an op torch has no integer kernel for (gelu, softmax,
+    log_softmax); a TypeError for an integer one instead of results truncated from floats or a raw kernel
+    typing error."""
+    a = as_tensor(a)
+    if a.data.dtype.kind in "biu":
+        raise TypeError(f"{op}: the tensor has dtype {a.data.dtype}; {op} needs a floating-point tensor (as torch): "
+                        f"convert it first (t.float())")
+    return a
 
 
 def _convert(out: np.ndarray, ad: np.ndarray) -> None:

@@ -9,13 +9,14 @@ from __future__ import annotations
 import numpy as np
 
 from ..tensor import DEFAULT_DTYPE, Tensor, _check_can_require_grad
+from ._base import as_count
 
 
 def _shape(size) -> tuple[int, ...]:
     """zeros(2, 3) and zeros((2, 3)) alike, as torch."""
     if len(size) == 1 and isinstance(size[0], (tuple, list)):
         size = tuple(size[0])
-    return tuple(int(n) for n in size)
+    return tuple(as_count(n, "a size") for n in size)
 
 
 def _leaf(array: np.ndarray, requires_grad: bool) -> Tensor:

@@ -11,6 +11,7 @@ from ..random import Seed
 from ..tape import host
 from ..tensor import Tensor
 from ._base import as_tensor, contiguous, grad_out, leaf_or_none, new, new_like
+from .linalg import _check_float_pair
 
 
 def dropout(a: Tensor, p: float = 0.5, *, training: bool = True, rng: np.random.Generator | None = None) -> Tensor:
@@ -25,6 +26,7 @@ def dropout(a: Tensor, p: float = 0.5, *, training: bool = True, rng: np.random.
     """
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability has to be between 0 and 1, got p={p}")
+    a = as_tensor(a)  # a NumPy array too, as Linear takes one
     if not training or p == 0.0:
         return a
     from ..kernels.dropout import keep_threshold  # here, not at import: it loads Numba
@@ -73,6 +75,7 @@ def layer_norm(a: Tensor, normalized_shape, weight: Tensor | None = None, bias: 
     D = prod(normalized_shape).
     """
     norm_shape = (normalized_shape,) if isinstance(normalized_shape, (int, np.integer)) else tuple(normalized_shape)
+    a = as_tensor(a)  # a NumPy array too, as Linear takes one
     ad = a.data
     k = len(norm_shape)
     if k == 0 or ad.ndim < k or ad.shape[ad.ndim - k :] != norm_shape:
@@ -83,6 +86,9 @@ def layer_norm(a: Tensor, normalized_shape, weight: Tensor | None = None, bias: 
             raise ValueError(f"layer_norm: {name} shape {tuple(p.shape)} must equal normalized_shape {norm_shape}")
     weight = as_tensor(weight) if weight is not None else None
     bias = as_tensor(bias) if bias is not None else None
+    for name, p in (("the weight", weight), ("the bias", bias)):
+        if p is not None:  # as torch and linear: a float32 batch through a float64 norm would silently widen
+            _check_float_pair(a, p, "layer_norm", "the input", name)
     wd = weight.data if weight is not None else None
     bd = bias.data if bias is not None else None
     dtype = np.result_type(ad.dtype, *(x.dtype for x in (wd, bd) if x is not None))

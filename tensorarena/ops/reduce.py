@@ -12,7 +12,8 @@ from ..kernels import kernel
 from ..tape import host
 from ..tensor import Tensor
 from ._base import contiguous, new, new_like, normalize_axes, reshaped
-from .unary import sqrt
+from .cast import refuse_integers
+from .unary import sqrt_of_variance
 
 
 class MaxResult(NamedTuple):
@@ -239,8 +240,9 @@ def var(a: Tensor, dim=None, unbiased: bool | None = None, keepdim: bool = False
 
 def std(a: Tensor, dim=None, unbiased: bool | None = None, keepdim: bool = False, *, correction: int | None = None
         ) -> Tensor:
-    """Standard deviation, the square root of `var` with the same arguments (torch.std)."""
-    return sqrt(var(a, dim, unbiased, keepdim, correction=correction))
+    """Standard deviation, the square root of `var` with the same arguments (torch.std); its gradient is 0
+    where the deviation is (a constant slice), as torch's."""
+    return sqrt_of_variance(var(a, dim, unbiased, keepdim, correction=correction))
 
 
 def _correction(unbiased: bool | None, correction: int | None, op: str) -> int:
@@ -255,6 +257,7 @@ def _correction(unbiased: bool | None, correction: int | None, op: str) -> int:
 
 def softmax(a: Tensor, dim: int = -1) -> Tensor:
     """Softmax along `dim` on the softmax kernels (max-subtracted, float64 inside)."""
+    a = refuse_integers(a, "softmax")
     ad = a.data
     if ad.ndim == 0:  # torch allows dim 0/-1 on a scalar: softmax of one element is 1
         _reduce_axes(_int_dim(dim, "softmax"), 0)
@@ -298,6 +301,7 @@ def _softmax_last(a: Tensor, x: np.ndarray, shape: tuple[int, ...]) -> Tensor:
 
 def log_softmax(a: Tensor, dim: int = -1) -> Tensor:
     """log(softmax(a)) along `dim`, computed without forming softmax's log."""
+    a = refuse_integers(a, "log_softmax")
     ad = a.data
     a_shape = ad.shape
     if ad.ndim == 0:  # torch allows dim 0/-1 on a scalar: log_softmax of one element is 0

@@ -6,7 +6,7 @@ import numpy as np
 
 from ..tape import host
 from ..tensor import Tensor
-from ._base import as_dtype, as_tensor, new, reshaped, unbroadcast
+from ._base import as_count, as_dtype, as_tensor, new, reshaped, unbroadcast
 from .index import getitem
 
 
@@ -14,6 +14,11 @@ def reshape(a: Tensor, *shape) -> Tensor:
     """Same data, new shape (one dim may be -1). Copies only if `a` is not contiguous."""
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
+    shape = tuple(as_count(n, "reshape: a size") for n in shape)
+    if any(n < -1 for n in shape) or shape.count(-1) > 1:
+        # NumPy reads any negative size as -1; torch refuses all but a single -1
+        raise ValueError(f"reshape: invalid shape {shape} for a tensor of shape {a.shape}: sizes must be "
+                         f"non-negative, with at most one -1 (inferred)")
     ad = a.data
     try:
         np.broadcast_to(np.empty((), np.bool_), ad.shape).reshape(shape)  # validate; zero strides, no memory
@@ -160,12 +165,12 @@ def split(a: Tensor, split_size_or_sections, dim: int = 0) -> tuple[Tensor, ...]
         raise ValueError("split: a 0-d tensor has no dimension to split; reshape it first")
     n = a.shape[_dim(dim, a.ndim, "split")]
     if isinstance(split_size_or_sections, (list, tuple)):
-        sizes = [int(k) for k in split_size_or_sections]
+        sizes = [as_count(k, "split: a section size") for k in split_size_or_sections]
         if sum(sizes) != n or any(k < 0 for k in sizes):
             raise ValueError(f"split: the sizes {sizes} must be non-negative and add up to {n}, the size of dim "
                              f"{dim} of a tensor of shape {a.shape}")
     else:
-        size = int(split_size_or_sections)
+        size = as_count(split_size_or_sections, "split: split_size")
         if size <= 0 and n:
             raise ValueError(f"split: split_size must be positive, got {size}")
         sizes = [min(size, n - lo) for lo in range(0, n, size)] if n else [0]
@@ -174,12 +179,15 @@ def split(a: Tensor, split_size_or_sections, dim: int = 0) -> tuple[Tensor, ...]
 
 def chunk(a: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
     """`chunks` views of `a` along `dim`, each ceil(size / chunks) long (torch.chunk: fewer when they run out)."""
-    if int(chunks) <= 0:
+    chunks = as_count(chunks, "chunk: chunks")
+    if chunks <= 0:
         raise ValueError(f"chunk: chunks must be positive, got {chunks}")
     if a.ndim == 0:
         raise ValueError("chunk: a 0-d tensor has no dimension to chunk; reshape it first")
     n = a.shape[_dim(dim, a.ndim, "chunk")]
-    return split(a, max(-(-n // int(chunks)), 1), dim)
+    if n == 0:  # torch: `chunks` empty pieces (split would give one)
+        return _pieces(a, dim, [0] * chunks)
+    return split(a, -(-n // chunks), dim)
 
 
 def _pieces(a: Tensor, dim: int, sizes: list[int]) -> tuple[Tensor, ...]:
@@ -201,7 +209,7 @@ def repeat(a: Tensor, *sizes) -> Tensor:
     gradient sums over the tiles."""
     if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
         sizes = tuple(sizes[0])
-    sizes = tuple(int(n) for n in sizes)
+    sizes = tuple(as_count(n, "repeat: a size") for n in sizes)
     ad = a.data
     if len(sizes) < ad.ndim:
         raise ValueError(f"repeat: {len(sizes)} repeat sizes for a tensor of {ad.ndim} dims (shape {ad.shape}); "

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..tape import host
 from ..tensor import Tensor
-from ._base import new, normalize_axes
+from ._base import as_count, new, normalize_axes
 
 
 class ValuesIndices(NamedTuple):
@@ -65,9 +65,10 @@ def sort(a: Tensor, dim: int = -1, descending: bool = False, stable: bool = Fals
 
 def topk(a: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> ValuesIndices:  # noqa: A002
     """The k largest (or smallest) values along `dim` and their indices, torch.topk, best first."""
+    k = as_count(k, "topk: k")
     axis = _axis(dim, a.ndim)
     n = a.shape[axis] if a.ndim else 1
-    if not 0 <= int(k) <= n:
+    if not 0 <= k <= n:
         raise ValueError(f"topk: k={k} is out of range for dim {dim} of size {n} (shape {a.shape})")
     order = argsort(a, dim, descending=largest)
     indices = Tensor._make(order.data[(slice(None),) * axis + (slice(0, int(k)),)] if a.ndim else order.data)

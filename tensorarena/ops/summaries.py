@@ -75,6 +75,9 @@ def norm(input: Tensor, p="fro", dim=None, keepdim: bool = False) -> Tensor:  # 
     if not (p > 0 or math.isinf(p)):
         raise ValueError(f"norm: p must be positive or +-inf, got {p}")
     axes = _reduce_axes(dim, ad.ndim)
+    if math.isinf(p) and any(ad.shape[ax] == 0 for ax in axes):
+        raise ValueError(f"norm: the {p} norm of an empty slice has no value (max and min have no identity); the "
+                         f"tensor's shape is {ad.shape}, reduced over dims {axes}")
     out = new(_reduced_shape(ad.shape, axes, keepdim), ad.dtype)
     host(_norm_forward, ad, p, axes, keepdim, out)
 
@@ -151,8 +154,9 @@ def _need_float(ad: np.ndarray, what: str) -> None:
 # The NumPy work, one function per host call: a captured step replays each with the arrays' new values.
 
 def _logsumexp_forward(ad, axes, keepdim, out) -> None:
-    m = np.max(ad, axis=axes, keepdims=True) if ad.size else np.zeros(_reduced_shape(ad.shape, axes, True),
-                                                                       ad.dtype)
+    # asarray: on a 0-d tensor np.max gives a NumPy scalar, which the masked write below cannot change
+    m = np.asarray(np.max(ad, axis=axes, keepdims=True)) if ad.size else np.zeros(
+        _reduced_shape(ad.shape, axes, True), ad.dtype)
     m[~np.isfinite(m)] = 0  # all -inf (or an inf) along a slice: shift by 0 so no inf - inf makes a NaN
     with np.errstate(under="ignore", divide="ignore"):
         s = np.sum(np.exp(ad - m), axis=axes, keepdims=True)
@@ -208,6 +212,7 @@ def _norm_grad(ad, p, out, g, axes, ga) -> None:
         with np.errstate(under="ignore", divide="ignore", invalid="ignore"):
             np.multiply(sign, (np.abs(ad) / out) ** (p - 1), out=ga)
         ga[np.broadcast_to(out == 0, ga.shape)] = 0
+        ga[ad == 0] = 0  # p < 1: 0 ** (p - 1) is inf, times sign 0; torch's gradient there is 0
     ga *= g
 
 

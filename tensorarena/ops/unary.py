@@ -7,11 +7,13 @@ import numpy as np
 from ..kernels import kernel
 from ..tape import host
 from ..tensor import Tensor
-from ._base import contiguous, new_like
+from ._base import as_tensor, contiguous, new_like
+from .cast import float_input, refuse_integers
 
 
 def exp(a: Tensor) -> Tensor:
     """e ** a."""
+    a = float_input(a)
     ad = a.data
     out = new_like(ad)
     host(np.exp, ad, out=out)
@@ -26,6 +28,7 @@ def exp(a: Tensor) -> Tensor:
 
 def log(a: Tensor) -> Tensor:
     """Natural log."""
+    a = float_input(a)
     ad = a.data
     out = new_like(ad)
     host(np.log, ad, out=out)
@@ -40,6 +43,7 @@ def log(a: Tensor) -> Tensor:
 
 def sqrt(a: Tensor) -> Tensor:
     """Square root."""
+    a = float_input(a)
     ad = a.data
     out = new_like(ad)
     host(np.sqrt, ad, out=out)
@@ -52,8 +56,24 @@ def sqrt(a: Tensor) -> Tensor:
     return Tensor._make(out, (a,), backward, saved_output=True)
 
 
+def sqrt_of_variance(a: Tensor) -> Tensor:
+    """sqrt for std: where the result is 0 (a constant slice) the gradient is 0, as torch's std backward
+    masks it, not sqrt's inf times var's 0 = NaN."""
+    ad = a.data
+    out = new_like(ad)
+    host(np.sqrt, ad, out=out)
+
+    def backward(g):
+        ga = new_like(out)
+        host(_sqrt_grad_zero_at_zero, out, g, ga)
+        return (ga,)
+
+    return Tensor._make(out, (a,), backward, saved_output=True)
+
+
 def tanh(a: Tensor) -> Tensor:
     """Hyperbolic tangent."""
+    a = float_input(a)
     ad = a.data
     out = new_like(ad)
     host(np.tanh, ad, out=out)
@@ -68,6 +88,7 @@ def tanh(a: Tensor) -> Tensor:
 
 def abs(a: Tensor) -> Tensor:  # noqa: A001 - torch's name
     """|a|; the gradient is sign(a) * g, so 0 at 0, as torch's."""
+    a = as_tensor(a)
     ad = a.data
     if ad.dtype == np.bool_:  # as torch, which has no abs for bool
         raise TypeError("abs: the tensor is bool, which has no absolute value; convert it first (t.long() or "
@@ -85,6 +106,7 @@ def abs(a: Tensor) -> Tensor:  # noqa: A001 - torch's name
 
 def relu(a: Tensor) -> Tensor:
     """max(a, 0); gradient 0 at 0, as torch."""
+    a = as_tensor(a)
     ad = a.data
     out = new_like(ad)
     host(np.maximum, ad, 0, out=out)
@@ -100,6 +122,7 @@ def relu(a: Tensor) -> Tensor:
 
 def sigmoid(a: Tensor) -> Tensor:
     """1 / (1 + e^-a), computed stably for large |a|."""
+    a = float_input(a)
     ad = a.data
     out = new_like(ad)
     den = new_like(ad)
@@ -119,6 +142,13 @@ def sigmoid(a: Tensor) -> Tensor:
 def _sqrt_grad(out, g, ga):
     np.multiply(out, 2.0, out=ga)
     np.divide(g, ga, out=ga)
+
+
+def _sqrt_grad_zero_at_zero(out, g, ga):
+    np.multiply(out, 2.0, out=ga)
+    zero = out == 0
+    np.divide(g, ga, out=ga, where=~zero)
+    ga[zero] = 0
 
 
 def _tanh_grad(out, g, ga):
@@ -161,6 +191,7 @@ def gelu(a: Tensor, approximate: str = "none") -> Tensor:
     """GELU; approximate="none" (erf form) or "tanh", as torch.nn.functional.gelu (gelu kernels)."""
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    a = refuse_integers(a, "gelu")
     x = contiguous(a.data)
     out = new_like(x)
     kernel("gelu_forward")(x, out, approximate)
