@@ -245,9 +245,12 @@ def resolve_total_steps(args, saved: int | None) -> int:
         raise SystemExit(f"tensorarena train: --steps {args.steps} is more than --total-steps {asked}; --steps "
                          f"stops a run early, it cannot go past its length: raise --total-steps")
     if args.schedule in SIZED_SCHEDULES:
-        print(f"tensorarena train: warning: --steps {args.steps} goes past the {saved} steps the checkpoint "
-              f"--resume {args.resume} was scheduled for; its {args.schedule} schedule goes on past its end as "
-              f"torch's does. To train longer on one schedule, start the run with --total-steps", file=sys.stderr)
+        # Said once the checkpoint is known to hold this schedule (classifier_job.run_classifier, after
+        # _check_checkpoint_fits): before that check it named --schedule's default, not the checkpoint's.
+        args.schedule_warning = (
+            f"tensorarena train: warning: --steps {args.steps} goes past the {saved} steps the checkpoint "
+            f"--resume {args.resume} was scheduled for; its {args.schedule} schedule goes on past its end as "
+            f"torch's does. To train longer on one schedule, start the run with --total-steps")
     return saved
 
 
@@ -281,6 +284,7 @@ def cmd_train(args) -> dict:
     jq or json.loads as it is.
     """
     from .train.report import NonFiniteLossError
+    from .train.trainer import StoreDirError
 
     check_output_paths(args)
     to_stdout = args.json == "-"
@@ -292,15 +296,41 @@ def cmd_train(args) -> dict:
         # no route fits, or an out-of-memory the streaming route could not absorb): the user's error, said
         # as one, without a traceback. With --route auto the job printed the route table before step 1,
         # so the message's own copy of it is left out.
-        text = str(err)
+        text = _in_flags(str(err))
         if args.route == "auto" and text.startswith("no training route fits"):
             text = text.split("\n", 1)[0]
         raise SystemExit(f"tensorarena train: {text}") from None
     except NonFiniteLossError as err:
         raise SystemExit(f"tensorarena train: {_nonfinite_text(str(err))}") from None
+    except StoreDirError as err:  # the Trainer's words name its keyword; the user typed the flag
+        raise SystemExit(f"tensorarena train: --{str(err).replace('store_dir', 'store-dir', 1)}") from None
     if to_stdout:
         print(summary_json(summary))
     return summary
+
+
+def one_pass_micro_batch(command: str, micro_batch: int | None, batch_size: int) -> int | None:
+    """--micro-batch as the step should take it: None when it is not below the batch, whose rows then run in one
+    pass anyway; micro-batching it would still keep flat gradients and a gradient-sized sum, and the summary would
+    say "in micro-batches" of a batch that was never cut."""
+    if micro_batch is not None and micro_batch >= batch_size:
+        print(f"tensorarena {command}: note: --micro-batch {micro_batch} is not smaller than the batch of "
+              f"{batch_size}: each batch runs in one pass, without micro-batches", file=sys.stderr)
+        return None
+    return micro_batch
+
+
+# The Trainer's advice names its Python keywords; the command's user sets them with flags.
+_FLAG_WORDS = (("route='auto'", "--route auto"), ("aise memory_limit", "aise --memory-limit"),
+               ("aise the memory limit", "aise --memory-limit"), ("aise the limit", "aise --memory-limit"),
+               ("ower the batch size", "ower --batch-size"), ("fit memory_limit", "fit --memory-limit"))  # "aise"/"ower": Raise and raise, Lower and lower
+
+
+def _in_flags(text: str) -> str:
+    """A Trainer memory message in the command's words: its flags, not the Python keywords."""
+    for python, flag in _FLAG_WORDS:
+        text = text.replace(python, flag)
+    return text
 
 
 def _nonfinite_text(text: str) -> str:
@@ -319,6 +349,11 @@ def check_output_paths(args) -> None:
         _check_writable("--save", Path(args.save), directory=args.model == "simcse")
     if args.json and args.json != "-":
         _check_writable("--json", Path(args.json), directory=False)
+    if getattr(args, "store_dir", None) and Path(args.store_dir).exists() and not Path(args.store_dir).is_dir():
+        # Checked without creating anything (an option refused later must leave no directory behind); what only
+        # making it can show (permissions, a read-only disk) is the Trainer's StoreDirError, said in cmd_train.
+        raise SystemExit(f"tensorarena train: --store-dir {args.store_dir} is a file, not a directory: pass a "
+                         f"directory (new or existing) for the streaming store")
 
 
 def _check_writable(flag: str, path: Path, *, directory: bool) -> None:
@@ -329,6 +364,10 @@ def _check_writable(flag: str, path: Path, *, directory: bool) -> None:
         refuse("is a file, and simcse saves a model directory there: name a new or existing directory")
     if not directory and path.is_dir():
         refuse(f"is a directory: name a file, e.g. {path / 'run.safetensors' if flag == '--save' else path / 'summary.json'}")
+    if flag == "--save" and path.exists() and not path.is_file() and not path.is_dir():
+        # a save renames a new file over the path: it would replace the device (/dev/null) itself
+        refuse("is not a regular file (a device, pipe or socket), and a checkpoint replaces the file whole: "
+               "name a file")
     if path.is_file() and not os.access(path, os.W_OK):
         refuse("is a file this user may not write: pass another path or make it writable")
     folder = path if directory and path.is_dir() else path.parent

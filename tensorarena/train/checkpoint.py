@@ -180,7 +180,14 @@ def save_checkpoint(path: str | os.PathLike, *, model: Module, optimizer=None, s
 
 def check_target(path: Path) -> None:
     """Refuse, before anything is built or written, a checkpoint path that cannot be a file: a directory, or a
-    path under a file. (A missing directory is created by the write, as the docstring of save says.)"""
+    path under a file, or one that exists but is no regular file (a device, a pipe, a socket): a save writes a
+    new file and renames it over the path, which would replace /dev/null itself. A symbolic link is followed,
+    as open() would: the file it points to is written and the link kept (_atomic_write).
+    (A missing directory is created by the write, as the docstring of save says.)"""
+    real = Path(os.path.realpath(path))
+    if real.exists() and not real.is_file() and not real.is_dir():
+        raise OSError(errno.EINVAL, f"cannot save the checkpoint: {path} is not a regular file (a device, pipe or "
+                                    f"socket), and a save replaces the file whole; pass a path to a file")
     if path.is_dir():
         raise IsADirectoryError(errno.EISDIR, f"cannot save the checkpoint: {path} is a directory; pass a file "
                                               f"path such as {path / 'checkpoint.safetensors'}")
@@ -207,10 +214,12 @@ def _atomic_write(path: Path, payload: bytes | Callable[[BinaryIO], None]) -> No
     Missing directories are created. An OSError (no permission, a full disk, a write failing half-way) leaves
     the file at `path` as it was and no temporary file behind, and names `path`."""
     check_target(path)
+    # Through a symbolic link: renaming over the link itself would replace it and leave its target unwritten.
+    target = Path(os.path.realpath(path)) if path.is_symlink() else path
     # pid and thread: two trainers of one process saving to one path must not share a temporary file.
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
         try:
             with open(tmp, "wb") as f:
                 if callable(payload):
@@ -219,13 +228,13 @@ def _atomic_write(path: Path, payload: bytes | Callable[[BinaryIO], None]) -> No
                     f.write(payload)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, path)
+            os.replace(tmp, target)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
     except OSError as exc:
         raise _write_error(exc, path) from exc
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    dir_fd = os.open(target.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)  # make the rename itself durable
     finally:

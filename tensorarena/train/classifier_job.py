@@ -171,10 +171,16 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
         raise SystemExit(f"tensorarena train: --batch-size {args.batch_size} is larger than the {len(x_train)} "
                          f"training examples; pass a smaller --batch-size"
                          f"{'' if args.resume else ' or a larger --train-size'}")
+    if getattr(args, "micro_batch", None) is not None:
+        from ..cli import one_pass_micro_batch
+
+        args.micro_batch = one_pass_micro_batch("train", args.micro_batch, args.batch_size)
     optimizer = make_optimizer(args, model.parameters())
     scheduler = make_scheduler(args, optimizer)
     if args.resume:
         _check_checkpoint_fits(args, model, optimizer, scheduler)
+    if getattr(args, "schedule_warning", None):  # cli.resolve_total_steps's, now that the schedule is the checkpoint's
+        print(args.schedule_warning, file=sys.stderr)
     route = getattr(args, "route", "eager")
     _check_streaming_route(args, model)
     trainer = Trainer(model, optimizer, cross_entropy, scheduler=scheduler,

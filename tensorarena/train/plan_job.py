@@ -84,6 +84,22 @@ def _model_and_batch(args):
     return model, x, np.zeros(args.batch, np.int64), cross_entropy
 
 
+def _check_batch_fits_data(args) -> None:
+    """As train refuses it (classifier_job.run_classifier): a batch of more examples than the training set, which
+    train would not run, must not be planned as if it would."""
+    from ..cli import MLP_TRAIN_SIZE, model_defaults
+
+    if args.model == "mlp":
+        n_train = args.train_size or MLP_TRAIN_SIZE
+    else:
+        from .vit_job import default_train_images
+
+        n_train = args.train_size or default_train_images(args.steps or model_defaults(args.model)["steps"], args.batch)
+    if args.batch > n_train:
+        raise SystemExit(f"tensorarena plan: --batch {args.batch} is larger than the {n_train} training examples "
+                         f"(train refuses it); pass a smaller --batch or a larger --train-size")
+
+
 def _data_bytes(args) -> int:
     """The bytes of data `tensorarena train --model args.model` holds all run (route_plan.TRAINING_DATA), from
     the sizes it would draw (the job's own functions for them), without drawing any."""
@@ -173,6 +189,11 @@ def cmd_plan(args) -> dict:
     if args.micro_batch is not None and args.model == "simcse":
         raise SystemExit("tensorarena plan: --micro-batch is not supported for simcse (its loss needs the whole "
                          "batch: the other sentences are the negatives)")
+    if args.model != "simcse":
+        _check_batch_fits_data(args)
+        from ..cli import one_pass_micro_batch
+
+        args.micro_batch = one_pass_micro_batch("plan", args.micro_batch, args.batch)
     model, x, y, loss_fn = _model_and_batch(args)
     data_bytes = _data_bytes(args)
     # simcse's train holds its tokenizer all run (~12 MiB of vocabulary in RSS, the process's share): held here

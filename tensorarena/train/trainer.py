@@ -40,16 +40,24 @@ log = logging.getLogger("tensorarena")
 LossFn = Callable[[Tensor, Any], Tensor]
 
 
+class StoreDirError(ValueError):
+    """store_dir cannot hold the streaming store (a file, not writable, not creatable)."""
+
+
 def _check_store_dir(store_dir) -> None:
     """Create `store_dir` and prove it writable now; a clear error instead of a failed fallback later."""
     from pathlib import Path
 
     from ..stream.store import ensure_writable_dir
 
+    where = Path(store_dir)
+    if where.exists() and not where.is_dir():  # mkdir would say "File exists", which names no mistake
+        raise StoreDirError(f"store_dir {store_dir} is a file, not a directory: pass a directory (new or existing) "
+                         f"for the streaming store")
     try:
-        ensure_writable_dir(Path(store_dir))
+        ensure_writable_dir(where)
     except OSError as exc:
-        raise ValueError(f"store_dir {store_dir} cannot be used for the streaming store: {exc.strerror or exc}. "
+        raise StoreDirError(f"store_dir {store_dir} cannot be used for the streaming store: {exc.strerror or exc}. "
                          f"Pass a writable directory on a disk with room for the parameters and optimizer "
                          f"state") from exc
 

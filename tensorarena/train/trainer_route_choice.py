@@ -60,6 +60,7 @@ def choose_route(trainer: Trainer, inputs: Any, targets: Any) -> None:
         if not trainer.fallback_to_eager:
             raise
         trainer.route, trainer.fallback_reason = "eager", str(err)
+        trainer._limit_to_check = False  # eager's estimate traces the step too: step 2 would raise this again
         log.warning("route auto: neither the fused nor the streaming route can run this step, training on the "
                     "eager route (its memory is not planned before step 1): %s", err)
         trainer._materialize("route auto fell back to eager, which holds it whole")
@@ -91,19 +92,35 @@ def choose_route(trainer: Trainer, inputs: Any, targets: Any) -> None:
 def check_the_limit(trainer: Trainer, inputs: Any, targets: Any) -> None:
     """Before step 1 on a route the user chose (eager, fused or streaming) with a memory_limit: that route's
     estimate against it, a MemoryError naming both if it does not fit (the limit is not ignored)."""
+    from ..compile.trace import UnsupportedOpError
+
     if trainer.route == "streaming" and trainer.stream is not None:
         return  # already streaming (resumed from a store): its buffers are allocated, nothing to plan
-    plan = trainer._planned_for(inputs, targets, (trainer.route,))
+    try:
+        plan = trainer._planned_for(inputs, targets, (trainer.route,))
+    except UnsupportedOpError as err:
+        # Every estimate traces the step. The eager route runs what the tracer cannot follow, and a fused route
+        # allowed to fall back goes to eager at its first step (and logs why): neither is refused for want of
+        # an estimate. Only a fused (or streaming) route that would fail on the op anyway raises it here.
+        if trainer.route == "eager" or (trainer.route == "fused" and trainer.fallback_to_eager):
+            log.warning("memory_limit (budget %s) is not checked before step 1: the %s route's estimate traces "
+                        "the step, which the tracer cannot follow (%s); training goes on unplanned", trainer.budget,
+                        trainer.route, err)
+            return
+        raise
     estimate = plan.estimates.get(trainer.route)
     if estimate is None:  # streaming a model without stages: StreamingRoute's own error says why, next
         log.info("route %s not checked against memory_limit: %s", trainer.route,
                  plan.unavailable.get(trainer.route, plan.reason))
         return
     if not estimate.fits:
-        # Streaming is the smallest route there is: only a bigger limit or a smaller batch helps it.
-        advice = ("Raise memory_limit or lower the batch size" if trainer.route == "streaming" else
-                  "Use route='auto' (streams when fused does not fit), raise memory_limit or lower the batch "
-                  "size")
+        # Streaming is the smallest route there is: only a bigger limit or a smaller batch helps it; and a model
+        # without stream_stages() (the MLP) cannot stream, so route='auto' would not help it either.
+        if trainer.route == "streaming" or not callable(getattr(trainer.model, "stream_stages", None)):
+            advice = "Raise memory_limit or lower the batch size"
+        else:
+            advice = ("Use route='auto' (streams when fused does not fit), raise memory_limit or lower the batch "
+                      "size")
         raise MemoryError(f"route {trainer.route!r} does not fit memory_limit: {plan.reason}. {advice}\n"
                           f"{plan.format()}")
     trainer._recompute_mlp_if_planned(plan)
