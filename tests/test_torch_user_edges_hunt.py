@@ -6,6 +6,8 @@ truncated floats, std and a p < 1 norm had NaN gradients, a 0-d logsumexp crashe
 float32, t() transposed 3-D tensors, a bool dim reduced dim 1, float sizes were truncated, several layers crashed
 on a NumPy array, ReLU/Dropout refused inplace=, state_dict(prefix=) doubled the dot, Parameter turned integers
 and complex numbers into float32, and LayerNorm silently widened a float32 batch to float64.
+The indexing tests at the end came a commit later: before it, 6 of their 16 cases failed (x[1, 1:3, [0, 0, 4]] was
+NumPy's (3, 2), torch's is (2, 3)); the other 10 are keys where NumPy and torch agree.
 """
 
 from __future__ import annotations
@@ -208,3 +210,42 @@ def test_layer_norm_refuses_a_batch_of_another_float_dtype_as_torch():
         nn.functional.layer_norm(x32, (8,), None, ta.Tensor(np.zeros(8)))
     with pytest.raises(RuntimeError, match="mixed dtype"):
         torch.nn.LayerNorm(8, dtype=torch.float64)(torch.ones(2, 8))
+
+
+# -- an integer among index arrays selects first, as torch's (NumPy's order put the arrays' dims first) -----------
+
+MIXED_KEYS = [(1, slice(1, 3), [0, 0, 4]), (1, slice(None), None, [0, 2]), (Ellipsis, 1, [0, 2]),
+              ([0, 2], slice(None), 1), ([True, False, True], slice(1, 3), 2), (1, [0, 2]), (2, [1, 3], [0, 4]),
+              (-1, slice(None, None, 2), [[0], [4]])]
+
+
+def _keys(key):
+    ours = tuple(ta.Tensor(np.array(x)) if isinstance(x, list) else x for x in key)
+    theirs = tuple(torch.tensor(x) if isinstance(x, list) else x for x in key)
+    return ours, theirs
+
+
+@pytest.mark.parametrize("key", MIXED_KEYS, ids=str)
+def test_getitem_mixing_integers_and_index_arrays_matches_torch_values_and_gradient(key):
+    data = np.random.default_rng(2).standard_normal((3, 4, 5))
+    ours_key, theirs_key = _keys(key)
+    x = ta.Tensor(data, requires_grad=True)
+    out = x[ours_key]
+    xt = torch.tensor(data, requires_grad=True)
+    ref = xt[theirs_key]
+    assert out.shape == tuple(ref.shape)
+    np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), **TOL64)
+    weights = np.random.default_rng(3).standard_normal(out.shape)
+    (out * ta.Tensor(weights)).sum().backward()
+    (ref * torch.from_numpy(weights)).sum().backward()
+    np.testing.assert_allclose(x.grad, xt.grad.numpy(), **TOL64)
+
+
+@pytest.mark.parametrize("key", MIXED_KEYS, ids=str)
+def test_setitem_mixing_integers_and_index_arrays_matches_torch(key):
+    ours_key, theirs_key = _keys(key)
+    x, xt = ta.Tensor(np.zeros((3, 4, 5))), torch.zeros(3, 4, 5, dtype=torch.float64)
+    value = np.arange(1.0, 1.0 + np.prod(xt[theirs_key].shape)).reshape(xt[theirs_key].shape)
+    x[ours_key] = ta.Tensor(value)
+    xt[theirs_key] = torch.from_numpy(value)
+    np.testing.assert_array_equal(x.numpy(), xt.numpy())

@@ -31,6 +31,33 @@ def _is_advanced(idx: tuple) -> bool:
     return any(isinstance(x, (np.ndarray, bool, np.bool_)) for x in idx)
 
 
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def torch_order(idx: tuple) -> tuple[tuple, tuple] | None:
+    """(basic, rest) for an index that mixes integers with index arrays, else None.
+
+    torch applies an integer as a selection of its dim before any index array, so x[1, 1:3, [0, 0, 4]] of a
+    (3, 4, 5) tensor is (2, 3); NumPy counts the integer as one more index array, and index arrays separated by a
+    slice put their dims first: (3, 2). Indexing with `basic` (the integers, slices, None and Ellipsis; each array
+    a full slice of the dims it indexes) and then the view with `rest` (the arrays where those dims now are) gives
+    torch's shape, and NumPy's wherever the two agree (no slice between an integer and an array)."""
+    if not _is_advanced(idx) or not any(_is_int(x) for x in idx):
+        return None
+    basic, rest = [], []
+    for x in idx:
+        if isinstance(x, np.ndarray):
+            basic += [slice(None)] * (x.ndim if x.dtype == np.bool_ else 1)
+            rest.append(x)
+        elif _is_int(x):
+            basic.append(x)
+        else:
+            basic.append(x)
+            rest.append(Ellipsis if x is Ellipsis else slice(None))  # a None's new dim is in the view already
+    return tuple(basic), tuple(rest)
+
+
 def _is_full(x) -> bool:
     return isinstance(x, slice) and x == slice(None)
 
@@ -53,13 +80,32 @@ def _take_axis(idx: tuple, ndim: int) -> tuple[int, np.ndarray] | None:
     return None
 
 
+def _rest_as_given(index) -> tuple:
+    """torch_order's `rest` made of the caller's own items (Tensors kept: getitem refuses a later in-place write
+    to an index tensor that backward reads)."""
+    out = []
+    for item in index if isinstance(index, tuple) else (index,):
+        if _is_int(item):
+            continue
+        if item is None or isinstance(item, slice):
+            out.append(slice(None))
+        else:
+            out.append(item)
+    return tuple(out)
+
+
 def getitem(a: Tensor, index) -> Tensor:
-    """a[index]: ints, slices, None, Ellipsis, integer/bool arrays or Tensors (NumPy rules).
+    """a[index]: ints, slices, None, Ellipsis, integer/bool arrays or Tensors (NumPy's rules, but an integer
+    selects its dim before any index array is applied, as torch's: torch_order).
 
     Basic indexing returns a view of `a`; advanced indexing copies into the current arena.
     """
-    ad = a.data
     idx = _normalize_index(index)
+    split = torch_order(idx)
+    if split is not None:
+        basic, _ = split
+        return getitem(getitem(a, basic), _rest_as_given(index))
+    ad = a.data
 
     if not _is_advanced(idx):
         # A trailing Ellipsis makes NumPy return a 0-d view instead of a scalar copy for a[i, j].

@@ -14,19 +14,23 @@ import numpy as np
 from ..tape import host
 from ..tensor import Tensor
 from .arith import broadcasts_to, check_inplace_graph, refuse_overlap, writable
-from .index import _STAND_IN, _is_advanced, _normalize_index
+from .index import _STAND_IN, _is_advanced, _normalize_index, torch_order
 
 _WHERE = "`ops.where(mask, value, t)` (torch.where) for a new tensor"
 
 
 def setitem(a: Tensor, index, value) -> None:
-    """t[index] = value: ints, slices, None, Ellipsis, bool masks and integer arrays or Tensors (NumPy rules, as
-    getitem); value a number, array or Tensor broadcast to the selected shape and cast to t's dtype (as torch,
-    a float written into an integer tensor is truncated)."""
+    """t[index] = value: ints, slices, None, Ellipsis, bool masks and integer arrays or Tensors (NumPy rules,
+    an integer selecting first as torch's, as getitem); value a number, array or Tensor broadcast to the selected
+    shape and cast to t's dtype (as torch, a float written into an integer tensor is truncated)."""
     what = "t[index] = value"
     check_inplace_graph(a, value, what, _WHERE)
     ad = writable(a, what, _WHERE)
     idx = _normalize_index(index)
+    split = torch_order(idx)
+    if split is not None:  # as getitem: the integers select first, then the arrays index that view
+        basic, idx = split
+        ad = ad[basic]
     vd = _values(value, what)
     # The selected shape (and NumPy's IndexError for a bad index) from a stand-in with no bytes.
     selected = np.broadcast_to(_STAND_IN, ad.shape)[idx].shape
