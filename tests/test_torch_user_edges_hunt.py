@@ -7,7 +7,8 @@ float32, t() transposed 3-D tensors, a bool dim reduced dim 1, float sizes were 
 on a NumPy array, ReLU/Dropout refused inplace=, state_dict(prefix=) doubled the dot, Parameter turned integers
 and complex numbers into float32, and LayerNorm silently widened a float32 batch to float64.
 The indexing tests at the end came a commit later: before it, 6 of their 16 cases failed (x[1, 1:3, [0, 0, 4]] was
-NumPy's (3, 2), torch's is (2, 3)); the other 10 are keys where NumPy and torch agree.
+NumPy's (3, 2), torch's is (2, 3)); the other 10 are keys where NumPy and torch agree. The view test came with
+the commit after that one (view was reshape, and x.t().view(6) copied silently).
 """
 
 from __future__ import annotations
@@ -249,3 +250,18 @@ def test_setitem_mixing_integers_and_index_arrays_matches_torch(key):
     x[ours_key] = ta.Tensor(value)
     xt[theirs_key] = torch.from_numpy(value)
     np.testing.assert_array_equal(x.numpy(), xt.numpy())
+
+
+def test_view_never_copies_and_refuses_a_layout_it_cannot_view_as_torch():
+    data = np.arange(6.0).reshape(2, 3)
+    with pytest.raises(RuntimeError, match=r"view: a tensor of shape \(3, 2\).*use reshape\(\)"):
+        ta.Tensor(data).t().view(6)
+    with pytest.raises(RuntimeError):
+        torch.from_numpy(data).t().view(6)
+    x = ta.Tensor(data.copy())
+    v = x.view(3, 2)
+    v[0, 0] = 7.0  # a view: the write reaches x, as in torch
+    assert x.numpy()[0, 0] == 7.0
+    assert ta.Tensor(data).t().reshape(6).shape == (6,)  # reshape still copies where it must
+    q = ta.Tensor(np.zeros((2, 5, 12)))[..., :4]  # a slice of a fused projection, viewed as heads: no copy needed
+    assert q.view(2, 5, 2, 2).shape == (2, 5, 2, 2)

@@ -52,7 +52,7 @@ def install() -> None:
     T.argmax, T.argmin, T.all, T.any = reduce.argmax, reduce.argmin, reduce.all, reduce.any
     T.softmax, T.log_softmax = reduce.softmax, reduce.log_softmax
     T.float, T.double, T.long, T.int, T.bool = cast.to_float, cast.to_double, cast.to_long, cast.to_int, cast.to_bool
-    T.reshape = T.view = shape.reshape
+    T.reshape, T.view = shape.reshape, shape.view
     T.clone = shape.clone
     T.transpose, T.permute, T.flatten = shape.transpose, shape.permute, shape.flatten
     T.unsqueeze, T.squeeze, T.expand = shape.unsqueeze, shape.squeeze, shape.expand
@@ -64,7 +64,8 @@ def install() -> None:
     T.split, T.chunk, T.contiguous = shape.split, shape.chunk, shape.contiguous
     T.repeat, T.unbind = shape.repeat, shape.unbind
     T.expand_as = lambda a, other: shape.expand(a, other.shape)
-    T.view_as = T.reshape_as = lambda a, other: shape.reshape(a, other.shape)
+    T.reshape_as = lambda a, other: shape.reshape(a, other.shape)
+    T.view_as = lambda a, other: shape.view(a, other.shape)
     T.to = cast.to
     T.dim = lambda a: a.ndim
     T.is_contiguous = lambda a: bool(a.data.flags.c_contiguous)

@@ -12,18 +12,35 @@ from .index import getitem
 
 def reshape(a: Tensor, *shape) -> Tensor:
     """Same data, new shape (one dim may be -1). Copies only if `a` is not contiguous."""
+    return _reshape(a, shape, "reshape")
+
+
+def view(a: Tensor, *shape) -> Tensor:
+    """torch's Tensor.view: reshape that never copies. A layout no view can take (x.t().view(6)) is refused, as
+    torch refuses it: a copy would silently cut the result off `a`, so a write to it would never reach `a`."""
+    return _reshape(a, shape, "view")
+
+
+def _reshape(a: Tensor, shape: tuple, op: str) -> Tensor:
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
-    shape = tuple(as_count(n, "reshape: a size") for n in shape)
+    shape = tuple(as_count(n, f"{op}: a size") for n in shape)
     if any(n < -1 for n in shape) or shape.count(-1) > 1:
         # NumPy reads any negative size as -1; torch refuses all but a single -1
-        raise ValueError(f"reshape: invalid shape {shape} for a tensor of shape {a.shape}: sizes must be "
+        raise ValueError(f"{op}: invalid shape {shape} for a tensor of shape {a.shape}: sizes must be "
                          f"non-negative, with at most one -1 (inferred)")
     ad = a.data
     try:
         np.broadcast_to(np.empty((), np.bool_), ad.shape).reshape(shape)  # validate; zero strides, no memory
     except ValueError:
-        raise ValueError(f"reshape: cannot view shape {ad.shape} ({ad.size} elements) as {tuple(shape)}") from None
+        raise ValueError(f"{op}: cannot view shape {ad.shape} ({ad.size} elements) as {tuple(shape)}") from None
+    if op == "view":
+        try:
+            ad.reshape(shape, copy=False)  # a view or a ValueError; nothing is copied either way
+        except ValueError:
+            raise RuntimeError(f"view: a tensor of shape {ad.shape} and strides {ad.strides} (bytes) is not laid "
+                               f"out as {shape} without a copy; use reshape(), which copies, or "
+                               f".contiguous().view()") from None
     view = reshaped(ad, shape)
     view_of = a if np.shares_memory(view, ad) else None  # a copy lives in the arena, not in `a`
     a_shape = ad.shape  # not ad: after a copy, the closure would keep `a`'s memory alive
