@@ -8,7 +8,7 @@ on a NumPy array, ReLU/Dropout refused inplace=, state_dict(prefix=) doubled the
 and complex numbers into float32, and LayerNorm silently widened a float32 batch to float64.
 The indexing tests at the end came a commit later: before it, 6 of their 16 cases failed (x[1, 1:3, [0, 0, 4]] was
 NumPy's (3, 2), torch's is (2, 3)); the other 10 are keys where NumPy and torch agree. The view test came with
-the commit after that one (view was reshape, and x.t().view(6) copied silently).
+the commit after that one (view was reshape, and x.t().view(6) copied silently), the cumsum test with the next.
 """
 
 from __future__ import annotations
@@ -265,3 +265,15 @@ def test_view_never_copies_and_refuses_a_layout_it_cannot_view_as_torch():
     assert ta.Tensor(data).t().reshape(6).shape == (6,)  # reshape still copies where it must
     q = ta.Tensor(np.zeros((2, 5, 12)))[..., :4]  # a slice of a fused projection, viewed as heads: no copy needed
     assert q.view(2, 5, 2, 2).shape == (2, 5, 2, 2)
+
+
+def test_a_float32_cumsum_is_carried_wide_as_torch_so_its_error_does_not_grow_with_length():
+    x = np.random.default_rng(0).standard_normal(10 ** 6).astype(np.float32)
+    exact = np.cumsum(x.astype(np.float64))
+    ours = np.abs(ta.Tensor(x).cumsum(0).numpy() - exact).max()
+    theirs = np.abs(torch.from_numpy(x).cumsum(0).numpy() - exact).max()
+    assert ours <= max(2 * theirs, 1e-4)  # carried in float32 it was 9e-3 (theirs 6e-5)
+    g = np.random.default_rng(1).standard_normal(10 ** 6).astype(np.float32)
+    t = ta.Tensor(x, requires_grad=True)
+    (t.cumsum(0) * ta.Tensor(g)).sum().backward()
+    assert np.abs(t.grad - np.cumsum(g[::-1].astype(np.float64))[::-1]).max() <= 1e-4
