@@ -283,8 +283,7 @@ def cmd_train(args) -> dict:
     With --json - the JSON is all that goes to stdout (the report goes to stderr), so the output pipes into
     jq or json.loads as it is.
     """
-    from .train.report import NonFiniteLossError
-    from .train.trainer import StoreDirError
+    from .train.report import NonFiniteLossError, StoreDirError
 
     check_output_paths(args)
     to_stdout = args.json == "-"
@@ -349,11 +348,24 @@ def check_output_paths(args) -> None:
         _check_writable("--save", Path(args.save), directory=args.model == "simcse")
     if args.json and args.json != "-":
         _check_writable("--json", Path(args.json), directory=False)
-    if getattr(args, "store_dir", None) and Path(args.store_dir).exists() and not Path(args.store_dir).is_dir():
-        # Checked without creating anything (an option refused later must leave no directory behind); what only
-        # making it can show (permissions, a read-only disk) is the Trainer's StoreDirError, said in cmd_train.
-        raise SystemExit(f"tensorarena train: --store-dir {args.store_dir} is a file, not a directory: pass a "
-                         f"directory (new or existing) for the streaming store")
+    if getattr(args, "store_dir", None):
+        _check_store_dir(Path(args.store_dir))
+
+
+def _check_store_dir(path: Path) -> None:
+    """--store-dir, checked without creating anything (an option refused later must leave no directory behind);
+    what only making it can show (permissions, a read-only disk) is the Trainer's StoreDirError, said in cmd_train.
+    A directory holding a streamed run is refused: the Trainer would resume that run, not this one (its
+    parameters, optimizer state and step count), and a run of --steps N went on past step N."""
+    from .stream.store_manifest import MANIFEST
+
+    if path.exists() and not path.is_dir():
+        raise SystemExit(f"tensorarena train: --store-dir {path} is a file, not a directory: pass a directory "
+                         f"(new or existing) for the streaming store")
+    if (path / MANIFEST).exists():
+        raise SystemExit(f"tensorarena train: --store-dir {path} already holds a streamed run ({MANIFEST}); a "
+                         f"run there would go on from that one, not start this one: pass a new or empty "
+                         f"directory, or delete it (to go on with a run, --resume its checkpoint)")
 
 
 def _check_writable(flag: str, path: Path, *, directory: bool) -> None:

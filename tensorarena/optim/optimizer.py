@@ -313,6 +313,14 @@ class Optimizer:
         Arrays are the live state arrays (not copies), as in torch: serialise or copy
         them before the next step if you need a snapshot.
         """
+        self._refuse_while_streamed("state_dict() would return none of it")
+        index_of, groups = self._packed_groups()
+        state = {index_of[id(p)]: dict(s) for p, s in self.state.items() if id(p) in index_of}
+        return {"state": state, "param_groups": groups}
+
+    def _packed_groups(self) -> tuple[dict[int, int], list[dict[str, Any]]]:
+        """(id(param) -> its index, the groups with indices for params): state_dict's "param_groups", which a
+        streamed checkpoint (stream/checkpoint.py) writes while the state itself is in the store."""
         index_of: dict[int, int] = {}
         groups = []
         for group in self.param_groups:
@@ -321,8 +329,18 @@ class Optimizer:
                 index_of.setdefault(id(p), len(index_of))
             packed["params"] = [index_of[id(p)] for p in group["params"]]
             groups.append(packed)
-        state = {index_of[id(p)]: dict(s) for p, s in self.state.items() if id(p) in index_of}
-        return {"state": state, "param_groups": groups}
+        return index_of, groups
+
+    def _refuse_while_streamed(self, what: str) -> None:
+        """A StreamingRoute keeps its parameters' optimizer state in its store, not in self.state (stream/on_disk.py
+        marks those parameters): reading self.state then would silently miss all of it. (Loading a state dict is
+        fine: the route moves it into the store before its next step, stream/follow.py.)"""
+        from ..memory.arena import StaleTensorError
+
+        if any(getattr(p._arena, "on_disk", False) for group in self.param_groups for p in group["params"]):
+            raise StaleTensorError(f"the optimizer state of the parameters a StreamingRoute trains lives on disk, in "
+                                   f"its store: {what}. Bring it into memory first with trainer.stream.to_memory(), "
+                                   f"or save and restore a checkpoint with trainer.save(path) / trainer.load(path)")
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what `state_dict` returned (copied to the heap); validates groups and shapes."""

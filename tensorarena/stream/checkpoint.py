@@ -89,7 +89,7 @@ def _entries(route) -> list[tuple[int | None, str, str, Any]]:
 
 def _meta(route, step: int, extra: dict | None) -> dict:
     # The optimizer's state lives in the store (its in-memory state is empty): only the groups are used.
-    groups = route.optimizer.state_dict()["param_groups"]
+    _, groups = route.optimizer._packed_groups()
     meta: dict[str, Any] = {"format": FORMAT, "version": VERSION, "step": step, "extra": extra or {},
                             "optimizer": {"class": type(route.optimizer).__name__, "param_groups": _jsonable(groups),
                                           "scalar_state": {}}}

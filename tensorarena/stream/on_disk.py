@@ -24,6 +24,7 @@ class _OnDisk:
 
     closed = True
     name = "the streaming store"
+    on_disk = True  # what Optimizer.state_dict looks for (optim cannot import this module: it imports optim)
 
     @property
     def generation(self) -> int:

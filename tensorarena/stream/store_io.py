@@ -216,6 +216,10 @@ class StageIO:
         took 36-60 ms instead of 13). MADV_POPULATE_WRITE (Linux 5.14) takes those faults here.
         """
         prot = mmap.PROT_READ | mmap.PROT_WRITE
+        size = os.fstat(self._fd(index)).st_size
+        if size < nbytes:  # mmap would refuse with a ValueError naming no file (and a page past the end is SIGBUS)
+            raise StoreError(f"{self.directory / self.files[index]} ended after {size} of {nbytes} bytes; the "
+                             f"store was truncated: delete it and resume from a checkpoint")
         if nbytes < self.layouts[index].total_bytes:
             return mmap.mmap(self._fd(index), nbytes, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=prot)
         mapped = mmap.mmap(self._fd(index), nbytes, flags=mmap.MAP_SHARED, prot=prot)

@@ -27,6 +27,11 @@ class NonFiniteLossError(FloatingPointError):
     """The loss was NaN or infinite; the step was not applied."""
 
 
+class StoreDirError(ValueError):
+    """store_dir cannot hold this trainer's streaming store (a file, not writable or creatable, or holding
+    another run to resume where the trainer has a state of its own)."""
+
+
 def check_step_options(clip_grad_norm: float | None, on_nonfinite: str) -> None:
     """The step options every route takes (Trainer, StreamingRoute): ValueError naming a bad one."""
     if on_nonfinite not in ("raise", "skip"):

@@ -31,17 +31,13 @@ from ..precision import float32_matmul_precision, get_float32_matmul_precision
 from ..precision import normalize as normalize_precision
 from ..tensor import Tensor
 from .eager_step import eager_step
-from .report import StepReport, check_step_options
+from .report import StepReport, StoreDirError, check_step_options
 from .trainer_route_choice import check_the_limit, choose_route, planned_for, recompute_mlp_if_planned
 from .trainer_step import _rows, compile_fused, fused_step, route_step, run_step
 
 ROUTES = ("eager", "fused", "streaming", "auto")
 log = logging.getLogger("tensorarena")
 LossFn = Callable[[Tensor, Any], Tensor]
-
-
-class StoreDirError(ValueError):
-    """store_dir cannot hold the streaming store (a file, not writable, not creatable)."""
 
 
 def _check_store_dir(store_dir) -> None:
@@ -320,11 +316,11 @@ class Trainer:
     def _recompute_mlp_if_planned(self, plan) -> None:
         return recompute_mlp_if_planned(self, plan)
 
-    def _start_streaming(self, *, redo_after_oom: bool = False) -> None:
+    def _start_streaming(self, *, redo_after_oom: bool = False, for_checkpoint: bool = False) -> None:
         """Move the training state into the streaming store and make it this trainer's route."""
         from .trainer_streaming import start_streaming
 
-        start_streaming(self, redo_after_oom=redo_after_oom)
+        start_streaming(self, redo_after_oom=redo_after_oom, for_checkpoint=for_checkpoint)
 
     def compile(self, inputs: Any, targets: Any):
         """Trace the fused step for this batch signature now (before step 1); returns the FusedStep.

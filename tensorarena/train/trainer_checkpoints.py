@@ -50,7 +50,7 @@ def load(trainer: Trainer, path) -> dict:
         # whole state into a new store first (nothing would be lost, but nothing should change).
         verify_checkpoint_file(path)
         if trainer.stream is None:
-            trainer._start_streaming()
+            trainer._start_streaming(for_checkpoint=True)
         meta = load_into_streaming(trainer.stream, path, verified=True)
         trainer.step_count = meta["step"]
         return meta.get("extra") or {}
@@ -88,7 +88,7 @@ def load_pending(trainer: Trainer, why: str) -> None:
         from ..stream.checkpoint import load_into_streaming
 
         if trainer.stream is None:
-            trainer._start_streaming()
+            trainer._start_streaming(for_checkpoint=True)
         # Its checksums were checked by load(); reading the file once more here would cost RSS the plan does
         # not count (the resumed vit-tiny of test_streaming_rss_under_cgroup.py went 1.7% over its need).
         meta = load_into_streaming(trainer.stream, path, verified=True)

@@ -15,7 +15,7 @@ import numpy as np
 from ..compile.step_state import restore_step_state
 from ..memory.meter import rss_bytes
 from ..tensor import Tensor
-from .report import StepReport
+from .report import StepReport, StoreDirError
 
 if TYPE_CHECKING:
     from .trainer import Trainer
@@ -23,9 +23,41 @@ if TYPE_CHECKING:
 log = logging.getLogger("tensorarena")
 
 
-def start_streaming(trainer: Trainer, *, redo_after_oom: bool = False) -> None:
+def _say_what_a_kept_store_does(trainer: Trainer, for_checkpoint: bool) -> None:
+    """A store_dir that holds a run is resumed (StreamingRoute start="auto"): its parameters, optimizer state,
+    hyperparameters, schedule, RNG and step count replace the trainer's. Said, not silent (a fine-tuning user's
+    pretrained weights and learning rate were replaced without a word); refused when the trainer holds a state
+    of its own to lose (a loaded checkpoint, steps taken), which the store's run would silently replace."""
+    import json
+    from pathlib import Path
+
+    from ..stream.store_manifest import MANIFEST
+
+    manifest = Path(trainer.store_dir) / MANIFEST
+    if not manifest.exists():
+        return
+    try:
+        at = f" at step {int(json.loads(manifest.read_text())['step'])}"
+    except (OSError, ValueError, KeyError, TypeError):
+        at = ""  # damaged: the route's own check says how when it opens the store
+    if for_checkpoint:
+        log.info("streaming: store_dir %s holds a run%s: opened so that the checkpoint being loaded replaces its "
+                 "state", trainer.store_dir, at)
+        return
+    if trainer.step_count or trainer._pending_checkpoint is not None:
+        raise StoreDirError(f"store_dir {trainer.store_dir} holds a streamed run{at}, and this trainer holds a "
+                            f"state of its own (step {trainer.step_count}, or a checkpoint waiting to load): "
+                            f"streaming would resume the store's run and drop it. Pass a new or empty store_dir "
+                            f"(or delete {trainer.store_dir})")
+    log.warning("streaming: store_dir %s holds a run%s: resuming it; its parameters, optimizer state, "
+                "hyperparameters, schedule and step count replace this trainer's (pass a new or empty store_dir "
+                "to start anew)", trainer.store_dir, at)
+
+
+def start_streaming(trainer: Trainer, *, redo_after_oom: bool = False, for_checkpoint: bool = False) -> None:
     """Open the streaming route over trainer.store_dir (a temporary one if None) and make it the route;
-    redo_after_oom starts it from the state in memory, overwriting the store, to redo a failed step."""
+    redo_after_oom starts it from the state in memory, overwriting the store, to redo a failed step;
+    for_checkpoint opens it for Trainer.load to write a checkpoint into (whose state then replaces a kept run's)."""
     import shutil
     import tempfile
     import weakref
@@ -38,6 +70,8 @@ def start_streaming(trainer: Trainer, *, redo_after_oom: bool = False) -> None:
         log.info("streaming store: %s (temporary: removed when this trainer's route goes; pass store_dir= "
                  "to keep it)", made)
     start = "memory" if redo_after_oom else "auto"
+    if start == "auto":
+        _say_what_a_kept_store_does(trainer, for_checkpoint)
     try:
         trainer.stream = StreamingRoute(trainer.model, trainer.optimizer, trainer.loss_fn, trainer.store_dir,
                                         scheduler=trainer.scheduler, clip_grad_norm=trainer.clip_grad_norm,
