@@ -125,12 +125,19 @@ def _one_line(text: str) -> str:
 
 def cmd_embed(args) -> np.ndarray:
     """`tensorarena embed`: print one row per sentence (text, first dims, norm), or JSON vectors with --json."""
+    from .models.bert import CheckpointMismatchError
+
     if args.max_length < 2:
         raise SystemExit(f"tensorarena embed: --max-length must be at least 2, got {args.max_length}")
     try:
         vectors = embed(args.texts, model_dir=args.model_dir, max_length=args.max_length)
     except FileNotFoundError as e:
         raise SystemExit(f"tensorarena embed: {e}") from None
+    except (ValueError, CheckpointMismatchError) as e:
+        if args.model_dir is None:  # the packaged model: not the user's to fix, so the traceback stays
+            raise
+        # a config.json of another model type, or one the weights do not fit: the user's directory, said as such
+        raise SystemExit(f"tensorarena embed: --model-dir {args.model_dir} cannot be used: {e}") from None
     if args.json:
         print(json.dumps(vectors.tolist()))
         return vectors

@@ -400,13 +400,14 @@ def test_the_fused_route_refuses_an_encoding_naming_its_arrays():
     # The fused route holds its inputs in a plan buffer: an Encoding is refused by Tensor() before anything runs,
     # saying what to pass (it was a (B, T) object array, refused by the model with a message naming Encoding).
     # Since Encoding[i] became a batch of one (8edb4ad), np.asarray recursed to NumPy's 64-dimension limit and
-    # raised its ValueError naming nothing; Tensor() turns that into this TypeError too.
+    # raised its ValueError naming nothing; Tensor() turns that into this TypeError too. (The fused route's message
+    # no longer quotes Tensor()'s, whose NumPy part spoke of 64 dimensions; it names the Encoding's arrays itself.)
     from tensorarena.text import WordPieceTokenizer
 
     enc = WordPieceTokenizer(_minilm_dir())(["hello world", "third one"], pad_to=8)
     model = _simcse(0.1, vocab_size=30522)
     trainer = Trainer(model, ta.optim.AdamW(model.parameters(), lr=1e-3), _model_loss, route="fused")
-    with pytest.raises(TypeError, match=r"cannot make a Tensor of Encoding.*\.input_ids"):
+    with pytest.raises(TypeError, match=r"cannot hold a batch of type Encoding.*Encoding's \.input_ids"):
         trainer.step(enc, None)
     assert trainer.step_count == 0
 

@@ -89,16 +89,18 @@ def input_array(inputs: Any) -> np.ndarray:
         return inputs.data
     try:
         return Tensor(inputs).data
-    except TypeError as exc:
+    except TypeError:
         if isinstance(inputs, (np.ndarray, list, tuple, int, float, np.generic)):
             raise  # an array-like the eager route makes a Tensor of too, and fails the same way
         # The eager route hands such a batch (a dict of arrays, a tokenizer's Encoding) to the model as it is; a
         # plan holds its inputs in one array buffer. An UnsupportedOpError, so fallback_to_eager=True applies.
+        # (NumPy's own words are left out: for an Encoding they were about "64 dimensions", which misled.)
         raise UnsupportedInputError(
-            f"the fused route holds the inputs in one array buffer, and cannot hold a batch of type "
-            f"{type(inputs).__name__} ({exc}). Pass the inputs as one array (and read the rest from the targets or "
-            f"the model), or train with route='eager' (Trainer(..., fallback_to_eager=True) falls back and logs "
-            f"why)") from None
+            f"the fused route (and route='auto', whose plan traces it) holds the inputs in one array buffer, and "
+            f"cannot hold a batch of type {type(inputs).__name__}. Pass the inputs as one array (e.g. an Encoding's "
+            f".input_ids; read the rest from the targets or the model), or train with route='eager' or "
+            f"'streaming', which hand the batch to the model as it is (Trainer(..., fallback_to_eager=True) falls "
+            f"back to eager and logs why)") from None
 
 
 def batch_signature(inputs: Any, targets: Any) -> Signature:

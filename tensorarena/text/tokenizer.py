@@ -78,7 +78,10 @@ class Encoding:
 
         An int gives a batch of one, (1, T): an Encoding's arrays are (B, T) wherever it goes.
         """
-        if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
+        if isinstance(index, (bool, np.bool_)):  # NumPy reads a bool scalar as a new axis: (1, B, T)
+            raise TypeError(f"an Encoding is indexed by row (an int, a slice, an index or mask array), got the bool "
+                            f"{index!r}")
+        if isinstance(index, (int, np.integer)):
             index = [index]  # fancy indexing keeps the batch axis (and -1 / out-of-range work as for a list)
         return Encoding(self.input_ids[index], self.attention_mask[index], self.token_type_ids[index])
 

@@ -46,7 +46,9 @@ def prepare_resume(args) -> dict | None:
 # --activation / --dropout build the model: other values (even the defaults, when the first run set them)
 # silently made another run of the same shapes. --lr, --weight-decay, --momentum and --warmup live in the
 # optimizer's and the schedule's state, which the checkpoint overwrites: another value was ignored unsaid.
-RUN_OPTIONS = ("seed", "activation", "dropout", "lr", "weight_decay", "momentum", "warmup")
+# --batch-size and --clip shape every later step (and the loader's saved position counts batches): left out on a
+# resume they went back to the defaults without a word, so the resumed run was another run.
+RUN_OPTIONS = ("seed", "activation", "dropout", "lr", "weight_decay", "momentum", "warmup", "batch_size", "clip")
 
 
 def _run_options(args) -> dict:

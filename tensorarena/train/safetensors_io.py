@@ -59,6 +59,9 @@ def tensor_entries(arrays: dict[str, np.ndarray]) -> dict[str, dict[str, Any]]:
     """Header entries for `arrays`, laid out in the dict's order."""
     entries, offset = {}, 0
     for name, array in arrays.items():
+        if name == "__metadata__":  # the header's key for the metadata: a tensor of that name made an unreadable file
+            raise ValueError("a tensor cannot be named '__metadata__' in a safetensors file (the header keeps the "
+                             "file's metadata under that key); rename it")
         nbytes = array.size * array.itemsize
         entries[name] = {"dtype": dtype_code(array.dtype, name), "shape": list(array.shape),
                          "data_offsets": [offset, offset + nbytes]}
