@@ -24,8 +24,9 @@ call per parameter group after backward. `update_in_backward=False` asks for tha
 to read `p.grad` after a step); True with clipping is an error.
 
 Two replays. `replay="python"` re-runs the Python op dispatch on the plan's buffers, and checks
-every allocation against the trace, so input-dependent control flow is caught
-(`PlanMismatchError`) rather than silently mis-planned. `replay="captured"` (compile/captured.py)
+every allocation against the trace (its shape and dtype, and that no buffer whose bytes it takes over is
+still held: step_plan.PlannedArena), so input-dependent control flow is caught (`PlanMismatchError`)
+rather than silently mis-planned. `replay="captured"` (compile/captured.py)
 records the step's calls once per plan, checks the recording against this replay bit for bit on
 two batches, and then runs only those calls: no forward, autograd or dispatch in Python. Like a
 captured CUDA graph, it assumes the step does the same work for every batch of a signature (no
@@ -76,6 +77,7 @@ from .micro_batches import GradAccumulator, check_micro_batch, micro_step, split
 from .replay_choice import choose_replay
 from .step_plan import PlannedArena, Signature, StepPlan
 from .trace import PlanMismatchError, UnsupportedInputError
+from .watched_state import ModelState
 
 log = logging.getLogger("tensorarena")
 
@@ -361,6 +363,10 @@ class FusedStep:
                                         f"trace{partly}")
             if update:
                 grad_norm = self.after_backward(params, index)
+        if plan.model_state is not None and plan.model_state.changed():
+            # The forward's own writes (a step counter) are the state the next step starts from; compared with
+            # the trace's, every later step would count as changed and trace again.
+            plan.model_state = ModelState(self.model)
         self.replays += 1
         return value, grad_norm, False, arena
 

@@ -9,6 +9,9 @@ trace, so a step whose control flow depends on the data fails loudly instead of 
 
 from __future__ import annotations
 
+import bisect
+import gc
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +43,9 @@ class StepPlan:
     capture: Any = None  # replay="captured": its recording or why there is none (compile/captured.py)
     model_state: Any = None  # watched_state.ModelState read after the trace: a change retraces (FusedStep.plan_for)
     target_buffers: list[np.ndarray] = field(default_factory=list)  # each array of the targets, in order
+    # occupants[j]: the buffers whose slab bytes buffer j takes over (previous_occupants): the trace let them go
+    # before j was asked for, so a Python replay still holding one has left its trace (PlannedArena.alloc)
+    occupants: list[tuple[int, ...]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.target_buffers and isinstance(self.targets, np.ndarray):
@@ -79,6 +85,41 @@ class StepPlan:
         return "\n".join(lines)
 
 
+def previous_occupants(buffers: list[TracedBuffer], offsets: dict[str, int]) -> list[tuple[int, ...]]:
+    """For each buffer j, in the order the step asks for them, the buffers last placed on any of its slab bytes
+    before it: the ones the plan lets j overwrite because the trace saw them die first. (Older occupants of
+    those bytes were taken over, and so checked, by an earlier buffer.)"""
+    starts: list[int] = []  # disjoint byte ranges of the slab, sorted, each with the buffer placed there last
+    ends: list[int] = []
+    owners: list[int] = []
+    out: list[tuple[int, ...]] = []
+    for b in buffers:
+        lo = offsets[str(b.index)]
+        hi = lo + b.nbytes
+        if not b.nbytes:
+            out.append(())
+            continue
+        k = max(bisect.bisect_right(starts, lo) - 1, 0)
+        if k < len(starts) and ends[k] <= lo:
+            k += 1
+        end, found, pieces, tail = k, [], [], None
+        while end < len(starts) and starts[end] < hi:
+            found.append(owners[end])
+            if starts[end] < lo:  # the part before j's bytes stays its previous occupant's
+                pieces.append((starts[end], lo, owners[end]))
+            if ends[end] > hi:  # and the part after them
+                tail = (hi, ends[end], owners[end])
+            end += 1
+        pieces.append((lo, hi, b.index))
+        if tail is not None:
+            pieces.append(tail)
+        starts[k:end] = [p[0] for p in pieces]
+        ends[k:end] = [p[1] for p in pieces]
+        owners[k:end] = [p[2] for p in pieces]
+        out.append(tuple(dict.fromkeys(found)))
+    return out
+
+
 class PlannedArena(Arena):
     """A step arena whose i-th allocation is the plan's precomputed slab view i; it owns no blocks."""
 
@@ -87,6 +128,7 @@ class PlannedArena(Arena):
         self.plan = plan
         self.cursor = 0
         self.stats.high_water = plan.memory.slab_bytes
+        self._held: list[int] | None = None  # each view's reference count before the step (see _check_let_go)
 
     def alloc(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         i = self.cursor
@@ -102,12 +144,41 @@ class PlannedArena(Arena):
                 f"this step diverged from its trace at buffer #{i}: the trace had {b.op} -> {b.shape} {b.dtype}, "
                 f"this step asked for {tuple(shape)} {np.dtype(dtype)}. The step's control flow depends on "
                 f"the data (or on Python state outside the model's modules); use route='eager' for it.")
+        recording = tape.active()
+        if recording is None and i < len(self.plan.occupants):
+            if self._held is None:  # before the step holds any: what holds each view from outside it
+                views = self.plan.views
+                self._held = [sys.getrefcount(views[k]) for k in range(len(views))]
+            if self.plan.occupants[i]:
+                self._check_let_go(i)
         self.cursor = i + 1
         self.stats.allocations += 1
-        recording = tape.active()
         if recording is not None and recording.depth:  # scratch a recorded kernel takes: its replay needs it too
             recording.allocations.append(i)
         return self.plan.views[i]
+
+    def _check_let_go(self, j: int) -> None:
+        """PlanMismatchError if a buffer whose bytes j takes over is still held: the trace had let it go, so this
+        step's control flow left the trace's, though it asked for the same buffers (a branch on the data that
+        keeps a value longer). Without the check its bytes were overwritten while read: wrong results, no error.
+
+        Held means referenced beyond what referenced it before the step began (the plan's list; a caller's
+        object kept from the last step): the op's Tensor, a backward closure or a local holds the view itself,
+        since a view of it takes the slab as its base. A reference held only by garbage in a cycle is not a
+        hold: one collection is run before refusing."""
+        views = self.plan.views
+        held = [i for i in self.plan.occupants[j] if sys.getrefcount(views[i]) > self._held[i]]
+        if held:
+            gc.collect()
+            held = [i for i in held if sys.getrefcount(views[i]) > self._held[i]]
+        if held:
+            i = held[0]
+            b, now = self.plan.buffers[i], self.plan.buffers[j]
+            raise PlanMismatchError(
+                f"this step still holds buffer #{i} ({b.op} -> {b.shape} {b.dtype}) when it asks for buffer #{j} "
+                f"({now.op} -> {now.shape} {now.dtype}), which the plan puts in its memory because the trace had "
+                f"let #{i} go by then. The step's control flow depends on the data (or on Python state outside "
+                f"the model's modules); use route='eager' for it.")
 
 
 class TapeArena(PlannedArena):

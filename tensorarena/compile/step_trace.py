@@ -21,7 +21,7 @@ from ..tensor import Tensor
 from . import targets as target_layout
 from .flat import FlatState
 from .planner import plan_memory
-from .step_plan import Signature, StepPlan
+from .step_plan import Signature, StepPlan, previous_occupants
 from .step_state import buffer_states, restore_buffers, restore_rng, rng_states
 from .trace import TracingArena, UnsupportedOpError
 from .watched_state import ModelState
@@ -96,6 +96,10 @@ def trace_step(fused: FusedStep, inputs: Any, targets: Any, sig: Signature) -> S
     # The trace runs the step's Python once more on this batch: a forward that updates buffers in training
     # (a running mean, a batch count) must not keep that update, or the buffers see step 1's batch twice.
     saved_buffers = buffer_states(fused.model)
+    # And the plain values its Python sets (a step counter): the Python replay runs the forward again at every
+    # step, so the trace's own writes are put back. (A captured replay never runs it again: what its forward
+    # sets, such as ViT's last_block_route, is kept from the trace.)
+    saved_state = ModelState(fused.model) if fused.replay == "python" else None
     # Every other leaf's .grad is kept (the trace changes none): the model's parameters outside the layout
     # and those left out of it for having had no gradient, which may sit outside the model.
     others = {p: p.grad for p in [*fused.model.parameters(), *fused.left_out.values()] if not fused.flat.owns(p)}
@@ -144,6 +148,8 @@ def trace_step(fused: FusedStep, inputs: Any, targets: Any, sig: Signature) -> S
     finally:
         restore_rng(saved_rng)
         restore_buffers(saved_buffers)
+        if saved_state is not None:
+            saved_state.put_back_plain_values()
         for p in params:
             p.grad = None
         for p, grad in others.items():
@@ -168,7 +174,7 @@ def trace_step(fused: FusedStep, inputs: Any, targets: Any, sig: Signature) -> S
     if grads_outside:
         persistent["grads outside the optimizer"] = grads_outside
     plan = StepPlan(sig, buffers, memory, slab, views, x, y, host, persistent, fused.matmul_precision,
-                    target_buffers=target_buffers)
+                    target_buffers=target_buffers, occupants=previous_occupants(buffers, memory.offsets))
     log.info("fused route: traced %s (float32 products in %s)", memory.summary(), fused.matmul_precision)
     return plan
 

@@ -198,6 +198,23 @@ class ModelState:
         except Exception:  # noqa: BLE001 - a key gone (KeyError), or a value whose == will not say (an array): changed
             return True
 
+    def put_back_plain_values(self) -> None:
+        """Set every watched plain value (a counter, a flag, a string) that changed since this state was read back
+        to what it was, in the modules' attributes, config objects and dicts or lists: a trace runs the forward
+        once more than the steps do, and kept its writes (a step counter the forward raises ran one ahead of
+        eager's, and the changed state retraced every step). `training` is left to train()/eval()."""
+        for (_, space, key), want in zip(self.slots, self.expected):
+            if not isinstance(want, _PLAIN) or isinstance(space, (tuple, _LiveNames)) or key == "training":
+                continue
+            try:
+                got = space[key]
+                if got is not want and type(got) is type(want) and got == want:
+                    continue
+                if got is not want:
+                    space[key] = want
+            except Exception:  # noqa: BLE001 - a key gone, an entry that will not compare: left as it is
+                continue
+
     def describe_change(self) -> str:
         """The first change found, named: class, attribute or entry, and module path; or the parameter."""
         for (prefix, attributes, suffix, space), keys in zip(self.spaces, self.space_keys):
