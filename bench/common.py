@@ -167,11 +167,13 @@ def paired_ratios(times: dict[str, list[float]], reference: str, per_round: int)
 
 
 def write_json(path: str | None, data: dict) -> None:
-    """Write a benchmark's JSON to `path` (when one was asked for) and say where it went."""
+    """Print a benchmark's JSON as stdout's last line (every benchmark prints its table and its JSON), and write it
+    to `path` too when one was asked for."""
     if path:
         with open(path, "w") as f:
             json.dump(data, f, indent=2)
         print(f"JSON written to {path}")
+    print(json.dumps(data))
 
 
 def child_main(contenders: dict[str, Callable[[], dict]]) -> None:
@@ -200,10 +202,13 @@ def print_table(title: str, results: dict[str, dict], reference: str) -> None:
     """Median/first step time, peak RSS and ratios to `reference`."""
     ref = results[reference]
     print(f"\n{title}")
-    header = f"{'contender':<22}{'median ms':>11}{'first ms':>10}{'x ' + reference:>12}{'peak RSS MiB':>14}{'RSS x':>8}{'slope KiB/step':>16}"
+    ratio = "x " + reference
+    width = max(12, len(ratio) + 2)  # "x pytorch eager" ran into "first ms" at 12
+    header = (f"{'contender':<22}{'median ms':>11}{'first ms':>10}{ratio:>{width}}{'peak RSS MiB':>14}{'RSS x':>8}"
+              f"{'slope KiB/step':>16}")
     print(header)
     print("-" * len(header))
     for name, r in results.items():
         print(f"{name:<22}{r['median_step_s'] * 1e3:>11.2f}{r['first_step_s'] * 1e3:>10.1f}"
-              f"{r['median_step_s'] / ref['median_step_s']:>12.3f}{r['peak_rss_bytes'] / 2**20:>14.1f}"
+              f"{r['median_step_s'] / ref['median_step_s']:>{width}.3f}{r['peak_rss_bytes'] / 2**20:>14.1f}"
               f"{r['peak_rss_bytes'] / ref['peak_rss_bytes']:>8.3f}{r['rss_slope_bytes_per_step'] / 1024:>16.1f}")

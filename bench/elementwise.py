@@ -103,6 +103,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=200)
     ap.add_argument("--threads", type=int, default=None, help="threads for both (default: Numba's default)")
     ap.add_argument("--only", choices=("ours", "torch"), default=None)
+    ap.add_argument("--json", default=None, help="also write the results here (they are printed after the table)")
     ap.add_argument("--child", choices=("ours", "torch"), default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -130,6 +131,10 @@ def main() -> None:
         if len(results) == 2:
             row += f"{results['ours'][n] / results['torch'][n]:12.2f}x"
         print(row)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    print(json.dumps(results))  # every benchmark prints its JSON too
 
 
 if __name__ == "__main__":

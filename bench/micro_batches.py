@@ -15,14 +15,13 @@ a one-step run of each of our contenders, as in bench/vit.py.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import vit  # noqa: E402 - bench/vit.py: the models, data and child harness
-from common import child_main, cpu_name, time_torch_steps  # noqa: E402
+from common import child_main, cpu_name, time_torch_steps, write_json  # noqa: E402
 
 CONTENDERS = ["pytorch eager", "pytorch eager, accumulated", "tensorarena fused", "tensorarena fused, micro-batches",
               "tensorarena eager, micro-batches"]
@@ -99,10 +98,7 @@ def main() -> None:
         r.pop("step_times_s", None)
     summary = {"benchmark": "micro_batches", "title": title, "batch": args.batch, "micro_batch": args.micro_batch,
                "results": results}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=2)
-        print(f"JSON written to {args.json}")
+    write_json(args.json, summary)
 
 
 if __name__ == "__main__":

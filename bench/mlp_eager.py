@@ -8,13 +8,12 @@ Bar (issue 2): our median step time <= 1.0x PyTorch eager and our peak RSS <= Py
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import child_main, print_table, run_children, time_steps, time_trainer  # noqa: E402
+from common import child_main, print_table, run_children, time_steps, time_trainer, write_json  # noqa: E402
 
 BATCH, SIZES, LR = 256, (784, 1024, 1024, 10), 1e-3
 WARMUP = 5
@@ -89,7 +88,4 @@ if __name__ == "__main__":
     summary = {"benchmark": "mlp_eager", "results": results, "verdict": verdict}
     for r in results.values():
         r.pop("step_times_s")
-    print(json.dumps(summary, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=2)
+    write_json(args.json, summary)

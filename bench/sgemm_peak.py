@@ -62,3 +62,4 @@ if __name__ == "__main__":
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
+    print(json.dumps(result))  # every benchmark prints its JSON too

@@ -25,14 +25,13 @@ compute on them):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import child_main, cpu_name, time_torch_steps, time_trainer  # noqa: E402
+from common import child_main, cpu_name, time_torch_steps, time_trainer, write_json  # noqa: E402
 from vit import add_rates, machine_note, print_table, print_verdict, run_contenders, verdict  # noqa: E402
 
 BATCH, SEQ, LR, WEIGHT_DECAY, TEMPERATURE = 32, 64, 3e-5, 0.01, 0.05
@@ -233,7 +232,4 @@ if __name__ == "__main__":
         r.pop("step_times_s", None)
     summary.update({"title": title, "steps": args.steps, "flops_per_step": flops, "results": results, "verdict": v,
                     "machine_after": machine_note()})
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=2)
-        print(f"\nJSON written to {args.json}")
+    write_json(args.json, summary)

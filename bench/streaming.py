@@ -40,7 +40,6 @@ step-time ratios with the bar: warm streaming <= 2.0 x fused.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -49,7 +48,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import child_main, peak_rss_bytes, rss_bytes, run_children, time_steps  # noqa: E402
+from common import child_main, peak_rss_bytes, rss_bytes, run_children, time_steps, write_json  # noqa: E402
 
 IMAGE, PATCH, CLASSES, LR, WEIGHT_DECAY = 224, 16, 10, 1e-3, 0.01
 WARMUP = 1
@@ -350,7 +349,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="timed steps per contender (after 1 warm-up)")
     parser.add_argument("--store-dir", default=None, help="where the store and the bandwidth file go (default: tmp)")
     parser.add_argument("--only", nargs="+", choices=sorted(SHORT), default=None,
-                        help="run just these contenders (default: fused streaming cold)")
+                        help="run just these contenders (default: fused streaming copy cold)")
     parser.add_argument("--eager", action="store_true", help="add the eager contender to the default set")
     parser.add_argument("--no-drop-caches", action="store_true",
                         help="cold runs: fadvise only, never write /proc/sys/vm/drop_caches (machine-wide)")
@@ -376,9 +375,7 @@ def main() -> None:
             "wall_s": time.perf_counter() - started}
     verdict = ratios(results)
     report(meta, results, disk, verdict)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({**meta, "results": results, "disk": disk, "ratios": verdict}, f, indent=2)
+    write_json(args.json, {**meta, "results": results, "disk": disk, "ratios": verdict})
 
 
 def ratios(results: dict) -> dict:

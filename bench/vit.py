@@ -58,7 +58,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import child_main, cpu_name, time_torch_steps, time_trainer  # noqa: E402
+from common import child_main, cpu_name, time_torch_steps, time_trainer, write_json  # noqa: E402
 
 IMAGE, PATCH, CLASSES, LR, WEIGHT_DECAY = 224, 16, 10, 1e-3, 0.01
 WARMUP = 3
@@ -424,7 +424,4 @@ if __name__ == "__main__":
         summary["cases"][key] = {"title": title, "steps": steps, "flops_per_step": flops, "results": results,
                                  "verdict": v}
     summary["machine_after"] = machine_note()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=2)
-        print(f"\nJSON written to {args.json}")
+    write_json(args.json, summary)

@@ -110,6 +110,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
+    print(json.dumps(result))  # every benchmark prints its JSON too
     sys.exit(0 if run.returncode == 0 and not run.oom_killed else 1)
 
 
