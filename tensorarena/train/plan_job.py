@@ -29,7 +29,8 @@ def add_plan_parser(sub) -> None:
     plan = sub.add_parser(
         "plan", help="estimate each training route's memory and pick one",
         description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
-    plan.add_argument("--model", choices=["mlp", "vit-tiny", "vit-small", "vit-base", "simcse"], default="vit-base")
+    plan.add_argument("--model", choices=["mlp", "vit-tiny", "vit-small", "vit-base", "simcse"], default="vit-base",
+                      help="the model to plan, as train's --model")
     plan.add_argument("--batch", type=positive_int, default=None,
                       help="examples per step (simcse: sentences, each run twice) (default: train's --batch-size "
                            "for the model: mlp 128, vit 32, simcse 16)")
@@ -53,7 +54,8 @@ def add_plan_parser(sub) -> None:
                       help="mlp, vit: examples per forward/backward pass, as train's --micro-batch: the step is "
                            "traced on one micro-batch, fused adds a gradient-sized sum, streaming keeps whole-batch "
                            "boundaries")
-    plan.add_argument("--optimizer", choices=["adamw", "adam", "sgd"], default="adamw")
+    plan.add_argument("--optimizer", choices=["adamw", "adam", "sgd"], default="adamw",
+                      help="its state is part of the plan, as train's --optimizer")
     plan.add_argument("--clip", type=nonnegative_float, default=train.get_default("clip"),
                       help="global gradient-norm clip, as `tensorarena train --clip` (0: none, so the fused step "
                            "updates each parameter inside backward and holds no gradient buffer)")
