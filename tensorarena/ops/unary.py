@@ -43,29 +43,23 @@ def log(a: Tensor) -> Tensor:
 
 def sqrt(a: Tensor) -> Tensor:
     """Square root."""
-    a = float_input(a)
+    return _sqrt(float_input(a), _sqrt_grad)
+
+
+def sqrt_of_variance(a: Tensor) -> Tensor:
+    """sqrt for std: where the result is 0 (a constant slice) the gradient is 0, as torch's std backward
+    masks it, not sqrt's inf times var's 0 = NaN."""
+    return _sqrt(a, _sqrt_grad_zero_at_zero)
+
+
+def _sqrt(a: Tensor, grad) -> Tensor:
     ad = a.data
     out = new_like(ad)
     host(np.sqrt, ad, out=out)
 
     def backward(g):
         ga = new_like(out)  # from the output: the closure keeps no input
-        host(_sqrt_grad, out, g, ga)
-        return (ga,)
-
-    return Tensor._make(out, (a,), backward, saved_output=True)
-
-
-def sqrt_of_variance(a: Tensor) -> Tensor:
-    """sqrt for std: where the result is 0 (a constant slice) the gradient is 0, as torch's std backward
-    masks it, not sqrt's inf times var's 0 = NaN."""
-    ad = a.data
-    out = new_like(ad)
-    host(np.sqrt, ad, out=out)
-
-    def backward(g):
-        ga = new_like(out)
-        host(_sqrt_grad_zero_at_zero, out, g, ga)
+        host(grad, out, g, ga)
         return (ga,)
 
     return Tensor._make(out, (a,), backward, saved_output=True)
