@@ -319,10 +319,11 @@ def one_pass_micro_batch(command: str, micro_batch: int | None, batch_size: int)
     return micro_batch
 
 
-# The Trainer's advice names its Python keywords; the command's user sets them with flags.
+# The Trainer's advice names its Python keywords; the command's user sets them with flags. ("aise" and "ower" match
+# Raise and raise, Lower and lower.)
 _FLAG_WORDS = (("route='auto'", "--route auto"), ("aise memory_limit", "aise --memory-limit"),
                ("aise the memory limit", "aise --memory-limit"), ("aise the limit", "aise --memory-limit"),
-               ("ower the batch size", "ower --batch-size"), ("fit memory_limit", "fit --memory-limit"))  # "aise"/"ower": Raise and raise, Lower and lower
+               ("ower the batch size", "ower --batch-size"), ("fit memory_limit", "fit --memory-limit"))
 
 
 def _in_flags(text: str) -> str:

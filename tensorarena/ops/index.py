@@ -43,8 +43,8 @@ def torch_order(idx: tuple) -> tuple[tuple, tuple] | None:
     slice put their dims first: (3, 2). Indexing with `basic` (the integers, slices, None and Ellipsis; each array
     a full slice of the dims it indexes) and then the view with `rest` (the arrays where those dims now are) gives
     torch's shape, and NumPy's wherever the two agree (no slice between an integer and an array)."""
-    if not _is_advanced(idx) or not any(_is_int(x) for x in idx):
-        return None
+    if not _is_advanced(idx) or not any(_is_int(x) for x in idx) or any(isinstance(x, (bool, np.bool_)) for x in idx):
+        return None  # (a bool scalar index, a new dim NumPy's way, keeps NumPy's order)
     basic, rest = [], []
     for x in idx:
         if isinstance(x, np.ndarray):

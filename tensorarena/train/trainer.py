@@ -48,14 +48,14 @@ def _check_store_dir(store_dir) -> None:
 
     where = Path(store_dir)
     if where.exists() and not where.is_dir():  # mkdir would say "File exists", which names no mistake
-        raise StoreDirError(f"store_dir {store_dir} is a file, not a directory: pass a directory (new or existing) "
-                         f"for the streaming store")
+        raise StoreDirError(f"store_dir {store_dir} is a file, not a directory: pass a directory (new or "
+                            f"existing) for the streaming store")
     try:
         ensure_writable_dir(where)
     except OSError as exc:
         raise StoreDirError(f"store_dir {store_dir} cannot be used for the streaming store: {exc.strerror or exc}. "
-                         f"Pass a writable directory on a disk with room for the parameters and optimizer "
-                         f"state") from exc
+                            f"Pass a writable directory on a disk with room for the parameters and optimizer "
+                            f"state") from exc
 
 
 class Trainer:
