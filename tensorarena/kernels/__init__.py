@@ -45,7 +45,19 @@ os.environ.setdefault("NUMBA_THREADING_LAYER", "omp")
 
 _registry: dict[str, dict[str, Callable]] = {}
 calls: Counter = Counter()  # (name, impl) -> times handed out
-_force_reference = os.environ.get("TENSORARENA_KERNELS", "").lower() == "reference"
+
+
+def _kernels_from_environment() -> bool:
+    """TENSORARENA_KERNELS, checked as TENSORARENA_GEMM is: "reference" forces the twins, "fused" (or unset) does
+    not; anything else (a typo such as "refrence") is an error, not silently the fused kernels."""
+    wanted = os.environ.get("TENSORARENA_KERNELS", "fused").lower() or "fused"
+    if wanted not in ("fused", "reference"):
+        raise ValueError(f"TENSORARENA_KERNELS must be 'reference' (the plain NumPy twins) or 'fused' (the "
+                         f"default), got {wanted!r}")
+    return wanted == "reference"
+
+
+_force_reference = _kernels_from_environment()
 _generation = 0  # bumped by dispatch_changed(); a captured step compares it before each replay
 _ready = False  # True once _load has imported the kernel files: registrations before that are set-up
 

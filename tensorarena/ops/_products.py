@@ -38,6 +38,11 @@ def _asked(dtype) -> bool:
     return np.dtype(dtype) == _F32 and get_float32_matmul_precision() == "bfloat16"
 
 
+def bf16_asked(dtype) -> bool:
+    """Whether float32 products of this dtype are asked to run in bfloat16 now (whether they can: bf16_products)."""
+    return _asked(dtype)
+
+
 def bf16_products(dtype) -> bool:
     """Whether float32 products of this dtype run in bfloat16 now (says once when asked for but impossible)."""
     global _warned

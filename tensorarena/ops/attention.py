@@ -31,6 +31,9 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, *, key_padding
     if qd.ndim != 4 or kd.ndim != 4 or vd.ndim != 4:
         raise ValueError(f"scaled_dot_product_attention: q, k, v must be 4-D (B, H, T, hs); got shapes "
                          f"{qd.shape}, {kd.shape}, {vd.shape} (unbatched or 3-D inputs: unsqueeze first)")
+    if scale is None and qd.shape[-1] == 0:  # the default scale 1/sqrt(hs) has no value (a ZeroDivisionError)
+        raise ValueError(f"scaled_dot_product_attention: q and k have a head size of 0 (shape {qd.shape}), so the "
+                         f"default scale 1/sqrt(head size) has no value; pass scale= or give the heads a size")
     out = new(qd.shape[:3] + vd.shape[3:], dtype)  # (B, H, T, hv)
     probs = new(qd.shape[:3] + kd.shape[2:3], dtype)  # (B, H, T, S), kept for backward
     bf16 = bf16_attention(dtype)
@@ -72,6 +75,9 @@ def packed_self_attention(qkv: Tensor, num_heads: int, *, key_padding_mask: np.n
         raise ValueError(f"packed_self_attention: qkv must be (B, T, 3 * D) with D a multiple of num_heads="
                          f"{num_heads}; got shape {qkv.shape}")
     B, T, three_d = qkv.shape
+    if three_d == 0 and scale is None:  # heads of size 0: the default scale 1/sqrt(hs) has no value
+        raise ValueError(f"packed_self_attention: qkv of shape {qkv.shape} has heads of size 0, so the default "
+                         f"scale 1/sqrt(head size) has no value; pass scale= or give the heads a size")
     D = three_d // 3
     hs = D // num_heads
     x = qkv.data

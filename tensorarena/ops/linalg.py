@@ -11,7 +11,7 @@ from ..kernels.blas import _slices_blasable, matmul as bmm
 from ..tape import host
 from ..tensor import Tensor
 from ._base import as_tensor, contiguous, grad_out, leaf_or_none, new, reshaped, unbroadcast
-from ._products import operand, product, rounded
+from ._products import bf16_asked, operand, product, rounded
 
 
 def _matmul_shape(a_shape: tuple[int, ...], b_shape: tuple[int, ...], what: str = "matmul") -> tuple[int, ...]:
@@ -52,11 +52,26 @@ def _check_float_pair(a: Tensor, b: Tensor, what: str, a_name: str, b_name: str)
 def _product(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     """out = a @ b: 2-D products at the float32 matmul precision (ops._products); (..., k) @ (k, n) as one
     2-D product when a's rows are contiguous; other batched or 1-D ones on NumPy's matmul, in the
-    operands' own precision."""
+    operands' own precision. With bfloat16 asked for, every product but one of two batched operands (or of
+    two vectors) is a bfloat16 one, whatever the strides (README): a strided batched left operand is copied
+    into the arena first, a vector is a matrix of one row or column, and a matrix times a batch runs slice by
+    slice. (Strides used to decide: a transposed view's product stayed float32 without a word.)"""
+    bf16 = bf16_asked(out.dtype)
     if a.ndim == 2 and b.ndim == 2 and out.ndim == 2:
         product(a, b, out)
-    elif a.ndim > 2 and b.ndim == 2 and out.ndim == a.ndim and a.flags.c_contiguous and out.flags.c_contiguous:
-        product(a.reshape(-1, a.shape[-1]), b, out.reshape(-1, out.shape[-1]))
+    elif a.ndim > 2 and b.ndim == 2 and out.ndim == a.ndim and out.flags.c_contiguous \
+            and (a.flags.c_contiguous or bf16):
+        product(contiguous(a).reshape(-1, a.shape[-1]), b, out.reshape(-1, out.shape[-1]))
+    elif bf16 and a.ndim == 1 and b.ndim == 2:
+        product(a.reshape(1, -1), b, out.reshape(1, -1))
+    elif bf16 and a.ndim == 2 and b.ndim == 1:
+        product(a, b.reshape(-1, 1), out.reshape(-1, 1))
+    elif bf16 and a.ndim > 2 and b.ndim == 1 and out.flags.c_contiguous:
+        product(contiguous(a).reshape(-1, a.shape[-1]), b.reshape(-1, 1), out.reshape(-1, 1))
+    elif bf16 and a.ndim <= 2 and b.ndim > 2 and out.flags.c_contiguous:
+        rows = a.reshape(1, -1) if a.ndim == 1 else a
+        for i in np.ndindex(b.shape[:-2]):
+            product(rows, b[i], out[i].reshape(rows.shape[0], -1))
     else:
         # One recorded call (tape.host), on operands made BLAS-ready here: copied by kernels.blas inside
         # the call instead, the copies would be written with plain NumPy and allocated out of the op's order.
