@@ -75,6 +75,7 @@ from .batches import load_batch
 from .flat import FlatState
 from .micro_batches import GradAccumulator, check_micro_batch, micro_step, split_batch
 from .replay_choice import choose_replay
+from .step_state import step_scheduler
 from .step_plan import PlannedArena, Signature, StepPlan
 from .trace import PlanMismatchError, UnsupportedInputError
 from .watched_state import ModelState
@@ -377,7 +378,7 @@ class FusedStep:
         if not self.update_in_backward:
             self.flat.update(index)  # a failure after some groups names the step as partly applied
         if self.scheduler is not None:
-            self.scheduler.step()
+            step_scheduler(self.scheduler, index)  # (compile/step_state.py)
         return grad_norm
 
 

@@ -5,6 +5,8 @@ A trace, a captured recording's checking passes and a failed or redone step must
 them, so each snapshots them first (`rng_states`, `buffer_states`) and puts them back after
 (`restore_rng`, `restore_buffers`): step 1 is then the first step the model sees, and a redo after an
 out-of-memory draws the failed step's dropout masks again.
+
+And `step_scheduler`: the schedule's step after an update, whose failure must not read as a step to redo.
 """
 
 from __future__ import annotations
@@ -121,3 +123,20 @@ def restore_step_state(before: tuple[RngStates, BufferStates | None]) -> None:
     restore_rng(rng)
     if buffers is not None:
         restore_buffers(buffers)
+
+
+def step_scheduler(scheduler: Any, index: int | None) -> None:
+    """scheduler.step() after a step's update was applied whole (eager and fused). A failure here (a user's
+    lr_lambda, an interrupt, a MemoryError) comes after the update: a RuntimeError (a note on an interrupt) says
+    the step is partly applied, so the out-of-memory fallback does not redo it on top of itself (the update ran
+    twice) and a retry of the batch is not mistaken for a clean one."""
+    try:
+        scheduler.step()
+    except BaseException as exc:
+        step = "this step" if index is None else f"step {index}"
+        message = (f"{step}'s update was applied, then its learning-rate scheduler failed: the step is partly "
+                   f"applied, so it is not redone. Restore the last checkpoint; {type(exc).__name__}: {exc}")
+        if not isinstance(exc, Exception):
+            exc.add_note(message)
+            raise
+        raise RuntimeError(message) from exc

@@ -170,20 +170,35 @@ class Optimizer:
         on the parameter's own arrays with step + 1, then step += 1 (only once the update ran).
         """
         loss = self._run_closure(closure)
-        for group in self.param_groups:
-            keys = (*self.state_init(group), *self.scalar_state_init(group))
-            for p in group["params"]:
-                g = self._grad_of(p)
-                if g is None:
-                    continue
-                state = self._init_state(p, group)
-                step = state["step"]
-                count = float(step) + 1.0
-                self.update_flat(group, p.data, g, {k: state[k] for k in keys}, count, None)
-                step[...] = count
-                # The update wrote p's array in place: a graph that saved p (a forward run before this step)
-                # must refuse its backward rather than differentiate at the new values (as torch does).
-                increment_version(p)
+        updated = 0
+        try:
+            for group in self.param_groups:
+                keys = (*self.state_init(group), *self.scalar_state_init(group))
+                for p in group["params"]:
+                    g = self._grad_of(p)
+                    if g is None:
+                        continue
+                    state = self._init_state(p, group)
+                    step = state["step"]
+                    count = float(step) + 1.0
+                    self.update_flat(group, p.data, g, {k: state[k] for k in keys}, count, None)
+                    step[...] = count
+                    updated += 1
+                    # The update wrote p's array in place: a graph that saved p (a forward run before this step)
+                    # must refuse its backward rather than differentiate at the new values (as torch does).
+                    increment_version(p)
+        except BaseException as exc:
+            if not updated:
+                raise  # nothing changed: the step may be redone (the Trainer's out-of-memory fallback does)
+            # Some parameters moved, others not: redoing the step (a MemoryError's fallback) would update the
+            # first ones twice, so it is no MemoryError any more; an interrupt goes on as itself, with a note.
+            message = (f"{type(self).__name__}.step() failed after {updated} parameters were updated: the step is "
+                       f"partly applied, so it must not be redone. Restore the last checkpoint; "
+                       f"{type(exc).__name__}: {exc}")
+            if not isinstance(exc, Exception):
+                exc.add_note(message)
+                raise
+            raise RuntimeError(message) from exc
         return loss
 
     def initial_step(self, state: dict[str, Any]) -> float:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..compile.micro_batches import split_batch
+from ..compile.step_state import step_scheduler
 from ..memory.arena import Arena
 from ..memory.meter import rss_bytes
 from ..optim import clip_grad_norm_
@@ -61,9 +62,9 @@ def eager_step(trainer: Trainer, inputs: Any, targets: Any) -> StepReport:
                 # since the Trainer was built is clipped too.
                 params = [p for group in trainer.optimizer.param_groups for p in group["params"]]
                 grad_norm = float(clip_grad_norm_(params, trainer.clip_grad_norm))
-            trainer.optimizer.step()
+            trainer.optimizer.step()  # partly done, it raises a RuntimeError saying so: never redone
             if trainer.scheduler is not None:
-                trainer.scheduler.step()
+                step_scheduler(trainer.scheduler, index)
         high_water = max(arena.stats.high_water, micro_high_water)
     trainer.step_count = index
     return StepReport(step=index, loss=loss_value, route=trainer.route, seconds=time.perf_counter() - start,

@@ -12,6 +12,8 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .interrupt import SigintDeferred
+
 if TYPE_CHECKING:
     from .trainer import Trainer
 
@@ -72,9 +74,18 @@ def load(trainer: Trainer, path) -> dict:
                  meta["step"] + 1)
         return meta.get("extra") or {}
     trainer._pending_checkpoint = None  # a later load replaces one that was waiting
-    meta = load_checkpoint(path, model=trainer.model, optimizer=trainer.optimizer, scheduler=trainer.scheduler)
-    trainer.step_count = meta["step"]
+    # A Ctrl-C is held until the load is whole: the model, then the optimizer, the schedule and the step count
+    # are written in turn, and one stopped between them left a silent mix of two states to train on or save.
+    with SigintDeferred("the checkpoint's load", lambda: _load_abandoned(path)):
+        meta = load_checkpoint(path, model=trainer.model, optimizer=trainer.optimizer, scheduler=trainer.scheduler)
+        trainer.step_count = meta["step"]
     return meta.get("extra") or {}
+
+
+def _load_abandoned(path) -> str:
+    return (f"the load of {path} was abandoned part-way by a second Ctrl-C (the first was held until it completed): "
+            f"the model, the optimizer's state, the schedule and the step count may each be the file's or the ones "
+            f"before. Load it again before training or saving")
 
 
 def load_pending(trainer: Trainer, why: str) -> None:
