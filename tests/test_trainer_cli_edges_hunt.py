@@ -173,3 +173,14 @@ def test_a_resume_of_another_schedule_is_refused_without_a_warning_about_the_def
     with pytest.raises(SystemExit, match="holds ConstantLR state"):
         cli.main(["train", *MLP[:-3], "--steps", "3", "--no-progress", "--resume", str(ckpt)])
     assert "warmup-cosine schedule goes on past its end" not in capsys.readouterr().err
+
+
+def test_an_optimizer_of_another_model_is_refused_and_one_over_part_of_this_model_is_not():
+    # Added a commit later (a second hunt): another model's optimizer trained nothing, each step reporting a loss.
+    model_a, model_b = _MaskedRows(), _MaskedRows()
+    with pytest.raises(ValueError, match="holds none of the _MaskedRows's 2 trainable parameters"):
+        Trainer(model_b, optim.SGD(model_a.parameters(), lr=0.1), cross_entropy)
+    head_only = Trainer(model_b, optim.SGD([model_b.fc.bias], lr=0.1), cross_entropy, route="eager")
+    before = model_b.fc.bias.numpy().copy()
+    head_only.step(*_batches()[0])
+    assert not np.array_equal(model_b.fc.bias.data, before)  # control: part of the model trains

@@ -58,6 +58,20 @@ def _check_store_dir(store_dir) -> None:
                             f"state") from exc
 
 
+def _check_optimizer_trains_the_model(model, optimizer) -> None:
+    """A ValueError when the model has trainable parameters and the optimizer holds none of them: another model's
+    optimizer passed by mistake trained nothing, while every step reported a loss (an optimizer over part of the
+    model, a head only, is fine)."""
+    trainable = {id(p) for p in model.parameters() if p.requires_grad}
+    groups = getattr(optimizer, "param_groups", None)
+    if not trainable or groups is None:
+        return
+    if not any(id(p) in trainable for group in groups for p in group["params"]):
+        raise ValueError(f"the optimizer ({type(optimizer).__name__}) holds none of the {type(model).__name__}'s "
+                         f"{len(trainable)} trainable parameters, so training would change nothing: build it from "
+                         f"this model's parameters (optimizer = AdamW(model.parameters(), ...))")
+
+
 class Trainer:
     """Runs training steps of `model` with `optimizer`, one arena per step.
 
@@ -146,6 +160,7 @@ class Trainer:
         self.update_in_backward = resolve_update_in_backward(update_in_backward, clip_grad_norm, self.micro_batch)
         self._matmul_precision = (normalize_precision(matmul_precision) if matmul_precision is not None
                                   else get_float32_matmul_precision())
+        _check_optimizer_trains_the_model(model, optimizer)
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
