@@ -417,7 +417,8 @@ def test_the_route_plan_counts_no_gradient_or_state_for_frozen_parameters():
     ("100", 100), (4096, 4096), ("64kib", 64 << 10), ("1T", 1 << 40)])
 def test_memory_limit_strings_parse(text, expected):
     assert parse_size(text) == expected
-    trainer = Trainer(_mlp(), optim.SGD(_mlp().parameters(), lr=0.1), cross_entropy, route="auto",
+    model = _mlp()
+    trainer = Trainer(model, optim.SGD(model.parameters(), lr=0.1), cross_entropy, route="auto",
                       memory_limit=text)
     assert trainer.budget.nbytes == expected and trainer.budget.source == "set by the user"
     assert trainer.budget.margin == 0
@@ -425,8 +426,9 @@ def test_memory_limit_strings_parse(text, expected):
 
 @pytest.mark.parametrize("bad", ["", "lots", "4 GG", "G", "-1G", "0", "0.0001", "4GBs", "1,5G", "4 X"])
 def test_bad_memory_limit_strings_are_clear_errors(bad):
+    model = _mlp()
     with pytest.raises(ValueError, match="memory size") as err:
-        Trainer(_mlp(), optim.SGD(_mlp().parameters(), lr=0.1), cross_entropy, route="auto", memory_limit=bad)
+        Trainer(model, optim.SGD(model.parameters(), lr=0.1), cross_entropy, route="auto", memory_limit=bad)
     assert repr(bad) in str(err.value)
 
 

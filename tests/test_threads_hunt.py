@@ -265,7 +265,7 @@ def test_a_thread_local_precision_block_does_not_leak_into_another_thread():
     def reader():
         inside.wait(JOIN_S)
         seen["other"] = get_float32_matmul_precision()
-        seen["trainer"] = Trainer(_mlp(0), optim.SGD(_mlp(0).parameters(), lr=0.1), cross_entropy).matmul_precision
+        seen["trainer"] = _trainer_of(_mlp(0)).matmul_precision
         done.set()
 
     _raise_first(_in_threads(holder, reader))
@@ -459,7 +459,7 @@ def test_process_default_precision_set_in_main_reaches_trainers_built_in_threads
     ta.set_float32_matmul_precision("bfloat16")
     try:
         def build():
-            seen["trainer"] = Trainer(_mlp(0), optim.SGD(_mlp(0).parameters(), lr=0.1), cross_entropy).matmul_precision
+            seen["trainer"] = _trainer_of(_mlp(0)).matmul_precision
         _raise_first(_in_threads(build))
     finally:
         ta.set_float32_matmul_precision("float32")
@@ -552,3 +552,8 @@ def test_threads_training_beside_an_open_outer_arena_and_a_shared_pool():
         _pair(mk(0, "eager"), mk(1, "fused"), repeats=1)
         assert outer.stats.allocations == 0
     assert pool.stats.bytes_in_use == 0
+
+
+def _trainer_of(model) -> Trainer:
+    """A trainer whose optimizer holds the model's own parameters (one of another model is refused)."""
+    return Trainer(model, optim.SGD(model.parameters(), lr=0.1), cross_entropy)
