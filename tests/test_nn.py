@@ -177,7 +177,7 @@ def test_repr_like_torch():
     m = MLP(MLPConfig(3, (4,), 2, activation="gelu", dropout=0.1))
     text = repr(m)
     assert text.startswith("MLP(\n  (net): Sequential(\n    (0): Linear(in_features=3, out_features=4, bias=True)")
-    assert "(1): GELU(approximate='none')" in text and "(2): Dropout(p=0.1)" in text
+    assert "(1): GELU(approximate='none')" in text and "(2): Dropout(p=0.1, inplace=False)" in text  # torch's
     assert repr(nn.ReLU()) == "ReLU()"
     assert repr(nn.Embedding(5, 3, padding_idx=-1)) == "Embedding(5, 3, padding_idx=4)"
 

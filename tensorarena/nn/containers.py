@@ -95,6 +95,11 @@ class ModuleList(_List):
         self._check_module(module)
         self._items.insert(index, module)
 
+    def pop(self, idx: int = -1) -> Module:
+        """Remove the module at `idx` (the last by default) and return it; the later ones are renamed."""
+        self._check_index(idx)
+        return self._items.pop(idx)
+
     def append(self, module: Module) -> "ModuleList":
         """Add one module at the end."""
         self._check_module(module)
@@ -103,7 +108,7 @@ class ModuleList(_List):
 
     def extend(self, modules) -> "ModuleList":
         """Add several modules at the end."""
-        for m in modules:
+        for m in list(modules):  # a snapshot: extend(self) (ml += ml) grew the list it was reading, forever
             self.append(m)
         return self
 
@@ -129,13 +134,34 @@ class ParameterList(_List):
         yield from super()._own_parameters()
 
     def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            return ParameterList(self._items[idx])  # as torch's: a ParameterList, not a plain list
+        self._check_index(idx)
         return self._items[idx]
+
+    def __setitem__(self, idx: int, p: Parameter) -> None:
+        self._check_parameter(p)
+        self._check_index(idx)
+        self._items[idx] = p
+
+    def _check_index(self, idx) -> None:
+        if isinstance(idx, (int, np.integer)) and not -len(self._items) <= idx < len(self._items):
+            raise IndexError(f"index {idx} is out of range for a ParameterList of {len(self._items)}")
+
+    def _check_parameter(self, p: Any) -> None:
+        if not isinstance(p, Parameter):
+            raise TypeError(f"ParameterList entries must be Parameters, got {type(p).__name__}")
 
     def append(self, p: Parameter) -> "ParameterList":
         """Add one parameter at the end."""
-        if not isinstance(p, Parameter):
-            raise TypeError(f"ParameterList entries must be Parameters, got {type(p).__name__}")
+        self._check_parameter(p)
         self._items.append(p)
+        return self
+
+    def extend(self, params) -> "ParameterList":
+        """Add several parameters at the end."""
+        for p in list(params):
+            self.append(p)
         return self
 
     def extra_repr(self) -> str:
@@ -214,7 +240,15 @@ class _Dict(Module):
 
 
 class ModuleDict(_Dict):
-    """Modules under string keys, children named by their keys (torch.nn.ModuleDict)."""
+    """Modules under string keys, children named by their keys (torch.nn.ModuleDict); an entry is an attribute too
+    (md.fc is md["fc"]), as torch's."""
+
+    def __getattr__(self, name: str):
+        # Only reached when normal lookup fails; _entries is read from __dict__ (absent while unpickling).
+        entries = self.__dict__.get("_entries")
+        if entries is not None and name in entries:
+            return entries[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _own_children(self) -> Iterator[tuple[str, Module]]:
         yield from self._entries.items()
@@ -230,6 +264,18 @@ class ParameterDict(_Dict):
         yield from self._entries.items()
         yield from super()._own_parameters()
 
+    def extra_repr(self) -> str:
+        return "\n".join(f"({k}): Parameter of shape {p.shape}, dtype {p.dtype}" for k, p in self._entries.items())
+
+
+def _holds_modules(value, depth: int = 0) -> bool:
+    """Whether a list, tuple or dict holds a Module or Parameter at any depth (up to 4 levels down)."""
+    if isinstance(value, (Module, Parameter)):
+        return True
+    if depth >= 4 or not isinstance(value, (list, tuple, dict)):
+        return False
+    return any(_holds_modules(v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+
 
 def container_for(name: str, items, default):
     """ModuleList/ParameterList for a list of Modules/Parameters, ModuleDict/ParameterDict for a dict of them;
@@ -243,6 +289,10 @@ def container_for(name: str, items, default):
     n_mod = sum(isinstance(v, Module) for v in values)
     n_par = sum(isinstance(v, Parameter) for v in values)
     if n_mod == 0 and n_par == 0:
+        if any(_holds_modules(v) for v in values):
+            raise TypeError(f"attribute {name!r} is a {type(items).__name__} of {type(items).__name__}s holding "
+                            f"Modules or Parameters, which would not be registered (never trained, nor saved): "
+                            f"nest ModuleLists / ModuleDicts instead (ModuleList([ModuleList([...])]))")
         return default
     if n_mod != len(items) and n_par != len(items):
         raise TypeError(
@@ -253,6 +303,10 @@ def container_for(name: str, items, default):
         for key in items:
             _check_name(key, f"attribute {name!r}: dict key")
         cls = ModuleDict if n_mod else ParameterDict
-        return cls(items) if default is not None else cls._view(items)
+        return cls._view(items)  # the caller's own dict, as a list is (see below)
     cls = ModuleList if n_mod else ParameterList
-    return cls(items) if default is not None else cls._view(items)
+    if isinstance(items, tuple):
+        return cls(items) if default is not None else cls._view(list(items))
+    # The caller's own list, not a copy: `self.layers = layers; layers.append(m)` registers m, as it does for a list
+    # that was empty when assigned (a copy of a non-empty one silently left m out).
+    return cls._view(items)

@@ -14,7 +14,7 @@ from ..tensor import Tensor
 from . import functional as F
 from . import init
 from .containers import ModuleList
-from .module import Module
+from .module import Module, _check_name
 from .parameter import Parameter
 
 
@@ -151,7 +151,7 @@ class Dropout(Module):
         return F.dropout(x, self.p, training=self.training, rng=init.get_generator(self.rng))
 
     def extra_repr(self) -> str:
-        return f"p={self.p}"
+        return f"p={self.p}, inplace={self.inplace}"
 
 
 class GELU(Module):
@@ -177,6 +177,9 @@ class ReLU(Module):
         super().__init__()
         self.inplace = inplace
 
+    def extra_repr(self) -> str:
+        return "inplace=True" if self.inplace else ""
+
     def forward(self, x) -> Tensor:
         return F.relu(x)
 
@@ -199,10 +202,56 @@ class Identity(Module):
 
 
 class Sequential(ModuleList):
-    """Modules applied in order; children named '0', '1', ... as torch.nn.Sequential."""
+    """Modules applied in order; children named '0', '1', ... as torch.nn.Sequential, or by the keys of one dict
+    (Sequential(OrderedDict([("fc", Linear(...)), ...])): state_dict keys "fc.weight", as torch's). As torch's, an
+    appended module is named by its position, and an insert, a deletion or a pop renames all by position."""
+
+    _walk_skip = ("_items", "_names")
 
     def __init__(self, *modules: Module) -> None:
+        names = None
+        if len(modules) == 1 and isinstance(modules[0], dict):
+            for key in modules[0]:
+                _check_name(key, "Sequential key")
+            names, modules = list(modules[0]), tuple(modules[0].values())
         super().__init__(modules)
+        object.__setattr__(self, "_names", names)
+
+    def _own_children(self):
+        names = vars(self).get("_names")
+        if names is None:
+            yield from super()._own_children()
+            return
+        yield from zip(names, self._items)
+        yield from Module._own_children(self)
+
+    def __getitem__(self, idx):
+        names = vars(self).get("_names")
+        if isinstance(idx, slice) and names is not None:
+            return Sequential(dict(zip(names[idx], self._items[idx])))
+        return super().__getitem__(idx)
+
+    def append(self, module: Module) -> "Sequential":
+        names = vars(self).get("_names")
+        super().append(module)
+        if names is not None:
+            names.append(str(len(self._items) - 1))
+        return self
+
+    def insert(self, index: int, module: Module) -> "Sequential":
+        """Insert one module before `index`; returns the Sequential (torch's does), all named by position."""
+        super().insert(index, module)
+        object.__setattr__(self, "_names", None)
+        return self
+
+    def __delitem__(self, idx) -> None:
+        super().__delitem__(idx)
+        object.__setattr__(self, "_names", None)
+
+    def pop(self, idx: int = -1) -> Module:
+        module = super().pop(idx)
+        object.__setattr__(self, "_names", None)
+        return module
 
     def _from_list(self, items: list) -> "Sequential":
         return Sequential(*items)

@@ -216,10 +216,13 @@ class Module:
     # -- traversal ---------------------------------------------------------------
     def named_children(self) -> Iterator[tuple[str, "Module"]]:
         """Direct submodules with their attribute names (index for list entries)."""
-        seen: set[int] = set()
+        # The modules themselves, not their id()s: a list filled after it was assigned is walked through a view made
+        # on the fly, and a freed view's id() was handed to the next one, which was then skipped as a duplicate
+        # (its parameters missing from parameters(), so never trained).
+        seen: set[Module] = set()
         for name, child in self._own_children():
-            if id(child) not in seen:
-                seen.add(id(child))
+            if child not in seen:
+                seen.add(child)
                 yield name, child
 
     def children(self) -> Iterator["Module"]:
@@ -227,15 +230,16 @@ class Module:
         for _, child in self.named_children():
             yield child
 
-    def named_modules(self, memo: set[int] | None = None, prefix: str = "",
+    def named_modules(self, memo: set["Module"] | None = None, prefix: str = "",
                       remove_duplicate: bool = True) -> Iterator[tuple[str, "Module"]]:
-        """This module and all below it, depth first, with dotted names ('' for self)."""
+        """This module and all below it, depth first, with dotted names ('' for self). `memo` holds the modules seen
+        (as torch's), not their id()s: see named_children."""
         if memo is None:
             memo = set()
         if remove_duplicate:
-            if id(self) in memo:
+            if self in memo:
                 return
-            memo.add(id(self))
+            memo.add(self)
         yield prefix, self
         for name, child in self._own_children():
             yield from child.named_modules(memo, _join(prefix, name), remove_duplicate)

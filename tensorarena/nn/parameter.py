@@ -14,7 +14,11 @@ class Parameter(Tensor):
     __slots__ = ()
 
     def __init__(self, data, *, requires_grad: bool = True, dtype=None) -> None:
+        """A copy of `data` (torch's Parameter shares a tensor's memory; a parameter here is always its own heap
+        array). Python numbers and lists of them are float32 unless `dtype` says otherwise, as Tensor makes them."""
         array = np.array(data.data if isinstance(data, Tensor) else data, dtype=dtype, copy=True)
+        if dtype is None and array.dtype == np.float64 and not isinstance(data, (Tensor, np.ndarray, np.generic)):
+            array = array.astype(np.float32)  # Parameter(3.0) was float64 where Tensor(3.0) is float32
         if array.dtype.kind != "f" and requires_grad:
             # As torch: converting would silently drop a complex value's imaginary part or round integers.
             raise TypeError(f"Parameter: only floating-point data can require gradients, got dtype {array.dtype}; "
