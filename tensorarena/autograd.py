@@ -170,8 +170,23 @@ def _op_name(backward) -> str:
 
 
 def graph_node(t: "Tensor"):
-    """The node standing for `t` in the graph: its op's Node, or the tensor itself for a leaf."""
+    """The node standing for `t` in the graph: its op's Node, or the tensor itself for a leaf; NOT_TRACKED for one
+    that did not require grad when the op ran."""
+    if not t.requires_grad:
+        return NOT_TRACKED
     return t._node if t._node is not None else t
+
+
+class _NotTracked:
+    """A parent that did not require grad when its op ran. Read later, its requires_grad_(True) gave it a gradient
+    from a graph recorded without it (torch gives None); the graph keeps this stand-in instead, so no gradient goes
+    there and the graph holds no reference to the tensor."""
+
+    __slots__ = ()
+    requires_grad = False
+
+
+NOT_TRACKED = _NotTracked()
 
 
 def _freed_backward(_grad):
@@ -254,6 +269,13 @@ def backward(root: "Tensor", grad: np.ndarray | None = None, *, on_leaf_grad=Non
         host(np.copyto, grad, 1)
     elif grad.shape != root.shape:
         raise ValueError(f"grad shape {grad.shape} does not match output shape {root.shape}")
+    elif grad.dtype != root.dtype:
+        # As torch: the gradient is taken in the output's dtype. Passed on as it was, a float32 gradient of a
+        # float64 graph failed in the first matrix product's backward (gemm refuses mixed dtypes) and elsewhere
+        # ran the graph's backward in float32.
+        cast = empty(root.shape, root.dtype)
+        host(np.copyto, cast, grad, casting="unsafe")
+        grad = cast
 
     start = graph_node(root)
     if isinstance(start, Node) and start._backward is _freed_backward:

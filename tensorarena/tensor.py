@@ -253,14 +253,20 @@ class Tensor:
     def _check_grad(self, value: Any) -> None:
         """Refuse at assignment what no backward or optimizer could use, naming both sides (as torch does).
 
-        The dtype is left to the optimizers: they take a gradient of another float dtype (cast on the fly) and
-        name a non-float one at step(), and backward accumulates into an assigned array of any float dtype.
+        A gradient of another float dtype is taken (optimizers cast it on the fly; backward accumulates into it);
+        a non-float or read-only one is refused here, where the next backward would fail on it.
         """
         if not isinstance(value, np.ndarray):
             raise TypeError(f"assigned grad must be an ndarray or None, got {type(value).__name__}"
                             + ("; use t.numpy()" if isinstance(value, Tensor) else ""))
         if value.shape != self._data.shape:
             raise ValueError(f"assigned grad has shape {value.shape}, but the tensor has shape {self._data.shape}")
+        if value.dtype.kind != "f":  # as torch; the next backward accumulating into it failed with NumPy's casting error
+            raise TypeError(f"assigned grad has dtype {value.dtype}, but a gradient is floating point (the tensor's "
+                            f"is {self._data.dtype}): assign e.g. grad.astype({str(self._data.dtype)!r})")
+        if not value.flags.writeable:  # backward accumulates into .grad in place
+            raise ValueError("assigned grad is read-only (a broadcast view or a frozen array), and backward adds "
+                             "into .grad in place: assign a writable array (np.array(grad))")
 
     def _accumulate_leaf_grad(self, g: np.ndarray) -> None:
         # Leaf gradients are persistent: one heap buffer per leaf, reused every step,
