@@ -51,7 +51,7 @@ def test_a_list_of_lists_of_modules_is_refused_not_left_untrained():
             super().__init__()
             self.nest = [[nn.Linear(1, 1)]]
 
-    with pytest.raises(TypeError, match="list of lists holding Modules.*ModuleList"):
+    with pytest.raises(TypeError, match="'nest' is a list holding Modules or Parameters inside other lists.*ModuleList"):
         Nested()
 
 

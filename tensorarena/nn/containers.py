@@ -290,9 +290,9 @@ def container_for(name: str, items, default):
     n_par = sum(isinstance(v, Parameter) for v in values)
     if n_mod == 0 and n_par == 0:
         if any(_holds_modules(v) for v in values):
-            raise TypeError(f"attribute {name!r} is a {type(items).__name__} of {type(items).__name__}s holding "
-                            f"Modules or Parameters, which would not be registered (never trained, nor saved): "
-                            f"nest ModuleLists / ModuleDicts instead (ModuleList([ModuleList([...])]))")
+            raise TypeError(f"attribute {name!r} is a {type(items).__name__} holding Modules or Parameters inside "
+                            f"other lists, tuples or dicts, which would not be registered (never trained, nor "
+                            f"saved): nest ModuleLists / ModuleDicts instead (ModuleList([ModuleList([...])]))")
         return default
     if n_mod != len(items) and n_par != len(items):
         raise TypeError(
