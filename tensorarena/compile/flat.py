@@ -36,6 +36,7 @@ import numpy as np
 
 from ..memory.pool import aligned_empty, return_freed_memory
 from ..nn.module import Module
+from ..optim.optimizer import raise_partly_applied
 from ..optim.optimizer import Optimizer
 from ..tensor import Tensor
 
@@ -452,11 +453,7 @@ class FlatState:
         except BaseException as exc:
             if not updated:
                 raise
-            message = self._partly_applied(index, done, updated, exc)
-            if not isinstance(exc, Exception):
-                exc.add_note(message)
-                raise
-            raise RuntimeError(message) from exc
+            raise_partly_applied(exc, self._partly_applied(index, done, updated, exc))
 
     def _partly_applied(self, index: int | None, done: int, updated: int, exc: BaseException) -> str:
         """compile/step.py partly_applied's wording, for a failure between the flat update's kernel calls."""

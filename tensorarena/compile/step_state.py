@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..nn.module import Module
+from ..optim.optimizer import raise_partly_applied
 from ..tensor import Tensor
 
 
@@ -134,9 +135,6 @@ def step_scheduler(scheduler: Any, index: int | None) -> None:
         scheduler.step()
     except BaseException as exc:
         step = "this step" if index is None else f"step {index}"
-        message = (f"{step}'s update was applied, then its learning-rate scheduler failed: the step is partly "
-                   f"applied, so it is not redone. Restore the last checkpoint; {type(exc).__name__}: {exc}")
-        if not isinstance(exc, Exception):
-            exc.add_note(message)
-            raise
-        raise RuntimeError(message) from exc
+        raise_partly_applied(exc, f"{step}'s update was applied, then its learning-rate scheduler failed: the step "
+                                  f"is partly applied, so it is not redone. Restore the last checkpoint; "
+                                  f"{type(exc).__name__}: {exc}")

@@ -50,6 +50,17 @@ class _List(Module):
     def __iter__(self) -> Iterator:
         return iter(self._items)
 
+    def _check_index(self, idx) -> None:
+        # The list's own IndexError names neither the index nor the length.
+        if isinstance(idx, (int, np.integer)) and not -len(self._items) <= idx < len(self._items):
+            raise IndexError(f"index {idx} is out of range for a {type(self).__name__} of {len(self._items)}")
+
+    def extend(self, entries):
+        """Add several entries at the end (append's checks on each)."""
+        for e in list(entries):  # a snapshot: extend(self) (ml += ml) grew the list it was reading, forever
+            self.append(e)
+        return self
+
 
 class ModuleList(_List):
     """A list of modules; its entries are children named '0', '1', ... (torch.nn.ModuleList)."""
@@ -61,11 +72,6 @@ class ModuleList(_List):
         for i, m in enumerate(self._items):
             yield str(i), m
         yield from super()._own_children()
-
-    def _check_index(self, idx) -> None:
-        # The list's own IndexError names neither the index nor the length.
-        if isinstance(idx, (int, np.integer)) and not -len(self._items) <= idx < len(self._items):
-            raise IndexError(f"index {idx} is out of range for a {type(self).__name__} of {len(self._items)}")
 
     def _check_module(self, module: Any) -> None:
         if not isinstance(module, Module):
@@ -106,12 +112,6 @@ class ModuleList(_List):
         self._items.append(module)
         return self
 
-    def extend(self, modules) -> "ModuleList":
-        """Add several modules at the end."""
-        for m in list(modules):  # a snapshot: extend(self) (ml += ml) grew the list it was reading, forever
-            self.append(m)
-        return self
-
     def __iadd__(self, modules) -> "ModuleList":
         return self.extend(modules)
 
@@ -144,10 +144,6 @@ class ParameterList(_List):
         self._check_index(idx)
         self._items[idx] = p
 
-    def _check_index(self, idx) -> None:
-        if isinstance(idx, (int, np.integer)) and not -len(self._items) <= idx < len(self._items):
-            raise IndexError(f"index {idx} is out of range for a ParameterList of {len(self._items)}")
-
     def _check_parameter(self, p: Any) -> None:
         if not isinstance(p, Parameter):
             raise TypeError(f"ParameterList entries must be Parameters, got {type(p).__name__}")
@@ -158,11 +154,6 @@ class ParameterList(_List):
         self._items.append(p)
         return self
 
-    def extend(self, params) -> "ParameterList":
-        """Add several parameters at the end."""
-        for p in list(params):
-            self.append(p)
-        return self
 
     def extra_repr(self) -> str:
         return "\n".join(f"({i}): Parameter of shape {p.shape}, dtype {p.dtype}" for i, p in enumerate(self._items))

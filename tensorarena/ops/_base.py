@@ -147,7 +147,7 @@ def normalize_axes(axis, ndim: int) -> tuple[int, ...]:
         return tuple(range(ndim))
     if isinstance(axis, (int, np.integer)):  # a NumPy integer too (a dim read from a shape array), as torch
         axis = (axis,)
-    if not isinstance(axis, (tuple, list)) or not all(_is_dim(ax) for ax in axis):
+    if not isinstance(axis, (tuple, list)) or not all(is_int(ax) for ax in axis):
         # a bool is an int to Python: sum(True) would reduce dim 1 where keepdim=True was meant; a float
         # would be truncated or fail inside NumPy. torch refuses both.
         raise TypeError(f"dim must be an int or a tuple of ints, got {axis!r}")
@@ -164,8 +164,9 @@ def normalize_axes(axis, ndim: int) -> tuple[int, ...]:
     return tuple(sorted(out)) if ndim else ()
 
 
-def _is_dim(ax) -> bool:
-    return isinstance(ax, (int, np.integer)) and not isinstance(ax, (bool, np.bool_))
+def is_int(x) -> bool:
+    """An int or NumPy integer, not a bool (an int to Python, but never a dim, a size or an index here)."""
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
 def as_count(value, what: str) -> int:
@@ -175,7 +176,7 @@ def as_count(value, what: str) -> int:
     """
     if isinstance(value, Tensor) and value.data.dtype.kind in "iu" and value.data.size == 1:
         return int(value)
-    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+    if is_int(value):
         return int(value)
     raise TypeError(f"{what} must be an int, got {value!r} ({type(value).__name__})")
 

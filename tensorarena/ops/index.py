@@ -9,7 +9,7 @@ from ..kernels import kernel
 from ..compile.trace import unsupported
 from ..tape import host
 from ..tensor import Tensor
-from ._base import _constant, as_tensor, contiguous, new, reshaped, result_dtype, unbroadcast
+from ._base import _constant, as_tensor, contiguous, is_int, new, reshaped, result_dtype, unbroadcast
 from .cast import to_dtype
 
 
@@ -31,10 +31,6 @@ def _is_advanced(idx: tuple) -> bool:
     return any(isinstance(x, (np.ndarray, bool, np.bool_)) for x in idx)
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
-
-
 def torch_order(idx: tuple) -> tuple[tuple, tuple] | None:
     """(basic, rest) for an index that mixes integers with index arrays, else None.
 
@@ -43,14 +39,14 @@ def torch_order(idx: tuple) -> tuple[tuple, tuple] | None:
     slice put their dims first: (3, 2). Indexing with `basic` (the integers, slices, None and Ellipsis; each array
     a full slice of the dims it indexes) and then the view with `rest` (the arrays where those dims now are) gives
     torch's shape, and NumPy's wherever the two agree (no slice between an integer and an array)."""
-    if not _is_advanced(idx) or not any(_is_int(x) for x in idx) or any(isinstance(x, (bool, np.bool_)) for x in idx):
+    if not _is_advanced(idx) or not any(is_int(x) for x in idx) or any(isinstance(x, (bool, np.bool_)) for x in idx):
         return None  # (a bool scalar index, a new dim NumPy's way, keeps NumPy's order)
     basic, rest = [], []
     for x in idx:
         if isinstance(x, np.ndarray):
             basic += [slice(None)] * (x.ndim if x.dtype == np.bool_ else 1)
             rest.append(x)
-        elif _is_int(x):
+        elif is_int(x):
             basic.append(x)
         else:
             basic.append(x)
@@ -85,7 +81,7 @@ def _rest_as_given(index) -> tuple:
     to an index tensor that backward reads)."""
     out = []
     for item in index if isinstance(index, tuple) else (index,):
-        if _is_int(item):
+        if is_int(item):
             continue
         if item is None or isinstance(item, slice):
             out.append(slice(None))

@@ -36,6 +36,16 @@ from ..autograd import enable_grad, increment_version
 from ..kernels import choose, kernel
 from ..tensor import SUPPORTED_FLOATS, Tensor
 
+
+def raise_partly_applied(exc: BaseException, message: str):
+    """Re-raise `exc`, which stopped an update part-way, so that nothing redoes the step on top of itself: an
+    Exception becomes a RuntimeError saying so (a MemoryError would make the out-of-memory fallback redo it), an
+    interrupt (KeyboardInterrupt) goes on as itself with the message as a note. Call it inside the except block."""
+    if not isinstance(exc, Exception):
+        exc.add_note(message)
+        raise exc
+    raise RuntimeError(message) from exc
+
 log = logging.getLogger(__name__)
 
 ParamsT = Iterable[Tensor] | Iterable[dict[str, Any]] | Iterable[tuple[str, Tensor]]
@@ -192,13 +202,9 @@ class Optimizer:
                 raise  # nothing changed: the step may be redone (the Trainer's out-of-memory fallback does)
             # Some parameters moved, others not: redoing the step (a MemoryError's fallback) would update the
             # first ones twice, so it is no MemoryError any more; an interrupt goes on as itself, with a note.
-            message = (f"{type(self).__name__}.step() failed after {updated} parameters were updated: the step is "
-                       f"partly applied, so it must not be redone. Restore the last checkpoint; "
-                       f"{type(exc).__name__}: {exc}")
-            if not isinstance(exc, Exception):
-                exc.add_note(message)
-                raise
-            raise RuntimeError(message) from exc
+            raise_partly_applied(exc, f"{type(self).__name__}.step() failed after {updated} parameters were updated: "
+                                      f"the step is partly applied, so it must not be redone. Restore the last "
+                                      f"checkpoint; {type(exc).__name__}: {exc}")
         return loss
 
     def initial_step(self, state: dict[str, Any]) -> float:
