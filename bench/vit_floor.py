@@ -63,9 +63,51 @@ def _operand_like(array, rng):
     return np.lib.stride_tricks.as_strided(base, array.shape, array.strides)
 
 
+class _SameBytes:
+    """An array of a recorded call, kept as its root array and where it lies in it, not as the view itself.
+
+    The Python replay refuses a step that still holds one of the plan's views when the plan hands its
+    bytes to another buffer (compile/step_plan.previous_occupants); a recording that kept the views would
+    trip it. Holding the root (the slab) does not, and `again()` makes a view of the very same bytes."""
+
+    def __init__(self, array):
+        import numpy as np
+
+        root = array
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        self.root, self.shape, self.strides, self.dtype = root, array.shape, array.strides, array.dtype
+        self.offset = array.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+
+    def again(self):
+        import numpy as np
+
+        return np.ndarray(self.shape, self.dtype, buffer=self.root, offset=self.offset, strides=self.strides)
+
+
+def _unheld(value):
+    """`value` with each view in it (inside tuples and lists too) kept as _SameBytes; an array that is its
+    own root (a persistent buffer) is held as itself: the liveness check watches only the slab's views."""
+    import numpy as np
+
+    if isinstance(value, (tuple, list)):
+        return type(value)(map(_unheld, value))
+    if isinstance(value, np.ndarray) and isinstance(value.base, np.ndarray):
+        return _SameBytes(value)
+    return value
+
+
+def _held(value):
+    """`value` with its _SameBytes made arrays again (views of the same bytes)."""
+    if isinstance(value, (tuple, list)):
+        return type(value)(map(_held, value))
+    return value.again() if isinstance(value, _SameBytes) else value
+
+
 def record_calls(trainer, xs, ys, names=None) -> list:
     """Run one step of `trainer` with kernels watched (`names`, or every registered kernel); returns
-    what they were asked, in call order: (name, the function handed out, args, kwargs)."""
+    what they were asked, in call order: (name, the function handed out, args, kwargs), each view among
+    the arguments kept as _SameBytes (`_held` makes them arrays again)."""
     from tensorarena import kernels
 
     kernels._load()
@@ -75,7 +117,7 @@ def record_calls(trainer, xs, ys, names=None) -> list:
 
     def watch(name, fn):
         def watched(*args, **kwargs):
-            seen.append((name, fn, args, kwargs))
+            seen.append((name, fn, tuple(map(_unheld, args)), {k: _unheld(v) for k, v in kwargs.items()}))
             return fn(*args, **kwargs)
         return watched
 
@@ -99,7 +141,7 @@ def record_products(trainer, xs, ys) -> dict:
     """Run one step of `trainer` with the gemm and attention kernels watched; returns what they were asked."""
     seen = {"gemm": [], "attention_forward": [], "attention_backward": []}
     for name, _, args, kwargs in record_calls(trainer, xs, ys, list(seen)):
-        seen[name].append((args, kwargs))
+        seen[name].append((tuple(map(_held, args)), {k: _held(v) for k, v in kwargs.items()}))
     return seen
 
 
@@ -111,8 +153,10 @@ def kernels_replay(calls):
     contiguous buffers) is left out, so the trainer it came from must not be used
     afterwards (its values stay finite: checked over 40 replays). A lower bound for any replay of
     these kernels."""
+    calls = [(fn, tuple(map(_held, args)), {k: _held(v) for k, v in kwargs.items()}) for _, fn, args, kwargs in calls]
+
     def replay():
-        for _, fn, args, kwargs in calls:
+        for fn, args, kwargs in calls:
             fn(*args, **kwargs)
     return replay
 
