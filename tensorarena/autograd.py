@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable, TypeVar
 import numpy as np
 
 from .kernels import elementwise
-from .memory.arena import empty
+from .memory.arena import StaleTensorError, empty
 from .tape import host
 
 if TYPE_CHECKING:
@@ -125,13 +125,16 @@ class Node:
 # step's replay runs no autograd). Writes straight into a NumPy array bypass the counter and are not seen.
 
 def saved_versions(saved, output=None) -> tuple:
-    """What a Node records of the tensors its backward reads: (counter, version now, shape, dtype, is_output)."""
+    """What a Node records of the tensors its backward reads: (counter, version now, shape, dtype, is_output,
+    arena, its generation now)."""
     # Shape and dtype only (for the error), never the array: the closure decides what memory stays alive.
-    record = [(t._version_counter, t._version_counter[0], t._data.shape, t._data.dtype, False)
-              for t in saved if t is not None]
+    # The arena and generation: an output made under heap_scope() outlives the arena its inputs came from, and
+    # backward after that arena ended read memory that other tensors had taken (a wrong gradient, no error).
+    record = [(t._version_counter, t._version_counter[0], t._data.shape, t._data.dtype, False, t._arena,
+               t._generation) for t in saved if t is not None]
     if output is not None:
         record.append((output._version_counter, output._version_counter[0], output._data.shape,
-                       output._data.dtype, True))
+                       output._data.dtype, True, output._arena, output._generation))
     return tuple(record)
 
 
@@ -150,8 +153,17 @@ def increment_version(*tensors: "Tensor") -> None:
 
 
 def check_saved(node: Node) -> None:
-    """Raise if a tensor `node`'s backward reads was written in place after the op ran (torch's message)."""
-    for counter, version, shape, dtype, is_output in node._saved:
+    """Raise if a tensor `node`'s backward reads was written in place after the op ran (torch's message), or
+    lived in an arena that was reset or closed since (StaleTensorError)."""
+    for counter, version, shape, dtype, is_output, arena, generation in node._saved:
+        if arena is not None and arena.generation != generation:
+            role = "its output" if is_output else "one of its inputs"
+            raise StaleTensorError(
+                f"backward of {_op_name(node._backward)} reads a {dtype} tensor of shape {tuple(shape)}, {role}, "
+                f"that was allocated from {arena.name}, which has since been "
+                f"{'closed' if arena.closed else 'reset'}: its memory now belongs to other tensors, and the "
+                f"gradient would come from their values. Call backward() before the arena ends, or compute the "
+                f"graph outside it.")
         if counter[0] != version:
             op = _op_name(node._backward)
             role = "its output" if is_output else "one of its inputs"

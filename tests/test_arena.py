@@ -215,6 +215,34 @@ def test_heap_scope_bypasses_the_open_arena():
     assert a.stats.allocations == 0
 
 
+def test_backward_refuses_saved_tensors_of_an_arena_that_ended():
+    """An output made under heap_scope() outlives the arena its inputs came from; backward read their memory after
+    another arena had taken it: w.grad was 600 here instead of 18, with no error, before the saved
+    records held each tensor's arena and generation (autograd.saved_versions); this test failed then."""
+    pool = ta.BlockPool()
+    w = ta.tensor(np.ones((4, 4), np.float32), requires_grad=True)
+    with ta.Arena(pool=pool):
+        h = w * 3.0  # arena memory, saved by the product below
+        with ta.heap_scope():
+            out = (h * h).sum()
+    assert out._arena is None  # the root itself is readable: only its graph's saved memory is stale
+    with ta.Arena(pool=pool):
+        junk = ta.tensor(np.ones((4, 4), np.float32)) * 100.0  # takes the block back
+        assert np.shares_memory(junk._data, h._data)
+        with pytest.raises(ta.StaleTensorError, match=r"backward of 'mul' reads a float32 tensor of shape \(4, 4\)"
+                           r".*closed"):
+            out.backward()
+    assert w.grad is None  # nothing accumulated from the stale memory
+
+    # The same graph with backward() before the arena ends is the gradient torch gives (2 * 3 * 3w = 18).
+    with ta.Arena(pool=pool):
+        h = w * 3.0
+        with ta.heap_scope():
+            out = (h * h).sum()
+        out.backward()
+    np.testing.assert_allclose(w.grad, np.full((4, 4), 18.0), rtol=0, atol=0)
+
+
 def test_closed_arena_cannot_be_reentered():
     a = ta.Arena()
     with a:
