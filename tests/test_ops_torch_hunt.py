@@ -280,6 +280,26 @@ def test_integer_tensor_powers_follow_torch_dtypes():
         i ** -1
 
 
+# Regression (fixed 2026-12-07): an integer tensor to a tensor of negative integer exponents raised NumPy's own
+# "Integers to negative integer powers are not allowed"; torch computes it (1 for base 1, +-1 for base -1 by the
+# exponent's parity, 0 otherwise), as it does for a Python int to such a tensor. Only a negative int *scalar*
+# exponent is refused by torch, above. This test failed before ops.arith._integer_power.
+def test_integer_tensor_to_negative_integer_tensor_exponents_as_torch():
+    base = np.array([0, 1, -1, -1, 2, -2, 5, 7])
+    exponent = np.array([-1, -3, -2, -3, -1, -1, 0, 2])
+    cases = [(ta.Tensor(base) ** ta.Tensor(exponent), torch.tensor(base) ** torch.tensor(exponent)),
+             (ta.Tensor(base[:, None]) ** ta.Tensor(exponent), torch.tensor(base[:, None]) ** torch.tensor(exponent)),
+             (3 ** ta.Tensor(exponent), 3 ** torch.tensor(exponent)),
+             ((-1) ** ta.Tensor(exponent), (-1) ** torch.tensor(exponent)),
+             (ta.Tensor(base.astype(np.int32)) ** ta.Tensor(np.int32(-1)),
+              torch.tensor(base.astype(np.int32)) ** torch.tensor(-1, dtype=torch.int32)),
+             (ta.Tensor(np.array([0, 1, 255], np.uint8)) ** ta.Tensor(np.array([-1, -1, -1])),
+              torch.tensor([0, 1, 255], dtype=torch.uint8) ** torch.tensor([-1, -1, -1]))]
+    for ours, theirs in cases:
+        assert ours.dtype == np.dtype(str(theirs.dtype).replace("torch.", ""))
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+
+
 # Regression (fixed): x ** 0 at x = 0 gave a NaN gradient (0 * 0**-1 = 0 * inf), and FloatingPointError under
 # np.seterr(all="raise"); torch defines the gradient of x ** 0 as 0 everywhere. The same for a tensor exponent of 0.
 @pytest.mark.parametrize("dtype", DTYPES)

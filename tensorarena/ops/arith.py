@@ -131,7 +131,7 @@ def pow(a, exponent) -> Tensor:  # noqa: A001 - torch's name
     a, b, dtype = _operands(a, exponent, np.power)
     out = _binary_out(a, b, dtype)
     ad, bd = a.data, b.data
-    host(np.power, ad, bd, out=out)
+    host(np.power if out.dtype.kind == "f" else _integer_power, ad, bd, out=out)
     a_meta, b_meta = _meta(a), _meta(b)  # not a, b: the closure would keep their memory alive
     a_needs_grad, b_needs_grad = a.requires_grad, b.requires_grad
 
@@ -149,6 +149,18 @@ def pow(a, exponent) -> Tensor:  # noqa: A001 - torch's name
         return ga, gb
 
     return Tensor._make(out, (a, b), backward, saved=(a, b), saved_output=b_needs_grad)
+
+
+def _integer_power(base: np.ndarray, exponent: np.ndarray, out: np.ndarray) -> None:
+    """base ** exponent into the integer `out`, as torch computes it for integer tensors: a negative exponent gives
+    1 for base 1, 1 or -1 for base -1 (the exponent's parity) and 0 for any other base (NumPy refuses it)."""
+    negative = exponent < 0
+    if not negative.any():
+        np.power(base, exponent, out=out)
+        return
+    np.power(base, np.where(negative, 0, exponent), out=out)
+    reciprocal = np.where(base == 1, 1, np.where(base == -1, 1 - 2 * (exponent % 2), 0))
+    np.copyto(out, reciprocal, where=negative, casting="unsafe")  # values in {-1, 0, 1}: any integer dtype holds them
 
 
 def _pow_integer_tensor(a: Tensor, exponent) -> Tensor:
