@@ -73,6 +73,21 @@ def result_dtype(a: Tensor, b: Tensor) -> np.dtype:
     return dims
 
 
+def check_number_fits(value: Any, dtype: np.dtype, what: str) -> None:
+    """Refuse, as torch does, a Python or NumPy integer that an integer tensor's dtype cannot hold, where an op
+    writes the number into such a tensor (fill_, t[i] = v, masked_fill, where, clamp): NumPy's cast wraps it
+    (uint8 clamp(max=300) was max=44). torch lets an unsigned dtype take down to -max (-1 -> 255). Arithmetic and
+    comparisons wrap in torch too, so they do not check."""
+    if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)) or dtype.kind not in "iu":
+        return
+    info = np.iinfo(dtype)
+    low = -int(info.max) if dtype.kind == "u" else int(info.min)
+    if not low <= int(value) <= int(info.max):
+        raise OverflowError(f"{what}: the value {value} cannot be converted to the tensor's dtype {dtype} without "
+                            f"overflow (torch takes {low} to {info.max} for it); cast the tensor to a wider dtype "
+                            f"first (e.g. .long()) or pass a value in range")
+
+
 def promote_types(a: np.dtype, b: np.dtype) -> np.dtype:
     """torch.promote_types: a float dtype beats any integer or bool one as it is (never widened by the int)."""
     if a.kind == "f" and b.kind != "f":

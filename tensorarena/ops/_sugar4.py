@@ -23,8 +23,13 @@ def install() -> None:
     T.index_select, T.masked_select, T.nonzero = select.index_select, select.masked_select, select.nonzero
 
 
-def _flip_method(a: Tensor, *dims) -> Tensor:
-    """t.flip(0, 1) or t.flip((0, 1)), as torch's; t.flip() names no dims, which torch refuses too."""
+def _flip_method(a: Tensor, *dims, **keyword) -> Tensor:
+    """t.flip(0, 1), t.flip((0, 1)) or t.flip(dims=(0, 1)), as torch's; t.flip() names no dims, which torch
+    refuses too."""
+    if keyword:
+        if dims or set(keyword) != {"dims"}:
+            raise TypeError(f"flip() takes dims once, positionally or as dims=, got {dims!r} and {keyword!r}")
+        dims = (keyword["dims"],)
     if not dims:
         raise TypeError("flip() missing 1 required positional argument: 'dims' (e.g. t.flip(0) or t.flip((0, 1)))")
     return arrange.flip(a, dims[0] if len(dims) == 1 else dims)

@@ -8,7 +8,7 @@ from ..autograd import is_grad_enabled
 from ..kernels import elementwise
 from ..tape import host
 from ..tensor import Tensor
-from ._base import _constant, as_tensor, grad_dtype, new, new_like, result_dtype, unbroadcast
+from ._base import _constant, as_tensor, check_number_fits, grad_dtype, new, new_like, result_dtype, unbroadcast
 
 
 def _binary_out(a: Tensor, b: Tensor, dtype=None) -> np.ndarray:
@@ -246,6 +246,8 @@ def clamp_(a: Tensor, min=None, max=None) -> Tensor:
     if min is None and max is None:
         raise ValueError("clamp_() needs min or max (or both); with neither there is nothing to clamp")
     # One write as torch counts it: the checks for both bounds run before either is applied.
+    check_number_fits(min, a.dtype, "clamp_() (min)")
+    check_number_fits(max, a.dtype, "clamp_() (max)")
     bounds = [(np.maximum, min), (np.minimum, max)]
     checked = [(ufunc, _inplace_operand(a, bound, "clamp_()", "`ops.where(x < lo, lo, x)`"))
                for ufunc, bound in bounds if bound is not None]

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..tape import host
 from ..tensor import Tensor
-from ._base import as_count, as_tensor, new, normalize_axes
+from ._base import as_count, as_tensor, is_int, new, normalize_axes
 from .arith import mul
 from .shape import reshape
 
@@ -48,6 +48,8 @@ def roll(input: Tensor, shifts, dims=None) -> Tensor:  # noqa: A002 - torch's na
             raise ValueError(f"roll: shifts {shifts!r} and dims {dims!r} must have the same length")
         bound = max(ad.ndim, 1)
         for d in dims_t:
+            if not is_int(d):  # a bool is an int to Python: roll(x, 1, True) rolled dim 1; torch refuses it
+                raise TypeError(f"roll: dims must be ints, got {dims!r}")
             if not -bound <= d < bound:
                 raise IndexError(f"roll: dimension {d} is out of range for a tensor with {ad.ndim} dimensions")
         axes = tuple(d % bound for d in dims_t)
@@ -58,12 +60,12 @@ def roll(input: Tensor, shifts, dims=None) -> Tensor:  # noqa: A002 - torch's na
 
 def tril(input: Tensor, diagonal: int = 0) -> Tensor:  # noqa: A002 - torch's name
     """The lower triangle of the last two dims (torch.tril), from `diagonal` down; the rest 0."""
-    return _triangle(input, int(diagonal), lower=True)
+    return _triangle(input, as_count(diagonal, "tril: diagonal"), lower=True)
 
 
 def triu(input: Tensor, diagonal: int = 0) -> Tensor:  # noqa: A002 - torch's name
     """The upper triangle of the last two dims (torch.triu), from `diagonal` up; the rest 0."""
-    return _triangle(input, int(diagonal), lower=False)
+    return _triangle(input, as_count(diagonal, "triu: diagonal"), lower=False)
 
 
 def _triangle(a: Tensor, k: int, *, lower: bool) -> Tensor:
@@ -93,7 +95,7 @@ def diag(input: Tensor, diagonal: int = 0) -> Tensor:  # noqa: A002 - torch's na
     """torch.diag: a 1-D tensor becomes the `diagonal`-th diagonal of a square matrix; a 2-D one gives that
     diagonal as a 1-D tensor."""
     ad = input.data
-    k = int(diagonal)
+    k = as_count(diagonal, "diag: diagonal")
     if ad.ndim == 1:
         n = ad.shape[0] + abs(k)
         out = new((n, n), ad.dtype)
@@ -124,7 +126,7 @@ def pad(input: Tensor, pad, mode: str = "constant", value: float | None = None) 
     if mode != "constant":
         raise NotImplementedError(f"pad: mode {mode!r} is not supported; only mode='constant' is")
     ad = input.data
-    amounts = [int(v) for v in pad]
+    amounts = [as_count(v, "pad: each padding amount") for v in pad]
     if len(amounts) % 2 or len(amounts) // 2 > ad.ndim:
         raise ValueError(f"pad: the padding {tuple(pad)} must have an even length of at most 2 * {ad.ndim} (two "
                          f"per padded dimension, last dimension first) for a tensor of shape {ad.shape}")
@@ -134,6 +136,12 @@ def pad(input: Tensor, pad, mode: str = "constant", value: float | None = None) 
     shape = tuple(n + lo + hi for n, (lo, hi) in zip(ad.shape, widths))
     if any(n < 0 for n in shape):
         raise ValueError(f"pad: the padding {tuple(pad)} crops shape {ad.shape} to {shape}, which is negative")
+    for dim, (n, (lo, hi)) in enumerate(zip(ad.shape, widths)):
+        # torch crops before it pads (narrow(): length must be non-negative): a crop past the edge is refused even
+        # where the other side's padding makes the final size non-negative (it gave a tensor of fill values).
+        if max(-lo, 0) + max(-hi, 0) > n:
+            raise ValueError(f"pad: the padding {tuple(pad)} crops {max(-lo, 0) + max(-hi, 0)} elements from dim "
+                             f"{dim} of size {n} (shape {ad.shape}); a crop cannot go past the tensor's edge")
     # The part of the input that survives (src) and where it lands in the output (dst).
     src = tuple(slice(max(-lo, 0), n - max(-hi, 0)) for n, (lo, hi) in zip(ad.shape, widths))
     dst = tuple(slice(max(lo, 0), max(lo, 0) + max(s.stop - s.start, 0)) for s, (lo, _) in zip(src, widths))

@@ -118,7 +118,10 @@ def _scale(g, reduction, n):
     """What multiplies each element's derivative: g itself ("none"), or its one value (/ n for "mean")."""
     if reduction == "none":
         return g
-    return g / n if reduction == "mean" else g
+    if reduction != "mean":
+        return g
+    # No elements: the gradient is empty, so any finite scale does (g / 0 raised under np.seterr(all="raise")).
+    return g / n if n else g
 
 
 def _check_range(a, name: str) -> None:

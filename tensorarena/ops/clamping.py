@@ -12,7 +12,7 @@ import numpy as np
 
 from ..tape import host
 from ..tensor import Tensor
-from ._base import as_tensor, grad_dtype, new, promote_types, result_dtype, unbroadcast
+from ._base import as_tensor, check_number_fits, grad_dtype, new, promote_types, result_dtype, unbroadcast
 
 
 def clamp(input, min=None, max=None) -> Tensor:  # noqa: A002 - torch's names
@@ -22,6 +22,8 @@ def clamp(input, min=None, max=None) -> Tensor:  # noqa: A002 - torch's names
         raise ValueError("clamp: at least one of 'min' or 'max' must not be None (torch's rule); pass a bound, "
                          "e.g. clamp(x, min=0.0)")
     a = as_tensor(input)
+    check_number_fits(min, a.dtype, "clamp (min)")
+    check_number_fits(max, a.dtype, "clamp (max)")
     lo = None if min is None else as_tensor(min, like=a)
     hi = None if max is None else as_tensor(max, like=a)
     bounds = [b for b in (lo, hi) if b is not None]

@@ -9,7 +9,7 @@ from ..kernels import kernel
 from ..compile.trace import unsupported
 from ..tape import host
 from ..tensor import Tensor
-from ._base import _constant, as_tensor, contiguous, is_int, new, reshaped, result_dtype, unbroadcast
+from ._base import _constant, as_tensor, check_number_fits, contiguous, is_int, new, reshaped, result_dtype, unbroadcast
 from .cast import to_dtype
 
 
@@ -150,8 +150,10 @@ def where(condition, a, b) -> Tensor:
         raise TypeError(f"where: condition must be a bool array or Tensor, got dtype {cond.dtype}")
     a_is_tensor, b_is_tensor = isinstance(a, Tensor), isinstance(b, Tensor)
     if a_is_tensor:
+        check_number_fits(b, a.dtype, "where (other)")
         b = as_tensor(b, like=a)
     elif b_is_tensor:
+        check_number_fits(a, b.dtype, "where (input)")
         a = as_tensor(a, like=b)
     else:  # two numbers: each in torch's default dtype for its kind (a Python float is float32, not float64)
         a, b = _number(a), _number(b)
@@ -208,6 +210,7 @@ def masked_fill(a: Tensor, mask, value) -> Tensor:
                              f"{value.shape}; use where(mask, values, t) for a tensor of values")
         value = to_dtype(value, ad.dtype)
     else:
+        check_number_fits(value, ad.dtype, "masked_fill")
         value = Tensor(_constant_of(value, ad.dtype))
     return where(mask, value, a)
 

@@ -7,7 +7,7 @@ import numpy as np
 from ..kernels import kernel
 from ..tape import host
 from ..tensor import Tensor
-from ._base import as_dtype, as_tensor, contiguous, new
+from ._base import as_dtype, as_tensor, contiguous, new, promote_types
 
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -102,6 +102,16 @@ def _cross_entropy_backward(rows, tgt, lse, ignore_index, label_smoothing, g, co
             drows *= g.reshape(-1, 1)
 
 
+def difference_loss_dtype(what: str, xd: np.ndarray, yd: np.ndarray) -> np.dtype:
+    """The dtype of a loss of (input - target), as torch's: promoted, so a float32 input with an integer target stays
+    float32 (NumPy's result_type made it float64); an integer or bool pair is refused (torch has no such kernel)."""
+    dtype = promote_types(xd.dtype, yd.dtype)
+    if dtype.kind != "f":
+        raise TypeError(f"{what}: needs floating-point input or target, got {xd.dtype} and {yd.dtype}; cast the "
+                        f"input to a float dtype (e.g. .float())")
+    return dtype
+
+
 def input_and_target_grads(base: np.ndarray, x: Tensor, y: Tensor) -> tuple:
     """The gradients of a loss of (input - target) given d/d input (`base`): input's is `base`, target's its
     negation, each in its own tensor's dtype, None where that tensor needs none."""
@@ -128,7 +138,7 @@ def mse_loss(input: Tensor, target, reduction: str = "mean") -> Tensor:  # noqa:
     if xd.shape != yd.shape:
         raise ValueError(f"mse_loss: input shape {xd.shape} and target shape {yd.shape} differ; reshape one "
                          f"explicitly (implicit broadcasting here usually hides a bug)")
-    dtype = np.result_type(xd.dtype, yd.dtype)
+    dtype = difference_loss_dtype("mse_loss", xd, yd)
     diff = new(xd.shape, dtype)  # kept for backward
     out = new(diff.shape if reduction == "none" else (), dtype)
     host(_mse_forward, xd, yd, reduction, diff, out)

@@ -35,6 +35,9 @@ def nll_loss(input: Tensor, target, weight: Tensor | None = None, ignore_index: 
         raise ValueError(f"nll_loss: target shape {t.shape} does not match input shape {x.shape}: input "
                          f"(N, C, d1, ...) needs target (N, d1, ...), here {expected}")
     num_classes = x.shape[1] if x.ndim >= 2 else x.shape[0]
+    if num_classes == 0:  # torch: "Target 0 is out of bounds"; NumPy would fail reshaping to (-1, 0)
+        raise IndexError(f"nll_loss: input of shape {x.shape} has 0 classes, so no target is in range; the "
+                         f"class dim (dim 1, or dim 0 for an unbatched input) must not be empty")
     wd = _class_weight(weight, num_classes, x.dtype)
     # (N, C, d...) -> (N*d..., C): the rows are the target's positions in C order; (C,) is one row.
     rows = contiguous(np.moveaxis(x, 1, -1)).reshape(-1, num_classes) if x.ndim > 2 \

@@ -12,7 +12,7 @@ import numpy as np
 from ..tape import host
 from ..tensor import Tensor
 from ._base import as_tensor, new
-from .loss import _check_reduction, input_and_target_grads
+from .loss import _check_reduction, difference_loss_dtype, input_and_target_grads
 
 
 def l1_loss(input: Tensor, target, reduction: str = "mean") -> Tensor:  # noqa: A002 - torch's name
@@ -44,9 +44,7 @@ def _pointwise_loss(input, target, reduction: str, what: str, fn, grad_fn, param
     if xd.shape != yd.shape:
         raise ValueError(f"{what}: input shape {xd.shape} and target shape {yd.shape} differ; reshape one "
                          f"explicitly (implicit broadcasting here usually hides a bug)")
-    if xd.dtype.kind != "f" or yd.dtype.kind != "f":
-        raise TypeError(f"{what}: input and target must be floating point, got {xd.dtype} and {yd.dtype}")
-    dtype = np.result_type(xd.dtype, yd.dtype)
+    dtype = difference_loss_dtype(what, xd, yd)
     diff = new(xd.shape, dtype)  # kept for backward
     out = new(diff.shape if reduction == "none" else (), dtype)
     losses = out if reduction == "none" else new(diff.shape, dtype)

@@ -24,6 +24,9 @@ def index_select(input: Tensor, dim: int, index) -> Tensor:  # noqa: A002 - torc
         raise TypeError(f"index_select: index must be an integer tensor (torch: int64), got dtype {ids.dtype}")
     if ids.ndim > 1:
         raise ValueError(f"index_select: index must be 1-D (or 0-d), got shape {ids.shape}")
+    if ad.ndim == 0 and ids.size != 1:  # the result would be 0-d: one value, so one index (torch's rule)
+        raise IndexError(f"index_select: a 0-d tensor takes an index of exactly one value, got {ids.size} "
+                         f"(shape {ids.shape})")
     src = ad if ad.ndim else ad.reshape(1)
     (axis,) = normalize_axes(dim, src.ndim)
     flat_ids = ids.reshape(-1)
