@@ -51,7 +51,7 @@ class BertConfig:
     attention_probs_dropout_prob: float = 0.1
     hidden_act: str = "gelu"
     initializer_range: float = 0.02
-    pad_token_id: int = 0
+    pad_token_id: int | None = 0  # None: no padding row in the word embeddings (config.json's null, as transformers)
     dtype: type = field(default=np.float32)  # ours, not read from config.json
 
     def __post_init__(self) -> None:
@@ -70,8 +70,11 @@ class BertConfig:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.hidden_act not in _HIDDEN_ACT:
             raise ValueError(f"hidden_act {self.hidden_act!r} is not supported; use one of {sorted(_HIDDEN_ACT)}")
-        if not 0 <= self.pad_token_id < self.vocab_size:
-            raise ValueError(f"pad_token_id {self.pad_token_id} is outside the vocabulary [0, {self.vocab_size})")
+        pad = self.pad_token_id
+        if pad is not None and not (isinstance(pad, (int, np.integer)) and not isinstance(pad, (bool, np.bool_))
+                                    and 0 <= pad < self.vocab_size):
+            raise ValueError(f"pad_token_id must be a token id in the vocabulary [0, {self.vocab_size}) or None (no "
+                             f"padding row), got {pad!r}")
         if np.dtype(self.dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
             raise ValueError(f"dtype must be float32 or float64, got {np.dtype(self.dtype)}")
 
@@ -93,7 +96,9 @@ class BertConfig:
         if pos_type != "absolute":
             raise ValueError(f"position_embedding_type {pos_type!r} is not supported (only 'absolute')")
         names = {f.name for f in fields(cls)} - {"dtype"}
-        kwargs = {k: v for k, v in raw.items() if k in names and v is not None}
+        # A null means "the default" for a size, but for pad_token_id it means "none" (transformers builds the
+        # embedding without a padding row; the default 0 froze row 0's gradient where transformers trains it).
+        kwargs = {k: v for k, v in raw.items() if k in names and (v is not None or k == "pad_token_id")}
         kwargs.update(overrides)
         return cls(**kwargs)
 
@@ -252,7 +257,7 @@ class BertModel(Module):
     def from_pretrained(cls, model_dir: str | os.PathLike, *, rng: np.random.Generator | None = None,
                         **config_overrides: Any) -> "BertModel":
         """Build from a Hugging Face model directory: config.json + model.safetensors (BERT layout)."""
-        from safetensors.numpy import load_file
+        from ..train.safetensors_io import read_safetensors
 
         model_dir = os.fspath(model_dir)
         config = BertConfig.from_json(os.path.join(model_dir, "config.json"), **config_overrides)
@@ -261,7 +266,7 @@ class BertModel(Module):
             raise FileNotFoundError(f"{weights} not found; from_pretrained reads safetensors only "
                                     f"(convert a pytorch_model.bin with safetensors.torch.save_file)")
         model = cls(config, rng=rng)
-        load_hf_state_dict(model, load_file(weights))
+        load_hf_state_dict(model, read_safetensors(weights))  # mapped, bfloat16 widened to float32
         return model
 
     def save_pretrained(self, directory: str | os.PathLike, *, extra: dict[str, np.ndarray] | None = None) -> None:
@@ -336,9 +341,34 @@ def _ignored(key: str) -> bool:
 
 
 class HFLoadReport(NamedTuple):
-    """What load_hf_state_dict skipped on purpose (pooler, position_ids, heads outside 'bert.')."""
+    """What load_hf_state_dict skipped on purpose (pooler, position_ids, heads outside 'bert.'), and, with
+    strict=False, the model's tensors the checkpoint lacked (left as they were) and the checkpoint's it could not
+    place: torch's missing_keys and unexpected_keys, under the checkpoint's names."""
 
     ignored: list[str]
+    missing: list[str] = []
+    unexpected: list[str] = []
+
+
+# Old BERT checkpoints (google-bert/bert-base-uncased's own model.safetensors among them) name LayerNorm's weight and
+# bias "gamma" and "beta", as TensorFlow did; transformers renames them on load, and so does load_hf_state_dict.
+_LEGACY_NORM_NAMES = {"LayerNorm.gamma": "LayerNorm.weight", "LayerNorm.beta": "LayerNorm.bias"}
+
+
+def _modern_names(body: dict[str, Any]) -> dict[str, Any]:
+    """`body` with legacy LayerNorm gamma/beta keys under today's names; an error if a key has both."""
+    out = {}
+    for key, value in body.items():
+        for legacy, today in _LEGACY_NORM_NAMES.items():
+            if key.endswith("." + legacy):
+                modern = key[:-len(legacy)] + today
+                if modern in body:
+                    raise CheckpointMismatchError(f"the checkpoint holds both {key} and {modern}, the old and the new "
+                                                  f"name of one LayerNorm tensor; keep one", [], [key], [])
+                key = modern
+                break
+        out[key] = value
+    return out
 
 
 class CheckpointMismatchError(RuntimeError):
@@ -371,6 +401,7 @@ def load_hf_state_dict(model: BertModel, tensors: Mapping[str, Any], *, strict: 
                 ignored.append(k)
     else:
         body = dict(tensors)
+    body = _modern_names(body)
     ignored += [k for k in body if _ignored(k)]
 
     params = dict(model.named_parameters(remove_duplicate=False))  # a shared layer: one key per path
@@ -413,7 +444,7 @@ def load_hf_state_dict(model: BertModel, tensors: Mapping[str, Any], *, strict: 
         lines.append("Check that the config (config.json) belongs to this checkpoint.")
         raise CheckpointMismatchError("\n".join(lines), missing, unexpected, mismatched)
     model.load_state_dict(ours, strict=strict)
-    return HFLoadReport(ignored=sorted(ignored))
+    return HFLoadReport(ignored=sorted(ignored), missing=missing, unexpected=unexpected)
 
 
 def to_hf_state_dict(model: BertModel, *, prefix: str = "") -> "OrderedDict[str, np.ndarray]":

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..precision import float32_matmul_precision
 from ..tensor import Tensor
+from .eager_step import _model_input
 
 if TYPE_CHECKING:
     from .trainer import Trainer
@@ -46,7 +47,10 @@ def evaluate(trainer: Trainer, inputs: np.ndarray, targets: Any, batch_size: int
                 with trainer.scratch_arena("eval arena", warn=warn) as arena:
                     xb = inputs[begin:stop]
                     yb = target_layout.build(spec, [leaf[begin:stop] for leaf in leaves])
-                    out = Tensor(trainer.stream.predict(xb)) if trainer.stream is not None else trainer.model(Tensor(xb))
+                    # As the eager step hands it over: a tokenizer's Encoding goes as it is, its attention mask
+                    # with it (Tensor(xb) refused it, and its advice, passing .input_ids, attended the padding).
+                    out = (Tensor(trainer.stream.predict(xb)) if trainer.stream is not None
+                           else trainer.model(_model_input(xb)))
                     total_loss += trainer.loss_fn(out, yb).item() * (stop - begin)
                     if counted and out.shape[:-1] == yb.shape:
                         correct += int((out.data.argmax(axis=-1) == yb).sum())

@@ -76,3 +76,57 @@ def write_safetensors(f: BinaryIO, arrays: dict[str, np.ndarray], metadata: dict
     for array in arrays.values():
         f.write(raw_bytes(array))
 
+
+
+# -- reading -----------------------------------------------------------------------------------------------------
+# safetensors' numpy reader stops at a BF16 tensor (NumPy has no bfloat16: "data type 'bfloat16' not understood",
+# naming neither file nor tensor), and Hugging Face checkpoints are often bfloat16. This reader maps the file and
+# widens BF16 to float32, exactly: a bfloat16 is the top half of the float32 with the same value.
+
+CODES = {code: dtype for dtype, code in DTYPES.items()}
+
+
+def read_safetensors(path: str) -> dict[str, np.ndarray]:
+    """Every tensor of the safetensors file `path`: read-only arrays mapped from it (no copy), little-endian, BF16
+    ones widened to float32 (a copy). Errors name the file and, where one is at fault, the tensor."""
+    with open(path, "rb") as f:
+        f.seek(0, 2)
+        size = f.tell()
+        f.seek(0)
+        prefix = f.read(8)
+        length = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else None
+        if length is None or length > size - 8:
+            raise ValueError(f"{path} is not a safetensors file: its {size} bytes cannot hold the header its first "
+                             f"8 bytes announce; it may be truncated or of another format")
+        try:
+            header = json.loads(f.read(length))
+        except ValueError as err:
+            raise ValueError(f"{path} is not a safetensors file: its header is not JSON ({err})") from None
+    data_start = 8 + length
+    mapped = np.asarray(np.memmap(path, dtype=np.uint8, mode="r"))  # a plain read-only view of the mapping
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        out[name] = _tensor_at(path, name, entry, mapped, data_start)
+    return out
+
+
+def _tensor_at(path: str, name: str, entry: dict, mapped: np.ndarray, data_start: int) -> np.ndarray:
+    """Tensor `name` of the file: its header `entry` checked against the bytes the file holds."""
+    code = entry.get("dtype")
+    shape = tuple(entry.get("shape", ()))
+    begin, end = entry.get("data_offsets", (0, -1))
+    dtype = np.dtype(np.uint16) if code == "BF16" else CODES.get(code)
+    if dtype is None:
+        raise ValueError(f"{path}: tensor {name!r} has dtype {code}, which tensorarena cannot read; it reads "
+                         f"BF16 and {', '.join(sorted(CODES))}")
+    count = int(np.prod(shape, dtype=np.int64))
+    if not 0 <= begin <= end <= len(mapped) - data_start or end - begin != count * dtype.itemsize:
+        raise ValueError(f"{path}: tensor {name!r} ({code}, shape {list(shape)}) needs {count * dtype.itemsize} "
+                         f"bytes, but its header places bytes {begin} to {end} of a data section of "
+                         f"{max(len(mapped) - data_start, 0)}; the file is truncated or corrupt")
+    raw = mapped[data_start + begin:data_start + end].view(dtype.newbyteorder("<")).reshape(shape)
+    if code == "BF16":
+        return (raw.astype(np.uint32) << 16).view(np.float32)
+    return raw
