@@ -5,10 +5,13 @@ micro-batches of m rows (the last one may be smaller), run forward and backward 
 once from the sum of their gradients, each weighted by its share of the batch's rows: w_i = rows_i / rows. For a
 loss that is a mean over rows (every loss here with reduction="mean" over a batch of whole samples) that sum is
 the gradient of the whole batch's loss, and the step's reported loss, sum(w_i * loss_i), is its loss: the same
-update as one pass over the whole batch, up to the order of float sums. A loss that averages over something else
-(cross_entropy's ignore_index leaves a different number of counted targets in each micro-batch; reduction="sum")
-is not divided that way, so its micro-batched step differs from the whole batch's, as PyTorch's usual
-gradient-accumulation loop does. Dropout draws each micro-batch's masks in turn, so the masks differ too.
+update as one pass over the whole batch, up to the order of float sums. tensorarena's class-index losses
+(cross_entropy, nll_loss, nn.CrossEntropyLoss, nn.NLLLoss) average over their counted targets instead (ignore_index,
+class weights) or add up (reduction="sum"): their micro-batches weigh their share of that (compile/loss_shares.py),
+so they too update as the whole batch; a micro-batch with every target ignored weighs 0, its loss (0 / 0) is not
+counted and its gradient is zero. A loss of one's own that averages over something else than rows differs from the
+whole batch's, as PyTorch's usual gradient-accumulation loop does. Dropout draws each micro-batch's masks in turn,
+so the masks differ too.
 
 Memory: only one micro-batch's activations are alive at a time (eager: each pass runs in an arena of its own,
 closed before the next; fused: the plan is traced for m rows). Gradients add up where they are kept anyway on the
@@ -31,6 +34,7 @@ import numpy as np
 
 from ..tensor import Tensor
 from . import targets as target_layout
+from .loss_shares import piece_shares
 from .flat import FlatState, _aligned_zeros
 
 if TYPE_CHECKING:
@@ -48,9 +52,12 @@ def check_micro_batch(micro_batch: Any) -> int | None:
     return int(micro_batch)
 
 
-def split_batch(inputs: Any, targets: Any, micro_batch: int | None) -> list[tuple[Any, Any, float]]:
+def split_batch(inputs: Any, targets: Any, micro_batch: int | None, loss_fn: Any = None
+                ) -> list[tuple[Any, Any, float]]:
     """[(inputs_i, targets_i, weight_i)]: the batch cut into micro-batches of at most `micro_batch` rows, each with
-    its share of the rows; [(inputs, targets, 1.0)] as given when there is nothing to cut."""
+    its share of the rows, or, for tensorarena's class-index losses (`loss_fn`), of the counted targets
+    (compile/loss_shares.py: 0 for a micro-batch whose targets are all ignored); [(inputs, targets, 1.0)] as given
+    when there is nothing to cut."""
     if micro_batch is None:
         return [(inputs, targets, 1.0)]
     x = inputs.data if isinstance(inputs, Tensor) else inputs
@@ -69,9 +76,13 @@ def split_batch(inputs: Any, targets: Any, micro_batch: int | None) -> list[tupl
                 for start in range(0, rows, micro_batch)]
     # The targets as a plan holds them (compile/targets.py): array leaves cut, the structure and constants rebuilt.
     spec, leaves = target_layout.flatten(targets)
-    return [(x[start:start + micro_batch],
-             target_layout.build(spec, [leaf[start:start + micro_batch] if leaf.ndim else leaf for leaf in leaves]),
-             min(micro_batch, rows - start) / rows) for start in range(0, rows, micro_batch)]
+    chunks = [(x[start:start + micro_batch],
+               target_layout.build(spec, [leaf[start:start + micro_batch] if leaf.ndim else leaf for leaf in leaves]),
+               min(micro_batch, rows - start) / rows) for start in range(0, rows, micro_batch)]
+    shares = piece_shares(loss_fn, [y for _, y, _ in chunks]) if loss_fn is not None else None
+    if shares is not None:
+        chunks = [(x, y, share) for (x, y, _), share in zip(chunks, shares)]
+    return chunks
 
 
 def _check_rows(y: Any, rows: int, where: str) -> None:
@@ -136,7 +147,10 @@ def micro_step(fused: FusedStep, chunks: list[tuple[Any, Any, float]], index: in
     flat, loss, biggest = fused.flat, 0.0, None
     try:
         for i, (x, y, weight) in enumerate(chunks):
-            value, _, skipped, arena = fused._replay(x, y, index, on_nonfinite, update=False)
+            # A micro-batch that weighs nothing (every target ignored) has a loss of 0 / 0 and a zero gradient:
+            # run it (its dropout draws keep the routes' generators together), not checked, not counted.
+            value, _, skipped, arena = fused._replay(x, y, index, on_nonfinite if weight else "continue",
+                                                     update=False)
             if skipped:
                 _drop_grads(flat)
                 return value, None, True, arena
@@ -146,7 +160,7 @@ def micro_step(fused: FusedStep, chunks: list[tuple[Any, Any, float]], index: in
                                    f"nothing was updated. Raise max_plans to 2 or more")
             if biggest is None or arena.stats.high_water > biggest.stats.high_water:
                 biggest = arena
-            loss += weight * value
+            loss += weight * value if weight else 0.0
             if i < len(chunks) - 1:
                 fused.accumulator.add(weight, first=i == 0)
             else:

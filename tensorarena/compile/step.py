@@ -304,7 +304,7 @@ class FusedStep:
         # Underflow is a result here, as in eager backward (autograd.backward): the captured replay runs the
         # recorded backward calls without passing through autograd's own errstate.
         with float32_matmul_precision(self.matmul_precision), np.errstate(under="ignore"):
-            chunks = split_batch(inputs, targets, self.micro_batch)
+            chunks = split_batch(inputs, targets, self.micro_batch, self.loss_fn)
             if len(chunks) > 1:
                 return micro_step(self, chunks, index, on_nonfinite)
             return self._replay(inputs, targets, index, on_nonfinite)
@@ -384,8 +384,8 @@ class FusedStep:
 
 def skip_non_finite(value: float, index: int, on_nonfinite: str) -> bool:
     """For a step's loss, before any update: False if finite; True if not and on_nonfinite is "skip";
-    NonFiniteLossError if not and it is "raise"."""
-    if math.isfinite(value):
+    NonFiniteLossError if not and it is "raise". "continue": a micro-batch that weighs nothing, never checked."""
+    if math.isfinite(value) or on_nonfinite == "continue":
         return False
     if on_nonfinite == "raise":
         from ..train.report import NonFiniteLossError

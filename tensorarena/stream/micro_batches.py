@@ -15,7 +15,8 @@ from ..tensor import Tensor
 
 
 class Cut(NamedTuple):
-    """One micro-batch of a streamed step: its rows of the batch, its targets and its weight (rows_i / rows)."""
+    """One micro-batch of a streamed step: its rows of the batch, its targets and its weight (rows_i / rows, or its
+    share of the counted targets: compile/loss_shares.py)."""
 
     rows: slice
     targets: Any
@@ -25,10 +26,11 @@ class Cut(NamedTuple):
 WHOLE = slice(None)
 
 
-def micro_batch_cuts(micro_batch: int | None, inputs: Any, targets: Any) -> list[Cut]:
-    """The step's micro-batches (compile/micro_batches.split_batch cuts the targets and weighs them); one Cut of
-    every row, the targets as given, without micro_batch or for a batch of no more rows."""
-    chunks = split_batch(inputs, targets, micro_batch)
+def micro_batch_cuts(micro_batch: int | None, inputs: Any, targets: Any, loss_fn: Any = None) -> list[Cut]:
+    """The step's micro-batches (compile/micro_batches.split_batch cuts the targets and weighs them, by rows or by
+    `loss_fn`'s counted targets); one Cut of every row, the targets as given, without micro_batch or for a batch of
+    no more rows."""
+    chunks = split_batch(inputs, targets, micro_batch, loss_fn)
     if len(chunks) == 1:
         return [Cut(WHOLE, targets, 1.0)]
     cuts, start = [], 0

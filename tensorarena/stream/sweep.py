@@ -8,7 +8,8 @@ the store's next read in flight in the other slot while a stage computes; predic
 
 Micro-batches (StreamingRoute(micro_batch=m), compile/micro_batches.py): each stage, once loaded, runs every
 micro-batch in turn, so the store is still read once per stage and sweep, and the stage's update, after its last
-micro-batch, uses their weighted sum (each loss seeded with rows_i / rows; micro_batches.GradSums adds them up in
+micro-batch, uses their weighted sum (each loss seeded with its weight, rows_i / rows or its share of a class-index
+loss's counted targets; micro_batches.GradSums adds them up in
 one more stage-sized gradient buffer). The boundary activations and input gradients stay the whole batch's (each
 micro-batch fills its rows); a stage arena holds one micro-batch's activations. The RNG state is saved per stage and micro-batch, so the recompute draws
 what the forward drew. The masks are drawn stage by stage (every micro-batch through stage 0, then stage 1 ...),
@@ -44,7 +45,7 @@ def run_step(route: StreamingRoute, arena: Arena, inputs: Any, targets: Any, ind
     boundary activations), then one backward sweep (two with clipping); returns (loss, grad_norm, skipped,
     the largest stage arena's high-water, side input bytes)."""
     n = len(route.stages)
-    cuts = micro_batch_cuts(route.micro_batch, inputs, targets)
+    cuts = micro_batch_cuts(route.micro_batch, inputs, targets, route.loss_fn)
     # Once per step, first in the step arena (so they live until every stage's backward ran, and the arena's
     # bytes so far are theirs): stage 0's input and the side inputs every stage reading them gets.
     with no_grad():
@@ -237,11 +238,13 @@ class _Sweep:
                             loss_t = route.loss_fn(out, cut.targets)
                             value = float(loss_t.item())
                             self.rng_after = route._rng_snapshot()
-                            if not math.isfinite(value):
+                            # A weight of 0 (every target ignored: compile/loss_shares.py): a 0 / 0 loss, neither
+                            # checked nor counted; its backward, seeded with 0, writes its rows' zero gradients.
+                            if not math.isfinite(value) and (feed.whole or cut.weight):
                                 return value, False
                             # Seeded with its weight (rows_i / rows): its gradients are its share, GradSums adds them.
                             loss_t.backward(None if feed.whole else np.asarray(cut.weight, dtype=loss_t.data.dtype))
-                            loss += value if feed.whole else cut.weight * value
+                            loss += value if feed.whole else (cut.weight * value if cut.weight else 0.0)
                             del loss_t
                         elif upstream is not None and out.requires_grad:
                             out.backward(upstream if feed.whole else upstream[cut.rows])

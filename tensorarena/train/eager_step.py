@@ -35,7 +35,7 @@ def eager_step(trainer: Trainer, inputs: Any, targets: Any) -> StepReport:
     lr = float(trainer.optimizer.param_groups[0]["lr"])
     grad_norm = None
     skipped = False
-    chunks = split_batch(inputs, targets, trainer.micro_batch)
+    chunks = split_batch(inputs, targets, trainer.micro_batch, trainer.loss_fn)
     arena = Arena(pool=trainer.pool, name=f"step {index} arena")
     with arena:  # closed (blocks returned) before any exception below propagates
         micro_high_water = 0
@@ -85,7 +85,9 @@ def forward_backward(trainer: Trainer, chunks: list[tuple[Any, Any, float]], ind
                 loss = trainer.loss_fn(trainer.model(_model_input(x)), y)
                 _check_loss(loss, trainer.loss_fn)
                 value = loss.item()
-                if not math.isfinite(value):
+                # A weight of 0: every target ignored (compile/loss_shares.py), a 0 / 0 loss and a zero gradient,
+                # neither checked nor counted (its forward ran: its dropout draws keep the routes' generators together).
+                if weight and not math.isfinite(value):
                     trainer.optimizer.zero_grad(set_to_none=True)
                     if trainer.on_nonfinite == "raise":
                         raise NonFiniteLossError(
@@ -93,10 +95,11 @@ def forward_backward(trainer: Trainer, chunks: list[tuple[Any, Any, float]], ind
                             f"parameters were not updated. Lower the learning rate or check the batch, or pass "
                             f"on_nonfinite='skip' to skip such steps.")
                     return value, True, max(high_water, arena.stats.high_water)
-                loss.backward(np.asarray(weight, dtype=loss.data.dtype))
+                if weight:
+                    loss.backward(np.asarray(weight, dtype=loss.data.dtype))
                 del loss
             high_water = max(high_water, arena.stats.high_water)
-            loss_value += weight * value
+            loss_value += weight * value if weight else 0.0
     except BaseException:
         trainer.optimizer.zero_grad(set_to_none=True)
         raise

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..compile.loss_shares import counted as counted_labels, piece_shares
 from ..precision import float32_matmul_precision
 from ..tensor import Tensor
 from .eager_step import _model_input
@@ -35,6 +36,14 @@ def evaluate(trainer: Trainer, inputs: np.ndarray, targets: Any, batch_size: int
         raise ValueError(f"evaluate: the targets must have one row per input row ({rows}); got arrays of shapes "
                          f"{short}")
     labels = leaves[0] if spec[0] == "array" and np.issubdtype(leaves[0].dtype, np.integer) else None
+    starts = range(0, rows, batch_size)
+    # Each batch's share of the loss: its rows, or for tensorarena's class-index losses its counted targets
+    # (compile/loss_shares.py): a batch of ignored targets only has a NaN mean and weighs nothing.
+    shares = piece_shares(trainer.loss_fn, [labels[b:b + batch_size] for b in starts]) \
+        if labels is not None else None
+    if shares is None:
+        shares = [(min(b + batch_size, rows) - b) / rows for b in starts]
+    scored = counted_labels(trainer.loss_fn, labels) if labels is not None else None  # ignored: no hit, no miss
     trainer._load_pending_checkpoint("evaluate() before step 1 runs the loaded weights")
     was_training = trainer.model.training
     total_loss, correct, counted = 0.0, 0, labels is not None
@@ -42,7 +51,7 @@ def evaluate(trainer: Trainer, inputs: np.ndarray, targets: Any, batch_size: int
     try:
         with no_grad(), float32_matmul_precision(trainer.matmul_precision):
             warn = True  # once per call: every batch of a too-large batch_size would say the same
-            for begin in range(0, rows, batch_size):
+            for begin, share in zip(starts, shares):
                 stop = min(begin + batch_size, rows)
                 with trainer.scratch_arena("eval arena", warn=warn) as arena:
                     xb = inputs[begin:stop]
@@ -51,12 +60,16 @@ def evaluate(trainer: Trainer, inputs: np.ndarray, targets: Any, batch_size: int
                     # with it (Tensor(xb) refused it, and its advice, passing .input_ids, attended the padding).
                     out = (Tensor(trainer.stream.predict(xb)) if trainer.stream is not None
                            else trainer.model(_model_input(xb)))
-                    total_loss += trainer.loss_fn(out, yb).item() * (stop - begin)
+                    loss = trainer.loss_fn(out, yb).item()
+                    total_loss += loss * share if share else 0.0
                     if counted and out.shape[:-1] == yb.shape:
-                        correct += int((out.data.argmax(axis=-1) == yb).sum())
+                        hits = out.data.argmax(axis=-1) == yb
+                        correct += int(hits[scored[begin:stop]].sum() if scored is not None else hits.sum())
                     else:
                         counted = False  # not one class index per output row: no accuracy to give
                 warn = warn and not beyond_slab(arena)
     finally:
         trainer.model.train(was_training)
-    return {"loss": total_loss / rows, "accuracy": correct / labels.size if counted else None}
+    scored_count = int(scored.sum()) if scored is not None else (labels.size if labels is not None else 0)
+    accuracy = (correct / scored_count if scored_count else float("nan")) if counted else None
+    return {"loss": total_loss, "accuracy": accuracy}

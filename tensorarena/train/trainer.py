@@ -397,7 +397,9 @@ class Trainer:
         "accuracy"}. "accuracy" (argmax of the outputs) is there for class-index targets, one integer label
         per output row; for other targets (regression, hidden states, a structure such as (labels, weights)) it
         is None. Targets may be what step() takes: an array, or a tuple, list or dict of arrays, each sliced
-        by rows. The loss is each batch's loss weighted by its rows: the mean over rows for a mean-reduced loss.
+        by rows. The loss is each batch's loss weighted by its rows (the mean over rows for a mean-reduced loss), or,
+        for tensorarena's class-index losses, by its counted targets (ignore_index, class weights: the whole data's
+        loss whatever batch_size; compile/loss_shares.py), whose accuracy leaves ignored labels out.
         The model's train/eval mode is put back as it was, also on an error. Once a fused step is traced, each
         batch's forward runs in its slab (scratch_arena): at up to the training batch size it needs no memory
         beyond the route plan's; a larger batch_size takes pool blocks beyond it, with one warning. batch_size
