@@ -46,6 +46,7 @@ class BatchLoader:
         self._y = np.empty((batch_size,) + targets.shape[1:], targets.dtype)
         self._order = np.empty(0, dtype=np.int64)
         self._cursor = 0
+        self._before = None  # the position before the last next(), for rewind()
 
     def state(self) -> dict:
         """JSON-able position: RNG state, the current epoch's order and the cursor in it."""
@@ -79,11 +80,13 @@ class BatchLoader:
         if not 0 <= cursor <= len(order):
             raise ValueError(f"the loader's saved cursor {cursor} is outside its order of {len(order)} examples")
         self.rng.bit_generator.state = state["rng"]
-        self._order, self._cursor = order, cursor
+        self._order, self._cursor, self._before = order, cursor, None
 
     def next(self) -> tuple[np.ndarray, np.ndarray]:
         """The next batch, in the loader's reused buffers."""
+        self._before = (self._order, self._cursor, None)  # for rewind(): the order is replaced, never written
         if self._cursor + self.batch_size > len(self._order):
+            self._before = (self._order, self._cursor, self.rng.bit_generator.state)
             self._order = self.rng.permutation(len(self.inputs))
             self._cursor = 0
         idx = self._order[self._cursor:self._cursor + self.batch_size]
@@ -91,3 +94,14 @@ class BatchLoader:
         np.take(self.inputs, idx, axis=0, out=self._x)
         np.take(self.targets, idx, axis=0, out=self._y)
         return self._x, self._y
+
+    def rewind(self) -> None:
+        """Undo the last next(): the position (and the generator, if that draw shuffled a new epoch) as before it,
+        so that a step that failed on the batch saves a position whose next batch is that one again."""
+        before = self._before
+        if before is None:
+            raise RuntimeError("rewind() undoes one next(), and there is none to undo")
+        self._order, self._cursor, rng = before
+        if rng is not None:
+            self.rng.bit_generator.state = rng
+        self._before = None

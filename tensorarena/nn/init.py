@@ -168,6 +168,7 @@ def ones_(t):
 def kaiming_uniform_(t, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu", *,
                      rng: np.random.Generator | None = None):
     """He uniform: U(-bound, bound), bound = gain * sqrt(3 / fan) (torch.nn.init.kaiming_uniform_)."""
+    mode = mode.lower() if isinstance(mode, str) else mode  # torch takes "FAN_OUT" too
     if mode not in ("fan_in", "fan_out"):
         raise ValueError(f"mode must be 'fan_in' or 'fan_out', got {mode!r}")
     if math.prod(_shape(t)) == 0:
@@ -180,9 +181,9 @@ def kaiming_uniform_(t, a: float = 0.0, mode: str = "fan_in", nonlinearity: str 
 
 def xavier_uniform_(t, gain: float = 1.0, *, rng: np.random.Generator | None = None):
     """Glorot uniform: U(-bound, bound), bound = gain * sqrt(6 / (fan_in + fan_out))."""
+    fan_in, fan_out = calculate_fan_in_and_fan_out(t)  # first, as torch: a 1-d tensor is refused even if empty
     if math.prod(_shape(t)) == 0:
         return t
-    fan_in, fan_out = calculate_fan_in_and_fan_out(t)
     bound = gain * math.sqrt(6.0 / (fan_in + fan_out))
     return uniform_(t, -bound, bound, rng=rng)
 

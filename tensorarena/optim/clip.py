@@ -76,8 +76,9 @@ def clip_grad_norm_(parameters: Tensor | Iterable[Tensor], max_norm: float, norm
         return Tensor(np.asarray(total, np.result_type(*{g.dtype for g in grads})))
 
 
-def clip_grad_value_(parameters: Tensor | Iterable[Tensor], clip_value: float) -> None:
-    """Clamp every gradient in place to [-clip_value, clip_value]."""
+def clip_grad_value_(parameters: Tensor | Iterable[Tensor], clip_value: float, foreach: bool | None = None) -> None:
+    """Clamp every gradient in place to [-clip_value, clip_value]. `foreach` is torch's choice of kernel, taken and
+    not needed: one NumPy clip per gradient either way."""
     clip_value = float(clip_value)
     if not clip_value >= 0:
         raise ValueError(f"clip_value must be a non-negative number, got {clip_value}")

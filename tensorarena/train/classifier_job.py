@@ -48,7 +48,10 @@ def prepare_resume(args) -> dict | None:
 # optimizer's and the schedule's state, which the checkpoint overwrites: another value was ignored unsaid.
 # --batch-size and --clip shape every later step (and the loader's saved position counts batches): left out on a
 # resume they went back to the defaults without a word, so the resumed run was another run.
-RUN_OPTIONS = ("seed", "activation", "dropout", "lr", "weight_decay", "momentum", "warmup", "batch_size", "clip")
+# --dtype, --matmul-precision and --micro-batch too: left out, a float64 run went on in float32 (its weights and Adam
+# moments cast down unsaid), bfloat16 products became float32 ones, and micro-batches one pass with other masks.
+RUN_OPTIONS = ("seed", "activation", "dropout", "lr", "weight_decay", "momentum", "warmup", "batch_size", "clip",
+               "dtype", "matmul_precision", "micro_batch")
 
 
 def _run_options(args) -> dict:
@@ -211,7 +214,11 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
             # Ctrl-C held over the batch's draw and the step (Trainer.step's own hold is then a no-op): a batch
             # drawn but not trained would be skipped by the saved loader position, and --resume would differ.
             with SigintDeferred("the training step", lambda: _step_abandoned(args, trainer)):
-                report = trainer.step(*loader.next())
+                try:
+                    report = trainer.step(*loader.next())
+                except NonFiniteLossError:
+                    loader.rewind()  # the failed step's batch is the one a --resume of the save trains on next
+                    raise
                 reports.append(report)
             bar.update(1)
             if report.step % postfix_every == 0 or report.step == args.steps:
