@@ -36,9 +36,9 @@ import numpy as np
 
 from ..memory.pool import aligned_empty, return_freed_memory
 from ..nn.module import Module
-from ..optim.optimizer import raise_partly_applied
-from ..optim.optimizer import Optimizer
+from ..optim.optimizer import Optimizer, raise_partly_applied
 from ..tensor import Tensor
+from .trace import UnsupportedOptimizerError
 
 
 log = logging.getLogger(__name__)
@@ -251,6 +251,13 @@ class FlatState:
             if not callable(getattr(optimizer, method, None)):
                 raise TypeError(f"{type(optimizer).__name__} has no {method}(); the fused route needs an optimizer "
                                 f"with a flat-buffer update (every tensorarena.optim optimizer has one)")
+        if isinstance(optimizer, Optimizer) and type(optimizer).step is not Optimizer.step:
+            # The fused route runs update_flat and never calls step(): an override (skipping updates, logging,
+            # a step of one's own) was silently bypassed. UnsupportedOpError: fallback_to_eager applies.
+            raise UnsupportedOptimizerError(
+                f"{type(optimizer).__name__} overrides step(), which the fused route never calls (it runs the "
+                f"optimizer's update_flat over flat buffers); train it with route='eager', or pass "
+                f"fallback_to_eager=True")
         self.optimizer = optimizer
         self.keep_grads = keep_grads
         self._initial_step = getattr(optimizer, "initial_step", _no_step_taken)

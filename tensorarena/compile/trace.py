@@ -44,6 +44,11 @@ class UnsupportedInputError(UnsupportedOpError, TypeError):
     hands to the model as it is: a TypeError, and an UnsupportedOpError, so that fallback_to_eager=True applies."""
 
 
+class UnsupportedOptimizerError(UnsupportedOpError, TypeError):
+    """An optimizer whose step() the fused route would bypass (it runs update_flat over flat buffers): a TypeError,
+    and an UnsupportedOpError, so that fallback_to_eager=True applies."""
+
+
 class PlanMismatchError(RuntimeError):
     """A replayed step asked for different buffers than the traced one (input-dependent control flow)."""
 

@@ -97,6 +97,8 @@ class Adam(Optimizer):
 class AdamW(Adam):
     """torch.optim.AdamW: Adam with decoupled weight decay p *= 1 - lr * weight_decay."""
 
+    _class_settings = {"decoupled_weight_decay": True}
+
     def __init__(self, params: ParamsT, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, *,
                  maximize: bool = False, fused: bool | None = None, foreach: bool | None = None,

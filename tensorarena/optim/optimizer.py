@@ -54,6 +54,10 @@ ParamsT = Iterable[Tensor] | Iterable[dict[str, Any]] | Iterable[tuple[str, Tens
 class Optimizer:
     """Base class of optimizers: holds `param_groups`, `defaults` and per-parameter `state`."""
 
+    # Group settings that make the class what it is, kept by load_state_dict whatever the state dict says (torch's
+    # AdamW.__setstate__ does so for its decoupled decay: an Adam state dict loaded into AdamW switched it to L2).
+    _class_settings: dict[str, Any] = {}
+
     def __init__(self, params: ParamsT, defaults: dict[str, Any]) -> None:
         self.defaults = dict(defaults)
         self._check_hyperparams(self.defaults)
@@ -393,6 +397,7 @@ class Optimizer:
         for saved, group in zip(saved_groups, self.param_groups):
             merged = dict(group)
             merged.update({k: v for k, v in saved.items() if k != "params"})
+            merged.update(self._class_settings)  # what the class is (AdamW's decoupled decay), whatever was saved
             if isinstance(merged.get("betas"), list):  # JSON turns tuples into lists
                 merged["betas"] = tuple(merged["betas"])
             self._check_hyperparams(merged)

@@ -13,7 +13,11 @@ store in line with:
                its new group's fill values (eager creates its state lazily, from that group); one with steps
                keeps its state, as eager does.
   state        optimizer.load_state_dict: what optimizer.state holds for a streamed parameter moves into the
-               store (as StreamingRoute._move_in does at the start) and leaves memory.
+               store (as StreamingRoute._move_in does at the start) and leaves memory. A load makes a new
+               optimizer.state (as does `optimizer.state = defaultdict(dict)`): then every streamed parameter is
+               rewritten, one the loaded state has no entry for starting afresh (fill values, step 0) as on
+               eager; only the parameters with an entry moved before, so loading a fresh optimizer's state dict,
+               torch's way to reset the moments, changed nothing.
 
 Rewriting stages outside a step is journaled (ParamStore.begin_rewrite): a kill half-way leaves a store
 that refuses to open rather than one that silently mixes two states.
@@ -55,9 +59,13 @@ def follow_user_changes(route: "StreamingRoute") -> None:
     groups = group_map(route)
     grow_state_kinds(route, optim_state.state_kinds(route.optimizer), route.optimizer.param_groups, groups)
     state = route.optimizer.state
-    loaded = {pid for pid, p in route._staged.items() if state.get(p)} if state else set()
+    if state is not route._state_seen:  # a load replaced it: what it lacks starts afresh
+        loaded = set(route._staged)
+    else:
+        loaded = {pid for pid, p in route._staged.items() if state.get(p)} if state else set()
     if groups != route._group_of or loaded:
         _rewrite_state(route, groups, loaded)
+    route._state_seen = state
     if state:
         for p in route._staged.values():  # empty entries (defaultdict lookups) hold nothing to move
             state.pop(p, None)

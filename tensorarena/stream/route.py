@@ -162,6 +162,8 @@ class StreamingRoute:
         self._pending_commit: tuple[int, dict[str, Any]] | None = None
         self._kept: dict[int, np.ndarray] = {}
         self._kept_state: dict[int, dict] = {}
+        # The optimizer.state the store follows: load_state_dict makes a new one (stream/follow.py)
+        self._state_seen = optimizer.state
         self.store = ParamStore(store_dir, self._spec(self.kinds), durable=durable, io=io)
         try:
             # Before the state moves in (parameters come first in every layout, so resuming's state kinds do

@@ -162,7 +162,7 @@ class Trainer:
                                   else get_float32_matmul_precision())
         _check_optimizer_trains_the_model(model, optimizer)
         self.model = model
-        self.optimizer = optimizer
+        self._optimizer = optimizer
         self.loss_fn = loss_fn
         self._clip_grad_norm = clip_grad_norm
         self._scheduler = scheduler
@@ -278,6 +278,30 @@ class Trainer:
         self._matmul_precision = normalize_precision(value)
         if self.fused is not None:
             self.fused.matmul_precision = self._matmul_precision
+
+    @property
+    def optimizer(self):
+        return self._optimizer
+
+    @optimizer.setter
+    def optimizer(self, value) -> None:
+        """Another optimizer from the next step on, as a PyTorch loop that switches (Adam, then SGD): the eager step
+        reads it each step; the fused step, whose flat buffers hold the old one's state, is built again for it (the
+        fused route kept stepping the old optimizer, unsaid). The streaming route keeps the optimizer's state in its
+        store, laid out for the one it started with: refused there."""
+        if value is self._optimizer:
+            return
+        _check_optimizer_trains_the_model(self.model, value)
+        if self.stream is not None:
+            raise RuntimeError("the streaming route keeps its optimizer's state in its store, laid out for the "
+                               f"{type(self._optimizer).__name__} it started with, so trainer.optimizer cannot be "
+                               "replaced while it streams; change the optimizer's param_groups (lr, weight_decay, ...) "
+                               "instead, or bring the model back (trainer.stream.to_memory()) and build a new Trainer")
+        self._optimizer = value
+        if self.fused is not None:
+            log.info("a new optimizer (%s): the fused step is built again for it", type(value).__name__)
+            self.fused = None  # the parameters are views of its flat buffers: the new one copies them over
+        self._route_plan_batch = None  # a route plan counted the old optimizer's state
 
     @property
     def loss_fn(self) -> LossFn:
