@@ -75,11 +75,12 @@ from ..kernels import calls
 from ..memory.pool import return_freed_memory
 from ..ops._base import is_constant
 from ..precision import float32_matmul_precision
+from ..journal import WriteJournal, undo_open_journal
 from ..tape import Tape, host
 from ..tensor import Tensor
 from .batches import SecondOf, _data, load_batch
 from .trace import PlanMismatchError
-from .watched_state import BufferArrays, LossState, _loss_modules
+from .watched_state import BufferArrays, LossState, PythonState, _loss_modules
 
 if TYPE_CHECKING:
     from .step import FusedStep
@@ -180,6 +181,7 @@ def _python_pass(step: "FusedStep", plan: "StepPlan", sink: GradSink, x, y, tape
             del loss
         grads = list(sink.hashes) if step.update_in_backward else [_digest(g.grad) for g in step.flat.groups]
     finally:
+        undo_open_journal()  # its in-place writes to the model's memory: each pass starts where the capture did
         for p in params:
             p.grad = None
         for p, grad in others.items():  # a checking pass leaves no gradient behind
@@ -195,9 +197,12 @@ def _tape_pass(step: "FusedStep", plan: "StepPlan", sink: GradSink, capture: Cap
     load_batch(plan, x, y)
     sink.mode, sink.hashes = "hash", []
     arena = TapeArena(plan, capture.tape.allocations, name="fused capture arena")
-    with arena:
-        for fn, args, kwargs in capture.tape.entries:
-            fn(*args, **kwargs)
+    try:
+        with arena:
+            for fn, args, kwargs in capture.tape.entries:
+                fn(*args, **kwargs)
+    finally:
+        undo_open_journal()  # the recording writes what pass 1 wrote, whose bytes before the journal holds
     grads = list(sink.hashes) if step.update_in_backward else [_digest(g.grad) for g in step.flat.groups]
     return {"loss": _digest(capture.loss), "grads": grads, "complete": arena.cursor == len(capture.tape.allocations)}
 
@@ -253,7 +258,9 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
     sink = step.grad_sink
     dispatch = kernels.dispatch_key()  # the kernels the recording will hold are the ones handed out now
     loss_state = LossState(step.loss_fn)  # and the numbers the loss computes with now
-    arrays = BufferArrays(step.model, step.loss_fn)  # and the buffers' arrays its calls will hold
+    # And the arrays of the buffers and of the parameters outside the flat state (frozen) its calls will hold.
+    arrays = BufferArrays(step.model, step.loss_fn,
+                          [(name, p) for name, p in step.model.named_parameters() if not step.flat.owns(p)])
     saved = rng_states(step.model)  # every pass starts from these states, and the real steps after them
     # And from these buffers: a forward's buffer writes in training (running statistics) are the real step's
     # to make, once, as on eager; the passes' writes are compared (_left_buffers) and undone.
@@ -379,12 +386,21 @@ def capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> C
     None when this batch could not check the recording (_Unchecked: a non-finite loss, a second batch that
     cannot be told from it): this step runs the Python replay, and the plan's next step records and checks
     again, up to _MAX_UNCHECKED batches, after which the plan keeps the Python replay for good."""
+    # The passes run the step's Python (passes 1 and 2) and its recording (3 and 4) on top of the real step: what
+    # they write in place to memory outside the plan (a target network's moving average) is undone after each
+    # (journal.py), and the plain values they set (a count of calls) are put back unless the recording is used
+    # (it never runs the Python again, so what a pass set stands for what the first step sets).
+    before = PythonState(step.model, step.loss_fn)
     try:
-        verdict = _capture(step, plan, inputs, targets)
+        with WriteJournal() as journal:
+            verdict = _capture(step, plan, inputs, targets)
     finally:
+        journal.undo()
         # The second batch and the checking passes' temporaries are freed by now, but glibc keeps such
         # pages resident: 6 MiB on ViT-Tiny, which the step's memory prediction does not count.
         return_freed_memory()
+    if isinstance(verdict, _Unchecked) or verdict.tape is None:
+        before.put_back()  # the Python replay runs this step's forward, as eager does
     if isinstance(verdict, _Unchecked):
         return _unchecked(plan, verdict.reason)
     if verdict.tape is not None:

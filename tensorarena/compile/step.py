@@ -322,6 +322,10 @@ class FusedStep:
         if self.replay == "captured" and plan.capture is None:
             self.flat.ensure_bound()
             plan.capture = captured.capture(self, plan, inputs, targets)
+            if plan.model_state is not None and plan.model_state.changed():
+                # What the recording's Python passes set (ViT's last_block_route): the state the next step starts
+                # from, as after a Python replay below (the trace put its own writes back).
+                plan.model_state = ModelState(self.model)
         load_batch(plan, inputs, targets)
         if plan.capture is not None and plan.capture.tape is not None:
             return captured.replay(self, plan, plan.capture, index, on_nonfinite, update=update)

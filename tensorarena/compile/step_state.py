@@ -20,12 +20,36 @@ from ..optim.optimizer import raise_partly_applied
 from ..tensor import Tensor
 
 
+class _NumpyGlobalState:
+    """The state of NumPy's global generator (np.random.seed, np.random.standard_normal), read and set whole with
+    get_state/set_state: its bit generator's state without the normal it caches would not replay its draws."""
+
+    @property
+    def state(self) -> dict:
+        return np.random.get_state(legacy=False)
+
+    @state.setter
+    def state(self, value: dict) -> None:
+        np.random.set_state(value)
+
+
+class _NumpyGlobal:
+    """NumPy's global generator as one of a step's generators (`.bit_generator.state`): a forward drawing noise with
+    np.random.standard_normal (a VAE's sample) drew once more in a trace, so step 1 drew other noise than eager's."""
+
+    bit_generator = _NumpyGlobalState()
+
+
+NUMPY_GLOBAL = _NumpyGlobal()
+
+
 def rng_generators(model: Module) -> list[np.random.Generator]:
-    """Every generator a step may draw from: the default one and any a module holds, each once."""
+    """Every generator a step may draw from: the default one, any a module holds, each once, and NumPy's global."""
     from ..random import peek_default_generator
     from ..train.checkpoint import _generators
 
-    return list({id(g): g for g in (peek_default_generator(), *_generators(model).values())}.values())
+    held = {id(g): g for g in (peek_default_generator(), *_generators(model).values())}
+    return [*held.values(), NUMPY_GLOBAL]
 
 
 class RngStates(list):

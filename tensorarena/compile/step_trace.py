@@ -24,7 +24,8 @@ from .planner import plan_memory
 from .step_plan import Signature, StepPlan, previous_occupants
 from .step_state import buffer_states, restore_buffers, restore_rng, rng_states
 from .trace import TracingArena, UnsupportedOpError
-from .watched_state import ModelState
+from ..journal import WriteJournal
+from .watched_state import ModelState, PythonState
 
 if TYPE_CHECKING:
     from .step import FusedStep
@@ -96,17 +97,19 @@ def trace_step(fused: FusedStep, inputs: Any, targets: Any, sig: Signature) -> S
     # The trace runs the step's Python once more on this batch: a forward that updates buffers in training
     # (a running mean, a batch count) must not keep that update, or the buffers see step 1's batch twice.
     saved_buffers = buffer_states(fused.model)
-    # And the plain values its Python sets (a step counter): the Python replay runs the forward again at every
-    # step, so the trace's own writes are put back. (A captured replay never runs it again: what its forward
-    # sets, such as ViT's last_block_route, is kept from the trace.)
-    saved_state = ModelState(fused.model) if fused.replay == "python" else None
+    # And the plain values its Python sets (a step counter), the model's and the loss function's: the replay runs
+    # the forward again (a captured replay's recording passes do, and keep what one pass set: captured.py), so
+    # the trace's own writes are put back; and what it wrote in place to memory that outlives it (a target
+    # network's moving average of the weights), from a journal of the bytes before (journal.py).
+    saved_state = PythonState(fused.model, fused.loss_fn)
+    journal = WriteJournal()
     # Every other leaf's .grad is kept (the trace changes none): the model's parameters outside the layout
     # and those left out of it for having had no gradient, which may sit outside the model.
     others = {p: p.grad for p in [*fused.model.parameters(), *fused.left_out.values()] if not fused.flat.owns(p)}
     tracer = TracingArena(name=f"tracing arena ({sig})")
     fused.model.train()
     try:
-        with tracer:
+        with tracer, journal:
             for p in [*params, *others]:  # the others get theirs back below; None tells who got one
                 p.grad = None
             loss = fused.loss_fn(fused.model(_input_tensor(x, source)), y)
@@ -146,10 +149,10 @@ def trace_step(fused: FusedStep, inputs: Any, targets: Any, sig: Signature) -> S
                         f"(requires_grad=False), or use route='eager'")
             del loss
     finally:
+        journal.undo()
         restore_rng(saved_rng)
         restore_buffers(saved_buffers)
-        if saved_state is not None:
-            saved_state.put_back_plain_values()
+        saved_state.put_back()
         for p in params:
             p.grad = None
         for p, grad in others.items():

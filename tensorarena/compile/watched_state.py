@@ -204,7 +204,7 @@ class ModelState:
         once more than the steps do, and kept its writes (a step counter the forward raises ran one ahead of
         eager's, and the changed state retraced every step). `training` is left to train()/eval()."""
         for (_, space, key), want in zip(self.slots, self.expected):
-            if not isinstance(want, _PLAIN) or isinstance(space, (tuple, _LiveNames)) or key == "training":
+            if not isinstance(want, _PLAIN) or isinstance(space, tuple) or key == "training":
                 continue
             try:
                 got = space[key]
@@ -248,14 +248,18 @@ class ModelState:
 
 class _LiveNames(dict):
     """name -> what `read(name)` gives now (a closure cell's contents, a global's value): a function's state
-    watched as a module's attributes are. The dict holds the names only; every read goes to `read`."""
+    watched as a module's attributes are. The dict holds the names only; every read goes to `read`, every
+    write (a put-back) to `write`."""
 
-    def __init__(self, names: list[str], read: Any) -> None:
+    def __init__(self, names: list[str], read: Any, write: Any) -> None:
         super().__init__(dict.fromkeys(names))
-        self._read = read
+        self._read, self._write = read, write
 
     def __getitem__(self, name: str) -> Any:
         return self._read(name)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self._write(name, value)
 
     def items(self) -> list[tuple[str, Any]]:
         return [(name, self[name]) for name in self]
@@ -264,7 +268,8 @@ class _LiveNames(dict):
 _EMPTY_CELL = "<empty cell>"
 
 
-def _cell_reader(code: types.CodeType, closure: tuple) -> Any:
+def _cell_access(code: types.CodeType, closure: tuple) -> tuple[Any, Any]:
+    """(read, write) of a function's closure cells by name."""
     cells = dict(zip(code.co_freevars, closure))
 
     def read(name: str) -> Any:
@@ -272,7 +277,10 @@ def _cell_reader(code: types.CodeType, closure: tuple) -> Any:
             return cells[name].cell_contents
         except ValueError:  # a cell not bound yet
             return _EMPTY_CELL
-    return read
+
+    def write(name: str, value: Any) -> None:
+        cells[name].cell_contents = value
+    return read, write
 
 
 def _code_names(code: types.CodeType) -> list[str]:
@@ -303,11 +311,11 @@ def _loss_spaces(fn: Any, where: str, depth: int = 0) -> list[tuple[Any, str]]:
         code = fn.__code__
         spaces = []
         if fn.__closure__:
-            spaces.append((_LiveNames(list(code.co_freevars), _cell_reader(code, fn.__closure__)),
+            spaces.append((_LiveNames(list(code.co_freevars), *_cell_access(code, fn.__closure__)),
                            f"{where}'s closure"))
         names = [n for n in _code_names(code) if n in fn.__globals__]
         if names:
-            spaces.append((_LiveNames(names, fn.__globals__.get), f"{where}'s globals"))
+            spaces.append((_LiveNames(names, fn.__globals__.get, fn.__globals__.__setitem__), f"{where}'s globals"))
         return spaces
     if hasattr(fn, "__dict__") and not isinstance(fn, (type, types.BuiltinFunctionType, types.ModuleType)):
         call = getattr(type(fn), "__call__", None)
@@ -326,6 +334,20 @@ class LossState(ModelState):
         for space, where in _loss_spaces(loss_fn, "loss_fn"):
             self._watch(space, where, not isinstance(space, (list, tuple)), "", 0)
         self._finish([], [])
+
+
+class PythonState:
+    """The plain values a step's Python may set besides arrays, the model's (ModelState) and the loss function's
+    (LossState: a loss object counting its calls for a KL warm-up, a global), read before an extra run of the
+    step (a trace, a route plan's trace, a recording's checking pass) and put back after it: eager runs the
+    forward once per step, and those runs must not count (the loss's count ran one ahead of eager's)."""
+
+    def __init__(self, model: Module, loss_fn: Any) -> None:
+        self.model, self.loss = ModelState(model), LossState(loss_fn)
+
+    def put_back(self) -> None:
+        self.model.put_back_plain_values()
+        self.loss.put_back_plain_values()
 
 
 def _loss_modules(loss_fn: Any) -> list[Module]:
@@ -349,10 +371,11 @@ class BufferArrays:
     the array itself, so a write into it (`loss.weight[0] = 2`) is read by every replay after it, but a buffer
     assigned anew (`loss.weight = w`, `model.mask = m`, `loss.weight.data = a`) is not: the recording would
     go on reading the old array where the Python replay reads the new one. `changed` names such a buffer, and
-    the step is recorded again (captured.changed). The slots are found once; a read is one pass over them
-    (none, for a model and a loss without buffers)."""
+    the step is recorded again (captured.changed). The same for `params`, (name, parameter) the flat state does not
+    own (frozen ones): `p.data = new_array` on a frozen layer left the recording reading the old array. The slots
+    are found once; a read is one pass over them (none, for a model and a loss without buffers)."""
 
-    def __init__(self, model: Module, loss_fn: Any) -> None:
+    def __init__(self, model: Module, loss_fn: Any, params: list[tuple[str, Tensor]] = ()) -> None:
         from .step_state import buffer_slots
 
         self.slots = [(f"the model's buffer {path!r}", module, name) for path, module, name in buffer_slots(model)]
@@ -360,10 +383,15 @@ class BufferArrays:
             self.slots += [(f"the loss function's buffer {name!r}", loss_module, name)
                            for name in vars(loss_module).get("_buffers", {})]
         self.arrays = [_buffer_array(getattr(module, name, None)) for _, module, name in self.slots]
+        self.params = [(f"the model's parameter {name!r} (not in the optimizer's flat state)", p, p._data)
+                       for name, p in params]
 
     def changed(self) -> str | None:
-        """The first buffer whose array is not the one recorded, named, or None."""
+        """The first buffer (or parameter outside the flat state) whose array is not the one recorded, or None."""
         for (what, module, name), then in zip(self.slots, self.arrays):
             if _buffer_array(getattr(module, name, None)) is not then:
+                return what
+        for what, p, then in self.params:
+            if p._data is not then:
                 return what
         return None

@@ -6,6 +6,7 @@ import numpy as np
 
 from ..autograd import is_grad_enabled
 from ..kernels import elementwise
+from ..journal import note_write
 from ..tape import host
 from ..tensor import Tensor
 from ._base import _constant, as_tensor, check_number_fits, grad_dtype, new, new_like, result_dtype, unbroadcast
@@ -363,6 +364,7 @@ def writable(a: Tensor, what: str, instead: str) -> np.ndarray:
     if not ad.flags.writeable:
         raise RuntimeError(f"in-place {what} on a read-only tensor (an expand() view or a constant): its "
                            f"elements share memory; write {instead} for a new tensor")
+    note_write(a, ad)  # an extra run of a step (a trace) writes back what it changed (journal.py)
     return ad
 
 

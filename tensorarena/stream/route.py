@@ -71,6 +71,7 @@ from ..train.checkpoint import _generators
 from ..train.report import check_step_options
 from . import optim_state, route_estimate, route_failures, route_moves
 from .arena_pages import STAGE_BLOCK_BYTES, STEP_BLOCK_BYTES, SmallPagePool
+from ..compile.step_state import NUMPY_GLOBAL
 from .follow import follow_user_changes
 from .stages import Stage, model_stages, run_stage, stage_inputs
 from .store import ArraySpec, ParamStore, StageSpec, StoreError, StoreSpec
@@ -301,7 +302,8 @@ class StreamingRoute:
         lr = float(self.optimizer.param_groups[0]["lr"])
         gens = {id(g): g for g in _generators(self.model).values()}
         gens.setdefault(id(default_generator()), default_generator())
-        self._gens = list(gens.values())
+        # NumPy's global one too: a stage recomputed in backward must draw the noise its forward drew
+        self._gens = [*gens.values(), NUMPY_GLOBAL]
         self._writes = 0
         self.store.changed = 0
         self._committing = False

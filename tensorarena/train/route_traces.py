@@ -34,25 +34,33 @@ class TracedStage:
     touched: int = 0  # bytes a streamed step's stage arena touches for it (stream/arena_pages.py)
 
 
-def _trace(run: Callable[[], Any], params: list[Tensor], model: Module) -> tuple[TracedStage, Any]:
+def _trace(run: Callable[[], Any], params: list[Tensor], model: Module, loss_fn: Any) -> tuple[TracedStage, Any]:
     """Run `run` (forward then backward) under a TracingArena; restore grads, RNG and buffers after (a forward
-    writing running statistics would otherwise count the estimate's batch as a step's: tests/test_trainer_hunt.py)."""
+    writing running statistics would otherwise count the estimate's batch as a step's: tests/test_trainer_hunt.py),
+    the plain values the model and the loss set (a count of calls) and what they wrote in place to the model's
+    memory (a target network's moving average: journal.py); as the fused trace does (compile/step_trace.py)."""
     from ..compile.step_state import buffer_states, restore_buffers, restore_rng, rng_states
+    from ..compile.watched_state import PythonState
+    from ..journal import WriteJournal
 
     saved_grads = [(p, p.grad, p._grad_buffer) for p in params]
     rng = rng_states(model)
     saved_buffers = buffer_states(model)
+    saved_state = PythonState(model, loss_fn)
+    journal = WriteJournal()
     tracer = TracingArena(name="route estimate tracing arena")
     marks: dict[str, int] = {}
     try:
-        with tracer:
+        with tracer, journal:
             for p in params:
                 p.grad = None
             result = run(lambda: marks.setdefault("forward_end", len(tracer.buffers)))
         buffers = tracer.finish()
     finally:
+        journal.undo()
         restore_rng(rng)
         restore_buffers(saved_buffers)
+        saved_state.put_back()
         for p, grad, buf in saved_grads:
             p.grad, p._grad_buffer = grad, buf
     n = len(buffers)
@@ -102,7 +110,7 @@ def trace_stages(model: Module, loss_fn: Callable, inputs: np.ndarray, targets: 
             return np.zeros(out.shape, out.dtype), out.data.nbytes
 
         with values_for_tracing(stage.params):
-            stats, nxt = _trace(run, list(stage.params), model)
+            stats, nxt = _trace(run, list(stage.params), model, loss_fn)
         stats.output_key = (nxt.shape, nxt.dtype.str)
         cache[key] = (stats, nxt.shape, nxt.dtype)
         out_stats.append(stats)
@@ -148,7 +156,7 @@ def trace_whole(model: Module, loss_fn: Callable, inputs: np.ndarray, targets: A
 
     params = list(model.parameters())
     with values_for_tracing(params):  # a model that cannot stream is planned for routes that hold it whole
-        return _trace(run, params, model)[0]
+        return _trace(run, params, model, loss_fn)[0]
 
 
 @contextlib.contextmanager
