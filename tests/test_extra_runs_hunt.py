@@ -9,7 +9,8 @@ in-place write to a parameter (a mean teacher's moving average got extra updates
 frozen parameter's old array after `p.data = new` (the default route for a model of tensorarena's modules). Each
 test compares the losses, step by step, and the state with route="eager". Run on the commit before the one that
 added this file (a worktree of it first on PYTHONPATH), 12 of its 14 cases failed; the 2 that passed are the
-counting model's eager and fused/python cases (the fused trace's own put-back, from 19d8d37): controls.
+counting model's eager and fused/python cases (the fused trace's own put-back, from 19d8d37): controls. The
+last test came a commit later (one model state for all plans); before it, it failed with 20 traces, not 4.
 """
 
 from __future__ import annotations
@@ -192,3 +193,36 @@ def test_the_recording_follows_a_frozen_parameter_s_new_array():
     assert replays == {"captured": 5}  # the default replay for tensorarena's modules, recorded again at step 3
     np.testing.assert_allclose(losses, want, rtol=1e-6)
     np.testing.assert_allclose(head, want_head, rtol=1e-6, atol=1e-7)
+
+
+class _Scaled(_Counting):
+    """The counting model with a flag the user sets between steps."""
+
+    def __init__(self):
+        super().__init__()
+        self.double = False
+
+    def forward(self, x):
+        out = super().forward(x)
+        return out * 2.0 if self.double else out
+
+
+def test_a_forward_s_own_writes_do_not_retrace_the_other_batch_shape_but_a_user_s_change_does():
+    # 40 steps alternating two batch shapes traced 40 times when the forward counted its calls (each plan's own
+    # state went stale whenever the other plan's step ran): now 2, and a flag set between steps still reaches
+    # both shapes' plans (compared with eager step by step).
+    rng = np.random.default_rng(0)
+    data = [(rng.standard_normal((n, 4)), rng.integers(0, 3, n)) for n in (5, 7) * 10]
+    runs = {}
+    for route in ("eager", "fused"):
+        model = _Scaled()
+        trainer = Trainer(model, optim.SGD(model.parameters(), lr=0.05), cross_entropy, route=route)
+        losses = []
+        for i, (x, y) in enumerate(data):
+            if i == 11:
+                model.double = True
+            losses.append(trainer.step(x, y).loss)
+        runs[route] = (losses, model.calls, trainer.fused.traces if trainer.fused is not None else 0)
+    assert runs["fused"][1] == runs["eager"][1] == 20
+    np.testing.assert_allclose(runs["fused"][0], runs["eager"][0], rtol=1e-12)
+    assert runs["fused"][2] == 2 + 2  # each shape once, and again after the flag changed

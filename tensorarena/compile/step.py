@@ -45,7 +45,8 @@ Between steps a user may change what a hand-written PyTorch loop lets them chang
 cleared, `add_param_group`, a setting that adds optimizer state such as momentum, a loaded state dict
 with other settings, a parameter's dtype after model.double() or float(): `FlatState.stale`) builds a
 new flat layout, which takes the values over, and traces again. A module attribute the forward may branch
-on (`watched_state.ModelState`) changed since a plan's trace retraces that plan. A parameter the traced step
+on (`watched_state.ModelState`) changed since the last step (its forward's own writes, a step counter, are that
+step's state, not a change) drops every plan, each traced under the old state. A parameter the traced step
 gives no gradient (unused, cut off by `detach`) is left out of the layout, as the eager optimizer skips it. A new `matmul_precision` traces (or
 finds) a plan of its own, as a new kernel dispatch does. The Trainer passes a new `clip_grad_norm` or
 scheduler on.
@@ -152,6 +153,10 @@ class FusedStep:
         # (signature, dispatch_key(), threads, matmul precision) -> plan
         self.plans: OrderedDict[tuple, StepPlan] = OrderedDict()
         self.traces = 0  # how many times a step was traced (first signature + every retrace)
+        # The modules' state the last step (or trace) left: a change before the next step is the user's and drops
+        # every plan. One for all plans: each plan's own went stale whenever another plan's step ran a forward that
+        # sets an attribute (a step counter), and a batch of the other shape then traced again every time.
+        self.model_state: ModelState | None = None
         self.layouts = 1  # flat layouts built: 1 + one per change of the optimizer's groups or trainable set
         self.left_out: dict[int, Tensor] = {}  # id -> optimizer parameter a trace gave no gradient (not laid out)
         self.replays = 0
@@ -231,16 +236,17 @@ class FusedStep:
         # rows, attention's tiles and product splits are shaped by it. And the float32 matmul precision
         # (a new one set between steps): bfloat16 products round their operands into buffers of their own.
         key = (sig, kernels.dispatch_key(), numba.get_num_threads(), self._matmul_precision)
-        plan = self.plans.get(key)
-        if plan is not None and plan.model_state is not None and plan.model_state.changed():
+        if self.model_state is not None and self.plans and self.model_state.changed():
             self.model.train()  # steps train: a model left in eval mode (compile_step's own user) is no change
-            if plan.model_state.changed():
+            if self.model_state.changed():
                 # A module attribute the forward may branch on (a flag, a dropout probability) changed since the
-                # trace: replaying the old trace would diverge from it (or, captured, train the old forward).
-                log.info("fused route: the model's state changed since %s was traced (%s); tracing it again",
-                         sig, plan.model_state.describe_change())
-                del self.plans[key]
-                plan = None
+                # last step: replaying a plan traced before would diverge from it (or, captured, train the old
+                # forward).
+                log.info("fused route: the model's state changed since the last step (%s); dropping the %d "
+                         "plan(s) traced before it, tracing %s again", self.model_state.describe_change(),
+                         len(self.plans), sig)
+                self.plans.clear()
+        plan = self.plans.get(key)
         if plan is not None:
             self.plans.move_to_end(key)
             return plan
@@ -309,6 +315,12 @@ class FusedStep:
                 return micro_step(self, chunks, index, on_nonfinite)
             return self._replay(inputs, targets, index, on_nonfinite)
 
+    def _note_model_state(self) -> None:
+        """The forward's own writes (a step counter) are the state the next step starts from; compared with the
+        state before them, every later step would count as changed and trace again."""
+        if self.model_state is None or self.model_state.changed():
+            self.model_state = ModelState(self.model)
+
     def _replay(self, inputs: Any, targets: Any, index: int, on_nonfinite: str, *, update: bool = True
                 ) -> tuple[float, float | None, bool, PlannedArena]:
         """One forward and backward on the plan for this batch; then, with `update`, clipping, the update and the
@@ -322,10 +334,7 @@ class FusedStep:
         if self.replay == "captured" and plan.capture is None:
             self.flat.ensure_bound()
             plan.capture = captured.capture(self, plan, inputs, targets)
-            if plan.model_state is not None and plan.model_state.changed():
-                # What the recording's Python passes set (ViT's last_block_route): the state the next step starts
-                # from, as after a Python replay below (the trace put its own writes back).
-                plan.model_state = ModelState(self.model)
+            self._note_model_state()  # what its Python passes set (ViT's last_block_route), as a replay's below
         load_batch(plan, inputs, targets)
         if plan.capture is not None and plan.capture.tape is not None:
             return captured.replay(self, plan, plan.capture, index, on_nonfinite, update=update)
@@ -368,10 +377,7 @@ class FusedStep:
                                         f"trace{partly}")
             if update:
                 grad_norm = self.after_backward(params, index)
-        if plan.model_state is not None and plan.model_state.changed():
-            # The forward's own writes (a step counter) are the state the next step starts from; compared with
-            # the trace's, every later step would count as changed and trace again.
-            plan.model_state = ModelState(self.model)
+        self._note_model_state()
         self.replays += 1
         return value, grad_norm, False, arena
 

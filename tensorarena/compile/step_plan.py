@@ -41,7 +41,6 @@ class StepPlan:
     persistent: dict[str, int] = field(default_factory=dict)  # filled by FusedStep: params, grads, state...
     matmul_precision: str = "float32"  # of float32 products, traced and replayed (tensorarena.precision)
     capture: Any = None  # replay="captured": its recording or why there is none (compile/captured.py)
-    model_state: Any = None  # watched_state.ModelState read after the trace: a change retraces (FusedStep.plan_for)
     target_buffers: list[np.ndarray] = field(default_factory=list)  # each array of the targets, in order
     # occupants[j]: the buffers whose slab bytes buffer j takes over (previous_occupants): the trace let them go
     # before j was asked for, so a Python replay still holding one has left its trace (PlannedArena.alloc)

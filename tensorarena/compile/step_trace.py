@@ -78,9 +78,8 @@ def trace(fused: FusedStep, inputs: Any, targets: Any, sig: Signature) -> StepPl
             for p in moved.regained:
                 del fused.left_out[id(p)]
             fused._lay_out_again(str(moved))
-    # Read after the trace: a forward may set attributes (ViT's last_block_route), and each replay
-    # compares against the state the previous step left.
-    plan.model_state = ModelState(fused.model)
+    # Read after the trace (which put its own writes back): the state the next step compares with.
+    fused.model_state = ModelState(fused.model)
     return plan
 
 def trace_step(fused: FusedStep, inputs: Any, targets: Any, sig: Signature) -> StepPlan:
