@@ -97,7 +97,8 @@ def train_under(model: str, limit: int, steps: int, save: bool, workdir: str) ->
         cmd += ["--store-dir", os.path.join(workdir, f"store-{limit}-{int(save)}")]
     if save:
         cmd += ["--save", os.path.join(workdir, f"saved-{limit}" + ("" if model == "simcse" else ".safetensors"))]
-    run = run_limited(cmd, limit, timeout=1800)
+    # The checkout's tensorarena, not an installed one (the plan runs below have cwd=REPO_ROOT for the same reason)
+    run = run_limited(cmd, limit, timeout=1800, env={**os.environ, "PYTHONPATH": REPO_ROOT})
     summary = json.load(open(summary_path)) if run.returncode == 0 and os.path.exists(summary_path) else {}
     stderr_lines = [line for line in run.stderr.strip().splitlines() if line.strip()]
     route = summary.get("route")
@@ -160,8 +161,7 @@ def main() -> int:
                     print_row(row)
     failed = [r for r in rows if not r["verdict"].startswith("ok")]
     print(f"\n{len(rows) - len(failed)} of {len(rows)} runs did what the plan said, under their limit")
-    if args.json:
-        write_json(args.json, {"steps": args.steps, "runs": rows})
+    write_json(args.json, {"steps": args.steps, "runs": rows})  # printed last; written to --json if given
     return 1 if failed else 0
 
 

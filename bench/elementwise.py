@@ -118,10 +118,14 @@ def main() -> None:
         threads = args.threads
         if who == "torch" and threads is None and "ours" in results:
             threads = results["ours"]["threads"]
-        cmd = [sys.executable, "-m", "bench.elementwise", "--child", who, "--repeats", str(args.repeats)]
+        # By path, not "-m bench.elementwise", which only resolved from the repo root
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", who, "--repeats", str(args.repeats)]
         if threads:
             cmd += ["--threads", str(threads)]
-        results[who] = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+        child = subprocess.run(cmd, capture_output=True, text=True)
+        if child.returncode:
+            sys.exit(f"the {who} child failed (exit {child.returncode}):\n{child.stderr.strip()}")
+        results[who] = json.loads(child.stdout)
     names = [n for n in next(iter(results.values())) if n != "threads"]
     print("threads: " + ", ".join(f"{w}={r['threads']}" for w, r in results.items()))
     print(f"{'kernel':24s}" + "".join(f"{w + ' ms':>12s}" for w in results) +

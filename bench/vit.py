@@ -303,7 +303,9 @@ def print_table(title: str, results: dict[str, dict], reference: str = REFERENCE
         rss_x = f"{r['peak_rss_bytes'] / ref['peak_rss_bytes']:.3f}" if ok else "-"
         print(f"{name:<30}{r['median_step_s'] * 1e3:>11.1f}{r['first_step_s'] * 1e3:>11.1f}{time_x:>16}"
               f"{r['peak_rss_bytes'] / 2**20:>14.1f}{rss_x:>8}{r['rss_slope_bytes_per_step'] / 1e3:>15.1f}"
-              f"{r['achieved_gflops']:>9.1f}{r['share_of_sgemm_peak']:>8.1%}")
+              f"{r['achieved_gflops']:>9.1f}{r['share_of_sgemm_peak']:>8.1%}"
+              + ("  (over the measured peak: the peak measurement was disturbed)" if r['share_of_sgemm_peak'] > 1
+                 else ""))
     compiled = results.get("torch.compile", {})
     if "compile_first_step_s" in compiled:
         print(f"torch.compile first step (compiles): {compiled['compile_first_step_s']:.1f} s")
@@ -318,6 +320,7 @@ def fused_verdict(results: dict[str, dict], name: str = "tensorarena fused") -> 
          "rss_vs_torch_eager": fused["peak_rss_bytes"] / eager["peak_rss_bytes"],
          "prediction_ratio": fused["prediction_ratio"]}
     v["step_bar_0.7x_met"] = v["step_vs_torch_eager"] <= 0.7
+    v["prediction_bar_met"] = 0.95 <= v["prediction_ratio"] <= 1.05
     v["rss_bar_0.8x_met"] = v["rss_vs_torch_eager"] <= 0.8
     if compiled and not compiled.get("unavailable"):
         v["step_vs_torch_compile"] = fused["median_step_s"] / compiled["median_step_s"]
@@ -338,7 +341,7 @@ def print_fused_verdict(v: dict) -> None:
               f"{met(v['step_bar_1.0x_compile_met'])}")
     print(f"fused bar: peak RSS {v['rss_vs_torch_eager']:.3f}x PyTorch eager (<= 0.8x): {met(v['rss_bar_0.8x_met'])}")
     print(f"fused memory: measured RSS growth / memory_report() predicted growth = {v['prediction_ratio']:.3f} "
-          f"(bar 0.95-1.05)")
+          f"(bar 0.95-1.05): {met(v['prediction_bar_met'])}")
 
 
 def verdict(results: dict[str, dict], *, slope_bar: bool) -> dict:
@@ -407,6 +410,8 @@ if __name__ == "__main__":
                 if r.get("unavailable"):
                     print(f"  the filling run of {name} failed: {r['error'].strip().splitlines()[-1][:120]}")
         results = run_contenders(__file__, names, {"BENCH_CASE": key, "BENCH_STEPS": str(steps)})
+        peak = max(peak, measure_sgemm_peak())  # again after the children: the larger is the less disturbed
+        summary["sgemm_peak_gflops"] = peak
         add_rates(results, flops, peak)
         title = (f"{case['title']} batch {case['batch']}, {IMAGE}x{IMAGE}, AdamW, {steps} timed steps "
                  f"({flops / 1e9:.1f} GFLOP/step)")

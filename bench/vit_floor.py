@@ -360,7 +360,8 @@ def main() -> None:
     medians = {name: statistics.median(t) for name, t in times.items()}
     ref = medians["pytorch eager"]
     at_peak_s = facts["product_flops"] / (peak * 1e9)
-    print(f"ViT-{args.model} ({'batch 8' if args.model == 'tiny' else 'batch 1'}), float32, {args.rounds} rounds x "
+    precision = "float32 and bfloat16 products" if args.bf16 else "float32"
+    print(f"ViT-{args.model} ({'batch 8' if args.model == 'tiny' else 'batch 1'}), {precision}, {args.rounds} rounds x "
           f"{args.per_round} per contender, interleaved in one process; CPU: {cpu_name()}")
     print(f"products per step: {facts['linear_gemms']} linear GEMMs + {facts['attention_calls']} attention calls' "
           f"slices, {facts['product_flops'] / 1e9:.1f} GFLOP (bench/vit.py's count: "
