@@ -31,7 +31,8 @@ from typing import Any, Callable, Sequence
 from .optimizer import Optimizer
 
 __all__ = ["LRScheduler", "LambdaLR", "ConstantLR", "LinearLR", "CosineAnnealingLR", "StepLR", "ExponentialLR",
-           "SequentialLR", "warmup_cosine"]
+           "SequentialLR", "warmup_cosine", "MultiStepLR", "PolynomialLR", "MultiplicativeLR",
+           "CosineAnnealingWarmRestarts", "OneCycleLR"]
 
 
 def _check_int(name: str, value: Any, low: int) -> int:
@@ -490,3 +491,8 @@ def warmup_cosine(optimizer: Optimizer, warmup_steps: int, total_steps: int, *, 
     warmup = LinearLR(optimizer, start_factor=start_factor, end_factor=1.0, total_iters=warmup_steps)
     cosine = CosineAnnealingLR(optimizer, T_max=total_steps - warmup_steps, eta_min=eta_min)
     return SequentialLR(optimizer, [warmup, cosine], milestones=[warmup_steps])
+
+
+# Defined in lr_schedulers_more.py, which builds on the classes above: imported last, once they exist.
+from .lr_schedulers_more import (CosineAnnealingWarmRestarts, MultiplicativeLR, MultiStepLR,  # noqa: E402
+                                 OneCycleLR, PolynomialLR)
