@@ -55,6 +55,43 @@ class _List(Module):
         if isinstance(idx, (int, np.integer)) and not -len(self._items) <= idx < len(self._items):
             raise IndexError(f"index {idx} is out of range for a {type(self).__name__} of {len(self._items)}")
 
+    # An entry by its name ('2'), as torch's containers keep entries as named children: setattr(seq, "2", new)
+    # replaces layer 2 (how LoRA and quantization tools swap layers); it added a second child named '2' that
+    # forward never ran, while state_dict saved the new one's weights under the old one's name.
+    def _entry_index(self, name: str) -> int | None:
+        """The index of the entry `name` names (its position), or None for a name that is no entry's."""
+        items = vars(self).get("_items")
+        if items is None or not name.isdigit():
+            return None
+        index = int(name)
+        if index > len(items):
+            raise IndexError(f"{type(self).__name__} has {len(items)} entries, so '{name}' names none and is not the "
+                             f"next; append() to add one")
+        return index
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        index = self._entry_index(name)
+        if index is None:
+            super().__setattr__(name, value)
+        elif index == len(self._items):  # the next name: torch's container gets a new last entry
+            self.append(value)
+        else:
+            self[index] = value
+
+    def __getattr__(self, name: str):
+        # Only reached when normal lookup fails.
+        index = self._entry_index(name) if name != "_items" else None
+        if index is not None and index < len(self._items):
+            return self._items[index]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        index = self._entry_index(name)
+        if index is None or index == len(self._items):
+            super().__delattr__(name)
+        else:
+            del self[index]
+
     def extend(self, entries):
         """Add several entries at the end (append's checks on each)."""
         for e in list(entries):  # a snapshot: extend(self) (ml += ml) grew the list it was reading, forever
@@ -182,6 +219,27 @@ class _Dict(Module):
         except KeyError:
             raise KeyError(f"{key!r} is not in this {type(self).__name__}; its keys: {list(self._entries)}") from None
 
+    # An entry is an attribute too (md.fc is md["fc"]), as torch's: setattr(md, "fc", new) replaces (or adds) the
+    # entry, where it added a plain child beside it that state_dict saved under the entry's name.
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, self._kind) and not name.startswith("_") and "_entries" in vars(self):
+            self[name] = value
+        else:
+            super().__setattr__(name, value)
+
+    def __getattr__(self, name: str):
+        # Only reached when normal lookup fails; _entries is read from __dict__ (absent while unpickling).
+        entries = self.__dict__.get("_entries")
+        if entries is not None and name in entries:
+            return entries[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        if name in vars(self).get("_entries", {}):
+            del self[name]
+        else:
+            super().__delattr__(name)
+
     def __setitem__(self, key: str, value) -> None:
         _check_name(key, f"{type(self).__name__} key")
         if not isinstance(value, self._kind):
@@ -233,13 +291,6 @@ class _Dict(Module):
 class ModuleDict(_Dict):
     """Modules under string keys, children named by their keys (torch.nn.ModuleDict); an entry is an attribute too
     (md.fc is md["fc"]), as torch's."""
-
-    def __getattr__(self, name: str):
-        # Only reached when normal lookup fails; _entries is read from __dict__ (absent while unpickling).
-        entries = self.__dict__.get("_entries")
-        if entries is not None and name in entries:
-            return entries[name]
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _own_children(self) -> Iterator[tuple[str, Module]]:
         yield from self._entries.items()

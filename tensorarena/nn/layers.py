@@ -44,7 +44,7 @@ class Linear(Module):
         self.in_features = in_features
         self.out_features = out_features
         self.weight = _empty_param((out_features, in_features), dtype)
-        self.bias = _empty_param((out_features,), dtype) if bias else None
+        self.register_parameter("bias", _empty_param((out_features,), dtype) if bias else None)  # a slot even if None
         self.reset_parameters(rng=rng)
 
     def reset_parameters(self, *, rng: np.random.Generator | None = None) -> None:
@@ -121,8 +121,11 @@ class LayerNorm(Module):
             raise ValueError(f"LayerNorm: eps must be a finite number >= 0, got {eps!r}")
         self.eps = float(eps)
         self.elementwise_affine = elementwise_affine
-        self.weight = init.ones_(_empty_param(self.normalized_shape, dtype)) if elementwise_affine else None
-        self.bias = init.zeros_(_empty_param(self.normalized_shape, dtype)) if elementwise_affine and bias else None
+        # Registered even when None: slots that take only a Parameter, as torch's
+        self.register_parameter("weight", init.ones_(_empty_param(self.normalized_shape, dtype))
+                                if elementwise_affine else None)
+        self.register_parameter("bias", init.zeros_(_empty_param(self.normalized_shape, dtype))
+                                if elementwise_affine and bias else None)
 
     def forward(self, x) -> Tensor:
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
@@ -224,6 +227,13 @@ class Sequential(ModuleList):
             return
         yield from zip(names, self._items)
         yield from Module._own_children(self)
+
+    def _entry_index(self, name: str) -> int | None:
+        """A named Sequential's entries go by their keys (setattr(seq, "fc", new) replaces "fc"), others by position."""
+        names = vars(self).get("_names")
+        if names is None:
+            return super()._entry_index(name)
+        return names.index(name) if name in names else None
 
     def __getitem__(self, idx):
         names = vars(self).get("_names")

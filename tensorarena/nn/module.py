@@ -121,26 +121,39 @@ class Module:
         own = vars(self)
         buffers = own.get("_buffers", {})
         current = own.get(name, _MISSING)
+        # What the name is a slot for, kept when it holds None (Linear(bias=False), `lin.bias = None`), as torch's
+        # _parameters/_modules keep a None entry: a plain tensor assigned to an empty parameter slot was taken as a
+        # plain attribute, which forward used but nothing trained or saved.
+        slot = own.get("_slots", {}).get(name)
         if isinstance(value, (Parameter, Module)):
+            kind = "parameter" if isinstance(value, Parameter) else "module"
+            _check_name(name, kind)  # torch's KeyError: a dotted name dropped out of state_dict
             buffers.pop(name, None)  # as in torch, a parameter or module takes the name over from a buffer
             if isinstance(value, Parameter) and value.is_deferred:  # its errors name it (nn/deferred.py)
                 value._arena.label = f"parameter {name!r} of a {type(self).__name__}"
+            self._note_slot(name, kind)
         elif name in buffers:
             value = _buffer_value(name, value)
-        elif value is not None and isinstance(current, Parameter):
+        elif value is not None and (isinstance(current, Parameter) or slot == "parameter"):
             # Silently replacing it would drop the parameter from parameters(), state_dict and the optimizer.
             raise TypeError(f"cannot assign a {type(value).__name__} as parameter {name!r} (a Parameter or None "
                             f"expected); to change its values write into it (module.{name}.data[...] = ...) or "
                             f"assign nn.Parameter(value)")
-        elif value is not None and isinstance(current, Module):
+        elif value is not None and (isinstance(current, Module) or slot == "module"):
             raise TypeError(f"cannot assign a {type(value).__name__} as child module {name!r} (a Module or None "
                             f"expected): its parameters would silently leave the model; delete it first "
                             f"(del module.{name}) to reuse the name for something else")
         object.__setattr__(self, name, value)
 
+    def _note_slot(self, name: str, kind: str) -> None:
+        if "_slots" not in vars(self):
+            object.__setattr__(self, "_slots", {})
+        self._slots[name] = kind
+
     def __delattr__(self, name: str) -> None:
         object.__delattr__(self, name)
         vars(self).get("_buffers", {}).pop(name, None)  # a deleted buffer is forgotten, as in torch
+        vars(self).get("_slots", {}).pop(name, None)  # and so is a deleted parameter or module slot
 
     def _own_parameters(self) -> Iterator[tuple[str, Parameter]]:
         for name, value in vars(self).items():
@@ -198,6 +211,7 @@ class Module:
             raise TypeError(f"cannot assign a {type(param).__name__} as parameter {name!r} (a Parameter or None "
                             f"expected); wrap it: nn.Parameter(value)")
         self._check_free(name, "parameter", lambda cur: isinstance(cur, Parameter) or self._unset_slot(name, cur))
+        self._note_slot(name, "parameter")
         object.__setattr__(self, name, param)
 
     def add_module(self, name: str, module: "Module | None") -> None:
@@ -207,6 +221,7 @@ class Module:
             raise TypeError(f"cannot assign a {type(module).__name__} as child module {name!r} (a Module or None "
                             f"expected)")
         self._check_free(name, "module", lambda cur: isinstance(cur, Module) or self._unset_slot(name, cur))
+        self._note_slot(name, "module")
         object.__setattr__(self, name, module)
 
     def register_module(self, name: str, module: "Module | None") -> None:
@@ -355,6 +370,8 @@ class Module:
         if dt not in SUPPORTED_FLOATS:
             raise TypeError(f"Module.to supports float32 and float64, got {dt}")
         for p in self.parameters():
+            if p.dtype.kind != "f":  # as torch's: an integer parameter (a frozen index table) keeps its dtype
+                continue
             if p.dtype != dt and p.is_deferred:  # no values to cast yet: they are made in dt (nn/deferred.py)
                 p.defer_as(dt)
             elif p.dtype != dt:
@@ -430,6 +447,9 @@ class Module:
             elif not np.can_cast(src.dtype, dst.dtype, casting="same_kind"):
                 mismatched.append(f"dtype mismatch for {key}: cannot cast the checkpoint's {src.dtype} "
                                   f"to the model's {dst.dtype}")
+            elif not dst.flags.writeable:  # checked now: np.copyto would fail after earlier keys were copied
+                mismatched.append(f"{key} is read-only in the model (a broadcast view or a constant), so it cannot "
+                                  f"be loaded into; give the module a writable array for it")
             elif (span := _beyond_range(src, dst.dtype)) is not None:
                 # It would become inf; checked now, since a copy that fails half way would load part of it.
                 mismatched.append(f"values for {key} are beyond the range of {dst.dtype} (largest finite "
@@ -450,7 +470,10 @@ class Module:
             raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}:\n\t"
                                + "\n\t".join(errors) + hint)
         for target, dst, src in copies:
-            np.copyto(dst, src, casting="same_kind")
+            # A float64 value below float32's range becomes 0 (torch's load too); under np.seterr(under="raise") that
+            # raised after earlier keys were copied, a half load.
+            with np.errstate(under="ignore"):
+                np.copyto(dst, src, casting="same_kind")
             if isinstance(target, Tensor):
                 increment_version(target)  # a graph built before the load must not differentiate at the new values
         return IncompatibleKeys(missing, unexpected)
