@@ -21,7 +21,7 @@ import numpy as np
 
 from .autograd import no_grad
 from .memory.arena import Arena
-from .text.tokenizer import WordPieceTokenizer, check_texts, locate_minilm
+from .text.tokenizer import WordPieceTokenizer, _check_int, check_texts, locate_minilm
 
 log = logging.getLogger("tensorarena")
 
@@ -61,6 +61,8 @@ def encode(encoder, tokenizer: WordPieceTokenizer, texts: Sequence[str], *, max_
     from .nn.transformer import mean_pool
 
     texts = check_texts(texts)  # before the length sort below, whose len(None) would name no text
+    # None: the tokenizer's own limit, as its __call__ takes it; checked before the comparison below
+    max_length = tokenizer.max_length if max_length is None else _check_int("max_length", max_length)
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
         raise TypeError(f"batch_size must be an integer, got {type(batch_size).__name__} {batch_size!r}")
     if batch_size < 1:
@@ -129,6 +131,10 @@ def cmd_embed(args) -> np.ndarray:
 
     if args.max_length < 2:
         raise SystemExit(f"tensorarena embed: --max-length must be at least 2, got {args.max_length}")
+    try:
+        check_texts(args.texts)  # a non-UTF-8 byte in the arguments is a lone surrogate: one line, not a traceback
+    except ValueError as e:
+        raise SystemExit(f"tensorarena embed: {e}") from None
     try:
         vectors = embed(args.texts, model_dir=args.model_dir, max_length=args.max_length)
     except FileNotFoundError as e:

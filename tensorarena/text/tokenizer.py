@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -49,9 +50,11 @@ def _check_int(name: str, value) -> int:
 
 
 def check_texts(texts) -> list[str]:
-    """A string or a sequence of strings, as a list; TypeError naming the first item that is no string."""
-    if isinstance(texts, str):
-        return [texts]
+    """A string or a sequence of strings, as a list; TypeError naming the first item that is no string, ValueError
+    naming one that is not valid Unicode (a lone surrogate: what Python makes of a non-UTF-8 byte in sys.argv)."""
+    if isinstance(texts, (bytes, bytearray, memoryview)):  # list() would split them into ints, and blame an int
+        raise TypeError(f"texts must be str, got {type(texts).__name__}; decode it first (e.g. b.decode('utf-8'))")
+    texts = [texts] if isinstance(texts, str) else texts
     try:
         texts = list(texts)
     except TypeError:
@@ -59,6 +62,13 @@ def check_texts(texts) -> list[str]:
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             raise TypeError(f"texts must be strings, and texts[{i}] is {type(text).__name__} ({text!r:.40})")
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as err:  # the tokenizer's own error names neither the text nor the character
+                raise ValueError(f"texts[{i}] is not valid Unicode: a lone surrogate {text[err.start]!r} at "
+                                 f"position {err.start} (a byte that was not UTF-8, e.g. Latin-1 text); pass UTF-8 "
+                                 f"text") from None
     return texts
 
 
@@ -116,6 +126,7 @@ class WordPieceTokenizer:
         self._tok.no_truncation()
         self.pad_id = int(padding.get("pad_id", self._tok.token_to_id("[PAD]") or 0))
         self._truncation: int | None = None
+        self._lock = threading.Lock()
 
     @property
     def vocab_size(self) -> int:
@@ -138,10 +149,13 @@ class WordPieceTokenizer:
                 raise ValueError(f"pad_to must leave room for [CLS] and [SEP] (>= 2), got {pad_to}")
         if pad_to is not None and pad_to < limit:
             limit = pad_to  # a sentence longer than the padded width is cut to fit it
-        if self._truncation != limit:
-            self._tok.enable_truncation(max_length=limit)
-            self._truncation = limit
-        encodings = self._tok.encode_batch(texts) if texts else []
+        # Truncation is state of the shared tokenizer: set and used under one lock, or a thread asking for another
+        # max_length between the two cut this call's rows at its length (embed caches one tokenizer per model).
+        with self._lock:
+            if self._truncation != limit:
+                self._tok.enable_truncation(max_length=limit)
+                self._truncation = limit
+            encodings = self._tok.encode_batch(texts) if texts else []
         width = pad_to if pad_to is not None else max((len(e.ids) for e in encodings), default=0)
         batch = len(encodings)
         input_ids = np.full((batch, width), self.pad_id, dtype=np.int64)
