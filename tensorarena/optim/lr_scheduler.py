@@ -187,39 +187,90 @@ class LRScheduler:
         return f"{type(self).__name__}(last_epoch={self.last_epoch}, last_lr={getattr(self, '_last_lr', None)})"
 
 
-class LambdaLR(LRScheduler):
-    """lr = base_lr * lr_lambda(epoch): one function for every group, or a list with one per group (torch's LambdaLR).
+class _FunctionsOfEpoch(LRScheduler):
+    """What LambdaLR and MultiplicativeLR share: one function of the epoch for every group, or a list with one per
+    group (`lr_lambdas`), checked when built; a group added with add_param_group follows the one function given for
+    all (torch fails there: "zip() argument 2 is shorter than argument 1"), and with a list of functions that is a
+    ValueError saying so; state_dict() holds None for a plain function and the attributes of a callable object, as
+    torch's, so a checkpoint restores the epoch and base lrs, not the functions. `_returns` says what a function
+    gives, for the errors."""
 
-    The recipe of fine-tuning scripts (Hugging Face's warmup + linear or cosine decay is a LambdaLR). As torch's,
-    it is not chainable: each step sets the closed form from the base lr, so an lr edited by hand lasts until the
-    next step. A group added with add_param_group has no function in torch, which then fails ("zip() argument 2
-    is shorter than argument 1"); here, when one function was given for all groups, the added group follows it
-    with its lr when first seen as its base lr (as the other schedules adopt it); with a list of functions
-    that is a ValueError saying so. state_dict() holds None for a plain function and the attributes of a
-    callable object, as torch's, so a checkpoint restores the epoch and base lrs, not the functions.
-    """
+    _returns = "the lr factor"
 
     def __init__(self, optimizer: Optimizer, lr_lambda: Callable[[int], float] | Sequence[Callable[[int], float]],
                  last_epoch: int = -1) -> None:
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"{type(optimizer).__name__} is not an Optimizer")
-        groups = len(optimizer.param_groups)
+        name, groups = type(self).__name__, len(optimizer.param_groups)
         one = not isinstance(lr_lambda, (list, tuple))
-        if not one:
-            if len(lr_lambda) != groups:
-                raise ValueError(f"LambdaLR: expected {groups} lr_lambdas (one per param group), but got "
-                                 f"{len(lr_lambda)}")
-            lambdas = list(lr_lambda)
-        else:
-            lambdas = [lr_lambda] * groups
+        if not one and len(lr_lambda) != groups:
+            raise ValueError(f"{name}: expected {groups} lr_lambdas (one per param group), but got {len(lr_lambda)}")
+        lambdas = [lr_lambda] * groups if one else list(lr_lambda)
         for i, fn in enumerate(lambdas):
             if not callable(fn):
-                raise TypeError(f"LambdaLR: lr_lambda {'' if one else f'[{i}] '}must be a function "
-                                f"of the epoch returning the lr factor, got a {type(fn).__name__}")
+                raise TypeError(f"{name}: lr_lambda {'' if one else f'[{i}] '}must be a function of the epoch "
+                                f"returning {self._returns}, got a {type(fn).__name__}")
         # Set before the base class steps to epoch 0: that first step calls them.
         self.lr_lambdas = lambdas
         self._one_lambda = one
         super().__init__(optimizer, last_epoch)
+
+    def _adopt_added_groups(self) -> None:
+        """A group added since follows the one function given for all (its lr its base lr); with one function per
+        group there is none for it, which is refused before anything changes."""
+        added = len(self.optimizer.param_groups) - len(self.lr_lambdas)
+        if added > 0 and not self._one_lambda:
+            name = type(self).__name__
+            raise ValueError(f"{name} was built with one lr_lambda per param group ({len(self.lr_lambdas)}), and "
+                             f"{added} group(s) were added since (optimizer.add_param_group), which have none. Build "
+                             f"the {name} after adding the groups, or give one function for all groups")
+        super()._adopt_added_groups()
+        self.lr_lambdas.extend(self.lr_lambdas[:1] * added)
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch's format: the schedule's position and base lrs; lr_lambdas holds None for each plain function and
+        a copy of the attributes of each callable object (a function's code cannot go into a checkpoint)."""
+        state = {k: (list(v) if isinstance(v, list) else v) for k, v in self.__dict__.items()
+                 if k not in ("optimizer", "lr_lambdas", "_one_lambda")}
+        state["lr_lambdas"] = [None if isinstance(fn, types.FunctionType) else dict(getattr(fn, "__dict__", {}))
+                               for fn in self.lr_lambdas]
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned: the position, base lrs and the callable objects' attributes. All is
+        checked before anything changes."""
+        if not isinstance(state_dict, dict):
+            raise ValueError(f"scheduler state must be a dict, got {type(state_dict).__name__}")
+        name = type(self).__name__
+        state = dict(state_dict)
+        saved = state.pop("lr_lambdas", None)
+        saved = [None] * len(self.lr_lambdas) if saved is None else list(saved)
+        # The saved run may have added groups since it was built: they follow the one function.
+        if len(saved) > len(self.lr_lambdas) and not self._one_lambda:
+            raise ValueError(f"{name} state has {len(saved)} lr_lambdas but this {name} has one for each of "
+                             f"{len(self.lr_lambdas)} param groups; build it with one per group of the saved run")
+        lambdas = self.lr_lambdas + self.lr_lambdas[:1] * (len(saved) - len(self.lr_lambdas))
+        for i, attrs in enumerate(saved):
+            if attrs is not None and not isinstance(attrs, dict):
+                raise ValueError(f"{name} state: lr_lambdas[{i}] must be None or a dict of the function's "
+                                 f"attributes, got a {type(attrs).__name__}")
+            if attrs is not None and not hasattr(lambdas[i], "__dict__"):
+                raise ValueError(f"{name} state holds attributes for lr_lambda {i}, which has none to take them "
+                                 f"(a {type(lambdas[i]).__name__}); build it with the saved run's functions")
+        super().load_state_dict(state)  # validates the rest (unknown keys, base lrs) before anything below
+        self.lr_lambdas = lambdas
+        for fn, attrs in zip(lambdas, saved):
+            if attrs is not None:
+                fn.__dict__.update(attrs)
+
+
+class LambdaLR(_FunctionsOfEpoch):
+    """lr = base_lr * lr_lambda(epoch): one function for every group, or a list with one per group (torch's LambdaLR).
+
+    The recipe of fine-tuning scripts (Hugging Face's warmup + linear or cosine decay is a LambdaLR). As torch's,
+    it is not chainable: each step sets the closed form from the base lr, so an lr edited by hand lasts until the
+    next step. Its functions (added groups, state_dict) as _FunctionsOfEpoch says.
+    """
 
     def get_lr(self) -> list[float]:
         """base_lr * lr_lambda(last_epoch) for every group (torch's float operations: the same lrs, bit for bit)."""
@@ -235,51 +286,6 @@ class LambdaLR(LRScheduler):
         """Built with last_epoch=k: the lrs of epoch k + 1, as torch's (the closed form needs no replay)."""
         self._step_count = 1
         self._update_lr()
-
-    def _adopt_added_groups(self) -> None:
-        """A group added since follows the one function given for all (its lr its base lr); with one function per
-        group there is none for it, which is refused before anything changes."""
-        added = len(self.optimizer.param_groups) - len(self.lr_lambdas)
-        if added > 0 and not self._one_lambda:
-            raise ValueError(f"LambdaLR was built with one lr_lambda per param group ({len(self.lr_lambdas)}), and "
-                             f"{added} group(s) were added since (optimizer.add_param_group), which have none. Build "
-                             f"the LambdaLR after adding the groups, or give one function for all groups")
-        super()._adopt_added_groups()
-        self.lr_lambdas.extend(self.lr_lambdas[:1] * added)
-
-    def state_dict(self) -> dict[str, Any]:
-        """torch's format: the schedule's position and base lrs; lr_lambdas holds None for each plain function and
-        a copy of the attributes of each callable object."""
-        state = {k: (list(v) if isinstance(v, list) else v) for k, v in self.__dict__.items()
-                 if k not in ("optimizer", "lr_lambdas", "_one_lambda")}
-        state["lr_lambdas"] = [None if isinstance(fn, types.FunctionType) else dict(getattr(fn, "__dict__", {}))
-                               for fn in self.lr_lambdas]
-        return state
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore what `state_dict` returned: the position, base lrs and the callable objects' attributes."""
-        if not isinstance(state_dict, dict):
-            raise ValueError(f"scheduler state must be a dict, got {type(state_dict).__name__}")
-        state = dict(state_dict)
-        saved = state.pop("lr_lambdas", None)
-        saved = [None] * len(self.lr_lambdas) if saved is None else list(saved)
-        # The saved run may have added groups since its LambdaLR was built: they follow the one function.
-        if len(saved) > len(self.lr_lambdas) and not self._one_lambda:
-            raise ValueError(f"LambdaLR state has {len(saved)} lr_lambdas but this LambdaLR has one for each of "
-                             f"{len(self.lr_lambdas)} param groups; build it with one per group of the saved run")
-        lambdas = self.lr_lambdas + self.lr_lambdas[:1] * (len(saved) - len(self.lr_lambdas))
-        for i, attrs in enumerate(saved):
-            if attrs is not None and not isinstance(attrs, dict):
-                raise ValueError(f"LambdaLR state: lr_lambdas[{i}] must be None or a dict of the function's "
-                                 f"attributes, got a {type(attrs).__name__}")
-            if attrs is not None and not hasattr(lambdas[i], "__dict__"):
-                raise ValueError(f"LambdaLR state holds attributes for lr_lambda {i}, which has none to take them "
-                                 f"(a {type(lambdas[i]).__name__}); build it with the saved run's functions")
-        super().load_state_dict(state)  # validates the rest (unknown keys, base lrs) before anything below
-        self.lr_lambdas = lambdas
-        for fn, attrs in zip(lambdas, saved):
-            if attrs is not None:
-                fn.__dict__.update(attrs)
 
 
 class ConstantLR(LRScheduler):

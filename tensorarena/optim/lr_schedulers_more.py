@@ -16,13 +16,12 @@ on how it was reached, each class says what it does instead.
 from __future__ import annotations
 
 import math
-import types
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any, Callable, Iterable, Sequence
 
-from .lr_scheduler import LRScheduler, _check_float, _check_int, _power_lr
+from .lr_scheduler import LRScheduler, _check_float, _check_int, _FunctionsOfEpoch, _power_lr
 from .optimizer import Optimizer
 
 __all__ = ["MultiStepLR", "PolynomialLR", "MultiplicativeLR", "CosineAnnealingWarmRestarts", "OneCycleLR"]
@@ -93,7 +92,7 @@ class PolynomialLR(LRScheduler):
         return lr * ratio**self.power
 
 
-class MultiplicativeLR(LRScheduler):
+class MultiplicativeLR(_FunctionsOfEpoch):
     """lr * lr_lambda(epoch) at each step: one function for every group, or a list with one per group.
 
     Chainable as torch's (the lr each group has now times the factor; construction leaves the lr as it is). At a
@@ -106,24 +105,7 @@ class MultiplicativeLR(LRScheduler):
     `_chain(lr, base_lr, epoch)` is not told, so this class overrides the step itself, as LambdaLR does.
     """
 
-    def __init__(self, optimizer: Optimizer, lr_lambda: Callable[[int], float] | Sequence[Callable[[int], float]],
-                 last_epoch: int = -1) -> None:
-        if not isinstance(optimizer, Optimizer):
-            raise TypeError(f"{type(optimizer).__name__} is not an Optimizer")
-        groups = len(optimizer.param_groups)
-        one = not isinstance(lr_lambda, (list, tuple))
-        if not one and len(lr_lambda) != groups:
-            raise ValueError(f"MultiplicativeLR: expected {groups} lr_lambdas (one per param group), but got "
-                             f"{len(lr_lambda)}")
-        lambdas = [lr_lambda] * groups if one else list(lr_lambda)
-        for i, fn in enumerate(lambdas):
-            if not callable(fn):
-                raise TypeError(f"MultiplicativeLR: lr_lambda {'' if one else f'[{i}] '}must be a function of the "
-                                f"epoch returning the factor to multiply the lr by, got a {type(fn).__name__}")
-        # Set before the base class steps to epoch 0.
-        self.lr_lambdas = lambdas
-        self._one_lambda = one
-        super().__init__(optimizer, last_epoch)
+    _returns = "the factor to multiply the lr by"
 
     def _replayed(self, fn: Callable[[int], float], base_lr: float, epoch: int) -> float:
         """base_lr times the factors of epochs 1..epoch, multiplied in the order a run's steps multiply them."""
@@ -153,52 +135,6 @@ class MultiplicativeLR(LRScheduler):
         self._adopt_added_groups()
         self.last_epoch += 1
         self._set_lrs(self.get_lr())
-
-    def _adopt_added_groups(self) -> None:
-        """A group added since follows the one function given for all (its lr its base lr); with one function per
-        group there is none for it, which is refused before anything changes."""
-        added = len(self.optimizer.param_groups) - len(self.lr_lambdas)
-        if added > 0 and not self._one_lambda:
-            raise ValueError(f"MultiplicativeLR was built with one lr_lambda per param group ({len(self.lr_lambdas)})"
-                             f", and {added} group(s) were added since (optimizer.add_param_group), which have none. "
-                             f"Build the MultiplicativeLR after adding the groups, or give one function for all")
-        super()._adopt_added_groups()
-        self.lr_lambdas.extend(self.lr_lambdas[:1] * added)
-
-    def state_dict(self) -> dict[str, Any]:
-        """torch's format: the position and base lrs; lr_lambdas holds None for each plain function and a copy of
-        the attributes of each callable object (a function's code cannot go into a checkpoint)."""
-        state = {k: (list(v) if isinstance(v, list) else v) for k, v in self.__dict__.items()
-                 if k not in ("optimizer", "lr_lambdas", "_one_lambda")}
-        state["lr_lambdas"] = [None if isinstance(fn, types.FunctionType) else dict(getattr(fn, "__dict__", {}))
-                               for fn in self.lr_lambdas]
-        return state
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore what `state_dict` returned: the position, base lrs and the callable objects' attributes. All is
-        checked before anything changes."""
-        if not isinstance(state_dict, dict):
-            raise ValueError(f"scheduler state must be a dict, got {type(state_dict).__name__}")
-        state = dict(state_dict)
-        saved = state.pop("lr_lambdas", None)
-        saved = [None] * len(self.lr_lambdas) if saved is None else list(saved)
-        # The saved run may have added groups since it was built: they follow the one function.
-        if len(saved) > len(self.lr_lambdas) and not self._one_lambda:
-            raise ValueError(f"MultiplicativeLR state has {len(saved)} lr_lambdas but this one has one for each of "
-                             f"{len(self.lr_lambdas)} param groups; build it with one per group of the saved run")
-        lambdas = self.lr_lambdas + self.lr_lambdas[:1] * (len(saved) - len(self.lr_lambdas))
-        for i, attrs in enumerate(saved):
-            if attrs is not None and not isinstance(attrs, dict):
-                raise ValueError(f"MultiplicativeLR state: lr_lambdas[{i}] must be None or a dict of the "
-                                 f"function's attributes, got a {type(attrs).__name__}")
-            if attrs is not None and not hasattr(lambdas[i], "__dict__"):
-                raise ValueError(f"MultiplicativeLR state holds attributes for lr_lambda {i}, which has none to take "
-                                 f"them (a {type(lambdas[i]).__name__}); build it with the saved run's functions")
-        super().load_state_dict(state)  # validates the rest (unknown keys, base lrs) before anything below
-        self.lr_lambdas = lambdas
-        for fn, attrs in zip(lambdas, saved):
-            if attrs is not None:
-                fn.__dict__.update(attrs)
 
 
 class CosineAnnealingWarmRestarts(LRScheduler):
