@@ -8,7 +8,6 @@ last_epoch=k, argument checks, and a Trainer driving a schedule on the eager and
 from __future__ import annotations
 
 import copy
-import json
 import math
 import re
 import warnings
@@ -21,33 +20,19 @@ from tensorarena import optim
 from tensorarena.nn import Parameter
 from tensorarena.optim import lr_scheduler
 
-TLS = torch.optim.lr_scheduler
-LRS = (0.1, 0.03)
+from test_lr_chainable import LRS, TLS, _Lib as _ChainableLib
+
 STEPS = 60
 
 
-class _Lib:
-    """One library's scheduler module and optimizers, so that a scenario runs unchanged on both."""
-
-    def __init__(self, ours: bool):
-        self.ours = ours
-        self.m = lr_scheduler if ours else TLS
-
-    def param(self):
-        return Parameter(np.zeros(2)) if self.ours else torch.zeros(2, requires_grad=True)
+class _Lib(_ChainableLib):
+    """test_lr_chainable's pair of libraries, with Adam beside SGD (momentum 0.9): OneCycleLR cycles either."""
 
     def opt(self, kind="sgd", lrs=LRS):
         groups = [{"params": [self.param()], "lr": lr} for lr in lrs]
         if kind == "sgd":
             return optim.SGD(groups, momentum=0.9) if self.ours else torch.optim.SGD(groups, momentum=0.9)
         return optim.Adam(groups) if self.ours else torch.optim.Adam(groups)
-
-    def state(self, sched_or_opt):
-        """A state_dict as a checkpoint keeps it: our scheduler's through JSON, the rest deep-copied."""
-        state = sched_or_opt.state_dict()
-        if self.ours and not isinstance(sched_or_opt, optim.Optimizer):
-            return json.loads(json.dumps(state))
-        return copy.deepcopy(state)
 
 
 OURS, THEIRS = _Lib(True), _Lib(False)
