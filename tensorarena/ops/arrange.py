@@ -125,6 +125,7 @@ def pad(input: Tensor, pad, mode: str = "constant", value: float | None = None) 
     before, and so on; a negative amount crops. New elements hold `value` (default 0)."""
     if mode != "constant":
         raise NotImplementedError(f"pad: mode {mode!r} is not supported; only mode='constant' is")
+    input = as_tensor(input)  # noqa: A001 - an array taken as a tensor (its .data is a memoryview)
     ad = input.data
     amounts = [as_count(v, "pad: each padding amount") for v in pad]
     if len(amounts) % 2 or len(amounts) // 2 > ad.ndim:

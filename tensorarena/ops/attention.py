@@ -9,11 +9,20 @@ from ..tape import host
 from ..tensor import Tensor
 from ._base import as_dtype, as_tensor, contiguous, grad_out, leaf_or_none, new
 from ._products import bf16_attention, bf16_products, product, rounded
+from .cast import refuse_integers
 
 
 def _as_float(a: np.ndarray, dtype) -> np.ndarray:
     """`a` in `dtype`, any strides (the attention kernels take strided views); a copy only to convert."""
     return a if a.dtype == dtype else contiguous(a, dtype)
+
+
+def _mask_array(mask) -> np.ndarray | None:
+    """A key padding mask as the kernels take it: an array (a bool Tensor, what `ids == pad_id` gives, reached the
+    packed kernel as a Tensor and failed inside Numba; a list failed on .dtype); the kernel checks shape and dtype."""
+    if mask is None:
+        return None
+    return mask.data if isinstance(mask, Tensor) else np.asarray(mask)
 
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, *, key_padding_mask: np.ndarray | None = None,
@@ -24,10 +33,12 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, *, key_padding
     causal: query i attends to keys j <= i. scale defaults to 1/sqrt(hs).
     A query with no key left to attend to gets zeros (and zero gradients), not NaN.
     """
-    q, k, v = as_tensor(q), as_tensor(k), as_tensor(v)
+    # torch's "expected scalar type Float": integer or bool q, k, v named here, not inside a GEMM's typing error
+    q, k, v = (refuse_integers(t, f"scaled_dot_product_attention ({name})")
+               for name, t in (("q", q), ("k", k), ("v", v)))
     dtype = np.result_type(q.dtype, k.dtype, v.dtype)
     qd, kd, vd = (_as_float(t.data, dtype) for t in (q, k, v))
-    kpm = key_padding_mask.data if isinstance(key_padding_mask, Tensor) else key_padding_mask
+    kpm = _mask_array(key_padding_mask)
     if qd.ndim != 4 or kd.ndim != 4 or vd.ndim != 4:
         raise ValueError(f"scaled_dot_product_attention: q, k, v must be 4-D (B, H, T, hs); got shapes "
                          f"{qd.shape}, {kd.shape}, {vd.shape} (unbatched or 3-D inputs: unsqueeze first)")
@@ -70,7 +81,8 @@ def packed_self_attention(qkv: Tensor, num_heads: int, *, key_padding_mask: np.n
     attention_probs_dropout_prob) with ops.dropout's mask over (B, H, T, T): one seed drawn from
     `rng` (default generator if None), the mask recomputed from it in backward.
     """
-    qkv = as_tensor(qkv)
+    qkv = refuse_integers(qkv, "packed_self_attention")
+    key_padding_mask = _mask_array(key_padding_mask)
     if qkv.ndim != 3 or num_heads <= 0 or qkv.shape[-1] % (3 * num_heads):
         raise ValueError(f"packed_self_attention: qkv must be (B, T, 3 * D) with D a multiple of num_heads="
                          f"{num_heads}; got shape {qkv.shape}")

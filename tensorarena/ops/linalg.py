@@ -120,7 +120,9 @@ def matmul(a, b) -> Tensor:
 
 def linear(x, weight, bias=None) -> Tensor:
     """x @ weight.T + bias, as torch.nn.functional.linear. Shape: (..., in) -> (..., out)."""
-    x = as_tensor(x)
+    # Arrays taken as tensors, each of them (an ndarray weight's .data is a memoryview: it failed on .dtype)
+    x, weight = as_tensor(x), as_tensor(weight)
+    bias = None if bias is None else as_tensor(bias)
     if weight.ndim != 2:
         raise ValueError(f"linear: weight must be 2-D (out_features, in_features), got shape {weight.shape}")
     if x.shape[-1:] != weight.shape[1:]:

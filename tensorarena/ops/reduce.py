@@ -255,8 +255,17 @@ def _correction(unbiased: bool | None, correction: int | None, op: str) -> int:
     return 1 if correction is None else correction
 
 
-def softmax(a: Tensor, dim: int = -1) -> Tensor:
+def _dim_given(dim, op: str) -> None:
+    """softmax and log_softmax need their dim, as nn.Softmax does here: torch, given none, picks one (dim 0 for 0-,
+    1- and 3-D input, 1 otherwise) with a deprecation warning, and a default of -1 gave other values silently."""
+    if dim is None:
+        raise TypeError(f"{op}() needs dim (torch's implicit choice is deprecated: dim 0 for 0-, 1- and 3-D input, "
+                        f"1 otherwise); pass it, e.g. {op}(x, dim=-1) for the last dim")
+
+
+def softmax(a: Tensor, dim: int | None = None) -> Tensor:
     """Softmax along `dim` on the softmax kernels (max-subtracted, float64 inside)."""
+    _dim_given(dim, "softmax")
     a = refuse_integers(a, "softmax")
     ad = a.data
     if ad.ndim == 0:  # torch allows dim 0/-1 on a scalar: softmax of one element is 1
@@ -299,8 +308,9 @@ def _softmax_last(a: Tensor, x: np.ndarray, shape: tuple[int, ...]) -> Tensor:
     return Tensor._make(out.reshape(shape), (a,), backward, saved_output=True)
 
 
-def log_softmax(a: Tensor, dim: int = -1) -> Tensor:
+def log_softmax(a: Tensor, dim: int | None = None) -> Tensor:
     """log(softmax(a)) along `dim`, computed without forming softmax's log."""
+    _dim_given(dim, "log_softmax")
     a = refuse_integers(a, "log_softmax")
     ad = a.data
     a_shape = ad.shape

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..tape import host
 from ..tensor import Tensor
-from ._base import new, normalize_axes, reshaped
+from ._base import as_tensor, new, normalize_axes, reshaped
 from .reduce import _expand_grad, _reduce_axes, _reduced_shape
 
 
@@ -64,6 +64,7 @@ def _extreme(a: Tensor, dim, keepdim: bool, fn, what: str) -> Tensor:
 def norm(input: Tensor, p="fro", dim=None, keepdim: bool = False) -> Tensor:  # noqa: A002 - torch's name
     """The vector p-norm over `dim` (None: all elements), torch.norm: p = 2 or "fro", 1, inf, -inf or any
     positive number. The 2-norm's gradient is 0 where the norm is 0, as torch's."""
+    input = as_tensor(input)  # noqa: A001 - an array taken as a tensor (its .data is a memoryview)
     ad = input.data
     _need_float(ad, "norm")
     if p == "fro":
