@@ -52,11 +52,16 @@ def parse_size(text: str | int) -> int:
     else:
         # A sign is read so that "-1G" is told it must be positive, not that it is unreadable; the number is
         # read as a Decimal, exact where a float is not (byte counts above 2**53) and in exponent form (1e9).
-        match = re.fullmatch(r"\s*([-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)\s*(?:([kmgtKMGT])i?)?[bB]?\s*",
-                             str(text))
+        number_part = r"([-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)"
+        match = re.fullmatch(r"\s*" + number_part + r"\s*(?:([kmgtKMGT])[iI]?)?[bB]?\s*", str(text))
         if not match:
             raise ValueError(f"cannot read a memory size from {text!r}; use e.g. 2G, 2Gi, 512M, 1.5GiB or a byte count")
-        value = int(Decimal(match.group(1)) * _UNITS[(match.group(2) or "").lower()])
+        number = Decimal(match.group(1))
+        # Before int(): 1e500000 took seconds to expand, and 1e400 overflowed later, printing it (format_bytes).
+        if number and number.adjusted() > 24:
+            raise ValueError(f"the memory size {text!r} is beyond any machine's (over 10**24 bytes); check the "
+                             f"exponent or the unit")
+        value = int(number * _UNITS[(match.group(2) or "").lower()])
     if value <= 0:
         raise ValueError(f"a memory size must be positive (at least 1 byte), got {text!r}")
     return value
@@ -76,8 +81,17 @@ def _read_int(path: Path) -> int | None:
     return None if value >= _NO_LIMIT else value
 
 
+def _up_to_root(rel: str) -> list[str]:
+    """The cgroup `rel` ("a/b/c") and each of its ancestors up to the root ("a/b", "a", ""): a limit on any of them
+    holds this process (a child group with no limit of its own under a parent limited to 400M got a budget of the
+    machine's free RAM, chose a route for it and was killed)."""
+    parts = [p for p in rel.split("/") if p]
+    return ["/".join(parts[:i]) for i in range(len(parts), -1, -1)]
+
+
 def cgroup_limit(*, proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> tuple[int, str] | None:
-    """This process's cgroup memory limit and the file it came from, or None if unlimited."""
+    """This process's cgroup memory limit (the smallest of its group's and its ancestors') and the file it came
+    from, or None if unlimited."""
     try:
         lines = Path(proc_cgroup).read_text().splitlines()
     except OSError:
@@ -88,20 +102,19 @@ def cgroup_limit(*, proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs
         if len(parts) != 3:
             continue
         _, controllers, rel = parts
-        rel = rel.lstrip("/")
         if controllers == "":  # cgroup v2 (unified); mounted at root, or at root/unified in hybrid mode
-            candidates = [Path(root) / rel / "memory.max", Path(root) / "unified" / rel / "memory.max"]
-            kind = "cgroup v2 memory.max"
+            mounts, name, kind = [Path(root), Path(root) / "unified"], "memory.max", "cgroup v2 memory.max"
         elif "memory" in controllers.split(","):
-            candidates = [Path(root) / "memory" / rel / "memory.limit_in_bytes"]
-            kind = "cgroup v1 memory.limit_in_bytes"
+            mounts, name, kind = [Path(root) / "memory"], "memory.limit_in_bytes", "cgroup v1 memory.limit_in_bytes"
         else:
             continue
-        for path in candidates:
-            value = _read_int(path)
-            if value is not None:
-                found.append((value, f"{kind} at {path}"))
-                break
+        for group in _up_to_root(rel):
+            for mount in mounts:
+                path = mount / group / name
+                value = _read_int(path)
+                if value is not None:
+                    found.append((value, f"{kind} at {path}"))
+                    break
     return min(found) if found else None
 
 

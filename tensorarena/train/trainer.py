@@ -187,6 +187,7 @@ class Trainer:
         self.route_plan = None  # RoutePlan from plan(): every route's estimate and the choice
         self._route_plan_batch = None  # (batch signature, routes) route_plan was made for
         self._limit_to_check = memory_limit is not None  # a limit the user set is checked on any route, once
+        self._limit_rows: int | None = None  # the rows the route was planned for (a larger batch is planned again)
         self.stream = None  # the StreamingRoute once training streams
         self.route_switches: list[dict] = []  # out-of-memory fallbacks: step, from, to, error
         self._generators = None  # the RNGs a step draws from, snapshot per step for the fallback

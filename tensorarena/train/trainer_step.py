@@ -30,9 +30,11 @@ log = logging.getLogger("tensorarena")
 def run_step(trainer: Trainer, inputs: Any, targets: Any) -> StepReport:
     if trainer.route == "auto":
         trainer._choose_route(inputs, targets)
+        trainer._limit_rows = _rows(inputs)
     elif trainer._limit_to_check and trainer.route in ("eager", "fused", "streaming"):
         trainer._check_the_limit(inputs, targets)
-        trainer._limit_to_check = False  # checked once, at the first step
+        trainer._limit_to_check = False  # checked once for this many rows (a larger batch: route_step)
+        trainer._limit_rows = _rows(inputs)
     # Generators found once (walking every module each step would be hot-path work for nothing).
     if trainer._generators is None:
         trainer._generators = rng_generators(trainer.model)
@@ -67,6 +69,7 @@ def route_step(trainer: Trainer, inputs: Any, targets: Any, before) -> StepRepor
     if trainer.route == "streaming":
         return streaming_step(trainer, inputs, targets)
     try:
+        _check_a_larger_batch(trainer, inputs, targets)
         if trainer.route == "fused":
             report = trainer._fused_step(inputs, targets)
             if report is not None:
@@ -77,6 +80,23 @@ def route_step(trainer: Trainer, inputs: Any, targets: Any, before) -> StepRepor
             raise
         switch_after_oom(trainer, err, trainer.step_count + 1, before)
     return streaming_step(trainer, inputs, targets)
+
+
+def _check_a_larger_batch(trainer: Trainer, inputs: Any, targets: Any) -> None:
+    """A batch of more rows than the route was planned for at step 1 is planned again before it runs: a MemoryError
+    naming the budget and the need if the route does not fit it, which moves the step to streaming (oom_fallback)
+    before any update. Unchecked, route auto's fused run planned for batch 8 in 300M took batch 64 to 325 MiB
+    unsaid, and batch 256 in a 300M cgroup was killed, losing the steps before it."""
+    checked = trainer._limit_rows
+    if checked is None:
+        return
+    rows = _rows(inputs)
+    if rows is None or rows <= checked:
+        return
+    log.info("a batch of %d rows, more than the %d the %s route was planned for: planning it again against %s",
+             rows, checked, trainer.route, trainer.budget)
+    trainer._check_the_limit(inputs, targets)
+    trainer._limit_rows = rows
 
 
 def fused_step(trainer: Trainer, inputs: Any, targets: Any) -> StepReport | None:
