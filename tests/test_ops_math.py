@@ -407,8 +407,8 @@ ARENA_CASES = {
     "max_all": (ta.ops.max, [normal((3, 4), 1)]),
     "max_dim": (lambda x: ta.ops.max(x, 1), [normal((3, 4), 1)]),
     "var": (lambda x: ta.ops.var(x, 1), [normal((3, 4), 1)]),
-    "softmax": (ta.ops.softmax, [normal((3, 4), 1)]),
-    "log_softmax": (ta.ops.log_softmax, [normal((3, 4), 1)]),
+    "softmax": (lambda x: ta.ops.softmax(x, -1), [normal((3, 4), 1)]),  # dim is needed (ops.reduce._dim_given)
+    "log_softmax": (lambda x: ta.ops.log_softmax(x, -1), [normal((3, 4), 1)]),
     "matmul": (ta.ops.matmul, [normal((3, 4), 1), normal((4, 2), 2)]),
     "linear": (ta.ops.linear, [normal((3, 4), 1), normal((2, 4), 2), normal((2,), 3)]),
 }
