@@ -136,3 +136,31 @@ def test_to_dtype_leaves_integer_parameters_as_torch():
     ours.double()
     theirs.double()
     assert ours.table.dtype == np.int64 and theirs.table.dtype == torch.int64
+
+
+def test_a_parameter_or_module_set_over_a_plain_name_is_registered_last_as_torch():
+    # Came a commit later: `self.head = None` first and a module later (or a buffer turned parameter) kept the
+    # name's early place, so parameters() and state_dict came in another order than torch's (an optimizer state
+    # loaded by index went to the wrong parameters). Before that commit this test failed on both orders.
+    def build(m):
+        class Net(m.Module):
+            def __init__(self):
+                super().__init__()
+                self.head = None  # declared first, filled after the body
+                self.body = m.Linear(2, 2)
+                self.head = m.Linear(2, 1)
+        return Net()
+
+    ours, theirs = build(nn), build(torch.nn)
+    assert list(ours.state_dict()) == list(theirs.state_dict()) == ["body.weight", "body.bias", "head.weight",
+                                                                    "head.bias"]
+    for lib, make, zeros in ((nn, lambda v: nn.Parameter(v), np.zeros), (torch.nn, torch.nn.Parameter, torch.zeros)):
+        module = lib.Module()
+        module.register_buffer("a", zeros(3))
+        module.w = make(zeros(2))
+        module.a = make(zeros(3))  # takes the name over from the buffer: registered now, after w
+        assert [n for n, _ in module.named_parameters()] == ["w", "a"]
+    kept = nn.Linear(2, 2)
+    kept.bias = None  # a parameter slot: filled again it keeps its place, as torch's _parameters entry does
+    kept.bias = nn.Parameter(np.zeros(2, np.float32))
+    assert list(kept.state_dict()) == list(torch.nn.Linear(2, 2).state_dict()) == ["weight", "bias"]

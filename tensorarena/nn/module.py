@@ -131,6 +131,12 @@ class Module:
             buffers.pop(name, None)  # as in torch, a parameter or module takes the name over from a buffer
             if isinstance(value, Parameter) and value.is_deferred:  # its errors name it (nn/deferred.py)
                 value._arena.label = f"parameter {name!r} of a {type(self).__name__}"
+            same_kind = isinstance(current, Parameter if kind == "parameter" else Module) or slot == kind
+            if current is not _MISSING and not same_kind:
+                # Registered now, so last among its kind, as torch's: a name first set to None (a plain attribute)
+                # or a buffer kept its early place, and parameters()/state_dict came in another order than the
+                # torch twin's (its optimizer state loaded by index went to the wrong parameters).
+                object.__delattr__(self, name)
             self._note_slot(name, kind)
         elif name in buffers:
             value = _buffer_value(name, value)
