@@ -111,14 +111,19 @@ CHAINED = {
 EVERY = {**SINGLE, **RESTARTING, **CHAINED}
 
 
-def _run(lib, build, *, events=None, steps=STEPS, save_at=None):
-    """The lrs of every group after construction and each step. `events[i](lib, opt)` runs before step i + 1.
-    With `save_at`, the run is checkpointed after that step and resumed on a fresh optimizer (other lrs) and fresh
-    schedulers: their states loaded as a checkpoint restores them."""
+def _lrs(opt):
+    return [g["lr"] for g in opt.param_groups]
+
+
+def _run(lib, build, *, events=None, steps=STEPS, save_at=None, observe=_lrs, opt_args=()):
+    """What `observe` reads of the groups (their lrs) after construction and each step; `lib.opt(*opt_args)` makes
+    the optimizer. `events[i](lib, opt)` runs before step i + 1. With `save_at`, the run is checkpointed after that
+    step and resumed on a fresh optimizer (other lrs) and fresh schedulers: their states loaded as a checkpoint
+    restores them."""
     events = events or {}
-    opt = lib.opt()
+    opt = lib.opt(*opt_args)
     scheds = build(lib, opt)
-    seen = [[g["lr"] for g in opt.param_groups]]
+    seen = [observe(opt)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's deprecation notes; nothing here depends on them
         for i in range(steps):
@@ -127,10 +132,10 @@ def _run(lib, build, *, events=None, steps=STEPS, save_at=None):
             opt.step()
             for s in scheds:
                 s.step()
-            seen.append([g["lr"] for g in opt.param_groups])
+            seen.append(observe(opt))
             if i + 1 == save_at:
                 saved_opt, saved = lib.state(opt), [lib.state(s) for s in scheds]
-                opt = lib.opt(lrs=(5.0, 7.0))  # everything must come from the state dicts
+                opt = lib.opt(*opt_args, lrs=(5.0, 7.0))  # everything must come from the state dicts
                 for _ in range(len(saved_opt["param_groups"]) - len(opt.param_groups)):
                     opt.add_param_group({"params": [lib.param()], "lr": 9.0})
                 scheds = build(lib, opt)
@@ -138,7 +143,7 @@ def _run(lib, build, *, events=None, steps=STEPS, save_at=None):
                 for s, state in zip(scheds, saved):
                     s.load_state_dict(state)
     if len(scheds) == 1:  # what the scheduler reports is what the groups hold
-        assert [float(x) for x in scheds[0].get_last_lr()] == seen[-1]
+        assert [float(x) for x in scheds[0].get_last_lr()] == _lrs(opt)
     return seen
 
 

@@ -20,7 +20,7 @@ from tensorarena import optim
 from tensorarena.nn import Parameter
 from tensorarena.optim import lr_scheduler
 
-from test_lr_chainable import LRS, TLS, _Lib as _ChainableLib
+from test_lr_chainable import LRS, TLS, _Lib as _ChainableLib, _run as _chainable_run
 
 STEPS = 60
 
@@ -111,33 +111,9 @@ def _groups(opt):
     return [(g["lr"], g.get("momentum"), g.get("betas")) for g in opt.param_groups]
 
 
-def _run(lib, build, *, kind="sgd", events=None, steps=STEPS, save_at=None):
-    """The groups' values after construction and after each step. `events[i](lib, opt)` runs before step i + 1.
-    With `save_at`, the run is checkpointed after that step and goes on with a fresh optimizer (other lrs) and
-    fresh schedulers, their states loaded as a checkpoint restores them (schedulers built, then the states)."""
-    events = events or {}
-    opt = lib.opt(kind)
-    scheds = build(lib, opt)
-    seen = [_groups(opt)]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch's deprecation notes; nothing here depends on them
-        for i in range(steps):
-            if i in events:
-                events[i](lib, opt)
-            opt.step()
-            for s in scheds:
-                s.step()
-            seen.append(_groups(opt))
-            if i + 1 == save_at:
-                saved_opt, saved = lib.state(opt), [lib.state(s) for s in scheds]
-                opt = lib.opt(kind, lrs=(5.0, 7.0))  # everything must come from the state dicts
-                scheds = build(lib, opt)
-                opt.load_state_dict(saved_opt)
-                for s, state in zip(scheds, saved):
-                    s.load_state_dict(state)
-    if len(scheds) == 1:  # what the scheduler reports is what the groups hold
-        assert scheds[0].get_last_lr() == [g["lr"] for g in opt.param_groups]
-    return seen
+def _run(lib, build, *, kind="sgd", steps=STEPS, **kw):
+    """test_lr_chainable's run, observing every group's lr and momentum or betas (_groups), on `kind`'s optimizer."""
+    return _chainable_run(lib, build, steps=steps, observe=_groups, opt_args=(kind,), **kw)
 
 
 def _assert_same(ours, theirs):

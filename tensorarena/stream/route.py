@@ -65,13 +65,11 @@ from ..memory.arena import Arena
 from ..memory.pool import BlockPool, aligned_bytes
 from ..nn.module import Module
 from ..optim.optimizer import Optimizer
-from ..random import default_generator
 from ..tensor import Tensor
-from ..train.checkpoint import _generators
 from ..train.report import check_step_options
 from . import optim_state, route_estimate, route_failures, route_moves
 from .arena_pages import STAGE_BLOCK_BYTES, STEP_BLOCK_BYTES, SmallPagePool
-from ..compile.step_state import NUMPY_GLOBAL
+from ..compile.step_state import rng_generators
 from .follow import follow_user_changes
 from .stages import Stage, model_stages, run_stage, stage_inputs
 from .store import ArraySpec, ParamStore, StageSpec, StoreError, StoreSpec
@@ -300,10 +298,9 @@ class StreamingRoute:
         follow_user_changes(self)  # before the step's I/O: a refusal there changes nothing
         self.model.train()
         lr = float(self.optimizer.param_groups[0]["lr"])
-        gens = {id(g): g for g in _generators(self.model).values()}
-        gens.setdefault(id(default_generator()), default_generator())
-        # NumPy's global one too: a stage recomputed in backward must draw the noise its forward drew
-        self._gens = [*gens.values(), NUMPY_GLOBAL]
+        # Every generator a step may draw from (NumPy's global one too): a stage recomputed in backward must draw
+        # what its forward drew
+        self._gens = rng_generators(self.model)
         self._writes = 0
         self.store.changed = 0
         self._committing = False
