@@ -462,7 +462,8 @@ class Module:
                                   f"{float(np.finfo(dst.dtype).max):.4g}): the checkpoint holds {span[0]:.4g} .. "
                                   f"{span[1]:.4g}")
             else:
-                copies.append((target, dst, src))
+                copies.append((key, target, dst))
+            src = None  # one value at a time: a checkpoint's lazily read tensors are freed after their check
         unexpected = [key for key in state_dict if key not in expected]
         errors = []
         if strict and missing:
@@ -475,7 +476,10 @@ class Module:
                     "shapes must always match)")
             raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}:\n\t"
                                + "\n\t".join(errors) + hint)
-        for target, dst, src in copies:
+        for key, target, dst in copies:
+            # Asked for again, not kept from the check: a value read from a file as it is used (train/tensor_file.py)
+            # then holds one tensor at a time, not all of them (a plain dict gives the same array).
+            src = _as_array(state_dict[key])
             # A float64 value below float32's range becomes 0 (torch's load too); under np.seterr(under="raise") that
             # raised after earlier keys were copied, a half load.
             with np.errstate(under="ignore"):

@@ -37,9 +37,10 @@ from . import optim_state
 from .follow import group_map, grow_state_kinds
 from .generator_states import generator_states_problem, restore_generators
 from .heap import return_freed_pages
-from ..train.checkpoint import (CHECKSUM_KEY, FORMAT, VERSION, _atomic_write, _corrupt, _generators, _jsonable,
-                                checksums_entry, read_metadata, rng_state, saved_checksums)
+from ..train.checkpoint import (CHECKSUM_KEY, FORMAT, VERSION, _atomic_write, _generators, _jsonable,
+                                checksums_entry, read_metadata, rng_state, saved_checksums, verify_file)
 from ..train.safetensors_io import DTYPES, raw_bytes
+from ..train.tensor_file import TensorFile
 
 
 def _optimizer_index(optimizer) -> dict[int, int]:
@@ -190,31 +191,10 @@ def _write(f, array: np.ndarray) -> int:
     return zlib.crc32(data)
 
 
-_CHUNK = 8 << 20  # verification reads the file through one buffer of this size: memory stays bounded
-
-
 def _verify_file(path, crcs: dict[str, int] | None) -> None:
-    """Read every tensor's bytes from the file at `path` in chunks and compare their CRC32 with `crcs` (None: a
-    file from before checksums, already logged as unverified); CheckpointCorruptError naming the first that
-    differs. The header was parsed by safetensors already (safe_open): here only its offsets are needed."""
-    if crcs is None:
-        return
-    buffer = memoryview(bytearray(_CHUNK))
-    with open(path, "rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(length))
-        entries = sorted((entry["data_offsets"], name) for name, entry in header.items() if name != "__metadata__")
-        for (start, stop), name in entries:
-            f.seek(8 + length + start)
-            crc, left = 0, stop - start
-            while left:
-                got = f.readinto(buffer[:min(left, _CHUNK)])
-                if not got:
-                    raise _corrupt(path, f"the data of tensor {name!r} is cut short")
-                crc = zlib.crc32(buffer[:got], crc)
-                left -= got
-            if crc != crcs[name]:
-                raise _corrupt(path, f"the data of tensor {name!r} does not match the CRC32 saved with it")
+    """Every tensor's bytes in the file at `path` against `crcs` (checkpoint.verify_file: a bounded buffer)."""
+    with TensorFile(path) as file:
+        verify_file(file, crcs)
 
 
 def verify_checkpoint_file(path: str | os.PathLike) -> None:

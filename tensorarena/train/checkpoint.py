@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 import numpy as np
-from safetensors.numpy import load_file
 
 from ..nn.module import Module
 from ..random import rng_state
 from ..tensor import Tensor
 from .safetensors_io import raw_bytes, tensor_entries, write_safetensors
+from .tensor_file import TensorFile
 
 FORMAT = "tensorarena-checkpoint"
 VERSION = 1
@@ -84,13 +84,18 @@ def saved_checksums(path, meta: dict, names) -> dict[str, int] | None:
     return crcs
 
 
-def verify_arrays(path, crcs: dict[str, int] | None, arrays: dict[str, np.ndarray]) -> None:
-    """CheckpointCorruptError naming the first tensor of `arrays` whose bytes do not match its checksum."""
+def verify_file(file: TensorFile, crcs: dict[str, int] | None) -> None:
+    """Every tensor of the open checkpoint `file` against `crcs` (None: a file from before checksums, logged as
+    unverified already), read through a bounded buffer; CheckpointCorruptError naming the first that differs."""
     if crcs is None:
         return
-    for name, array in arrays.items():
-        if tensor_crc32(array) != crcs[name]:
-            raise _corrupt(path, f"the data of tensor {name!r} does not match the CRC32 saved with it")
+    for name in file.keys():
+        try:
+            crc = file.crc32(name)
+        except ValueError:
+            raise _corrupt(file.path, f"the data of tensor {name!r} is cut short") from None
+        if crc != crcs[name]:
+            raise _corrupt(file.path, f"the data of tensor {name!r} does not match the CRC32 saved with it")
 
 
 def _generators(model: Module) -> dict[str, np.random.Generator]:
@@ -422,24 +427,29 @@ def load_checkpoint(path: str | os.PathLike, *, model: Module, optimizer=None, s
     them changes, so a load that fails leaves them as they were."""
     path = Path(path)
     meta = check_checkpoint(path, model=model, optimizer=optimizer, scheduler=scheduler)
+    # Tensor by tensor (tensor_file.py): the whole file in memory beside the model and its optimizer state was a
+    # peak of one more checkpoint that no plan counts. Its checksums are verified first, before anything changes,
+    # then each tensor is read again as it is applied (0-d ones, the step counts, at once: they are tiny).
     try:
-        arrays = load_file(str(path))
+        file = TensorFile(path)
     except OSError:
         raise
-    except Exception as err:  # noqa: BLE001 - the header was whole, the data not (changed since the check?)
+    except ValueError as err:  # the header was whole at the check, not now (replaced since?)
         raise _unreadable(path, err) from err
-    # The arrays that will be applied are the ones checked: the whole state is in memory here anyway.
-    verify_arrays(path, saved_checksums(path, meta, arrays.keys()), arrays)
-    # Casting a checkpoint to a narrower dtype (float64 -> float32) rounds tiny moments to zero, as torch's
-    # .to() does: under np.seterr(under="raise") that must not fail the load half way (weights loaded, the
-    # optimizer not). Overflow and invalid values still raise (the model refuses them before copying).
-    with np.errstate(under="ignore"):
-        _apply(path, meta, arrays, model, optimizer, scheduler)
+    with file:
+        verify_file(file, saved_checksums(path, meta, file.keys()))
+        arrays = {name: file.lazy(name) if file.shape(name) else file.read(name) for name in file.keys()}
+        # Casting a checkpoint to a narrower dtype (float64 -> float32) rounds tiny moments to zero, as torch's
+        # .to() does: under np.seterr(under="raise") that must not fail the load half way (weights loaded, the
+        # optimizer not). Overflow and invalid values still raise (the model refuses them before copying).
+        with np.errstate(under="ignore"):
+            _apply(path, meta, arrays, model, optimizer, scheduler)
     return meta
 
 
-def _apply(path: Path, meta: dict, arrays: dict[str, np.ndarray], model: Module, optimizer, scheduler) -> None:
-    """Copy a checked checkpoint's arrays and state into the objects."""
+def _apply(path: Path, meta: dict, arrays: dict[str, Any], model: Module, optimizer, scheduler) -> None:
+    """Copy a checked checkpoint's arrays (arrays, or StoredTensors read as each is used) and state into the
+    objects."""
     from ..random import peek_default_generator
 
     # The model first: its load_state_dict is all or nothing and checks what needs the data (values beyond the

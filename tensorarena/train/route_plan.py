@@ -171,6 +171,15 @@ def persistent_bytes(optimizer: Optimizer) -> dict[str, int]:
     return out
 
 
+def held_state_bytes(optimizer: Optimizer) -> int:
+    """Bytes of the optimizer state arrays in memory now (a loaded checkpoint's, or earlier steps'), each array
+    counted once: the measured process share holds them, and the parts count them already. (The streaming route
+    keeps its state in its store, not in optimizer.state.)"""
+    arrays = {id(value): value for state in optimizer.state.values() for value in state.values()
+              if isinstance(value, np.ndarray) and value.ndim}
+    return sum(value.nbytes for value in arrays.values())
+
+
 # -- the plan ---------------------------------------------------------------------------------------
 
 def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: Any, targets: Any,
@@ -232,6 +241,8 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
         # is its own part now, the same bytes on both sides, so it is taken out here.
         # Parameters built under nn.deferred_init() are not in RSS yet: only those with values are taken out.
         held = persistent["params"] - deferred_bytes(p for group in optimizer.param_groups for p in group["params"])
+        # A loaded checkpoint's (or earlier steps') optimizer state is in RSS too, and in the parts above.
+        held += held_state_bytes(optimizer)
         # Tracing ran no optimizer update: its kernel is loaded now, or step 1 would add it uncounted.
         from ..stream.optim_state import load_update_kernels
 

@@ -86,34 +86,31 @@ def write_safetensors(f: BinaryIO, arrays: dict[str, np.ndarray], metadata: dict
 CODES = {code: dtype for dtype, code in DTYPES.items()}
 
 
-def read_safetensors(path: str) -> dict[str, np.ndarray]:
-    """Every tensor of the safetensors file `path`: read-only arrays mapped from it (no copy), little-endian, BF16
-    ones widened to float32 (a copy). Errors name the file and, where one is at fault, the tensor."""
-    with open(path, "rb") as f:
-        f.seek(0, 2)
-        size = f.tell()
-        f.seek(0)
-        prefix = f.read(8)
-        length = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else None
-        if length is None or length > size - 8:
-            raise ValueError(f"{path} is not a safetensors file: its {size} bytes cannot hold the header its first "
-                             f"8 bytes announce; it may be truncated or of another format")
-        try:
-            header = json.loads(f.read(length))
-        except ValueError as err:
-            raise ValueError(f"{path} is not a safetensors file: its header is not JSON ({err})") from None
-    data_start = 8 + length
-    mapped = np.asarray(np.memmap(path, dtype=np.uint8, mode="r"))  # a plain read-only view of the mapping
-    out = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        out[name] = _tensor_at(path, name, entry, mapped, data_start)
-    return out
+def read_header(f: BinaryIO, path) -> tuple[dict[str, Any], int, int]:
+    """The header of the safetensors file open as `f` (name -> entry, "__metadata__" included), where its data
+    begins and how many bytes of data the file holds; a clear error naming `path` for a file that is no
+    safetensors file or is cut short before its data."""
+    f.seek(0, 2)
+    size = f.tell()
+    f.seek(0)
+    prefix = f.read(8)
+    length = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else None
+    if length is None or length > size - 8:
+        raise ValueError(f"{path} is not a safetensors file: its {size} bytes cannot hold the header its first "
+                         f"8 bytes announce; it may be truncated or of another format")
+    try:
+        header = json.loads(f.read(length))
+    except ValueError as err:
+        raise ValueError(f"{path} is not a safetensors file: its header is not JSON ({err})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path} is not a safetensors file: its header is a JSON {type(header).__name__}, not an "
+                         f"object")
+    return header, 8 + length, size - 8 - length
 
 
-def _tensor_at(path: str, name: str, entry: dict, mapped: np.ndarray, data_start: int) -> np.ndarray:
-    """Tensor `name` of the file: its header `entry` checked against the bytes the file holds."""
+def tensor_layout(path, name: str, entry: dict, data_size: int) -> tuple[str, np.dtype, tuple[int, ...], int, int]:
+    """(code, stored dtype (little-endian; uint16 for BF16), shape, begin, end) of tensor `name`, its header
+    `entry` checked against the `data_size` bytes of data the file holds."""
     code = entry.get("dtype")
     shape = tuple(entry.get("shape", ()))
     begin, end = entry.get("data_offsets", (0, -1))
@@ -122,11 +119,29 @@ def _tensor_at(path: str, name: str, entry: dict, mapped: np.ndarray, data_start
         raise ValueError(f"{path}: tensor {name!r} has dtype {code}, which tensorarena cannot read; it reads "
                          f"BF16 and {', '.join(sorted(CODES))}")
     count = int(np.prod(shape, dtype=np.int64))
-    if not 0 <= begin <= end <= len(mapped) - data_start or end - begin != count * dtype.itemsize:
+    if not 0 <= begin <= end <= data_size or end - begin != count * dtype.itemsize:
         raise ValueError(f"{path}: tensor {name!r} ({code}, shape {list(shape)}) needs {count * dtype.itemsize} "
                          f"bytes, but its header places bytes {begin} to {end} of a data section of "
-                         f"{max(len(mapped) - data_start, 0)}; the file is truncated or corrupt")
-    raw = mapped[data_start + begin:data_start + end].view(dtype.newbyteorder("<")).reshape(shape)
-    if code == "BF16":
-        return (raw.astype(np.uint32) << 16).view(np.float32)
-    return raw
+                         f"{max(data_size, 0)}; the file is truncated or corrupt")
+    return code, dtype.newbyteorder("<"), shape, begin, end
+
+
+def widened(code: str, raw: np.ndarray) -> np.ndarray:
+    """A tensor as tensorarena holds it: BF16 (read as uint16) widened to float32, exactly (a bfloat16 is the top
+    half of the float32 of the same value); any other as read."""
+    return (raw.astype(np.uint32) << 16).view(np.float32) if code == "BF16" else raw
+
+
+def read_safetensors(path: str) -> dict[str, np.ndarray]:
+    """Every tensor of the safetensors file `path`: read-only arrays mapped from it (no copy), little-endian, BF16
+    ones widened to float32 (a copy). Errors name the file and, where one is at fault, the tensor."""
+    with open(path, "rb") as f:
+        header, data_start, data_size = read_header(f, path)
+    mapped = np.asarray(np.memmap(path, dtype=np.uint8, mode="r"))  # a plain read-only view of the mapping
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        code, dtype, shape, begin, end = tensor_layout(path, name, entry, data_size)
+        out[name] = widened(code, mapped[data_start + begin:data_start + end].view(dtype).reshape(shape))
+    return out
