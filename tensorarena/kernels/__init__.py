@@ -231,9 +231,9 @@ def _load() -> None:
         _loaded = True
         try:
             from . import cpu  # noqa: F401 - first: it sets the vector width before Numba builds its compiler
-            from . import (adagrad, adam, attention, cross_entropy, dropout, elementwise_fused,  # noqa: F401
-                           embedding, erf, gelu, gemm, gemm_bf16, lamb, layer_norm, lion, nadam, rmsprop, sgd,
-                           softmax)
+            from . import (adadelta, adagrad, adam, adamax, asgd, attention, cross_entropy, dropout,  # noqa: F401
+                           elementwise_fused, embedding, erf, gelu, gemm, gemm_bf16, lamb, layer_norm, lion, nadam,
+                           radam, rmsprop, rprop, sgd, softmax)
         except BaseException:
             _loaded = False  # a failed import (or an interrupt) leaves the next call to try again, not a half registry
             raise

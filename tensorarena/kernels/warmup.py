@@ -109,6 +109,11 @@ def _optimizer_calls(dt, arr) -> dict[str, Callable[[], object]]:
         "adagrad": run(lambda ps: optim.Adagrad(ps, fused=True)),
         "lion": run(lambda ps: optim.Lion(ps, fused=True)),
         "lamb": run(lambda ps: optim.LAMB(ps, fused=True)),
+        "adamax": run(lambda ps: optim.Adamax(ps, fused=True)),
+        "radam": run(lambda ps: optim.RAdam(ps, fused=True)),
+        "adadelta": run(lambda ps: optim.Adadelta(ps, fused=True)),
+        "rprop": run(lambda ps: optim.Rprop(ps, fused=True)),
+        "asgd": run(lambda ps: optim.ASGD(ps, fused=True)),
     }
 
 

@@ -7,7 +7,8 @@ per-element arrays (shaped like the parameter) and their fill values, `scalar_st
 the extra 0-d float64 scalars; "step" is always there. The update is `update_flat` on the
 parameter's own arrays after `step += 1`, which is exactly what `Optimizer.step` does per
 parameter, so a streamed update is the eager update, bit for bit, for every optimizer that
-implements the API (SGD, Adam, AdamW, NAdam, RMSprop, Adagrad, Lion, LAMB).
+implements the API (SGD, Adam, AdamW, NAdam, RMSprop, Adagrad, Lion, LAMB, Adamax, RAdam, Adadelta, Rprop,
+ASGD).
 """
 
 from __future__ import annotations
