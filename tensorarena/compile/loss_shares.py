@@ -8,6 +8,11 @@ with nothing counted (every target ignored) has a mean of 0 / 0 = NaN that weigh
 Weighing pieces by rows instead gave another update than the whole batch, and a NaN loss for such a piece stopped
 a batch that trains whole. reduction="sum" adds up: every piece weighs 1.
 
+tensorarena's pointwise losses (mse, l1, smooth_l1, huber, binary cross-entropy with or without logits; their
+modules and their functions) with reduction="sum" add up too: every piece weighs 1 (weighed by rows, a batch of
+two micro-batches had half its loss and another update). With "mean" they average over elements, which rows
+weigh exactly (each row has as many).
+
 Any other loss function (a user's own, one wrapping these) gets None: its pieces are weighed by rows, which is
 exact for a mean over rows.
 """
@@ -32,21 +37,47 @@ def _class_index_loss(loss_fn: Any) -> tuple[int, np.ndarray | None, str] | None
         weight = loss_fn.weight
         return (loss_fn.ignore_index, None if weight is None else np.asarray(getattr(weight, "data", weight)),
                 loss_fn.reduction)
-    fn, keywords = loss_fn, {}
-    if isinstance(fn, functools.partial):  # nested partials are flattened by functools itself
-        if fn.args:
-            return None
-        fn, keywords = fn.func, dict(fn.keywords)
+    unwrapped = _unwrapped(loss_fn)
+    if unwrapped is None:
+        return None
+    fn, keywords = unwrapped
     if fn is not cross_entropy and fn is not nll_loss:
         return None
-    weight = keywords.get("weight") if fn is nll_loss else None
+    weight = keywords.get("weight")  # both take one (cross_entropy's as nll_loss of log_softmax)
     return (keywords.get("ignore_index", -100), None if weight is None else np.asarray(getattr(weight, "data", weight)),
             keywords.get("reduction", "mean"))
+
+
+def _unwrapped(loss_fn: Any) -> tuple[Any, dict[str, Any]] | None:
+    """(function, keywords) of a loss function or a functools.partial of one with keywords only; None else."""
+    if isinstance(loss_fn, functools.partial):  # nested partials are flattened by functools itself
+        return None if loss_fn.args else (loss_fn.func, dict(loss_fn.keywords))
+    return loss_fn, {}
+
+
+def _pointwise_reduction(loss_fn: Any) -> str | None:
+    """The reduction of one of tensorarena's pointwise losses (a module, or a function with its keywords), or None
+    for any other loss."""
+    from ..nn import layers
+    from ..ops import bce, loss, regression
+
+    modules = (layers.MSELoss, layers.L1Loss, layers.SmoothL1Loss, layers.HuberLoss, layers.BCELoss,
+               layers.BCEWithLogitsLoss)
+    if type(loss_fn) in modules:  # exactly these: a subclass may reduce otherwise
+        return loss_fn.reduction
+    unwrapped = _unwrapped(loss_fn)
+    functions = (loss.mse_loss, regression.l1_loss, regression.smooth_l1_loss, regression.huber_loss,
+                 bce.binary_cross_entropy, bce.binary_cross_entropy_with_logits)
+    if unwrapped is None or not any(unwrapped[0] is f for f in functions):
+        return None
+    return unwrapped[1].get("reduction", "mean")
 
 
 def piece_shares(loss_fn: Any, targets: list[Any]) -> list[float] | None:
     """Each piece's weight in the whole batch's loss, for pieces with these `targets`, when `loss_fn` is one of
     tensorarena's class-index losses; None for any other loss (or targets it would refuse: it says why)."""
+    if _pointwise_reduction(loss_fn) == "sum":
+        return [1.0] * len(targets)
     known = _class_index_loss(loss_fn)
     if known is None:
         return None

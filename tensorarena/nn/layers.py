@@ -65,8 +65,8 @@ class Linear(Module):
 class Embedding(Module):
     """A lookup table of `num_embeddings` vectors. Shape: integer (...) -> (..., embedding_dim)."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, *, rng: np.random.Generator | None = None,
-                 padding_idx: int | None = None, dtype=np.float32) -> None:
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None, *,
+                 rng: np.random.Generator | None = None, dtype=np.float32) -> None:
         super().__init__()
         num_embeddings = _size("Embedding", "num_embeddings", num_embeddings)
         embedding_dim = _size("Embedding", "embedding_dim", embedding_dim)
@@ -287,6 +287,9 @@ class SiLU(Module):
     def forward(self, x) -> Tensor:
         return F.silu(x)
 
+    def extra_repr(self) -> str:
+        return "inplace=True" if self.inplace else ""
+
 
 class Sigmoid(Module):
     """1 / (1 + exp(-x))."""
@@ -306,7 +309,7 @@ class LeakyReLU(Module):
         return F.leaky_relu(x, self.negative_slope)
 
     def extra_repr(self) -> str:
-        return f"negative_slope={self.negative_slope}"
+        return f"negative_slope={self.negative_slope}" + (", inplace=True" if self.inplace else "")
 
 
 class ELU(Module):
@@ -320,7 +323,7 @@ class ELU(Module):
         return F.elu(x, self.alpha)
 
     def extra_repr(self) -> str:
-        return f"alpha={self.alpha}"
+        return f"alpha={self.alpha}" + (", inplace=True" if self.inplace else "")
 
 
 class Softplus(Module):
@@ -417,20 +420,18 @@ class CrossEntropyLoss(_Loss):
     def __init__(self, weight=None, ignore_index: int = -100, reduction: str = "mean",
                  label_smoothing: float = 0.0) -> None:
         super().__init__(reduction)
-        if weight is not None and label_smoothing:
-            # torch spreads the smoothing over every class, weighted; F.cross_entropy has no weight to do so.
+        if weight is not None and label_smoothing:  # (F.cross_entropy refuses it too, for either set later)
+            # torch spreads the smoothing over every class, weighted; the cross-entropy kernels have no weight.
             raise ValueError("CrossEntropyLoss: a class weight with label_smoothing is not supported yet; pass "
                              "one of them, or compose F.nll_loss on F.log_softmax for the weighted term")
         self._constant("weight", weight)
         self.ignore_index, self.label_smoothing = ignore_index, label_smoothing
 
     def forward(self, input, target) -> Tensor:  # noqa: A002
-        if self.weight is None:
-            return F.cross_entropy(input, target, ignore_index=self.ignore_index,
-                                   label_smoothing=self.label_smoothing, reduction=self.reduction)
-        # torch's definition without smoothing: nll of the log-probabilities over the class dim (0 if unbatched)
-        log_p = F.log_softmax(input, 1 if input.ndim >= 2 else 0)
-        return F.nll_loss(log_p, target, self.weight, ignore_index=self.ignore_index, reduction=self.reduction)
+        # F.cross_entropy refuses the weight with label_smoothing too: either may be set after construction (the
+        # weighted branch returned torch's weighted loss without the smoothing, silently).
+        return F.cross_entropy(input, target, self.weight, ignore_index=self.ignore_index,
+                               label_smoothing=self.label_smoothing, reduction=self.reduction)
 
 
 class NLLLoss(_Loss):

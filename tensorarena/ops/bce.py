@@ -17,7 +17,7 @@ from ..autograd import is_grad_enabled
 from ..tape import host
 from ..tensor import Tensor
 from ._base import as_tensor, new
-from .loss import _check_reduction
+from .loss import _check_reduction, target_tensor
 
 _EPS = np.float32(1e-12)  # torch's floor under x (1 - x) in the probability form's gradient: a C float, also
 # for float64 inputs (9.9999999600e-13 then)
@@ -76,7 +76,7 @@ def _operands(input, target, weight, reduction: str, what: str):
     x = as_tensor(input)
     if x.dtype.kind != "f":
         raise TypeError(f"{what}: input must be floating point, got dtype {x.dtype}")
-    y = target if isinstance(target, Tensor) else Tensor(np.asarray(target), dtype=x.dtype)
+    y = target_tensor(target, x)
     if y.shape != x.shape:  # torch's ValueError: broadcasting here is nearly always an (N, 1) vs (N,) bug
         raise ValueError(f"{what}: target size {y.shape} must be the same as input size {x.shape}; reshape one "
                          f"explicitly")

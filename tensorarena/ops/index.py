@@ -227,8 +227,16 @@ def _number(x) -> Tensor:
     return as_tensor(x)
 
 
-def embedding(indices, weight: Tensor) -> Tensor:
-    """Rows of `weight` (num_embeddings, dim) picked by integer `indices`. Shape: (...) -> (..., dim)."""
+def embedding(indices, weight: Tensor, padding_idx: int | None = None, max_norm: float | None = None,
+              norm_type: float = 2.0, scale_grad_by_freq: bool = False, sparse: bool = False) -> Tensor:
+    """Rows of `weight` (num_embeddings, dim) picked by integer `indices`. Shape: (...) -> (..., dim).
+
+    torch's signature: the row `padding_idx` gets no gradient (as nn.Embedding's); max_norm's renormalising,
+    scale_grad_by_freq and sparse gradients are refused (not implemented), not ignored."""
+    refused = [name for name, value in (("max_norm", max_norm), ("scale_grad_by_freq", scale_grad_by_freq),
+                                        ("sparse", sparse)) if value]
+    if refused:
+        raise ValueError(f"embedding: {', '.join(refused)} is not supported; leave it at its default")
     ids = indices.data if isinstance(indices, Tensor) else np.asarray(indices)
     if ids.dtype.kind not in "iu":
         raise TypeError(f"embedding: indices must be integers, got dtype {ids.dtype}")
@@ -237,6 +245,12 @@ def embedding(indices, weight: Tensor) -> Tensor:
     if wd.ndim != 2:
         raise ValueError(f"embedding: weight must be 2-D (num_embeddings, dim), got shape {wd.shape}")
     num, dim = wd.shape
+    if padding_idx is not None:
+        if isinstance(padding_idx, bool) or not isinstance(padding_idx, (int, np.integer)) \
+                or not -num <= padding_idx < num:
+            raise ValueError(f"embedding: padding_idx must be an integer row index in [-{num}, {num}), got "
+                             f"{padding_idx!r}")
+        padding_idx = int(padding_idx) % num
     out = new(ids.shape + (dim,), wd.dtype)
     host(_lookup, wd, ids, out)
 
@@ -246,6 +260,8 @@ def embedding(indices, weight: Tensor) -> Tensor:
         # reshaped, not ids.reshape: ids that are a strided view of the batch (a column of it) are copied
         # into the arena through tape.host, where NumPy's reshape would copy them onto the heap, unrecorded.
         kernel("embedding_backward")(reshaped(ids, (-1,)), contiguous(reshaped(g, (-1, dim))), gw)
+        if padding_idx is not None:
+            host(_no_gradient_row, gw, padding_idx)
         return (gw,)
 
     # Backward reads the indices, not the weight's values (as torch's).
@@ -255,6 +271,10 @@ def embedding(indices, weight: Tensor) -> Tensor:
 # The NumPy work of the ops above, one function each: tape.host records a call as one entry of a
 # captured step (compile/captured.py), so the bounds checks, which read the ids, run on every replay
 # and raise there as they do here.
+
+def _no_gradient_row(gw: np.ndarray, row: int) -> None:
+    gw[row] = 0
+
 
 _STAND_IN = np.empty((), np.dtype([]))  # getitem's shape finder: a structured dtype without fields has itemsize 0
 

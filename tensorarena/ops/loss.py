@@ -18,17 +18,30 @@ def _check_reduction(reduction: str, what: str) -> None:
                          f"got {reduction!r}")
 
 
-def cross_entropy(logits: Tensor, target, *, ignore_index: int = -100, label_smoothing: float = 0.0,
+def cross_entropy(logits: Tensor, target, weight=None, *, ignore_index: int = -100, label_smoothing: float = 0.0,
                   reduction: str = "mean") -> Tensor:
     """torch.nn.functional.cross_entropy for class-index targets. Shape: (N, C) or (N, C, d...) and (N,) / (N, d...).
 
     Also (C,) logits with a 0-d target. loss = (1-eps) * nll + eps * mean_c(-log p_c) per position;
     positions whose target is `ignore_index` count neither in the loss nor in the mean's
     denominator ("mean" over no positions is nan, as in torch, with zero gradient).
+
+    A class `weight` (C,) is torch's: nll_loss of log_softmax over the class dim, weighted ("mean" divides by the
+    counted targets' weights); not yet with label_smoothing.
     """
     _check_reduction(reduction, "cross_entropy")
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+    if weight is not None:
+        if label_smoothing:  # torch spreads the smoothing over every class, weighted; the kernels have no weight
+            raise ValueError("cross_entropy: a class weight with label_smoothing is not supported yet; pass one "
+                             "of them, or compose F.nll_loss on F.log_softmax for the weighted term")
+        from .nll import nll_loss
+        from .reduce import log_softmax
+
+        logits = as_tensor(logits)
+        log_p = log_softmax(logits, 1 if logits.ndim >= 2 else 0)
+        return nll_loss(log_p, target, weight, ignore_index=ignore_index, reduction=reduction)
     logits = as_tensor(logits)
     x = logits.data
     if x.dtype.kind != "f":
@@ -125,6 +138,16 @@ def input_and_target_grads(base: np.ndarray, x: Tensor, y: Tensor) -> tuple:
     return gx, gy
 
 
+def target_tensor(target, x: Tensor) -> Tensor:
+    """`target` as a Tensor: a Tensor as it is, data (an array, a list) in `x`'s dtype. The cast goes through
+    as_dtype's recorded copy into the step's memory: a float64 target array (NumPy's default) cast on the heap
+    was an array made outside a fused plan's buffers, which the captured replay cannot refresh, so every such
+    step fell back to the Python replay."""
+    if isinstance(target, Tensor):
+        return target
+    return Tensor(as_dtype(np.asarray(target), x.dtype))
+
+
 def mse_loss(input: Tensor, target, reduction: str = "mean") -> Tensor:  # noqa: A002 - torch's name
     """Mean squared error between equally shaped `input` and `target` (a Tensor, or data cast to input's dtype).
 
@@ -133,7 +156,7 @@ def mse_loss(input: Tensor, target, reduction: str = "mean") -> Tensor:  # noqa:
     """
     _check_reduction(reduction, "mse_loss")
     x = as_tensor(input)
-    y = target if isinstance(target, Tensor) else Tensor(np.asarray(target), dtype=x.dtype)
+    y = target_tensor(target, x)
     xd, yd = x.data, y.data
     if xd.shape != yd.shape:
         raise ValueError(f"mse_loss: input shape {xd.shape} and target shape {yd.shape} differ; reshape one "

@@ -14,7 +14,8 @@ from ._base import as_tensor, contiguous, grad_out, leaf_or_none, new, new_like
 from .linalg import _check_float_pair
 
 
-def dropout(a: Tensor, p: float = 0.5, *, training: bool = True, rng: np.random.Generator | None = None) -> Tensor:
+def dropout(a: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False, *,
+            rng: np.random.Generator | None = None) -> Tensor:
     """Zero each element with probability p and scale the rest by 1/(1-p) (inverted dropout).
 
     The mask is a hash of (seed, element index in C order) with seed =
@@ -26,9 +27,15 @@ def dropout(a: Tensor, p: float = 0.5, *, training: bool = True, rng: np.random.
     """
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability has to be between 0 and 1, got p={p}")
+    if inplace:  # torch's argument; the ops here never write their input, and an ignored result would not drop
+        raise ValueError("dropout: inplace=True is not supported (ops here return a new tensor); write "
+                         "x = F.dropout(x, p) instead")
     a = as_tensor(a)  # a NumPy array too, as Linear takes one
     if not training or p == 0.0:
         return a
+    if a.dtype.kind != "f":  # 1 / (1 - p) in an integer dtype: garbage or 0 / 0 (torch refuses it too)
+        raise TypeError(f"dropout: the input must be floating point to be scaled by 1 / (1 - p), got dtype "
+                        f"{a.dtype}; cast it first (e.g. x.float())")
     from ..kernels.dropout import keep_threshold  # here, not at import: it loads Numba
 
     ad = contiguous(a.data)  # the mask follows C order: a strided view is copied first
@@ -77,6 +84,9 @@ def layer_norm(a: Tensor, normalized_shape, weight: Tensor | None = None, bias: 
     norm_shape = (normalized_shape,) if isinstance(normalized_shape, (int, np.integer)) else tuple(normalized_shape)
     a = as_tensor(a)  # a NumPy array too, as Linear takes one
     ad = a.data
+    if ad.dtype.kind != "f":  # the mean and variance would be truncated to the integer dtype (torch refuses it)
+        raise TypeError(f"layer_norm: the input must be floating point, got dtype {ad.dtype}; cast it first "
+                        f"(e.g. x.float())")
     k = len(norm_shape)
     if k == 0 or ad.ndim < k or ad.shape[ad.ndim - k :] != norm_shape:
         raise ValueError(f"layer_norm: normalized_shape {norm_shape} must equal the trailing dims of the "

@@ -11,8 +11,8 @@ import numpy as np
 from ..kernels import kernel
 from ..tape import host
 from ..tensor import Tensor
-from ._base import contiguous, new, new_like, normalize_axes, reshaped
-from .cast import refuse_integers
+from ._base import as_tensor, contiguous, new, new_like, normalize_axes, reshaped
+from .cast import refuse_integers, to_dtype
 from .unary import sqrt_of_variance
 
 
@@ -263,9 +263,11 @@ def _dim_given(dim, op: str) -> None:
                         f"1 otherwise); pass it, e.g. {op}(x, dim=-1) for the last dim")
 
 
-def softmax(a: Tensor, dim: int | None = None) -> Tensor:
+def softmax(a: Tensor, dim: int | None = None, dtype=None) -> Tensor:
     """Softmax along `dim` on the softmax kernels (max-subtracted, float64 inside)."""
     _dim_given(dim, "softmax")
+    if dtype is not None:  # torch's: the input cast to it first (an integer input becomes a float one)
+        a = to_dtype(as_tensor(a), dtype)
     a = refuse_integers(a, "softmax")
     ad = a.data
     if ad.ndim == 0:  # torch allows dim 0/-1 on a scalar: softmax of one element is 1
@@ -308,9 +310,11 @@ def _softmax_last(a: Tensor, x: np.ndarray, shape: tuple[int, ...]) -> Tensor:
     return Tensor._make(out.reshape(shape), (a,), backward, saved_output=True)
 
 
-def log_softmax(a: Tensor, dim: int | None = None) -> Tensor:
+def log_softmax(a: Tensor, dim: int | None = None, dtype=None) -> Tensor:
     """log(softmax(a)) along `dim`, computed without forming softmax's log."""
     _dim_given(dim, "log_softmax")
+    if dtype is not None:  # torch's: the input cast to it first (an integer input becomes a float one)
+        a = to_dtype(as_tensor(a), dtype)
     a = refuse_integers(a, "log_softmax")
     ad = a.data
     a_shape = ad.shape

@@ -12,7 +12,7 @@ import numpy as np
 from ..tape import host
 from ..tensor import Tensor
 from ._base import as_tensor, new
-from .loss import _check_reduction, difference_loss_dtype, input_and_target_grads
+from .loss import _check_reduction, difference_loss_dtype, input_and_target_grads, target_tensor
 
 
 def l1_loss(input: Tensor, target, reduction: str = "mean") -> Tensor:  # noqa: A002 - torch's name
@@ -39,7 +39,7 @@ def huber_loss(input: Tensor, target, reduction: str = "mean", delta: float = 1.
 def _pointwise_loss(input, target, reduction: str, what: str, fn, grad_fn, param) -> Tensor:
     _check_reduction(reduction, what)
     x = as_tensor(input)
-    y = target if isinstance(target, Tensor) else Tensor(np.asarray(target), dtype=x.dtype)
+    y = target_tensor(target, x)
     xd, yd = x.data, y.data
     if xd.shape != yd.shape:
         raise ValueError(f"{what}: input shape {xd.shape} and target shape {yd.shape} differ; reshape one "

@@ -98,10 +98,16 @@ def abs(a: Tensor) -> Tensor:  # noqa: A001 - torch's name
     return Tensor._make(out, (a,), backward, saved=(a,))
 
 
-def relu(a: Tensor) -> Tensor:
-    """max(a, 0); gradient 0 at 0, as torch."""
+def relu(a: Tensor, inplace: bool = False) -> Tensor:
+    """max(a, 0); gradient 0 at 0 and g at NaN, as torch. `inplace` is torch's argument: only False (the ops here
+    return a new tensor, and an ignored result would silently not activate)."""
+    if inplace:
+        raise ValueError("relu: inplace=True is not supported (ops here return a new tensor); write "
+                         "x = F.relu(x) instead")
     a = as_tensor(a)
     ad = a.data
+    if ad.dtype == np.bool_:  # NumPy's maximum would name neither relu nor the dtype
+        raise TypeError("relu: Boolean inputs are not supported (as torch's); cast them first (e.g. x.float())")
     out = new_like(ad)
     host(np.maximum, ad, 0, out=out)
 
@@ -157,7 +163,10 @@ def _abs_grad(ad, g, ga):
 
 
 def _relu_grad(ad, g, ga):
-    np.greater(ad, 0, out=ga)  # the 0/1 mask straight into the float buffer, no bool temporary
+    # 1 - (a <= 0): 0 where a <= 0 and 1 elsewhere, NaN included (torch's backward passes g where its output is
+    # not <= 0, and relu(NaN) is NaN); the mask goes straight into the float buffer, no bool temporary.
+    np.less_equal(ad, 0, out=ga)
+    np.subtract(1, ga, out=ga)
     ga *= g
 
 

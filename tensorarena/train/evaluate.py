@@ -38,9 +38,10 @@ def evaluate(trainer: Trainer, inputs: np.ndarray, targets: Any, batch_size: int
     labels = leaves[0] if spec[0] == "array" and np.issubdtype(leaves[0].dtype, np.integer) else None
     starts = range(0, rows, batch_size)
     # Each batch's share of the loss: its rows, or for tensorarena's class-index losses its counted targets
-    # (compile/loss_shares.py): a batch of ignored targets only has a NaN mean and weighs nothing.
-    shares = piece_shares(trainer.loss_fn, [labels[b:b + batch_size] for b in starts]) \
-        if labels is not None else None
+    # (compile/loss_shares.py): a batch of ignored targets only has a NaN mean and weighs nothing; 1 each for
+    # its losses that add up (reduction="sum"), whatever the targets.
+    shares = piece_shares(trainer.loss_fn, [labels[b:b + batch_size] if labels is not None else None
+                                            for b in starts])
     if shares is None:
         shares = [(min(b + batch_size, rows) - b) / rows for b in starts]
     scored = counted_labels(trainer.loss_fn, labels) if labels is not None else None  # ignored: no hit, no miss
