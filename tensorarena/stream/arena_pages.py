@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ..memory.arena import Arena
-from ..memory.pool import ALIGN, Block, BlockPool
+from ..memory.pool import ALIGN, MIN_BLOCK_BYTES, Block, BlockPool
 
 PAGE = mmap.PAGESIZE
 MADV_NOHUGEPAGE = 15  # <linux/mman.h>
@@ -44,6 +44,19 @@ log = logging.getLogger("tensorarena")
 # plan counts ("arena pages").
 STEP_BLOCK_BYTES = 32 << 20
 STAGE_BLOCK_BYTES = 64 << 20
+
+
+def block_sizes(pool: BlockPool) -> tuple[int, int]:
+    """(step, stage) arena block bytes for the arenas of a streamed step taking blocks from `pool`: the sizes above,
+    or for a pool with a budget (a user's Trainer(pool=BlockPool(budget=...))) the largest power of two up to
+    them that lets the step arena and a stage arena each open a block and two more within the budget. The fixed
+    64 + 32 MiB asked for every streamed step failed under any budget below 96 MiB, whatever the step needed (a
+    ViT needing 45 KiB refused at 45 MiB, and so did route auto's fallback to streaming there)."""
+    if pool.budget is None:
+        return STEP_BLOCK_BYTES, STAGE_BLOCK_BYTES
+    share = max(pool.budget // 4, MIN_BLOCK_BYTES)
+    fitting = 1 << (share.bit_length() - 1)  # a power of two, as the pool's size classes are
+    return min(STEP_BLOCK_BYTES, fitting), min(STAGE_BLOCK_BYTES, fitting)
 
 
 class SmallPagePool(BlockPool):

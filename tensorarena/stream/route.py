@@ -68,7 +68,7 @@ from ..optim.optimizer import Optimizer
 from ..tensor import Tensor
 from ..train.report import check_step_options
 from . import optim_state, route_estimate, route_failures, route_moves
-from .arena_pages import STAGE_BLOCK_BYTES, STEP_BLOCK_BYTES, SmallPagePool
+from .arena_pages import SmallPagePool, block_sizes
 from ..compile.step_state import rng_generators
 from .follow import follow_user_changes
 from .stages import Stage, model_stages, run_stage, stage_inputs
@@ -148,6 +148,7 @@ class StreamingRoute:
         self.pool = pool
         # The arenas' blocks: the pool given, else one of the route's own (released with the route).
         self._arena_pool = pool if pool is not None else SmallPagePool()
+        self._step_block, self._stage_block = block_sizes(self._arena_pool)
         self._store_options = {"durable": durable, "io": io}  # to open the store again after to_memory()
         self._in_memory = False  # to_memory() ran: the next step moves the state back into the store
         self._outside_warned = 0
@@ -304,7 +305,7 @@ class StreamingRoute:
         self._writes = 0
         self.store.changed = 0
         self._committing = False
-        arena = Arena(pool=self._arena_pool, block_bytes=STEP_BLOCK_BYTES, name=f"streaming step {index} arena")
+        arena = Arena(pool=self._arena_pool, block_bytes=self._step_block, name=f"streaming step {index} arena")
         try:
             # Before any stage changes: a disk too full for the commit that ends the step fails here, not after
             # the stages were updated in place (store.reserve_commit).
@@ -383,11 +384,13 @@ class StreamingRoute:
         self.model.eval()
         loads = _Loads(self.store, [(k, True) for k in range(len(self.stages))])
         try:
-            with no_grad(), Arena(pool=self._arena_pool, block_bytes=STEP_BLOCK_BYTES, name="streaming predict arena") as arena:
+            with no_grad(), Arena(pool=self._arena_pool, block_bytes=self._step_block,
+                                  name="streaming predict arena") as arena:
                 y, side = stage_inputs(self.model, self.stages, inputs)  # as a step computes them, then kept
                 for k, stage in enumerate(self.stages):
                     self._attach(k, loads.get(k))
-                    with Arena(pool=self._arena_pool, block_bytes=STAGE_BLOCK_BYTES, name=f"stage {stage.name!r} predict arena"):
+                    with Arena(pool=self._arena_pool, block_bytes=self._stage_block,
+                               name=f"stage {stage.name!r} predict arena"):
                         out = _as_tensor(run_stage(stage, y, side), stage.name).data
                         keep = arena.alloc(out.shape, out.dtype)
                         np.copyto(keep, out)

@@ -30,7 +30,6 @@ from ..optim.clip import _norm
 from ..tensor import Tensor
 from ..train.report import NonFiniteLossError
 from . import optim_state
-from .arena_pages import STAGE_BLOCK_BYTES
 from .buffers import StageBuffers
 from .micro_batches import Cut, Feed, GradSums, micro_batch_cuts
 from .stages import run_stage, stage_inputs
@@ -76,7 +75,7 @@ def run_step(route: StreamingRoute, arena: Arena, inputs: Any, targets: Any, ind
                 keep = None
                 for i, cut in enumerate(cuts):
                     rng_before[k][i] = route._rng_snapshot()
-                    with Arena(pool=route._arena_pool, block_bytes=STAGE_BLOCK_BYTES,
+                    with Arena(pool=route._arena_pool, block_bytes=route._stage_block,
                                name=f"stage {route.stages[k].name!r} forward arena") as inner:
                         y = _as_tensor(run_stage(route.stages[k], feed.input(k, acts, i), feed.side(i)),
                                        route.stages[k].name).data
@@ -223,7 +222,7 @@ class _Sweep:
                 else:
                     sums.before()
                 self._generators(k, i)
-                with Arena(pool=route._arena_pool, block_bytes=STAGE_BLOCK_BYTES,
+                with Arena(pool=route._arena_pool, block_bytes=route._stage_block,
                            name=f"stage {stage.name!r} backward arena") as inner:
                     if k == 0:
                         xin = feed.input(0, self.acts, i)

@@ -16,7 +16,7 @@ from ..compile.planner import plan_memory
 from ..compile.trace import TracingArena
 from ..nn.module import Module
 from ..stream.arena_pages import touched_bytes
-from ..stream.route import STAGE_BLOCK_BYTES
+from ..stream.arena_pages import STAGE_BLOCK_BYTES
 from ..tensor import Tensor
 
 # -- traced activations ----------------------------------------------------------------------------
