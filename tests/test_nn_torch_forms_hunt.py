@@ -3,7 +3,8 @@
 1. Dropout and layer_norm on integer or bool input returned garbage (int64 dropout gave -2**63 after NumPy's
    0-division warning; layer_norm truncated to the input's integer dtype); torch refuses both.
 2. CrossEntropyLoss with a class weight silently dropped label_smoothing set after construction (torch's
-   weighted loss without smoothing, 1.30577 for torch's 1.25294).
+   weighted loss without smoothing, 1.30577 for torch's 1.25294); the two together are now torch's loss
+   (nll.smoothed_nll_loss), in the constructor too (refused before), and F.cross_entropy takes weight=.
 3. reduction="sum" of the pointwise losses (mse, l1, smooth_l1, huber, bce, bce with logits) with micro_batch: the
    pieces were weighed by rows, so a batch in two micro-batches had half its loss and another update; evaluate()
    halved it at half the batch size (compile/loss_shares.py).
@@ -71,35 +72,68 @@ def test_layer_norm_refuses_integer_input(dtype):
 
 # -- 2. weighted cross-entropy ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("order", ["weight later", "smoothing later"])
-def test_a_weight_with_label_smoothing_set_later_is_refused_not_dropped(order):
+@pytest.mark.parametrize("order", ["weight later", "smoothing later", "both at once"])
+def test_a_weight_with_label_smoothing_is_torchs_whenever_set(order):
     w = np.array([0.5, 2.0, 1.0, 3.0], np.float32)
-    loss = nn.CrossEntropyLoss(label_smoothing=0.2) if order == "weight later" else nn.CrossEntropyLoss(weight=w)
-    if order == "weight later":
+    if order == "both at once":
+        loss = nn.CrossEntropyLoss(weight=w, label_smoothing=0.2)  # refused before
+    elif order == "weight later":
+        loss = nn.CrossEntropyLoss(label_smoothing=0.2)
         loss.weight = ta.tensor(w)
     else:
+        loss = nn.CrossEntropyLoss(weight=w)
         loss.label_smoothing = 0.2
     x, t = RNG.standard_normal((6, 4)).astype(np.float32), RNG.integers(0, 4, 6)
-    with pytest.raises(ValueError, match="class weight with label_smoothing is not supported"):
-        loss(ta.tensor(x), t)
+    expected = torch.nn.CrossEntropyLoss(torch.tensor(w), label_smoothing=0.2)(torch.tensor(x), torch.tensor(t))
+    np.testing.assert_allclose(loss(ta.tensor(x), t).item(), expected.item(), rtol=1e-6)
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.3])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-@pytest.mark.parametrize("shape", [(6, 4), (3, 4, 5)], ids=["2d", "3d"])
-def test_functional_cross_entropy_takes_torchs_weight(reduction, shape):
+@pytest.mark.parametrize("shape", [(6, 4), (3, 4, 5), (4,)], ids=["2d", "3d", "unbatched"])
+def test_functional_cross_entropy_takes_torchs_weight(reduction, shape, smoothing):
     x = RNG.standard_normal(shape)
-    t = RNG.integers(0, 4, shape[:1] + shape[2:])
-    t.flat[1] = -100  # ignored
-    w = np.array([0.5, 2.0, 1.0, 3.0])
+    t = RNG.integers(0, 4, shape[:1] + shape[2:]) if len(shape) > 1 else np.array(1)
+    if t.ndim:
+        t.flat[1] = -100  # ignored
+    w = np.array([0.5, 2.0, 0.0, 3.0])  # a class of weight 0 still takes its share of the smoothing
     ours = ta.tensor(x, requires_grad=True)
-    loss = F.cross_entropy(ours, t, weight=ta.tensor(w), reduction=reduction)
+    loss = F.cross_entropy(ours, t, weight=ta.tensor(w), reduction=reduction, label_smoothing=smoothing)
     theirs = torch.tensor(x, requires_grad=True)
-    expected = torch.nn.functional.cross_entropy(theirs, torch.tensor(t), torch.tensor(w), reduction=reduction)
+    expected = torch.nn.functional.cross_entropy(theirs, torch.tensor(t), torch.tensor(w), reduction=reduction,
+                                                 label_smoothing=smoothing)
     np.testing.assert_allclose(loss.numpy(), expected.detach().numpy(), rtol=1e-12, atol=1e-14)
     g = RNG.standard_normal(loss.shape)
     (loss * ta.tensor(g)).sum().backward()
     (expected * torch.tensor(g)).sum().backward()
     np.testing.assert_allclose(ours.grad, theirs.grad.numpy(), rtol=1e-12, atol=1e-14)
+
+
+def test_weighted_smoothed_mean_over_no_weight_is_nan_as_torchs():
+    x, t, w = np.array([0.1, 0.2, 0.3, 0.4]), np.array(2), np.array([0.5, 2.0, 0.0, 3.0])
+    expected = torch.nn.functional.cross_entropy(torch.tensor(x), torch.tensor(t), torch.tensor(w),
+                                                 label_smoothing=0.3)
+    assert np.isnan(expected.item()) and np.isnan(F.cross_entropy(ta.tensor(x), t, ta.tensor(w),
+                                                                   label_smoothing=0.3).item())
+
+
+@pytest.mark.parametrize("route", ["fused", "streaming"])
+def test_weighted_smoothed_cross_entropy_trains_alike_on_every_route(route, tmp_path):
+    w = np.array([0.5, 2.0, 1.0, 3.0], np.float32)
+    rng = np.random.default_rng(2)
+    batches = [(rng.standard_normal((8, 3, 8, 8)).astype(np.float32), rng.integers(0, 4, 8)) for _ in range(4)]
+    from tensorarena.models.vit import ViT, ViTConfig
+
+    def trainer(name):
+        model = ViT(ViTConfig(image_size=8, patch_size=4, num_classes=4, dim=16, depth=2, num_heads=2),
+                    rng=np.random.default_rng(0))
+        return Trainer(model, ta.optim.SGD(model.parameters(), lr=0.1),
+                       nn.CrossEntropyLoss(weight=w, label_smoothing=0.1), route=name, store_dir=tmp_path / name)
+
+    ours, eager = trainer(route), trainer("eager")
+    for x, y in batches:
+        np.testing.assert_allclose(ours.step(x, y).loss, eager.step(x, y).loss, rtol=1e-5)
+    assert ours.route == route
 
 
 # -- 3. micro-batches and evaluate of summing losses -------------------------------------------------------------

@@ -420,16 +420,12 @@ class CrossEntropyLoss(_Loss):
     def __init__(self, weight=None, ignore_index: int = -100, reduction: str = "mean",
                  label_smoothing: float = 0.0) -> None:
         super().__init__(reduction)
-        if weight is not None and label_smoothing:  # (F.cross_entropy refuses it too, for either set later)
-            # torch spreads the smoothing over every class, weighted; the cross-entropy kernels have no weight.
-            raise ValueError("CrossEntropyLoss: a class weight with label_smoothing is not supported yet; pass "
-                             "one of them, or compose F.nll_loss on F.log_softmax for the weighted term")
         self._constant("weight", weight)
         self.ignore_index, self.label_smoothing = ignore_index, label_smoothing
 
     def forward(self, input, target) -> Tensor:  # noqa: A002
-        # F.cross_entropy refuses the weight with label_smoothing too: either may be set after construction (the
-        # weighted branch returned torch's weighted loss without the smoothing, silently).
+        # One call whatever is set: a weight or label_smoothing set after construction is honoured (a separate
+        # weighted branch once returned torch's weighted loss without the smoothing, silently).
         return F.cross_entropy(input, target, self.weight, ignore_index=self.ignore_index,
                                label_smoothing=self.label_smoothing, reduction=self.reduction)
 

@@ -27,21 +27,20 @@ def cross_entropy(logits: Tensor, target, weight=None, *, ignore_index: int = -1
     denominator ("mean" over no positions is nan, as in torch, with zero gradient).
 
     A class `weight` (C,) is torch's: nll_loss of log_softmax over the class dim, weighted ("mean" divides by the
-    counted targets' weights); not yet with label_smoothing.
+    counted targets' weights), its label smoothing spread over the classes by weight (nll.smoothed_nll_loss).
     """
     _check_reduction(reduction, "cross_entropy")
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
-    if weight is not None:
-        if label_smoothing:  # torch spreads the smoothing over every class, weighted; the kernels have no weight
-            raise ValueError("cross_entropy: a class weight with label_smoothing is not supported yet; pass one "
-                             "of them, or compose F.nll_loss on F.log_softmax for the weighted term")
-        from .nll import nll_loss
+    if weight is not None:  # the kernels have no weight: torch's definition on log_softmax
+        from .nll import smoothed_nll_loss
         from .reduce import log_softmax
 
         logits = as_tensor(logits)
+        if logits.dtype.kind != "f":
+            raise TypeError(f"cross_entropy: logits must be floating point, got dtype {logits.dtype}")
         log_p = log_softmax(logits, 1 if logits.ndim >= 2 else 0)
-        return nll_loss(log_p, target, weight, ignore_index=ignore_index, reduction=reduction)
+        return smoothed_nll_loss(log_p, target, weight, ignore_index, reduction, label_smoothing)
     logits = as_tensor(logits)
     x = logits.data
     if x.dtype.kind != "f":

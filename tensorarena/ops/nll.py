@@ -22,6 +22,15 @@ def nll_loss(input: Tensor, target, weight: Tensor | None = None, ignore_index: 
              reduction: str = "mean") -> Tensor:
     """torch.nn.functional.nll_loss. Shape: input (N, C) or (N, C, d...) and target (N,) / (N, d...), or (C,)
     and a 0-d target; weight (C,) rescales each class."""
+    return smoothed_nll_loss(input, target, weight, ignore_index, reduction, 0.0)
+
+
+def smoothed_nll_loss(input: Tensor, target, weight: Tensor | None, ignore_index: int, reduction: str,  # noqa: A002
+                      label_smoothing: float) -> Tensor:
+    """nll_loss with torch's label smoothing of a weighted cross-entropy, on log-probabilities: per counted
+    position (1 - eps) w[t] (-input[t]) + eps / C sum_c w_c (-input[c]); "mean" divides by the counted targets'
+    weights sum_i w[t_i], as without smoothing. (cross_entropy with a class weight and label_smoothing is this on
+    log_softmax; its kernels have no weight.)"""
     _check_reduction(reduction, "nll_loss")
     x_t = as_tensor(input)
     x = x_t.data
@@ -47,11 +56,11 @@ def nll_loss(input: Tensor, target, weight: Tensor | None = None, ignore_index: 
     total = new((), x.dtype)  # the sum of picked_w: the mean's denominator
     losses = new(tgt.shape, x.dtype)
     out = losses.reshape(t.shape) if reduction == "none" else new((), x.dtype)
-    host(_nll_forward, rows, tgt, wd, ignore_index, picked_w, total, losses, out, reduction)
+    host(_nll_forward, rows, tgt, wd, ignore_index, picked_w, total, losses, out, reduction, label_smoothing)
 
     def backward(g):
         drows = new(rows.shape, x.dtype)
-        host(_nll_backward, tgt, picked_w, total, g, reduction, drows)
+        host(_nll_backward, tgt, wd, ignore_index, picked_w, total, g, reduction, label_smoothing, drows)
         if x.ndim <= 2:
             return (drows.reshape(x.shape),)
         gx = new(x.shape, x.dtype)
@@ -78,7 +87,7 @@ def _class_weight(weight, num_classes: int, dtype: np.dtype) -> np.ndarray | Non
     return wd
 
 
-def _nll_forward(rows, tgt, wd, ignore_index, picked_w, total, losses, out, reduction) -> None:
+def _nll_forward(rows, tgt, wd, ignore_index, picked_w, total, losses, out, reduction, smoothing) -> None:
     n, num_classes = rows.shape
     keep = tgt != ignore_index
     bad = keep & ((tgt < 0) | (tgt >= num_classes))
@@ -92,22 +101,32 @@ def _nll_forward(rows, tgt, wd, ignore_index, picked_w, total, losses, out, redu
         np.multiply(wd[safe], keep, out=picked_w)
     np.multiply(rows[np.arange(n), safe], picked_w, out=losses)
     np.negative(losses, out=losses)
+    if smoothing:  # (1 - eps) times that, plus eps / C of every class's weighted -input, at counted positions
+        spread = -(rows @ wd if wd is not None else rows.sum(axis=1)) * keep
+        losses *= 1 - smoothing
+        losses += spread * (smoothing / num_classes)
     np.sum(picked_w, out=total)
     if reduction != "none":
         np.sum(losses, out=out)
         if reduction == "mean":
             with np.errstate(invalid="ignore", divide="ignore"):  # no weight counted: nan, as torch
                 out /= total
+            if not total:  # (with smoothing the sum is not 0: x / 0 would be inf, torch's is nan)
+                out.fill(np.nan)
 
 
-def _nll_backward(tgt, picked_w, total, g, reduction, drows) -> None:
+def _nll_backward(tgt, wd, ignore_index, picked_w, total, g, reduction, smoothing, drows) -> None:
     # d loss_i / d input[i, t_i] = -w_i (times g_i for "none", g / total for "mean"); every other entry is 0.
+    # With smoothing: (1 - eps) of that, and -eps / C w_c s_i on every entry c of a counted row.
     drows.fill(0)
     n = tgt.shape[0]
     if reduction == "none":
-        scale = picked_w * g.reshape(-1)
+        s = g.reshape(-1)
     elif reduction == "sum":
-        scale = picked_w * g
+        s = g
     else:
-        scale = picked_w * (g / total) if total else np.zeros_like(picked_w)
-    drows[np.arange(n), np.where(picked_w != 0, tgt, 0)] -= scale
+        s = g / total if total else 0.0 * g
+    drows[np.arange(n), np.where(picked_w != 0, tgt, 0)] -= picked_w * s * (1 - smoothing)
+    if smoothing:
+        per_row = (tgt != ignore_index) * s * (smoothing / drows.shape[1])  # (n,), 0 at ignored rows
+        drows -= per_row[:, None] * (wd if wd is not None else 1)
