@@ -64,7 +64,6 @@ CHANGES = {
                       "_Configured.cfg" + OF + "replaced (dict -> another dict)"),
     "requires_grad": (lambda m: setattr(m.a.weight, "requires_grad", False),
                       "parameter 'a.weight': requires_grad True -> False"),
-    "eval": (lambda m: m.eval(), "_Configured.training" + OF + "True -> False"),
 }
 
 
@@ -77,6 +76,16 @@ def test_model_state_sees_a_change_and_names_it(change):
     make(model)
     assert state.changed()
     assert state.describe_change() == named
+
+
+def test_model_state_leaves_modes_to_the_plan_key():
+    # A module's train/eval mode keys the fused plans (FusedStep.plan_for, nn/modes.py; test_trainer_modes_hunt.py):
+    # a change traces the step in the new modes and a switch back finds the first plan, where a change seen here
+    # would drop every plan.
+    model = _Configured()
+    state = ModelState(model)
+    model.eval()
+    assert not state.changed(), state.describe_change()
 
 
 def test_model_state_leaves_arrays_alone():

@@ -64,6 +64,7 @@ import numpy as np
 
 from .. import autograd, kernels
 from ..kernels import calls
+from ..nn.modes import ensure_training, modes
 from ..nn.module import Module
 from ..optim.clip import clip_grad_norm_
 from ..optim.optimizer import Optimizer
@@ -235,9 +236,11 @@ class FusedStep:
         # So is the kernels' thread count (numba.set_num_threads, per calling thread): per-core partial
         # rows, attention's tiles and product splits are shaped by it. And the float32 matmul precision
         # (a new one set between steps): bfloat16 products round their operands into buffers of their own.
-        key = (sig, kernels.dispatch_key(), numba.get_num_threads(), self._matmul_precision)
+        # And every module's train/eval mode: a step keeps a submodule the user put in eval mode so (nn/modes.py),
+        # whose dropout is then no dropout in the plan; switching it back finds the plan traced before.
+        key = (sig, kernels.dispatch_key(), numba.get_num_threads(), self._matmul_precision, modes(self.model))
         if self.model_state is not None and self.plans and self.model_state.changed():
-            self.model.train()  # steps train: a model left in eval mode (compile_step's own user) is no change
+            ensure_training(self.model)  # steps train: a model left in eval mode (compile_step's user) is no change
             if self.model_state.changed():
                 # A module attribute the forward may branch on (a flag, a dropout probability) changed since the
                 # last step: replaying a plan traced before would diverge from it (or, captured, train the old
@@ -251,7 +254,10 @@ class FusedStep:
             self.plans.move_to_end(key)
             return plan
         same_sig = [cached for cached in self.plans if cached[0] == sig]
-        if same_sig and all(cached[1:3] == key[1:3] for cached in same_sig):
+        if same_sig and all(cached[:4] == key[:4] for cached in same_sig):
+            log.info("fused route: a module's train/eval mode changed since %s was traced; tracing it in the new "
+                     "modes (%d plan(s) cached)", sig, len(self.plans))
+        elif same_sig and all(cached[1:3] == key[1:3] for cached in same_sig):
             log.info("fused route: no plan for %s in float32 products in %s yet (matmul_precision set); tracing it "
                      "(%d plan(s) cached)", sig, self._matmul_precision, len(self.plans))
         elif same_sig:

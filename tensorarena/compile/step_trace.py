@@ -16,6 +16,7 @@ import numpy as np
 
 from .. import autograd
 from ..memory.pool import aligned_bytes
+from ..nn.modes import ensure_training, restore_modes, saved_modes
 from ..precision import float32_matmul_precision
 from ..tensor import Tensor
 from . import targets as target_layout
@@ -106,7 +107,10 @@ def trace_step(fused: FusedStep, inputs: Any, targets: Any, sig: Signature) -> S
     # and those left out of it for having had no gradient, which may sit outside the model.
     others = {p: p.grad for p in [*fused.model.parameters(), *fused.left_out.values()] if not fused.flat.owns(p)}
     tracer = TracingArena(name=f"tracing arena ({sig})")
-    fused.model.train()
+    # Traced in the modes a step trains in, and each module's put back after (a compile() on a model in eval mode
+    # before step 1 left it in train mode; a step's modes are these already): nn/modes.py.
+    modes = saved_modes(fused.model)
+    ensure_training(fused.model)
     try:
         with tracer, journal:
             for p in [*params, *others]:  # the others get theirs back below; None tells who got one
@@ -148,6 +152,7 @@ def trace_step(fused: FusedStep, inputs: Any, targets: Any, sig: Signature) -> S
                         f"(requires_grad=False), or use route='eager'")
             del loss
     finally:
+        restore_modes(modes)
         journal.undo()
         restore_rng(saved_rng)
         restore_buffers(saved_buffers)

@@ -166,6 +166,8 @@ class ModelState:
         self.spaces.append((prefix, attributes, suffix, space))
         self.space_keys.append(_keys(space))
         for key, v in (space.items() if isinstance(space, dict) else enumerate(space)):
+            if depth == 0 and key == "training":
+                continue  # a module's mode: FusedStep.plan_for keys its plans by every module's (nn/modes.py)
             entry = _entry(prefix, key, attributes)
             what = entry + suffix
             if isinstance(v, np.ndarray) or (isinstance(v, Tensor) and not isinstance(v, Parameter)):

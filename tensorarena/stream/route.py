@@ -63,6 +63,7 @@ from ..autograd import no_grad
 from ..compile.micro_batches import check_micro_batch
 from ..memory.arena import Arena
 from ..memory.pool import BlockPool, aligned_bytes
+from ..nn.modes import ensure_training, kept_modes
 from ..nn.module import Module
 from ..optim.optimizer import Optimizer
 from ..tensor import Tensor
@@ -297,7 +298,7 @@ class StreamingRoute:
         index = self.step_count + 1
         read0, written0 = self.store.bytes_read, self.store.bytes_written
         follow_user_changes(self)  # before the step's I/O: a refusal there changes nothing
-        self.model.train()
+        ensure_training(self.model)  # a submodule the user put in eval mode stays so (nn/modes.py)
         lr = float(self.optimizer.param_groups[0]["lr"])
         # Every generator a step may draw from (NumPy's global one too): a stage recomputed in backward must draw
         # what its forward drew
@@ -381,27 +382,27 @@ class StreamingRoute:
     def predict(self, inputs: Any) -> np.ndarray:
         """Model outputs in eval mode (no graph, dropout off), streamed stage by stage; a NumPy copy."""
         self._check_usable()
-        self.model.eval()
-        loads = _Loads(self.store, [(k, True) for k in range(len(self.stages))])
-        try:
-            with no_grad(), Arena(pool=self._arena_pool, block_bytes=self._step_block,
-                                  name="streaming predict arena") as arena:
-                y, side = stage_inputs(self.model, self.stages, inputs)  # as a step computes them, then kept
-                for k, stage in enumerate(self.stages):
-                    self._attach(k, loads.get(k))
-                    with Arena(pool=self._arena_pool, block_bytes=self._stage_block,
-                               name=f"stage {stage.name!r} predict arena"):
-                        out = _as_tensor(run_stage(stage, y, side), stage.name).data
-                        keep = arena.alloc(out.shape, out.dtype)
-                        np.copyto(keep, out)
+        with kept_modes(self.model):  # every module's mode back as it was after (a frozen part's eval too)
+            self.model.eval()
+            loads = _Loads(self.store, [(k, True) for k in range(len(self.stages))])
+            try:
+                with no_grad(), Arena(pool=self._arena_pool, block_bytes=self._step_block,
+                                      name="streaming predict arena") as arena:
+                    y, side = stage_inputs(self.model, self.stages, inputs)  # as a step computes them, then kept
+                    for k, stage in enumerate(self.stages):
+                        self._attach(k, loads.get(k))
+                        with Arena(pool=self._arena_pool, block_bytes=self._stage_block,
+                                   name=f"stage {stage.name!r} predict arena"):
+                            out = _as_tensor(run_stage(stage, y, side), stage.name).data
+                            keep = arena.alloc(out.shape, out.dtype)
+                            np.copyto(keep, out)
+                        self._detach(k)
+                        y = Tensor(keep)
+                    return keep.copy()
+            finally:
+                loads.finish()
+                for k in range(len(self.stages)):
                     self._detach(k)
-                    y = Tensor(keep)
-                return keep.copy()
-        finally:
-            loads.finish()
-            for k in range(len(self.stages)):
-                self._detach(k)
-            self.model.train()
 
     def to_memory(self) -> None:
         """Write the trained parameters and optimizer state back into the model and optimizer, then close.

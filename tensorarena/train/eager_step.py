@@ -18,6 +18,7 @@ from ..compile.micro_batches import split_batch
 from ..compile.step_state import step_scheduler
 from ..memory.arena import Arena
 from ..memory.meter import rss_bytes
+from ..nn.modes import ensure_training
 from ..optim import clip_grad_norm_
 from ..tensor import Tensor
 from .report import NonFiniteLossError, StepReport
@@ -31,7 +32,7 @@ def eager_step(trainer: Trainer, inputs: Any, targets: Any) -> StepReport:
     one arena per micro-batch, forward_backward below); returns its report."""
     start = time.perf_counter()
     index = trainer.step_count + 1
-    trainer.model.train()
+    ensure_training(trainer.model)  # a submodule the user put in eval mode stays so (nn/modes.py)
     lr = float(trainer.optimizer.param_groups[0]["lr"])
     grad_norm = None
     skipped = False

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..compile.loss_shares import counted as counted_labels, piece_shares
+from ..nn.modes import kept_modes
 from ..precision import float32_matmul_precision
 from ..tensor import Tensor
 from .eager_step import _model_input
@@ -45,11 +46,12 @@ def evaluate(trainer: Trainer, inputs: np.ndarray, targets: Any, batch_size: int
     if shares is None:
         shares = [(min(b + batch_size, rows) - b) / rows for b in starts]
     scored = counted_labels(trainer.loss_fn, labels) if labels is not None else None  # ignored: no hit, no miss
-    trainer._load_pending_checkpoint("evaluate() before step 1 runs the loaded weights")
-    was_training = trainer.model.training
+    trainer._make_whole("evaluate() before step 1 runs the model")
     total_loss, correct, counted = 0.0, 0, labels is not None
-    trainer.model.eval()
-    try:
+    # Every module's mode back as it was, also on an error: model.train(flag) for the top-level flag put a part
+    # the user keeps in eval mode (a frozen backbone's dropout) back in train mode (nn/modes.py).
+    with kept_modes(trainer.model):
+        trainer.model.eval()
         with no_grad(), float32_matmul_precision(trainer.matmul_precision):
             warn = True  # once per call: every batch of a too-large batch_size would say the same
             for begin, share in zip(starts, shares):
@@ -69,8 +71,6 @@ def evaluate(trainer: Trainer, inputs: np.ndarray, targets: Any, batch_size: int
                     else:
                         counted = False  # not one class index per output row: no accuracy to give
                 warn = warn and not beyond_slab(arena)
-    finally:
-        trainer.model.train(was_training)
     scored_count = int(scored.sum()) if scored is not None else (labels.size if labels is not None else 0)
     accuracy = (correct / scored_count if scored_count else float("nan")) if counted else None
     return {"loss": total_loss, "accuracy": accuracy}

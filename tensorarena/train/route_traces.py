@@ -14,6 +14,7 @@ import numpy as np
 
 from ..compile.planner import plan_memory
 from ..compile.trace import TracingArena
+from ..nn.modes import ensure_training
 from ..nn.module import Module
 from ..stream.arena_pages import touched_bytes
 from ..stream.arena_pages import STAGE_BLOCK_BYTES
@@ -78,7 +79,7 @@ def trace_stages(model: Module, loss_fn: Callable, inputs: np.ndarray, targets: 
     from ..stream.stages import SideForward, model_stages, run_stage
 
     stages = model_stages(model)
-    model.train()
+    ensure_training(model)  # as a step trains (Trainer.plan puts every module's mode back after: nn/modes.py)
     first_input, side, side_bytes = _side_inputs(model, stages, inputs)
     cache: dict[tuple, tuple[TracedStage, tuple, np.dtype]] = {}
     # Stage 0 reads what the route gives it: the batch, or stream_inputs' first array (a SimCSE's stacked ids),
@@ -144,7 +145,7 @@ def _side_inputs(model: Module, stages: list, batch: np.ndarray) -> tuple[np.nda
 
 def trace_whole(model: Module, loss_fn: Callable, inputs: np.ndarray, targets: Any) -> TracedStage:
     """The whole step traced once (models without stages)."""
-    model.train()
+    ensure_training(model)  # as a step trains (Trainer.plan puts every module's mode back after: nn/modes.py)
 
     def run(mark):
         out = model(Tensor(np.zeros(inputs.shape, inputs.dtype)))

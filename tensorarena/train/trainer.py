@@ -376,7 +376,11 @@ class Trainer:
 
         Ctrl-C during a step (main thread) is held until the step completes, then raised as KeyboardInterrupt:
         the step is applied whole (step_count counts it) though its report is not returned. A second Ctrl-C
-        stops the step at once with StepAbandoned (a KeyboardInterrupt), saying what it left. See interrupt.py."""
+        stops the step at once with StepAbandoned (a KeyboardInterrupt), saying what it left. See interrupt.py.
+
+        The step trains: a model in eval mode is put in train mode (model.train()), while a model in train mode
+        keeps each submodule's own mode (a part the user put in eval mode, a frozen backbone's dropout, stays so;
+        nn/modes.py). On the fused route a change of any module's mode traces the step in the new modes."""
         from .interrupt import SigintDeferred, abandoned_step_message
 
         index = self.step_count + 1
@@ -425,7 +429,7 @@ class Trainer:
         by rows. The loss is each batch's loss weighted by its rows (the mean over rows for a mean-reduced loss), or,
         for tensorarena's class-index losses, by its counted targets (ignore_index, class weights: the whole data's
         loss whatever batch_size; compile/loss_shares.py), whose accuracy leaves ignored labels out.
-        The model's train/eval mode is put back as it was, also on an error. Once a fused step is traced, each
+        Every module's train/eval mode is put back as it was, also on an error. Once a fused step is traced, each
         batch's forward runs in its slab (scratch_arena): at up to the training batch size it needs no memory
         beyond the route plan's; a larger batch_size takes pool blocks beyond it, with one warning. batch_size
         defaults to the last training batch's rows (1024 before any step), or micro_batch if that is smaller (the
@@ -487,3 +491,9 @@ class Trainer:
         from .trainer_checkpoints import load_pending
 
         load_pending(self, why)
+
+    def _make_whole(self, why: str) -> None:
+        """Before step 1: a waiting checkpoint loaded, a deferred model made (trainer_checkpoints.make_whole)."""
+        from .trainer_checkpoints import make_whole
+
+        make_whole(self, why)

@@ -27,7 +27,7 @@ def save(trainer: Trainer, path, extra: dict | None) -> None:
     extra = json_extra(extra or {})  # a TypeError naming the bad entry before any route writes, on every route
     # Before step 1 a checkpoint may wait for the route choice (load on a deferred model): it is the state
     # to save, so it is loaded now, into the model made whole (no route is chosen yet to keep it elsewhere).
-    load_pending(trainer, "save() before step 1 writes what it holds")
+    make_whole(trainer, "save() before step 1 writes what it holds")
     if trainer.stream is not None:
         from ..stream.checkpoint import save_streaming_checkpoint
 
@@ -86,6 +86,23 @@ def _load_abandoned(path) -> str:
     return (f"the load of {path} was abandoned part-way by a second Ctrl-C (the first was held until it completed): "
             f"the model, the optimizer's state, the schedule and the step count may each be the file's or the ones "
             f"before. Load it again before training or saving")
+
+
+def make_whole(trainer: Trainer, why: str) -> None:
+    """Before step 1, give what reads the model (save, evaluate) a model with values: a waiting checkpoint is
+    loaded (load_pending), and a deferred model without one is made where the route keeps it: the streaming
+    store (the route starts), else memory. Both raised DeferredParameterError before step 1, its advice ("hand
+    the model to a Trainer") naming what had been done."""
+    load_pending(trainer, why)
+    from ..nn.deferred import has_deferred
+
+    if trainer.stream is not None or not has_deferred(trainer.model):
+        return
+    if trainer.route == "streaming":
+        log.info("starting the streaming route now (%s): it makes the deferred model in its store", why)
+        trainer._start_streaming()
+    else:
+        trainer._materialize(why)
 
 
 def load_pending(trainer: Trainer, why: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from ..nn.modes import kept_modes
 from ..precision import float32_matmul_precision
 
 if TYPE_CHECKING:
@@ -27,7 +28,9 @@ def plan(trainer: Trainer, inputs: Any, targets: Any, routes: tuple[str, ...], d
 
     if data_bytes is not None:
         trainer.data_bytes = data_bytes
-    with float32_matmul_precision(trainer.matmul_precision):  # its traces hold the bfloat16 buffers too
+    # Its traces hold the bfloat16 buffers too; they run in a step's modes, each module's put back after (a plan
+    # before step 1 left a model in eval mode in train mode: nn/modes.py).
+    with float32_matmul_precision(trainer.matmul_precision), kept_modes(trainer.model):
         trainer.route_plan = plan_routes(trainer.model, trainer.optimizer, trainer.loss_fn, inputs, targets,
                                          trainer.budget, routes=routes,
                                          fused_keeps_grads=not trainer.update_in_backward,

@@ -17,6 +17,7 @@ import numpy as np
 from ..compile.micro_batches import split_batch
 from ..compile.step_state import buffer_slots, buffer_states, restore_step_state, rng_generators, rng_states
 from ..memory.meter import rss_bytes
+from ..nn.modes import ensure_training
 from ..tensor import Tensor
 from .report import NonFiniteLossError, StepReport
 from .trainer_streaming import streaming_step, switch_after_oom
@@ -105,7 +106,7 @@ def fused_step(trainer: Trainer, inputs: Any, targets: Any) -> StepReport | None
 
     start = time.perf_counter()
     index = trainer.step_count + 1
-    trainer.model.train()
+    ensure_training(trainer.model)  # a submodule the user put in eval mode stays so (nn/modes.py)
     lr = float(trainer.optimizer.param_groups[0]["lr"])
     try:
         if trainer.fused is None:
