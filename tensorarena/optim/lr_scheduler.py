@@ -32,7 +32,7 @@ from .optimizer import Optimizer
 
 __all__ = ["LRScheduler", "LambdaLR", "ConstantLR", "LinearLR", "CosineAnnealingLR", "StepLR", "ExponentialLR",
            "SequentialLR", "warmup_cosine", "MultiStepLR", "PolynomialLR", "MultiplicativeLR",
-           "CosineAnnealingWarmRestarts", "OneCycleLR"]
+           "CosineAnnealingWarmRestarts", "OneCycleLR", "ReduceLROnPlateau", "CyclicLR", "ChainedScheduler"]
 
 
 def _check_int(name: str, value: Any, low: int) -> int:
@@ -407,6 +407,11 @@ class SequentialLR(LRScheduler):
         for i, s in enumerate(schedulers):
             if not isinstance(s, LRScheduler):
                 raise ValueError(f"SequentialLR: schedulers[{i}] is a {type(s).__name__}, not an LRScheduler")
+            if isinstance(s, (ReduceLROnPlateau, ChainedScheduler)):  # (lr_schedulers_metric.py says why)
+                raise ValueError(f"SequentialLR cannot run schedulers[{i}], a {type(s).__name__}: "
+                                 + ("its step needs the metric; step it yourself after each evaluation"
+                                    if isinstance(s, ReduceLROnPlateau) else
+                                    "put the SequentialLR inside the ChainedScheduler instead"))
             if s.optimizer is not optimizer:
                 raise ValueError(f"SequentialLR expects all schedulers to belong to the same optimizer, but "
                                  f"schedulers[{i}] ({type(s).__name__}) has a different one")
@@ -499,6 +504,8 @@ def warmup_cosine(optimizer: Optimizer, warmup_steps: int, total_steps: int, *, 
     return SequentialLR(optimizer, [warmup, cosine], milestones=[warmup_steps])
 
 
-# Defined in lr_schedulers_more.py, which builds on the classes above: imported last, once they exist.
+# Defined in lr_schedulers_more.py, _metric.py and _cyclic.py, which build on the classes above: imported last.
 from .lr_schedulers_more import (CosineAnnealingWarmRestarts, MultiplicativeLR, MultiStepLR,  # noqa: E402
                                  OneCycleLR, PolynomialLR)
+from .lr_schedulers_metric import ChainedScheduler, ReduceLROnPlateau  # noqa: E402
+from .lr_schedulers_cyclic import CyclicLR  # noqa: E402

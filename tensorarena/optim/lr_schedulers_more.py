@@ -191,15 +191,25 @@ class CosineAnnealingWarmRestarts(LRScheduler):
         self.T_cur, self.T_i = self._cycle(self.last_epoch)
 
 
-def _per_group(name: str, optimizer: Optimizer, value: Any, low: float, high: float | None = None) -> list[float]:
-    """One value for every param group, or a list/tuple with one per group (torch's max_lr, momentums), checked."""
+def per_group(owner: str, name: str, optimizer: Optimizer, value: Any, low: float,
+              high: float | None = None) -> list[float]:
+    """One value for every param group, or a list/tuple with one per group (torch's base_lr, max_lr, momentums of
+    OneCycleLR and CyclicLR, the `owner`), checked."""
     n = len(optimizer.param_groups)
     if isinstance(value, (list, tuple)):
         if len(value) != n:
-            raise ValueError(f"OneCycleLR: {name} must have one value per param group ({n}), got {len(value)}: "
-                             f"{list(value)!r}")
+            raise ValueError(f"{owner}: {name} has {len(value)} values, but the optimizer has {n} param groups: give "
+                             f"one value, or one per group: {list(value)!r}")
         return [_check_float(f"{name}[{i}]", v, low, high) for i, v in enumerate(value)]
     return [_check_float(name, value, low, high)] * n
+
+
+def set_momentum(group: dict[str, Any], momentum: float, use_beta1: bool) -> None:
+    """The momentum a cycling schedule sets: SGD's and RMSprop's group["momentum"], the Adam family's betas[0]."""
+    if use_beta1:
+        group["betas"] = (momentum, *group["betas"][1:])  # a new tuple: betas stay a tuple, as torch's
+    else:
+        group["momentum"] = momentum
 
 
 def _phase(end_step: float, start_lr: str, end_lr: str, start_momentum: str, end_momentum: str) -> dict[str, Any]:
@@ -277,15 +287,15 @@ class OneCycleLR(LRScheduler):
         three_phase = _check_bool("three_phase", three_phase)
         div_factor = _check_float("div_factor", div_factor, 0.0, low_open=True)
         final_div_factor = _check_float("final_div_factor", final_div_factor, 0.0, low_open=True)
-        max_lrs = _per_group("max_lr", optimizer, max_lr, 0.0)
+        max_lrs = per_group("OneCycleLR", "max_lr", optimizer, max_lr, 0.0)
         use_beta1 = False
         if cycle_momentum:
             if "betas" not in optimizer.defaults and "momentum" not in optimizer.defaults:
                 raise ValueError(f"OneCycleLR with cycle_momentum=True needs an optimizer with a momentum or betas "
                                  f"setting; {type(optimizer).__name__} has neither: pass cycle_momentum=False")
             use_beta1 = "betas" in optimizer.defaults
-            max_momentums = _per_group("max_momentum", optimizer, max_momentum, 0.0, 1.0)
-            base_momentums = _per_group("base_momentum", optimizer, base_momentum, 0.0, 1.0)
+            max_momentums = per_group("OneCycleLR", "max_momentum", optimizer, max_momentum, 0.0, 1.0)
+            base_momentums = per_group("OneCycleLR", "base_momentum", optimizer, base_momentum, 0.0, 1.0)
 
         # Everything checked: now the groups. A resumed scheduler (last_epoch >= 0) finds these values in the
         # groups, from the optimizer's state; torch then leaves them as they are, and so does this.
@@ -296,7 +306,7 @@ class OneCycleLR(LRScheduler):
                 group["min_lr"] = group["initial_lr"] / final_div_factor
             if cycle_momentum:
                 for group, high, low in zip(optimizer.param_groups, max_momentums, base_momentums):
-                    self._set_momentum(group, high, use_beta1)
+                    set_momentum(group, high, use_beta1)
                     group["max_momentum"] = high
                     group["base_momentum"] = low
         self.total_steps = total_steps
@@ -306,13 +316,6 @@ class OneCycleLR(LRScheduler):
         self.cycle_momentum = cycle_momentum
         self.use_beta1 = use_beta1
         super().__init__(optimizer, last_epoch)
-
-    @staticmethod
-    def _set_momentum(group: dict[str, Any], momentum: float, use_beta1: bool) -> None:
-        if use_beta1:
-            group["betas"] = (momentum, *group["betas"][1:])  # a new tuple: betas stay a tuple, as torch's
-        else:
-            group["momentum"] = momentum
 
     def _at(self, group: dict[str, Any], step: int) -> tuple[float, float | None]:
         """(lr, momentum or None) of `group` at `step` of the cycle, from its phase's start and end values."""
@@ -366,7 +369,7 @@ class OneCycleLR(LRScheduler):
         self.last_epoch = step
         if self.cycle_momentum:
             for group, (_, momentum) in zip(self.optimizer.param_groups, values):
-                self._set_momentum(group, momentum, self.use_beta1)
+                set_momentum(group, momentum, self.use_beta1)
         self._set_lrs([lr for lr, _ in values])
 
     def _resume(self) -> None:

@@ -72,6 +72,19 @@ def _check_optimizer_trains_the_model(model, optimizer) -> None:
                          f"this model's parameters (optimizer = AdamW(model.parameters(), ...))")
 
 
+def _check_scheduler(scheduler) -> None:
+    """A ValueError for a scheduler whose step needs a metric (ReduceLROnPlateau): the Trainer steps its scheduler
+    after each update with no argument, so step 1 applied its update and then failed, and so did every step."""
+    from ..optim.lr_scheduler import ReduceLROnPlateau
+
+    if isinstance(scheduler, ReduceLROnPlateau):
+        raise ValueError("ReduceLROnPlateau steps on a metric (the held-out loss), which the Trainer does not have "
+                         "after an update: build the Trainer without it (scheduler=None) and step it yourself, "
+                         "sched.step(trainer.evaluate(x_val, y_val)['loss']), after each evaluation; the new lr "
+                         "takes effect at the next step on every route. Keep its state in your checkpoints with "
+                         "trainer.save(path, extra={'plateau': sched.state_dict()})")
+
+
 class Trainer:
     """Runs training steps of `model` with `optimizer`, one arena per step.
 
@@ -161,6 +174,7 @@ class Trainer:
         self._matmul_precision = (normalize_precision(matmul_precision) if matmul_precision is not None
                                   else get_float32_matmul_precision())
         _check_optimizer_trains_the_model(model, optimizer)
+        _check_scheduler(scheduler)
         self.model = model
         self._optimizer = optimizer
         self.loss_fn = loss_fn
@@ -327,6 +341,7 @@ class Trainer:
     @scheduler.setter
     def scheduler(self, value) -> None:
         """A new schedule (or None) steps from the next step on, on every route."""
+        _check_scheduler(value)
         self._scheduler = value
         for route in (self.fused, self.stream):
             if route is not None:
