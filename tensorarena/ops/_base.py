@@ -23,6 +23,11 @@ def as_tensor(x: Any, like: Tensor | None = None) -> Tensor:
         return x
     dtype = like.dtype if like is not None else None
     arr = np.asarray(x)
+    if arr.dtype.kind in "USOV":  # a string, bytes, None, an int beyond 64 bits: no number (KeyError 'U' before)
+        if isinstance(x, int) and not isinstance(x, bool):
+            raise OverflowError(f"the integer {x} is too big for any tensor dtype (64 bits at most)")
+        raise TypeError(f"unsupported operand: a {type(x).__name__} ({x!r:.40}) is no number or tensor; ops take "
+                        f"tensors, arrays and numbers")
     if like is not None and arr.dtype.kind in "iufb" and arr.ndim == 0:
         if _CATEGORY[arr.dtype.kind] > _CATEGORY[dtype.kind]:
             return Tensor(_constant(_own_category(x, arr)))
@@ -73,16 +78,33 @@ def result_dtype(a: Tensor, b: Tensor) -> np.dtype:
     return dims
 
 
-def check_number_fits(value: Any, dtype: np.dtype, what: str) -> None:
-    """Refuse, as torch does, a Python or NumPy integer that an integer tensor's dtype cannot hold, where an op
+def weak_operand(t: Tensor, dtype: np.dtype) -> Tensor:
+    """`t` in the result's `dtype` where result_dtype let the other operand's dtype win over it (a 0-d tensor within
+    the same category: uint8 (N,) + int64 () is uint8) and NumPy would refuse the cast ("same_kind": int64 into
+    uint8): converted by a recorded copy, wrapping as torch's cast does; else `t` itself."""
+    if t.dtype == dtype or np.can_cast(t.dtype, dtype, casting="same_kind"):
+        return t
+    return Tensor(as_dtype(t.data, dtype))
+
+
+def check_number_fits(value: Any, dtype: np.dtype, what: str, *, floats: bool = False) -> None:
+    """Refuse, as torch does, a Python or NumPy number that an integer tensor's dtype cannot hold, where an op
     writes the number into such a tensor (fill_, t[i] = v, masked_fill, where, clamp): NumPy's cast wraps it
-    (uint8 clamp(max=300) was max=44). torch lets an unsigned dtype take down to -max (-1 -> 255). Arithmetic and
-    comparisons wrap in torch too, so they do not check."""
-    if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)) or dtype.kind not in "iu":
+    (uint8 clamp(max=300) was max=44), and makes NaN, inf or 1e30 the dtype's minimum. torch lets an unsigned
+    dtype take down to -max (-1 -> 255), and a float in range is truncated (2.7 -> 2). Arithmetic and comparisons
+    wrap in torch too, so they do not check. `floats`: the op writes a float into the integer tensor as it is
+    (fill_, t[i] = v, masked_fill); where and clamp promote to a float result instead, and clamp_ refuses it."""
+    if isinstance(value, (bool, np.bool_)) or dtype.kind not in "iu":
+        return
+    if isinstance(value, (float, np.floating)) and floats:
+        if not np.isfinite(value):
+            raise OverflowError(f"{what}: the value {value} cannot be converted to the tensor's dtype {dtype} (an "
+                                f"integer dtype has no {value}); use a float tensor, or a finite value")
+    elif not isinstance(value, (int, np.integer)):
         return
     info = np.iinfo(dtype)
     low = -int(info.max) if dtype.kind == "u" else int(info.min)
-    if not low <= int(value) <= int(info.max):
+    if not low <= int(value) <= int(info.max):  # (a float truncated by int(), as torch's cast truncates it)
         raise OverflowError(f"{what}: the value {value} cannot be converted to the tensor's dtype {dtype} without "
                             f"overflow (torch takes {low} to {info.max} for it); cast the tensor to a wider dtype "
                             f"first (e.g. .long()) or pass a value in range")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..tensor import Tensor
 from . import arith, cast, clamping, compare, index, inplace, linalg, reduce, shape, sorting, unary
 
@@ -21,6 +23,10 @@ def install() -> None:
     T.__isub__ = lambda a, b: arith.isub(a, b)
     T.__imul__ = lambda a, b: arith.imul(a, b)
     T.__itruediv__ = lambda a, b: arith.idiv(a, b)
+    T.__ipow__ = lambda a, b: arith.ipow(a, b)
+    T.__iand__ = lambda a, b: compare.inplace_bitwise(a, b, np.bitwise_and, "&")
+    T.__ior__ = lambda a, b: compare.inplace_bitwise(a, b, np.bitwise_or, "|")
+    T.__ixor__ = lambda a, b: compare.inplace_bitwise(a, b, np.bitwise_xor, "^")
     T.__neg__ = lambda a: arith.neg(a)
     T.__pow__ = lambda a, p: arith.pow(a, p)
     T.__rpow__ = lambda a, b: arith.pow(b, a)

@@ -18,6 +18,8 @@ def install() -> None:
     T.__rmod__ = lambda a, b: pairwise.remainder(b, a)
     T.__floordiv__ = lambda a, b: pairwise.floor_divide(a, b)
     T.__rfloordiv__ = lambda a, b: pairwise.floor_divide(b, a)
+    T.__imod__ = lambda a, b: pairwise.iremainder(a, b)
+    T.__ifloordiv__ = lambda a, b: pairwise.ifloor_divide(a, b)
     T.cumsum, T.prod, T.norm = summaries.cumsum, summaries.prod, summaries.norm
     T.amax, T.amin, T.logsumexp = summaries.amax, summaries.amin, summaries.logsumexp
     T.index_select, T.masked_select, T.nonzero = select.index_select, select.masked_select, select.nonzero

@@ -9,7 +9,8 @@ from ..kernels import elementwise
 from ..journal import note_write
 from ..tape import host
 from ..tensor import Tensor
-from ._base import _constant, as_tensor, check_number_fits, grad_dtype, new, new_like, result_dtype, unbroadcast
+from ._base import (_CATEGORY, _constant, as_tensor, check_number_fits, grad_dtype, new, new_like, result_dtype,
+                    unbroadcast, weak_operand)
 
 
 def _binary_out(a: Tensor, b: Tensor, dtype=None) -> np.ndarray:
@@ -40,6 +41,7 @@ def add(a, b) -> Tensor:
 
 def sub(a, b) -> Tensor:
     """a - b, broadcasting."""
+    _refuse_bool_subtraction(a, b)
     a, b, dtype = _operands(a, b, np.subtract)
     out = _binary_out(a, b, dtype)
     host(np.subtract, a.data, b.data, out=out)
@@ -111,6 +113,7 @@ def div(a, b) -> Tensor:
 
 def neg(a: Tensor) -> Tensor:
     """-a."""
+    _refuse_bool_subtraction(a)
     out = new_like(a.data)
     host(np.negative, a.data, out=out)
 
@@ -228,6 +231,11 @@ def idiv(a: Tensor, b) -> Tensor:
     return _inplace(a, b, np.divide, "/")
 
 
+def ipow(a: Tensor, b) -> Tensor:
+    """a **= b in place (b broadcasts to a's shape); returns a. (Python rebound the name to a new tensor before.)"""
+    return _inplace(a, b, np.power, "**")
+
+
 def _inplace(a: Tensor, b, ufunc: np.ufunc, symbol: str) -> Tensor:
     return binary_inplace(a, b, ufunc, f"{symbol}=", f"`x = x {symbol} y`")
 
@@ -254,7 +262,7 @@ def clamp_(a: Tensor, min=None, max=None) -> Tensor:
                for ufunc, bound in bounds if bound is not None]
     ad = a.data
     for ufunc, bd in checked:
-        host(ufunc, ad, bd, out=ad, casting="same_kind")
+        host(ufunc, ad, bd, out=ad, casting="unsafe")  # (categories checked by _inplace_operand)
     a._version_counter[0] += 1
     return a
 
@@ -264,7 +272,7 @@ def binary_inplace(a: Tensor, b, ufunc: np.ufunc, what: str, instead: str, *, al
     in errors and `instead` the out-of-place way to write it."""
     bd = _inplace_operand(a, b, what, instead, alpha=alpha, divide=ufunc is np.divide)
     ad = a.data
-    host(ufunc, ad, bd, out=ad, casting="same_kind")
+    host(ufunc, ad, bd, out=ad, casting="unsafe")  # (the categories were checked: within one, wrapping as torch)
     a._version_counter[0] += 1  # after the write: a refused one changed nothing
     return a
 
@@ -285,7 +293,9 @@ def _inplace_operand(a: Tensor, b, what: str, instead: str, *, alpha=1, divide=F
         scaled = new(bd.shape, dtype)
         host(np.multiply, bd, np.asarray(alpha, dtype), out=scaled, casting="same_kind")
         bd = scaled
-    if not np.can_cast(dtype, ad.dtype, casting="same_kind"):
+    # torch's rule: a result of a higher category (a float into an integer tensor, an integer into a bool one) is
+    # refused; within one it is cast, wrapping as torch's (uint8 += an int64 tensor was refused here).
+    if _CATEGORY[dtype.kind] > _CATEGORY[ad.dtype.kind]:
         raise TypeError(f"in-place {what}: the result type {dtype} can't be cast to the tensor's dtype {ad.dtype}")
     return bd
 
@@ -397,12 +407,36 @@ def _operands(a, b, ufunc: np.ufunc) -> tuple[Tensor, Tensor, np.dtype]:
     if arrays and (isinstance(a, Tensor) or isinstance(b, Tensor)):
         a, b = (x if isinstance(x, Tensor) else _array_operand(x) for x in (a, b))
         return a, b, ufunc.resolve_dtypes((a.dtype, b.dtype, None))[-1]
+    numbers = (not isinstance(a, Tensor), not isinstance(b, Tensor))
+    given = (a, b)
     if isinstance(a, Tensor):
         b = as_tensor(b, like=a)
     else:
         b = as_tensor(b)
         a = as_tensor(a, like=b)
-    return a, b, _true_divide_dtype(a, b) if ufunc is np.true_divide else result_dtype(a, b)
+    if ufunc is np.true_divide:
+        dtype = _true_divide_dtype(a, b)
+        # A number met an integer tensor in its dtype (uint8 / -3 divided by 253, int32 / 2**40 by 0): in true
+        # division it goes into the float result's dtype instead, as torch's.
+        a, b = (Tensor(_constant(np.asarray(x, dtype=dtype))) if number and t.dtype.kind in "biu" else t
+                for x, t, number in zip(given, (a, b), numbers))
+        return a, b, dtype
+    dtype = result_dtype(a, b)
+    # A 0-d tensor that result_dtype lets the other's dtype win over goes in that dtype (uint8 + int64 () failed
+    # in NumPy's "same_kind" cast; torch wraps it).
+    return weak_operand(a, dtype), weak_operand(b, dtype), dtype
+
+
+def _refuse_bool_subtraction(a, b=None) -> None:
+    """torch's refusal of `-` with a bool tensor (a mask's `1 - m` or `-m` is `~m`), before NumPy's raw one."""
+    bools = [x for x in (a, b) if isinstance(x, (Tensor, np.ndarray)) and x.dtype == np.bool_]
+    if not bools:
+        return
+    if b is None:
+        raise TypeError("Negation, the `-` operator, on a bool tensor is not supported (as in torch); to invert a "
+                        "mask use `~` or logical_not()")
+    raise TypeError("Subtraction, the `-` operator, with a bool tensor is not supported (as in torch); to invert a "
+                    "mask use `~` or logical_not(), or cast it first (e.g. m.long())")
 
 
 # The NumPy work of the backward passes above, one function each: tape.host records a call as one

@@ -12,7 +12,8 @@ import numpy as np
 
 from ..tape import host
 from ..tensor import Tensor
-from ._base import as_tensor, check_number_fits, grad_dtype, new, promote_types, result_dtype, unbroadcast
+from ._base import (as_tensor, check_number_fits, grad_dtype, new, promote_types, result_dtype, unbroadcast,
+                    weak_operand)
 
 
 def clamp(input, min=None, max=None) -> Tensor:  # noqa: A002 - torch's names
@@ -30,6 +31,10 @@ def clamp(input, min=None, max=None) -> Tensor:  # noqa: A002 - torch's names
     dtype = a.dtype
     for b in bounds:  # each bound against the input, as torch's result_type over the three
         dtype = promote_types(dtype, result_dtype(a, b))
+    # A 0-d bound the input's dtype won over goes in that dtype (an int64 () bound of a uint8 input failed in
+    # NumPy's same_kind cast; torch wraps it).
+    lo, hi = (None if b is None else weak_operand(b, dtype) for b in (lo, hi))
+    bounds = [b for b in (lo, hi) if b is not None]
     ad = a.data
     lod, hid = (None if b is None else b.data for b in (lo, hi))  # .data: a stale bound raises here
     try:

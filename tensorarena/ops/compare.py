@@ -43,8 +43,9 @@ def _compare(ufunc: np.ufunc, name: str, a: Any, b: Any) -> Tensor:
         raise ValueError(f"{name}: shapes {ad.shape} and {bd.shape} do not broadcast") from None
     dtype = result_dtype(a, b)
     out = new(shape, np.bool_)
-    # The signature casts each operand to the promoted dtype as it reads it: no converted copies.
-    host(ufunc, ad, bd, out=out, signature=(dtype, dtype, np.bool_))
+    # The signature casts each operand to the promoted dtype as it reads it: no converted copies. "unsafe": a 0-d
+    # int64 tensor meeting uint8 ones compares in uint8, wrapped as torch's cast (NumPy's same_kind refused it).
+    host(ufunc, ad, bd, out=out, signature=(dtype, dtype, np.bool_), casting="unsafe")
     return Tensor._make(out)  # no parents: a comparison has no gradient and records nothing
 
 
@@ -136,8 +137,18 @@ def _bitwise(ufunc: np.ufunc, symbol: str, a: Any, b: Any) -> Tensor:
         raise ValueError(f"{symbol}: shapes {ad.shape} and {bd.shape} do not broadcast") from None
     dtype = result_dtype(a, b)
     out = new(shape, dtype)
-    host(ufunc, ad, bd, out=out, signature=(dtype, dtype, dtype))
+    host(ufunc, ad, bd, out=out, signature=(dtype, dtype, dtype), casting="unsafe")  # (as _compare's)
     return Tensor._make(out)  # bits have no gradient
+
+
+def inplace_bitwise(a: Tensor, b: Any, ufunc: np.ufunc, symbol: str) -> Tensor:
+    """a &= b, a |= b, a ^= b in a's memory (Python rebound the name to a new tensor before: a view or a parameter
+    written through it did not change)."""
+    from .arith import binary_inplace
+
+    _need_integral(a.dtype, symbol)
+    _need_integral(as_tensor(b, like=a).dtype, symbol)
+    return binary_inplace(a, b, ufunc, f"{symbol}=", f"`x = x {symbol} y`")
 
 
 def _need_integral(dtype: np.dtype, symbol: str) -> None:

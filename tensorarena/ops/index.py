@@ -9,7 +9,8 @@ from ..kernels import kernel
 from ..compile.trace import unsupported
 from ..tape import host
 from ..tensor import Tensor
-from ._base import _constant, as_tensor, check_number_fits, contiguous, is_int, new, reshaped, result_dtype, unbroadcast
+from ._base import (_constant, as_tensor, check_number_fits, contiguous, is_int, new, reshaped, result_dtype,
+                    unbroadcast, weak_operand)
 from .cast import to_dtype
 
 
@@ -166,6 +167,9 @@ def where(condition, a, b) -> Tensor:
     # torch's promotion (result_dtype), not NumPy's: an int64 and a float32 give float32, and a 0-d float64
     # tensor does not widen a float32 one
     dtype = result_dtype(a, b)
+    # A 0-d tensor the other's dtype won over goes in that dtype (int64 () with uint8 failed NumPy's same_kind cast)
+    a, b = weak_operand(a, dtype), weak_operand(b, dtype)
+    ad, bd = a.data, b.data
     out = new(shape, dtype)
     host(_where_forward, cond, _operand(ad, a_is_tensor), _operand(bd, b_is_tensor), out)
     # Shapes and dtypes of the inputs needing grad: backward reads neither input's values.
@@ -210,7 +214,7 @@ def masked_fill(a: Tensor, mask, value) -> Tensor:
                              f"{value.shape}; use where(mask, values, t) for a tensor of values")
         value = to_dtype(value, ad.dtype)
     else:
-        check_number_fits(value, ad.dtype, "masked_fill")
+        check_number_fits(value, ad.dtype, "masked_fill", floats=True)
         value = Tensor(_constant_of(value, ad.dtype))
     return where(mask, value, a)
 

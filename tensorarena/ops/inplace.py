@@ -32,7 +32,7 @@ def setitem(a: Tensor, index, value) -> None:
     if split is not None:  # as getitem: the integers select first, then the arrays index that view
         basic, idx = split
         ad = ad[basic]
-    check_number_fits(value, ad.dtype, what)
+    check_number_fits(value, ad.dtype, what, floats=True)
     vd = _values(value, what)
     # The selected shape (and NumPy's IndexError for a bad index) from a stand-in with no bytes.
     selected = np.broadcast_to(_STAND_IN, ad.shape)[idx].shape
@@ -68,7 +68,7 @@ def fill_(a: Tensor, value) -> Tensor:
     if isinstance(value, Tensor) and value.ndim != 0:
         raise ValueError(f"fill_() takes a number or a 0-d tensor, got a tensor of shape {value.shape}; "
                          f"use copy_() to write a tensor of values")
-    check_number_fits(value, a.dtype, "fill_()")
+    check_number_fits(value, a.dtype, "fill_()", floats=True)
     return _copy(a, value, "fill_()", "`ops.where(...)` or a new tensor", reads_once=True)
 
 

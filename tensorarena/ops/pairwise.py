@@ -14,7 +14,7 @@ import numpy as np
 from ..tape import host
 from ..tensor import Tensor
 from ._base import grad_dtype, new, unbroadcast
-from .arith import _binary_out, _meta, _operands
+from .arith import _binary_out, _inplace_operand, _meta, _operands
 
 
 def maximum(input, other) -> Tensor:  # noqa: A002 - torch's name
@@ -59,6 +59,7 @@ def remainder(input, other) -> Tensor:  # noqa: A002 - torch's name
     """input - floor(input / other) * other, broadcasting (torch.remainder, Python's %): the divisor's sign."""
     number_dividend = not isinstance(input, Tensor)
     a, b, dtype = _operands(input, other, np.remainder)
+    _refuse_bool(dtype, "remainder")
     out = _binary_out(a, b, dtype)
     ad, bd = a.data, b.data
     host(_remainder_forward, ad, bd, out)
@@ -83,11 +84,43 @@ def remainder(input, other) -> Tensor:  # noqa: A002 - torch's name
 def floor_divide(input, other) -> Tensor:  # noqa: A002 - torch's name
     """floor(input / other), broadcasting (torch.floor_divide, Python's //): integers stay integers."""
     a, b, dtype = _operands(input, other, np.floor_divide)
+    _refuse_bool(dtype, "floor_divide")
     out = _binary_out(a, b, dtype)
     host(_floor_divide_forward, a.data, b.data, out)
     if dtype.kind != "f":
         return Tensor._make(out)
     return Tensor._make(out, (a, b), _no_derivative)
+
+
+def _refuse_bool(dtype: np.dtype, what: str) -> None:
+    if dtype == np.bool_:  # NumPy's raw UFuncTypeError otherwise
+        raise TypeError(f"{what} is not implemented for bool tensors (as in torch); cast them first (e.g. m.long())")
+
+
+def ifloor_divide(a: Tensor, b) -> Tensor:
+    """a //= b in a's memory (Python rebound the name to a new tensor before: a view written through it did not
+    change)."""
+    return _inplace_division(a, b, np.floor_divide, "//")
+
+
+def iremainder(a: Tensor, b) -> Tensor:
+    """a %= b in a's memory."""
+    return _inplace_division(a, b, np.remainder, "%")
+
+
+def _inplace_division(a: Tensor, b, ufunc: np.ufunc, symbol: str) -> Tensor:
+    _refuse_bool(a.dtype, "floor_divide" if ufunc is np.floor_divide else "remainder")
+    bd = _inplace_operand(a, b, f"{symbol}=", f"`x = x {symbol} y`")
+    ad = a.data
+    host(_divide_into, ufunc, ad, bd)
+    a._version_counter[0] += 1  # after the write: a refused one changed nothing
+    return a
+
+
+def _divide_into(ufunc, ad, bd) -> None:
+    _check_integer_divisor(bd, ad)
+    with np.errstate(invalid="ignore", divide="ignore"):  # a float by 0 is +-inf or NaN, as torch
+        ufunc(ad, bd, out=ad, casting="unsafe")  # (_inplace_operand checked the categories)
 
 
 def _no_derivative(g):
@@ -109,13 +142,14 @@ def _extreme_grad(ad, bd, g, larger, first, full) -> None:
     np.copyto(full, 0, where=np.broadcast_to(lost, full.shape))
 
 
-def _check_integer_divisor(bd) -> None:
-    if bd.dtype.kind in "biu" and not np.all(bd):  # NumPy would warn and give 0; torch raises
+def _check_integer_divisor(bd, out) -> None:
+    # The result's dtype decides, not the divisor's: a float divided by an integer 0 is inf or NaN, as torch's.
+    if out.dtype.kind in "biu" and not np.all(bd):  # NumPy would warn and give 0; torch raises
         raise ZeroDivisionError("integer division or remainder by zero: the divisor tensor holds a 0")
 
 
 def _remainder_forward(ad, bd, out) -> None:
-    _check_integer_divisor(bd)
+    _check_integer_divisor(bd, out)
     with np.errstate(invalid="ignore", divide="ignore"):  # a float % 0 is NaN, as torch
         np.remainder(ad, bd, out=out, casting="same_kind")
 
@@ -129,6 +163,6 @@ def _remainder_grad_divisor(ad, bd, g, full) -> None:
 
 
 def _floor_divide_forward(ad, bd, out) -> None:
-    _check_integer_divisor(bd)
+    _check_integer_divisor(bd, out)
     with np.errstate(invalid="ignore", divide="ignore"):  # a float // 0 is +-inf or NaN, as torch
         np.floor_divide(ad, bd, out=out, casting="same_kind")
