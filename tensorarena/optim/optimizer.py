@@ -440,6 +440,7 @@ class Optimizer:
             elif key in scalars:
                 out[key] = _scalar_array(key, value)
             elif self._is_array(value):
+                fresh = getattr(value, "reads_fresh", False)  # a checkpoint's tensor read for this use alone
                 value = np.asarray(value)
                 prev = old.get(key)
                 # A float64 state loaded into a float32 model narrows: tiny moments flush to 0 (as torch's cast
@@ -448,6 +449,11 @@ class Optimizer:
                     if isinstance(prev, np.ndarray) and prev.shape == p.shape and prev.dtype == p.dtype:
                         np.copyto(prev, value)  # keep the existing heap buffer (a plan may hold it)
                         out[key] = prev
+                    elif fresh and value.dtype == p.dtype and value.flags.writeable and value.flags.c_contiguous:
+                        # Owned by nobody else: kept, not copied (train/tensor_file.py reads it into a mapping of
+                        # its own, which a later free gives back at once; a malloc'd copy, freed when the fused
+                        # route lays the state out flat, raised glibc's mmap threshold and the heap kept pages)
+                        out[key] = value
                     else:
                         # np.asarray first: np.array(copy=True) hands copy= to a torch Tensor's __array__, which
                         # does not take it (NumPy 2's DeprecationWarning, an error under the test settings).
