@@ -14,7 +14,8 @@ from ..nn.functional import cross_entropy
 from ..nn.module import Module
 from .interrupt import RunInterrupted, SigintDeferred, StepAbandoned
 from .report import NonFiniteLossError
-from .summary import bf16_products_since, plan_before_step_1, print_fused_lines, route_summary, step_rate
+from .summary import (bf16_products_since, plan_before_step_1, print_fused_lines, print_skipped, route_summary,
+                      step_rate)
 from .trainer import Trainer
 
 
@@ -69,9 +70,12 @@ def _take_run_options(args, saved: dict) -> None:
         if given is not None and name not in given:
             setattr(args, name, value)
             continue
+        if name == "micro_batch" and value is None and getattr(args, name) >= args.batch_size:
+            continue  # one pass, as saved: a micro-batch not below the batch is none (cli.one_pass_micro_batch)
         flag = "--" + name.replace("_", "-")
-        _refuse_resume(args, f"was trained with {flag} {value}, not {flag} {getattr(args, name)}: a resumed run "
-                             f"goes on with its checkpoint's; leave {flag} out or pass {flag} {value}")
+        same = f"leave {flag} out" + (f" or pass {flag} {value}" if value is not None else "")  # no "--x None"
+        _refuse_resume(args, f"was trained with {'no ' + flag if value is None else f'{flag} {value}'}, not "
+                             f"{flag} {getattr(args, name)}: a resumed run goes on with its checkpoint's; {same}")
 
 
 def _saved(meta: dict | None, key: str):
@@ -253,6 +257,8 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
         "arena_high_water_bytes": max(high_waters, default=0), "parameters": model.num_parameters(),
         # Per step, so callers can check the arena invariant (flat after warm-up) and the loss curve.
         "step_losses": [r.loss for r in reports], "step_arena_high_water_bytes": high_waters,
+        # Steps whose non-finite loss was skipped (--on-nonfinite skip): counted, but they updated nothing.
+        "skipped_steps": sum(bool(r.skipped) for r in reports),
     }
 
 
@@ -338,6 +344,7 @@ def print_classifier_result(summary: dict, header: str, *, test_note: str = "", 
               f"{summary['route'] or 'none (no step run)'} route")
     if summary["first_loss"] is not None:
         print(f"  train loss        {summary['first_loss']:.4f} -> {summary['final_loss']:.4f}")
+    print_skipped(summary)
     print(f"  held-out loss     {summary['test_loss']:.4f}{test_note}")
     print(f"  held-out accuracy {summary['test_accuracy']:.2%}{accuracy_note}")
     print_fused_lines(summary)

@@ -21,7 +21,7 @@ import numpy as np
 
 
 def add_plan_parser(sub) -> None:
-    from ..cli import HelpFormatter, memory_size, nonnegative_float, positive_int
+    from ..cli import MOMENTUM, HelpFormatter, _int_tuple, memory_size, nonnegative_float, positive_int, probability
 
     # The defaults are `tensorarena train`'s (its parser's, and each model's --batch-size), so a plan
     # without options describes the run a train without options makes.
@@ -31,9 +31,9 @@ def add_plan_parser(sub) -> None:
         description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     plan.add_argument("--model", choices=["mlp", "vit-tiny", "vit-small", "vit-base", "simcse"], default="vit-base",
                       help="the model to plan, as train's --model")
-    plan.add_argument("--batch", type=positive_int, default=None,
-                      help="examples per step (simcse: sentences, each run twice) (default: train's --batch-size "
-                           "for the model: mlp 128, vit 32, simcse 16)")
+    plan.add_argument("--batch", "--batch-size", dest="batch", type=positive_int, default=None,
+                      help="examples per step (simcse: sentences, each run twice), as train's --batch-size "
+                           "(default: train's for the model: mlp 128, vit 32, simcse 16)")
     plan.add_argument("--memory-limit", metavar="SIZE", type=memory_size, default=None,
                       help="budget, e.g. 2G (binary units, as train's) (default: the smaller of the cgroup limit "
                            "and this process's RSS plus the available RAM, minus a margin)")
@@ -56,6 +56,22 @@ def add_plan_parser(sub) -> None:
                            "boundaries")
     plan.add_argument("--optimizer", choices=["adamw", "adam", "sgd"], default="adamw",
                       help="its state is part of the plan, as train's --optimizer")
+    # The options of train that change the memory a run takes (a plan without them could only describe the
+    # defaults: train --hidden 2048,2048 needed 269 MiB where plan could say 191, --dtype float64 was 23% low,
+    # --momentum 0 held no momentum buffer that plan counted, and --dropout adds the masks' buffers).
+    plan.add_argument("--hidden", type=_int_tuple, default=train.get_default("hidden"),
+                      help="mlp: hidden layer widths, as train's")
+    plan.add_argument("--activation", choices=["relu", "gelu", "tanh"], default=train.get_default("activation"),
+                      help="mlp: hidden activation, as train's")
+    plan.add_argument("--dropout", type=probability, default=train.get_default("dropout"),
+                      help="dropout probability, as train's (simcse: 0 is the checkpoint's own, 0.1)")
+    plan.add_argument("--dtype", choices=["float32", "float64"], default=train.get_default("dtype"),
+                      help="mlp, simcse: parameter and compute dtype, as train's")
+    plan.add_argument("--momentum", type=nonnegative_float, default=MOMENTUM,
+                      help="sgd: momentum, as train's (0: no momentum buffer)")
+    plan.add_argument("--matmul-precision", choices=["float32", "bfloat16"], default=train.get_default(
+                      "matmul_precision"), help="float32 products or bfloat16 ones, as train's (their rounded "
+                                                "operands take buffers of their own)")
     plan.add_argument("--clip", type=nonnegative_float, default=train.get_default("clip"),
                       help="global gradient-norm clip, as `tensorarena train --clip` (0: none, so the fused step "
                            "updates each parameter inside backward and holds no gradient buffer)")
@@ -73,17 +89,36 @@ def _model_and_batch(args):
         from ..data.digits import NUM_CLASSES, SIZE
         from ..models.mlp import MLP, MLPConfig
 
-        model = MLP(MLPConfig(in_features=SIZE * SIZE, hidden=(256, 256), out_features=NUM_CLASSES), rng=rng)
-        x = np.zeros((args.batch, SIZE * SIZE), np.float32)
+        model = MLP(MLPConfig(in_features=SIZE * SIZE, hidden=args.hidden, out_features=NUM_CLASSES,
+                              activation=args.activation, dropout=args.dropout, dtype=np.dtype(args.dtype).type),
+                    rng=rng)
+        x = np.zeros((args.batch, SIZE * SIZE), args.dtype)
         return model, x, np.zeros(args.batch, np.int64), cross_entropy
     if args.model == "simcse":
         return _simcse_and_batch(args)
     from .vit_job import build_vit
 
+    if args.dtype != "float32":  # as train refuses it
+        raise SystemExit("tensorarena plan: the ViT presets train in float32; drop --dtype float64")
     args.seed = 0
     model = build_vit(args, command="plan")
     x = np.zeros((args.batch, 3, args.image_size, args.image_size), np.float32)
     return model, x, np.zeros(args.batch, np.int64), cross_entropy
+
+
+def _check_model_options(args) -> None:
+    """As train refuses them (cli.MODEL_OPTIONS, OPTIMIZER_OPTIONS): an option the model or optimizer does not
+    read would be planned as if it changed nothing."""
+    from ..cli import MOMENTUM, build_parser
+
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    ignored = [flag for flag, dest in (("--hidden", "hidden"), ("--activation", "activation"))
+               if args.model != "mlp" and getattr(args, dest) != train.get_default(dest)]
+    if args.optimizer != "sgd" and args.momentum != MOMENTUM:
+        ignored.append("--momentum")
+    if ignored:
+        raise SystemExit(f"tensorarena plan: {', '.join(ignored)} does not apply to --model {args.model} with "
+                         f"--optimizer {args.optimizer} (--hidden and --activation: mlp only; --momentum: sgd only)")
 
 
 def _check_batch_fits_data(args) -> None:
@@ -111,7 +146,7 @@ def _data_bytes(args) -> int:
     if args.model == "mlp":
         from ..data.digits import SIZE
 
-        return classifier_data_bytes(args.train_size or MLP_TRAIN_SIZE, args.test_size, (SIZE * SIZE,))
+        return classifier_data_bytes(args.train_size or MLP_TRAIN_SIZE, args.test_size, (SIZE * SIZE,), args.dtype)
     if args.model == "simcse":
         from ..text import python_reference_sentences
         from .simcse_job import PROBE_SIZE, corpus_data_bytes
@@ -136,8 +171,11 @@ def _simcse_and_batch(args):
 
     if args.batch < 2:
         raise SystemExit("tensorarena plan: simcse needs --batch >= 2 (the other sentences are the negatives)")
+    overrides = {"dtype": np.dtype(args.dtype).type}  # as train builds it (simcse_job.train_simcse)
+    if args.dropout > 0:
+        overrides.update(hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout)
     try:
-        encoder = BertModel.from_pretrained(locate_minilm(), rng=np.random.default_rng(0))
+        encoder = BertModel.from_pretrained(locate_minilm(), rng=np.random.default_rng(0), **overrides)
     except FileNotFoundError as e:
         raise SystemExit(f"tensorarena plan: {e}") from None
     if not 3 <= args.seq_len <= encoder.config.max_position_embeddings:
@@ -186,8 +224,10 @@ def _print_plan(args, model, plan, data_bytes: int) -> None:
 def cmd_plan(args) -> dict:
     from .. import optim
     from ..memory.budget import resolve_budget
+    from ..precision import float32_matmul_precision
     from .route_plan import plan_routes
 
+    _check_model_options(args)
     if args.micro_batch is not None and args.model == "simcse":
         raise SystemExit("tensorarena plan: --micro-batch is not supported for simcse (its loss needs the whole "
                          "batch: the other sentences are the negatives)")
@@ -202,16 +242,18 @@ def cmd_plan(args) -> dict:
     # too while planning, so both measure the same process (without it, plan's totals were 2.8% under train's).
     tokenizer = _simcse_tokenizer(args) if args.model == "simcse" else None
     params = model.parameters()
-    opt = {"adamw": optim.AdamW, "adam": optim.Adam}.get(args.optimizer, lambda p: optim.SGD(p, momentum=0.9))(params)
+    opt = {"adamw": optim.AdamW, "adam": optim.Adam}.get(args.optimizer,
+                                                         lambda p: optim.SGD(p, momentum=args.momentum))(params)
     budget = resolve_budget(args.memory_limit)
     # As the Trainer resolves update_in_backward: clipping needs every gradient, so flat gradients.
     # route="auto" chooses between fused and streaming (`choose`: its reason and advice are about those two,
     # never eager, which is shown for comparison only). simcse streams too: its BERT stages read the attention
     # mask as side inputs, a part of their own in the plan.
-    plan = plan_routes(model, opt, loss_fn, x, y, budget, routes=("fused", "eager", "streaming"),
-                       fused_keeps_grads=bool(args.clip), choose=("fused", "streaming"), data_bytes=data_bytes,
-                       data_held=False,  # counted from train's sizes, never drawn here
-                       micro_batch=args.micro_batch)
+    with float32_matmul_precision(args.matmul_precision):  # as Trainer.plan: the traces hold bf16 buffers too
+        plan = plan_routes(model, opt, loss_fn, x, y, budget, routes=("fused", "eager", "streaming"),
+                           fused_keeps_grads=bool(args.clip), choose=("fused", "streaming"), data_bytes=data_bytes,
+                           data_held=False,  # counted from train's sizes, never drawn here
+                           micro_batch=args.micro_batch)
     del tokenizer  # measured: the plan is made
     _print_plan(args, model, plan, data_bytes)
     return {"plan": plan, "chosen": plan.chosen}

@@ -29,7 +29,8 @@ import numpy as np
 from ..memory.meter import peak_rss_bytes, rss_bytes
 from .interrupt import RunInterrupted, SigintDeferred, StepAbandoned
 from .report import NonFiniteLossError
-from .summary import bf16_products_since, finish, plan_before_step_1, print_fused_lines, route_summary, step_rate
+from .summary import (bf16_products_since, finish, plan_before_step_1, print_fused_lines, print_skipped, route_summary,
+                      step_rate)
 
 SIMCSE_DEFAULTS = {"steps": 30, "batch_size": 16, "lr": 3e-5, "warmup": 3}
 PROBE_SIZE = 32  # held-out sentences scored before and after training
@@ -328,6 +329,7 @@ def train_simcse(args) -> dict:
         "peak_rss_bytes": peak_rss_bytes(), "rss_growth_bytes": rss_bytes() - rss_before,
         "arena_high_water_bytes": max(high_waters, default=0), "parameters": model.num_parameters(),
         "step_losses": losses, "step_arena_high_water_bytes": high_waters,
+        "skipped_steps": sum(bool(r.skipped) for r in reports), "steps_this_run": len(reports),
         "saved": str(args.save) if args.save else None,
         "matmul_precision": trainer.matmul_precision, "bf16_products": bf16_products_since(products_before),
     }
@@ -338,6 +340,7 @@ def train_simcse(args) -> dict:
         # .3e: a pretrained sentence encoder starts with InfoNCE losses of 1e-5..1e-3
         print(f"  train loss        {losses[0]:.3e} -> {losses[-1]:.3e}  (mean of first/last 3: "
               f"{summary['first3_mean_loss']:.3e} -> {summary['last3_mean_loss']:.3e})")
+    print_skipped(summary)
     print(f"  probe loss        {probe_before:.3e} -> {probe_after:.3e}  ({len(probe_ids)} held-out sentences, "
           f"fixed dropout masks)")
     print_fused_lines(summary)

@@ -141,3 +141,11 @@ def bf16_products_since(before: dict | None = None) -> dict:
            "attention": calls[("attention_bf16", "fused")] + calls[("attention_bf16", "reference")],
            "attention_stayed_float32": calls[("attention_bf16", "skipped: float32 instead")]}
     return {key: value - (before or {}).get(key, 0) for key, value in now.items()}
+
+
+def print_skipped(summary: dict) -> None:
+    """The steps --on-nonfinite skip skipped, said where the losses are (the run said "trained ... for 4 steps" and
+    a loss of nan, with three of the four steps updating nothing and no word of it)."""
+    if summary.get("skipped_steps"):
+        print(f"  skipped steps     {summary['skipped_steps']} of {summary['steps_this_run']} had a non-finite loss "
+              f"and updated nothing (--on-nonfinite skip)")
