@@ -79,8 +79,12 @@ class _List(Module):
             self[index] = value
 
     def __getattr__(self, name: str):
-        # Only reached when normal lookup fails.
-        index = self._entry_index(name) if name != "_items" else None
+        # Only reached when normal lookup fails. An index past the end is an AttributeError, as torch's (the
+        # IndexError of _entry_index is setattr's: hasattr(seq, "5") raised it instead of answering False).
+        try:
+            index = self._entry_index(name) if name != "_items" else None
+        except IndexError:
+            index = None
         if index is not None and index < len(self._items):
             return self._items[index]
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")

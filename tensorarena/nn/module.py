@@ -97,6 +97,25 @@ def _buffer_value(name: str, value: Any) -> Any:
                     f"expected); to keep a plain value, delete the buffer first (del module.{name})")
 
 
+_WRAP_FORWARD = ("wrap the forward instead: a subclass whose forward calls super().forward(...) with your code around "
+                 "it (the Trainer's fused route then keeps its Python replay, which runs that code every step; keep "
+                 "copies, .numpy(), of tensors you store), or return what you want to see from forward")
+_READ_GRADS = ("read the gradients after backward instead (p.grad, or retain_grad() on an output you keep), or "
+               "change them between backward and optimizer.step() in a training loop of your own")
+_EDIT_DICT = "change the dict that state_dict() returns, or the one you pass to load_state_dict(), yourself"
+
+
+def _refused_hook(name: str, instead: str) -> Callable:
+    """Module's method `name` (a torch register_*_hook), raising NotImplementedError that says what to do instead."""
+    def refuse(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__}.{name}: tensorarena's modules do not support hooks; "
+                                  f"{instead}")
+
+    refuse.__name__ = refuse.__qualname__ = name
+    refuse.__doc__ = "Refused: tensorarena's modules do not support hooks (the NotImplementedError says why)."
+    return refuse
+
+
 def _addindent(text: str, spaces: int) -> str:
     lines = text.split("\n")
     return lines[0] if len(lines) == 1 else "\n".join([lines[0]] + [" " * spaces + ln for ln in lines[1:]])
@@ -234,6 +253,31 @@ class Module:
         """Same as add_module."""
         self.add_module(name, module)
 
+    # -- lookup by dotted name (nn/module_lookup.py) ---------------------------------------
+    def get_submodule(self, target: str) -> "Module":
+        """The module at dotted path `target` ('' is this one); AttributeError naming the part that is missing."""
+        return module_lookup.get_submodule(self, target)
+
+    def set_submodule(self, target: str, module: "Module", strict: bool = False) -> None:
+        """Put `module` at dotted path `target`, replacing the one there in place; with `strict`, only replacing."""
+        module_lookup.set_submodule(self, target, module, strict)
+
+    def get_parameter(self, target: str) -> Parameter:
+        """The parameter at dotted path `target`; AttributeError naming the part that is missing."""
+        return module_lookup.get_parameter(self, target)
+
+    def get_buffer(self, target: str) -> Any:
+        """The buffer at dotted path `target` (non-persistent ones too); AttributeError naming the missing part."""
+        return module_lookup.get_buffer(self, target)
+
+    def __dir__(self) -> list[str]:
+        # A container's entries are no attributes in __dict__ (a ModuleDict's keys live in its _entries) but are
+        # reached as attributes: listed, as torch's dir() lists every registered name except indices ('0').
+        names = set(super().__dir__())
+        names.update(name for name, _ in self._own_children())
+        names.update(name for name, _ in self._own_parameters())
+        return sorted(name for name in names if not name[:1].isdigit())
+
     # -- traversal ---------------------------------------------------------------
     def named_children(self) -> Iterator[tuple[str, "Module"]]:
         """Direct submodules with their attribute names (index for list entries)."""
@@ -354,6 +398,20 @@ class Module:
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
 
+    # torch's module hooks, refused: the fused route records a step's calls once and replays only those, so a
+    # hook's Python would silently stop running after the first steps (state_dict hooks are not offered either).
+    # Methods that raise, not missing attributes: the message reaches containers too, whose __getattr__ would
+    # replace an AttributeError's with its own.
+    register_forward_hook = _refused_hook("register_forward_hook", _WRAP_FORWARD)
+    register_forward_pre_hook = _refused_hook("register_forward_pre_hook", _WRAP_FORWARD)
+    register_full_backward_hook = _refused_hook("register_full_backward_hook", _READ_GRADS)
+    register_full_backward_pre_hook = _refused_hook("register_full_backward_pre_hook", _READ_GRADS)
+    register_backward_hook = _refused_hook("register_backward_hook", _READ_GRADS)
+    register_state_dict_pre_hook = _refused_hook("register_state_dict_pre_hook", _EDIT_DICT)
+    register_state_dict_post_hook = _refused_hook("register_state_dict_post_hook", _EDIT_DICT)
+    register_load_state_dict_pre_hook = _refused_hook("register_load_state_dict_pre_hook", _EDIT_DICT)
+    register_load_state_dict_post_hook = _refused_hook("register_load_state_dict_post_hook", _EDIT_DICT)
+
     def materialize(self) -> "Module":
         """Make the values of every parameter built under nn.deferred_init(), in memory: exactly those an eager
         build with the same generator state holds (nn/deferred.py). Parameters with values are left alone."""
@@ -402,6 +460,21 @@ class Module:
         """Parameters to float32."""
         return self.to(np.float32)
 
+    def half(self) -> "Module":
+        """Refused: tensorarena's kernels have no float16 parameters."""
+        raise TypeError("half(): tensorarena has no float16 parameters; a Module is float32 or float64 "
+                        "(.float() or .double()); nothing was converted")
+
+    def bfloat16(self) -> "Module":
+        """Refused: tensorarena's kernels have no bfloat16 parameters."""
+        raise TypeError("bfloat16(): tensorarena has no bfloat16 parameters; a Module is float32 or float64 "
+                        "(.float() or .double()); for bfloat16's speed, float32 matmuls can round their inputs "
+                        "to it: ta.set_float32_matmul_precision('bfloat16'); nothing was converted")
+
+    def cpu(self) -> "Module":
+        """This module, unchanged: tensorarena keeps everything in the CPU's memory (torch's cpu() is a move)."""
+        return self
+
     # -- checkpoints ------------------------------------------------------------------
     def _state_entries(self, prefix: str = "") -> Iterator[tuple[str, "Module", str, Any]]:
         # torch's order: own parameters, own persistent buffers, then each child; shared
@@ -415,10 +488,11 @@ class Module:
         for name, child in self._own_children():
             yield from child._state_entries(_join(prefix, name))
 
-    def state_dict(self, *, prefix: str = "", keep_vars: bool = False) -> "OrderedDict[str, Any]":
-        """Name -> copy of each parameter and persistent buffer (the objects themselves if keep_vars).
-        `prefix` is put before each name as it is, as torch's: prefix="enc." gives "enc.weight"."""
-        out: OrderedDict[str, Any] = OrderedDict()
+    def state_dict(self, *, destination: Any = None, prefix: str = "", keep_vars: bool = False) -> Any:
+        """Name -> copy of each parameter and persistent buffer (the objects themselves if keep_vars), in a new
+        OrderedDict or put into `destination` (a dict) and returned, as torch's. `prefix` is put before each name
+        as it is, as torch's: prefix="enc." gives "enc.weight"."""
+        out = OrderedDict() if destination is None else destination
         for key, _, _, value in self._state_entries():
             if keep_vars:
                 out[prefix + key] = value
@@ -426,12 +500,13 @@ class Module:
                 out[prefix + key] = (value.data if isinstance(value, Tensor) else value).copy()
         return out
 
-    def load_state_dict(self, state_dict, strict: bool = True) -> IncompatibleKeys:
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False) -> IncompatibleKeys:
         """Copy values into the existing arrays in place (identity and addresses kept), casting dtype.
 
         All problems are collected first and reported in one RuntimeError, and nothing is
         copied unless everything fits. strict=False tolerates missing and unexpected keys
-        (returned) but never a shape mismatch.
+        (returned) but never a shape mismatch. assign=True: the model takes the checkpoint's arrays
+        themselves, in their dtype, with no copy; the Parameter objects stay (nn/module_assign.py).
         """
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"load_state_dict expects a mapping of key -> array (a dict, as state_dict() returns), "
@@ -439,14 +514,21 @@ class Module:
         entries = list(self._state_entries())
         expected = {key for key, *_ in entries}
         missing, mismatched, copies = [], [], []
-        for key, _, _, target in entries:
+        assigned = []  # (key, owning module, attribute name, target, array) with assign=True
+        for key, owner, name, target in entries:
             if key not in state_dict:
                 missing.append(key)
                 continue
-            dst = target.data if isinstance(target, Tensor) else target
+            dst = None if assign else (target.data if isinstance(target, Tensor) else target)
             src = _as_array(state_dict[key])
             if src.dtype.kind not in "biufc":  # None, a string, an object: no shape to compare
                 mismatched.append(f"value for {key} is a {type(state_dict[key]).__name__}, not an array of numbers")
+            elif assign:  # the array itself becomes the model's, so it is kept (the model will hold it anyway)
+                problem = module_assign.check(key, target, state_dict[key], src)
+                if problem:
+                    mismatched.append(problem)
+                else:
+                    assigned.append((key, owner, name, target, src))
             elif src.shape != dst.shape:
                 mismatched.append(f"size mismatch for {key}: copying a value with shape {tuple(src.shape)} "
                                   f"from the checkpoint, the shape in the current model is {tuple(dst.shape)}")
@@ -465,6 +547,7 @@ class Module:
                 copies.append((key, target, dst))
             src = None  # one value at a time: a checkpoint's lazily read tensors are freed after their check
         unexpected = [key for key in state_dict if key not in expected]
+        mismatched += module_assign.overlaps([(key, target, src) for key, _, _, target, src in assigned])
         errors = []
         if strict and missing:
             errors.append(f"Missing key(s) in state_dict ({len(missing)}): " + ", ".join(map(repr, missing)))
@@ -476,6 +559,8 @@ class Module:
                     "shapes must always match)")
             raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}:\n\t"
                                + "\n\t".join(errors) + hint)
+        for _, owner, name, target, src in assigned:
+            module_assign.bind(owner, name, target, src)
         for key, target, dst in copies:
             # Asked for again, not kept from the check: a value read from a file as it is used (train/tensor_file.py)
             # then holds one tensor at a time, not all of them (a plain dict gives the same array).
@@ -506,4 +591,4 @@ class Module:
 
 # Last, and as a module: containers.py subclasses Module, and either file may be imported first. Module wraps
 # lists and dicts of modules in its containers (containers.container_for), looked up when a Module runs.
-from . import containers  # noqa: E402
+from . import containers, module_assign, module_lookup  # noqa: E402
