@@ -414,6 +414,15 @@ class StreamingRoute:
         """
         route_moves.bring_back(self, with_state=True)
         self._in_memory = True
+        # The store as it was left: a step here moves the state back in over it, which must not replace a run
+        # another trainer went on with in this directory meanwhile (route_moves.reenter).
+        self._left_manifest = route_moves.manifest_identity(self.store.directory)
+
+    @property
+    def in_memory(self) -> bool:
+        """True after to_memory() until the next step moves the state back into the store: the model and the
+        optimizer hold the training state (Trainer.save and evaluate read them, not the store)."""
+        return self._in_memory
 
     def params_to_memory(self) -> None:
         """Write the trained parameters (only) back into the model, then close: what a run that ends needs for its

@@ -84,7 +84,8 @@ def pending_message(route: StreamingRoute, exc: BaseException) -> str:
             f"Nothing is lost: this process holds step {index}, and the store on disk is refused until the "
             f"commit is taken. Fix the cause (permissions, a read-only or failing disk, the directory removed), "
             f"then go on: the next step(), or route.retry_commit(), commits step {index} first (its batch was "
-            f"used: go on with the next one)")
+            f"used: go on with the next one). Or, while the disk stays so, keep step {index} elsewhere: "
+            f"trainer.stream.to_memory(), then trainer.save(path) on another disk")
 
 
 def retry_commit(route: StreamingRoute) -> None:

@@ -13,6 +13,7 @@ names (_move_in, _progress, _resume, _reenter, _detach_param; to_memory and para
 from __future__ import annotations
 
 import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -117,10 +118,29 @@ def resume(route: StreamingRoute) -> None:
     offload_all(route)
 
 
+def manifest_identity(directory) -> tuple[int, int] | None:
+    """(inode, modification time) of the committed manifest in `directory`, None without one: every commit
+    renames a new file over it, so another identity means another commit."""
+    from .store_manifest import MANIFEST
+
+    try:
+        stat = os.stat(os.path.join(directory, MANIFEST))
+    except FileNotFoundError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns
+
+
 def reenter(route: StreamingRoute) -> None:
     """After to_memory(): the training state, maybe changed in memory, goes into a new store in the same
     directory (as from_memory(..., overwrite=True) would, but the committed store stays whole until the new
-    one commits: to_memory() promised to leave it as it was), and the route goes on from there."""
+    one commits: to_memory() promised to leave it as it was), and the route goes on from there. A store another
+    trainer committed steps to meanwhile (to_memory() let go of its lock) is refused, not overwritten."""
+    directory = route.store.directory
+    now = manifest_identity(directory)
+    if now is not None and now != getattr(route, "_left_manifest", now):
+        raise StoreError(f"the streaming store {directory} changed after to_memory() (another trainer took steps "
+                         f"there); this trainer's state of step {route.step_count} stays in memory and was not "
+                         f"moved in over that run: save it (Trainer.save) or train it with another store_dir")
     # The stages again from the model as it is: a module replaced while the state was in memory is trained
     # from here on, as on the eager route (_check_stages refuses to train on without this).
     route.stages = model_stages(route.model)

@@ -184,8 +184,26 @@ class ParamStore(StoreManifest):
             raise StoreError(f"the streaming store needs {_fmt(self.disk_bytes)} on disk but {self.directory} has "
                              f"{_fmt(free)} free; free space or pass another store_dir")
         for i, layout in enumerate(self.layouts):
-            fd = self._fd(i)
-            os.ftruncate(fd, layout.total_bytes)
+            self._allocate(i, layout.total_bytes)
+
+    def _allocate(self, index: int, nbytes: int) -> None:
+        """Stage `index`'s file at `nbytes`, its blocks allocated on the disk now. ftruncate made it sparse, and
+        the free-space check above counts bytes, not the whole blocks they take: with a few pages too few, the
+        first write through a mapping (io="map") found no block and the process died of SIGBUS, with no error and
+        the state in memory lost. Allocated here, no room is a StoreError before any stage is written."""
+        fd = self._fd(index)
+        os.ftruncate(fd, nbytes)
+        if not nbytes:
+            return
+        try:
+            os.posix_fallocate(fd, 0, nbytes)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise StoreError(f"the streaming store needs {_fmt(self.disk_bytes)} on disk, and "
+                             f"{self.directory / self.files[index]} could not be given its {_fmt(nbytes)} (no room "
+                             f"left: the files take whole blocks); nothing was moved into the store. Free space or "
+                             f"pass another store_dir") from exc
 
     def _create_beside(self) -> None:
         """New stage files next to the committed store's, in a layout generation no file here has yet; the
@@ -210,7 +228,7 @@ class ParamStore(StoreManifest):
         self.files = [_stage_file(i, generation) for i in range(len(self.layouts))]
         self._superseded = True
         for i, layout in enumerate(self.layouts):
-            os.ftruncate(self._fd(i), layout.total_bytes)
+            self._allocate(i, layout.total_bytes)
 
 
     def relayout(self, spec: StoreSpec, fill) -> None:

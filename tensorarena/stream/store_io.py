@@ -17,6 +17,7 @@ Each write journals its stage through the store's _mark (store_manifest.py), bef
 
 from __future__ import annotations
 
+import errno
 import logging
 import mmap
 import os
@@ -227,6 +228,11 @@ class StageIO:
             try:
                 mapped.madvise(MADV_POPULATE_WRITE)
             except OSError as exc:
+                if exc.errno == errno.EFAULT:  # a page the file cannot back (no room on its disk): a write would
+                    mapped.close()             # be SIGBUS, the process killed with no error
+                    raise StoreError(f"{self.directory / self.files[index]}: its pages cannot all be written (no "
+                                     f"room on its disk?), so the stage was not written; free space on that "
+                                     f"disk") from exc
                 self.populate = "faults"
                 log.warning("streaming store: madvise(MADV_POPULATE_WRITE) failed (%s; it needs Linux 5.14): the "
                             "optimizer takes a page fault at the first write of every page of a stage", exc)

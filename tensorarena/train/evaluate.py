@@ -61,8 +61,9 @@ def evaluate(trainer: Trainer, inputs: np.ndarray, targets: Any, batch_size: int
                     yb = target_layout.build(spec, [leaf[begin:stop] for leaf in leaves])
                     # As the eager step hands it over: a tokenizer's Encoding goes as it is, its attention mask
                     # with it (Tensor(xb) refused it, and its advice, passing .input_ids, attended the padding).
-                    out = (Tensor(trainer.stream.predict(xb)) if trainer.stream is not None
-                           else trainer.model(_model_input(xb)))
+                    # (after to_memory() the model holds the state: the store is not entered again to read it)
+                    streamed = trainer.stream is not None and not trainer.stream.in_memory
+                    out = Tensor(trainer.stream.predict(xb)) if streamed else trainer.model(_model_input(xb))
                     loss = trainer.loss_fn(out, yb).item()
                     total_loss += loss * share if share else 0.0
                     if counted and out.shape[:-1] == yb.shape:

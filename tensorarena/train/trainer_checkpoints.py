@@ -28,7 +28,9 @@ def save(trainer: Trainer, path, extra: dict | None) -> None:
     # Before step 1 a checkpoint may wait for the route choice (load on a deferred model): it is the state
     # to save, so it is loaded now, into the model made whole (no route is chosen yet to keep it elsewhere).
     make_whole(trainer, "save() before step 1 writes what it holds")
-    if trainer.stream is not None:
+    # After to_memory() the state is the model's and the optimizer's (the eager checkpoint below): saving through
+    # the store first moved it back in, which a read-only or full disk refused, so nothing could be saved anywhere.
+    if trainer.stream is not None and not trainer.stream.in_memory:
         from ..stream.checkpoint import save_streaming_checkpoint
 
         save_streaming_checkpoint(trainer.stream, path, step=trainer.step_count, extra=extra)
