@@ -511,7 +511,8 @@ def _run_command(args, argv: list[str] | None) -> None:
     elif args.command == "plan":
         from .train.plan_job import cmd_plan
 
-        cmd_plan(args)
+        if cmd_plan(args)["chosen"] is None:  # the table says why; the status says it to a script, as train's
+            raise SystemExit(1)
     elif args.command == "embed":
         from .embed import cmd_embed
 

@@ -193,7 +193,9 @@ def test_simcse_nonfinite_loss_saves_the_steps_before_it(route, tmp_path, capsys
 
 def test_plan_simcse_json_agrees_with_its_table(capsys):
     need_minilm()
-    cli.main(["plan", "--model", "simcse", "--batch", "2", "--seq-len", "8", "--memory-limit", "300M", "--json"])
+    with pytest.raises(SystemExit) as exc:  # nothing fits: the status says so too (1), as train's
+        cli.main(["plan", "--model", "simcse", "--batch", "2", "--seq-len", "8", "--memory-limit", "300M", "--json"])
+    assert exc.value.code == 1
     out = capsys.readouterr().out.strip().splitlines()
     plan = json.loads(out[-1])
     fits = next(line for line in out if line.startswith("fits")).split()[1:]

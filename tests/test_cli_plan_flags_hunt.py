@@ -7,10 +7,12 @@
    with its own command line, and the refusal advised `--micro-batch None`, which is no valid value.
 3. --on-nonfinite skip skipped steps without a word: "trained ... for 4 steps" with 3 updating nothing.
 4. --store-dir was taken for --model mlp, which never streams: ignored, leaving an empty directory.
+5. Minor: plan's exit status when nothing fits, an unreadable --resume named twice.
 
 Each command runs in a subprocess from a temporary directory, so PYTHONPATH (absolute) decides which tensorarena
-runs. On 8de4784 (before the fix) all 10 of this file's tests fail (a resume with another --micro-batch was
-refused there too, advising `--micro-batch None`):
+runs. On 8de4784 (before the fix) 12 of this file's 12 tests fail (a resume with another --micro-batch was
+refused there too, advising `--micro-batch None`; plan said nothing fits with status 0; an unreadable --resume
+was named "not a readable tensorarena checkpoint" twice, one message wrapping the other):
     git worktree add /tmp/wt 8de4784 && cp tests/test_cli_plan_flags_hunt.py /tmp/wt/tests/ &&
     (cd /tmp/wt && PYTHONPATH=/tmp/wt python -m pytest -q -p no:cacheprovider tests/test_cli_plan_flags_hunt.py)
 """
@@ -92,3 +94,14 @@ def test_store_dir_is_refused_for_a_model_that_never_streams(tmp_path):
     done = _run(tmp_path, "train", *MLP, "--store-dir", "sd/x", "--no-progress")
     assert done.returncode != 0 and "--store-dir does not apply to --model mlp" in done.stderr
     assert not (tmp_path / "sd").exists()
+
+
+def test_plan_exits_1_when_nothing_fits_as_train_does(tmp_path):
+    assert _run(tmp_path, "plan", "--model", "mlp", "--memory-limit", "1").returncode == 1
+    assert _run(tmp_path, "plan", "--model", "mlp", "--memory-limit", "16G").returncode == 0  # control
+
+
+def test_an_unreadable_resume_is_named_once(tmp_path):
+    (tmp_path / "trunc.st").write_bytes(b"")
+    done = _run(tmp_path, "train", *MLP, "--resume", "trunc.st", "--no-progress")
+    assert done.returncode != 0 and done.stderr.count("is not a readable tensorarena checkpoint") == 1

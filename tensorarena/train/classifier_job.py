@@ -96,7 +96,8 @@ def _read_checkpoint_metadata(args) -> dict:
     try:
         return read_metadata(path)
     except (OSError, ValueError, SafetensorError) as err:  # not safetensors, truncated, unreadable, no metadata
-        _refuse_resume(args, f"is not a readable tensorarena checkpoint ({err}); pass a file written by --save")
+        # (its message names the file and says it is no readable checkpoint already: said once, not twice)
+        _refuse_resume(args, f"cannot be resumed: {err}")
 
 
 def resolve_train_size(args, resumed: dict | None, default: int) -> int:

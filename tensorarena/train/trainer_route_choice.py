@@ -76,7 +76,11 @@ def choose_route(trainer: Trainer, inputs: Any, targets: Any) -> None:
         # optimizer's state arrays, heap pages) is measured by planning again, as a load before the plan was:
         # without this a resumed vit-tiny peaked at 333.7 MiB on fused against a 293.8 MiB plan.
         trainer._load_pending_checkpoint(f"route auto chose {plan.chosen}")  # (it makes the model whole first)
+        before = plan
         plan = trainer.plan(inputs, targets, ("fused", "streaming"))
+        if plan.chosen != before.chosen:  # said, not only logged: the plan printed before step 1 named the other
+            log.warning("route auto: with the checkpoint loaded the plan changed: %s, not %s (%s)\n%s", plan.chosen,
+                        before.chosen, plan.reason, plan.format())
         if plan.chosen is None:
             raise MemoryError(f"no training route fits before step 1 with the checkpoint loaded: {plan.reason}"
                               f"\n{plan.format()}")
