@@ -20,8 +20,6 @@ more than before it; now within 0.2x). The corrupt-file test is a control: it pa
 
 from __future__ import annotations
 
-import tracemalloc
-
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
@@ -32,6 +30,7 @@ from tensorarena.train.checkpoint import CheckpointCorruptError
 from tensorarena.train.trainer import Trainer
 
 from mlp_cases import labelled_rows, small_mlp
+from test_checkpoint_memory import _traced_peak
 
 HIDDEN = (256,) * 6  # five 256 x 256 weights: the largest tensor is a fifth of the weights' bytes
 
@@ -42,16 +41,6 @@ def _trained(route: str, steps: int) -> tuple[Trainer, int]:
     for x, y in labelled_rows(n=steps, features=12, classes=4):
         trainer.step(x, y)
     return trainer, sum(p.data.nbytes for p in model.parameters())
-
-
-def _traced_peak(fn) -> int:
-    """Bytes allocated at the peak while `fn` runs (NumPy reports its buffers to tracemalloc)."""
-    tracemalloc.start()
-    try:
-        fn()
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
 
 
 def _same_state(a: Trainer, b: Trainer) -> None:

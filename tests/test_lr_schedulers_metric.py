@@ -22,7 +22,8 @@ from tensorarena import optim
 from tensorarena.optim import lr_scheduler
 
 from test_lr_chainable import LRS, TLS
-from test_lr_schedulers_more import OURS, THEIRS, STEPS, _assert_same, _groups, _run, _set_lr, _torch_optimizer_state
+from test_lr_schedulers_more import (OURS, THEIRS, STEPS, _assert_same, _groups, _run, _set_lr, _torch_optimizer_state,
+                                     goes_on_as_torch_from_its_state)
 
 
 def _lrs(opt):
@@ -324,21 +325,7 @@ def test_a_state_dict_round_trip_mid_run_follows_torch(name, kind):
 
 @pytest.mark.parametrize("name", sorted({**CYCLIC, **CHAINS}))
 def test_torchs_state_dict_loads_and_goes_on_as_torch(name):
-    kind = "adam"
-    opt, topt = OURS.opt(kind), THEIRS.opt(kind)
-    (sched,), (tsched,) = EVERY[name](OURS, opt), EVERY[name](THEIRS, topt)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for _ in range(17):
-            topt.step()
-            tsched.step()
-        opt.load_state_dict(_torch_optimizer_state(topt))
-        sched.load_state_dict(copy.deepcopy(tsched.state_dict()))
-        for step in range(20):
-            topt.step()
-            tsched.step()
-            sched.step()
-            assert _groups(opt) == _groups(topt), f"step {step + 1}"
+    goes_on_as_torch_from_its_state(EVERY[name], "adam")
 
 
 @pytest.mark.parametrize("kind", ["sgd", "adam"])

@@ -182,8 +182,14 @@ ROUND_TRIP = {
     "Lion": lambda ps: optim.Lion(_grouped(ps, (1e-3, 3e-4)), weight_decay=0.1),
     "LAMB": lambda ps: optim.LAMB(ps, lr=0.01, weight_decay=0.01),
     "SGD-momentum": lambda ps: optim.SGD(ps, lr=0.05, momentum=0.9, dampening=0.2),
+    "Adamax": lambda ps: optim.Adamax(_grouped(ps, (0.01, 0.002)), weight_decay=0.01),
+    "RAdam": lambda ps: optim.RAdam(ps, lr=0.01, weight_decay=0.1, decoupled_weight_decay=True),
+    "Adadelta": lambda ps: optim.Adadelta(_grouped(ps, (1.0, 0.5)), rho=0.8, maximize=True),
+    "Rprop": lambda ps: optim.Rprop(_grouped(ps, (0.01, 0.002)), etas=(0.4, 1.3), step_sizes=(1e-4, 1.0)),
+    "ASGD": lambda ps: optim.ASGD(_grouped(ps, (0.05, 0.01)), lambd=0.01, t0=5, weight_decay=0.01),
 }
-SCALAR_STATE = ("step", "mu_product")  # per-parameter numbers (NAdam keeps mu_product too)
+# per-parameter numbers (NAdam keeps mu_product too, ASGD eta and mu)
+SCALAR_STATE = ("step", "mu_product", "eta", "mu")
 
 
 def _grad_stream(n, seed=5):

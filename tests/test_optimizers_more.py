@@ -284,9 +284,18 @@ FLAT_MAKERS = {
     "Adagrad": lambda ps, **kw: optim.Adagrad(ps, lr_decay=0.01, initial_accumulator_value=0.1, **kw),
     "Lion": lambda ps, **kw: optim.Lion(ps, weight_decay=0.1, **kw),
     "LAMB": lambda ps, **kw: optim.LAMB(ps, weight_decay=0.01, **kw),
+    # (tests/test_optimizers_torch_more.py's optimizers)
+    "Adamax": lambda ps, **kw: optim.Adamax(ps, weight_decay=0.01, **kw),
+    "RAdam": lambda ps, **kw: optim.RAdam(ps, weight_decay=0.01, **kw),
+    "RAdam-decoupled": lambda ps, **kw: optim.RAdam(ps, weight_decay=0.1, decoupled_weight_decay=True,
+                                                    maximize=True, **kw),
+    "Adadelta": lambda ps, **kw: optim.Adadelta(ps, weight_decay=0.01, **kw),
+    "Rprop": lambda ps, **kw: optim.Rprop(ps, etas=(0.4, 1.3), **kw),
+    "ASGD": lambda ps, **kw: optim.ASGD(ps, lambd=0.01, t0=5, weight_decay=0.01, **kw),
 }
 KERNEL_OF = {"SGD": "sgd", "Adam": "adam", "AdamW": "adam", "NAdam": "nadam", "RMSprop": "rmsprop",
-             "Adagrad": "adagrad", "Lion": "lion", "LAMB": "lamb"}
+             "Adagrad": "adagrad", "Lion": "lion", "LAMB": "lamb", "Adamax": "adamax", "RAdam": "radam",
+             "Adadelta": "adadelta", "Rprop": "rprop", "ASGD": "asgd"}
 
 
 class _FlatGroup:
@@ -346,7 +355,7 @@ def test_one_flat_update_per_group_matches_the_eager_step(name, dtype, fused):
         flat_params = [piece for fg in groups for piece in fg.pieces(fg.param)]
         diff = max(float(np.max(np.abs(p.data - f), initial=0.0)) for p, f in zip(eager, flat_params))
         assert diff <= FLAT_TOL[dtype], f"step {step}: max |eager - flat| = {diff:.3g}"
-    # the flat state is the eager state laid end to end; a scalar (mu_product) is each parameter's
+    # the flat state is the eager state laid end to end; a scalar (mu_product, eta, mu) is each parameter's
     at = 0
     for fg in groups:
         owners = eager[at:at + len(fg.params)]

@@ -10,7 +10,6 @@ its eager route; torch's hyperparameter errors; a state_dict round trip, ours an
 from __future__ import annotations
 
 import copy
-import json
 import re
 import tracemalloc
 
@@ -25,9 +24,8 @@ from tensorarena.nn.functional import cross_entropy
 from tensorarena.train.trainer import Trainer
 from tests.test_fused import _batches, _max_param_diff, _mlp, _mlp_batches, _two_groups, _vit
 from tests.test_fused import _train as _train_route
-from tests.test_optim import (GRAD_SCALE, SHAPES, STEPS, _grad_stream, _grouped, _max_diff, _params, _set_grads,
-                              _train)
-from tests.test_optimizers_more import DTYPE_IDS, DTYPES, KERNEL_TOL, _FlatGroup, _torch_scalars_in
+from tests.test_optim import SHAPES, STEPS, _grad_stream, _grouped, _max_diff, _params, _set_grads, _train
+from tests.test_optimizers_more import DTYPE_IDS, DTYPES, KERNEL_TOL, _flat_setup, _torch_scalars_in
 
 TOL = {np.float64: 1e-10, np.float32: 1e-5}  # max |ours - torch| over every parameter element
 NAMES = ["Adamax", "RAdam", "Adadelta", "Rprop", "ASGD"]
@@ -273,89 +271,12 @@ def test_fused_kernels_refuse_mismatched_or_strided_state(name):
             _call_kernel(name, "fused", p, g, state, cases[-1], 1)
 
 
-# -- one update_flat per group over flat buffers == the eager per-tensor step ----------------------------
-
-FLAT_MAKERS = {
-    "Adamax": lambda ps, **kw: optim.Adamax(ps, weight_decay=0.01, **kw),
-    "RAdam": lambda ps, **kw: optim.RAdam(ps, weight_decay=0.01, **kw),
-    "RAdam-decoupled": lambda ps, **kw: optim.RAdam(ps, weight_decay=0.1, decoupled_weight_decay=True,
-                                                    maximize=True, **kw),
-    "Adadelta": lambda ps, **kw: optim.Adadelta(ps, weight_decay=0.01, **kw),
-    "Rprop": lambda ps, **kw: optim.Rprop(ps, etas=(0.4, 1.3), **kw),
-    "ASGD": lambda ps, **kw: optim.ASGD(ps, lambd=0.01, t0=5, weight_decay=0.01, **kw),
-}
-
-
-def _flat_setup(name, dtype, fused, shapes=SHAPES):
-    rng = np.random.default_rng(0)
-    arrays = [rng.standard_normal(s) for s in shapes]
-    eager = [Parameter(a, dtype=dtype) for a in arrays]
-    mirror = [Parameter(a, dtype=dtype) for a in arrays]  # the flat optimizer's groups hold these (never stepped)
-    make = FLAT_MAKERS[name]
-    eager_opt = make(_grouped(eager, (0.01, 0.003)), fused=fused)
-    flat_opt = make(_grouped(mirror, (0.01, 0.003)), fused=fused)
-    return eager, eager_opt, flat_opt, [_FlatGroup(flat_opt, g) for g in flat_opt.param_groups]
-
-
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "reference"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-@pytest.mark.parametrize("name", list(FLAT_MAKERS))
-def test_one_flat_update_per_group_matches_the_eager_step(name, dtype, fused):
-    eager, eager_opt, flat_opt, groups = _flat_setup(name, dtype, fused)
-    kernel_key = (KERNEL[name.split("-")[0]], "fused" if fused else "reference")
-    rng = np.random.default_rng(1)
-    for step in range(STEPS):
-        grads = [np.asarray(GRAD_SCALE[dtype] * rng.standard_normal(p.shape), dtype=dtype) for p in eager]
-        for p, g in zip(eager, grads):
-            p.grad = g.copy()
-        eager_opt.step()
-        at = 0
-        for fg in groups:
-            before = sum(kernels.calls.values()), kernels.calls[kernel_key]
-            fg.update(flat_opt, grads[at:at + len(fg.params)])
-            assert (sum(kernels.calls.values()), kernels.calls[kernel_key]) == (before[0] + 1, before[1] + 1)
-            at += len(fg.params)
-        flat_params = [piece for fg in groups for piece in fg.pieces(fg.param)]
-        diff = max(float(np.max(np.abs(p.data - f), initial=0.0)) for p, f in zip(eager, flat_params))
-        assert diff <= TOL[dtype], f"step {step}: max |eager - flat| = {diff:.3g}"
-    at = 0
-    for fg in groups:  # the flat state is the eager state laid end to end; a scalar (eta, mu) is each one's
-        owners = eager[at:at + len(fg.params)]
-        at += len(fg.params)
-        for key, flat in fg.state.items():
-            if flat.ndim == 0:
-                assert all(float(eager_opt.state[p][key]) == pytest.approx(float(flat), rel=1e-12) for p in owners)
-                continue
-            for piece, p in zip(fg.pieces(flat), owners):
-                np.testing.assert_allclose(piece, eager_opt.state[p][key], rtol=0, atol=10 * TOL[dtype], err_msg=key)
-
-
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "reference"])
-@pytest.mark.parametrize("name", list(FLAT_MAKERS))
-def test_update_flat_allocates_nothing(name, fused):
-    shapes = [(64, 33), (100,), ()]  # big enough that allocating any one array would blow the 4 KiB bound
-    for dtype in DTYPES:
-        _, _, flat_opt, groups = _flat_setup(name, dtype, fused, shapes)
-        grads = [np.ones(s, dtype) for s in shapes]
-        at = 0
-        for fg in groups:  # warm-up: compiles the kernel, creates the scratch
-            fg.update(flat_opt, grads[at:at + len(fg.params)])
-            at += len(fg.params)
-        fg = groups[0]
-        tracemalloc.start()
-        try:
-            start, _ = tracemalloc.get_traced_memory()
-            tracemalloc.reset_peak()
-            flat_opt.update_flat(fg.group, fg.param, fg.grad, fg.state, 2.0, fg.segments)
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
-        assert fg.param.nbytes > 4096
-        assert peak - start < 4096, f"{name} {np.dtype(dtype)}: update_flat allocated {peak - start} bytes"
-
+# -- one update_flat per group == the eager step, and no allocation: tests/test_optimizers_more.py's, whose
+# FLAT_MAKERS list these optimizers too
 
 def test_the_allocation_bound_catches_a_reference_kernel_without_scratch(monkeypatch):
-    # Proof the check above can fail: the same measurement when update_flat hands the reference no scratch.
+    # Proof test_optimizers_more's allocation check can fail: its measurement when update_flat hands the reference
+    # no scratch.
     _, _, flat_opt, groups = _flat_setup("Adadelta", np.float64, False, [(64, 33), (100,), ()])
     monkeypatch.setattr(flat_opt, "_scratch_like", lambda param, count: None)
     fg = groups[0]
@@ -541,46 +462,8 @@ def test_asgd_step_size_schedule_without_a_real_value_is_refused_before_any_chan
     assert float(state["step"]) == 0 and float(state["eta"]) == 1.0 and float(state["mu"]) == 1.0
 
 
-# -- state_dict round trips ------------------------------------------------------------------------------
-
-ROUND_TRIP = {
-    "Adamax": lambda ps: optim.Adamax(_grouped(ps, (0.01, 0.002)), weight_decay=0.01),
-    "RAdam": lambda ps: optim.RAdam(ps, lr=0.01, weight_decay=0.1, decoupled_weight_decay=True),
-    "Adadelta": lambda ps: optim.Adadelta(_grouped(ps, (1.0, 0.5)), rho=0.8, maximize=True),
-    "Rprop": lambda ps: optim.Rprop(_grouped(ps, (0.01, 0.002)), etas=(0.4, 1.3), step_sizes=(1e-4, 1.0)),
-    "ASGD": lambda ps: optim.ASGD(_grouped(ps, (0.05, 0.01)), lambd=0.01, t0=5, weight_decay=0.01),
-}
-
-
-@pytest.mark.parametrize("name", list(ROUND_TRIP))
-@pytest.mark.parametrize("via_json", [False, True], ids=["direct", "json-like"])
-def test_state_dict_round_trip_resumes_identically(name, via_json):
-    make = ROUND_TRIP[name]
-    grads = _grad_stream(20)
-    ref_params, _ = _params(np.float64)
-    _train(make(ref_params), ref_params, grads)
-
-    params_a, _ = _params(np.float64)
-    opt_a = make(params_a)
-    _train(opt_a, params_a, grads[:10])
-    sd = opt_a.state_dict()
-    if via_json:  # what a checkpoint does: scalars and hyperparameters through JSON, arrays as arrays
-        sd = {"state": {str(i): {k: (float(v) if k in SCALARS else v) for k, v in e.items()}
-                        for i, e in sd["state"].items()},
-              "param_groups": json.loads(json.dumps(sd["param_groups"]))}
-    params_b = [Parameter(p.data, dtype=np.float64) for p in params_a]
-    opt_b = make(params_b)
-    opt_b.load_state_dict(sd)
-    for s in opt_b.state.values():
-        for key in SCALARS:
-            if key in s:
-                assert isinstance(s[key], np.ndarray) and s[key].shape == () and s[key].dtype == np.float64
-    _train(opt_a, params_a, grads[10:])  # the source keeps training: the loaded copy must not alias it
-    _train(opt_b, params_b, grads[10:])
-    for ref, a, b in zip(ref_params, params_a, params_b):
-        np.testing.assert_array_equal(b.data, ref.data)
-        np.testing.assert_array_equal(a.data, ref.data)
-
+# -- state_dict round trips: tests/test_optim.py's test_state_dict_round_trip_is_exact, whose ROUND_TRIP lists these
+# optimizers too
 
 @pytest.mark.parametrize("name", NAMES)
 def test_torch_state_dict_loads_and_training_goes_on_as_torchs(name):

@@ -460,10 +460,7 @@ class SequentialLR(LRScheduler):
 
     def state_dict(self) -> dict[str, Any]:
         """Own state plus each scheduler's state_dict under "_schedulers"."""
-        state = {k: (list(v) if isinstance(v, list) else v) for k, v in self.__dict__.items()
-                 if k not in ("optimizer", "_schedulers")}
-        state["_schedulers"] = [s.state_dict() for s in self._schedulers]
-        return state
+        return with_inner_states(self)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what `state_dict` returned, including the inner schedulers."""
@@ -485,6 +482,15 @@ class SequentialLR(LRScheduler):
                 s.__dict__.clear()
                 s.__dict__.update(saved)
             raise
+
+
+def with_inner_states(sched: LRScheduler) -> dict[str, Any]:
+    """A scheduler of schedulers' state_dict (SequentialLR, ChainedScheduler): its own state (not the optimizer)
+    plus each inner scheduler's state_dict under "_schedulers", as torch lays it out."""
+    state = {k: (list(v) if isinstance(v, list) else v) for k, v in sched.__dict__.items()
+             if k not in ("optimizer", "_schedulers")}
+    state["_schedulers"] = [s.state_dict() for s in sched._schedulers]
+    return state
 
 
 def warmup_cosine(optimizer: Optimizer, warmup_steps: int, total_steps: int, *, start_factor: float = 1e-3,

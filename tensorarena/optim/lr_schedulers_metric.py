@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Sequence
 
-from .lr_scheduler import LRScheduler, _check_float, _check_int
+from .lr_scheduler import LRScheduler, _check_float, _check_int, with_inner_states
 from .optimizer import Optimizer
 
 __all__ = ["ReduceLROnPlateau", "ChainedScheduler"]
@@ -254,10 +254,7 @@ class ChainedScheduler(LRScheduler):
 
     def state_dict(self) -> dict[str, Any]:
         """Own state (the last lrs) plus each scheduler's state_dict under "_schedulers", as torch's."""
-        state = {k: (list(v) if isinstance(v, list) else v) for k, v in self.__dict__.items()
-                 if k not in ("optimizer", "_schedulers")}
-        state["_schedulers"] = [s.state_dict() for s in self._schedulers]
-        return state
+        return with_inner_states(self)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what `state_dict` returned, the inner schedulers included: all or none."""
