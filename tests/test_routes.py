@@ -193,8 +193,9 @@ def test_plan_command_prints_the_table_the_choice_and_why(capsys):
     for word in ("fused", "eager", "streaming", "activations (slab)", "stream buffers", "fits"):
         assert word in out
     assert "chosen by route=auto: fused" in out or "chosen: fused" in out
-    main(["plan", "--model", "vit-tiny", "--batch", "2", "--image-size", "32", "--memory-limit", "100M"])
-    assert "NO" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:  # nothing fits: status 1, as train's
+        main(["plan", "--model", "vit-tiny", "--batch", "2", "--image-size", "32", "--memory-limit", "100M"])
+    assert exc.value.code == 1 and "NO" in capsys.readouterr().out
 
 
 def test_plan_command_estimates_the_fused_gradients_as_train_would_hold_them(capsys):
