@@ -60,9 +60,11 @@ Outside a step (a checkpoint loaded, optimizer state moved in, stream/follow.py)
 
 from __future__ import annotations
 
+import atexit
 import errno
 import fcntl
 import json
+import logging
 import os
 import shutil
 import threading
@@ -76,10 +78,13 @@ from ..memory.pool import aligned_bytes
 # store_io.py: the slots and the I/O thread; store_manifest.py: opening, commits and the journal). __all__'s names
 # stay importable from here, as before the split (MANIFEST, MANIFEST_ROOM and JOURNAL, which tests read, included);
 # a test that patches a name must patch the module that looks it up, or the patch changes nothing.
+from . import stage_checksums
 from .store_files import (StoreError, _fmt, _fsync_dir, _generation_of, _stage_file, _unlink_quietly,
                           ensure_writable_dir)
 from .store_layout import ArraySpec, StageLayout, StageSpec, StageViews, StoreSpec
 from .store_manifest import JOURNAL, MANIFEST, MANIFEST_ROOM, StoreManifest
+
+log = logging.getLogger("tensorarena")
 
 
 class ParamStore(StoreManifest):
@@ -112,9 +117,11 @@ class ParamStore(StoreManifest):
         self._superseded = False
         self._manifest_bytes = 0
         self._journal_lock = threading.Lock()  # io="map": begin_write (caller) and _write (I/O thread)
+        self.sealed = False  # whether open() checked the stage files against their checksums (stage_checksums.py)
         self._set_spec(spec)
         self._check_writable()
         self._take_lock()
+        stage_checksums.register(self)
 
     def _set_spec(self, spec: StoreSpec) -> None:
         """Hold `spec`: its layouts and two slots sized for its largest stage (no slot may be in use)."""
@@ -316,11 +323,13 @@ class ParamStore(StoreManifest):
 
     # -- closing ------------------------------------------------------------------
     def close(self) -> None:
-        """Finish pending I/O, close the files and release the directory lock."""
+        """Finish pending I/O, seal the store (its stage files' checksums into the manifest, stage_checksums.py),
+        close the files and release the directory lock."""
         if self.closed:
             return
         try:
             self.drain()
+            self._seal_quietly()
         finally:
             self.closed = True
             if self._io is not None:
@@ -336,6 +345,15 @@ class ParamStore(StoreManifest):
                 os.close(self._lock_fd)  # closing the descriptor drops the flock
                 self._lock_fd = None
 
+    def _seal_quietly(self) -> None:
+        """Seal on close; a store that cannot take the commit (a read-only or full disk, a removed directory)
+        stays as committed, unsealed, and closing goes on: a warning says so (its next open warns too)."""
+        try:
+            self.seal()
+        except (OSError, StoreError) as exc:
+            log.warning("streaming store %s closed without checksums of its stage files (%s); it holds what it held",
+                        self.directory, exc)
+
     def __del__(self) -> None:
         # A route dropped without close(): give the descriptors and the directory lock back.
         try:
@@ -343,6 +361,8 @@ class ParamStore(StoreManifest):
         except Exception:  # noqa: BLE001 - nothing useful to do at garbage collection
             pass
 
+
+atexit.register(stage_checksums.close_open_stores)
 
 __all__ = ["ParamStore", "StoreError", "StoreSpec", "StageSpec", "ArraySpec", "StageLayout", "StageViews",
            "MANIFEST", "MANIFEST_ROOM", "JOURNAL"]

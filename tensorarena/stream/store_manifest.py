@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from . import stage_checksums
 from .store_files import StoreError, _fmt, _fsync_dir, _name_file, _unlink_quietly
 from .store_io import StageIO
 from .store_layout import _signature_diff
@@ -67,9 +68,43 @@ class StoreManifest(StageIO):
         self._check_signature(manifest)
         self._check_files()
         self._check_steps(manifest, self._read_journal())
+        self._check_seal(manifest)
         self.manifest = manifest
         self._manifest_bytes = len(text.encode())
         return manifest
+
+    def _check_seal(self, manifest: dict[str, Any]) -> None:
+        """Each stage file against the checksum its last close recorded (stage_checksums.py); `sealed` says
+        whether they were checked. Runs after _check_steps: a step left half written is refused for that."""
+        self.sealed = stage_checksums.seal_matches(manifest, self.files)
+        if not self.sealed:
+            log.warning("streaming store %s: its stage files were not checked against checksums: the run that "
+                        "wrote them did not close the store after its last step (killed?), so none were recorded",
+                        self.directory)
+            return
+        bad = stage_checksums.damaged_stages(self, manifest)
+        if bad:
+            raise StoreError(f"the streaming store {self.directory} is damaged: " + "; ".join(bad) + f". These files "
+                             f"changed after the run that wrote them closed the store at step "
+                             f"{manifest.get('data_step')} (a disk error, a partial copy, another program writing "
+                             f"there). Delete the directory and resume from a checkpoint")
+
+    def seal(self) -> bool:
+        """Record each stage file's checksum in the manifest (stage_checksums.py), once every write finished;
+        returns whether the store is sealed. Nothing to seal: no committed manifest, a step or rewrite in flight
+        (the journal says so; opening refuses that store anyway), or already sealed at this step."""
+        self.drain()
+        if self.manifest is None or stage_checksums.seal_matches(self.manifest, self.files):
+            return self.manifest is not None
+        try:
+            self._check_steps(self.manifest, self._read_journal())
+        except StoreError:
+            return False
+        crcs = [stage_checksums.file_crc32(self._fd(k), layout.total_bytes, self.directory / name)
+                for k, (name, layout) in enumerate(zip(self.files, self.layouts))]
+        self.commit(**{stage_checksums.SEAL: stage_checksums.seal_entry(self.manifest.get("data_step"), self.files,
+                                                                          crcs)})
+        return True
 
     def _adopt(self, manifest: dict[str, Any]) -> None:
         """Take from the manifest what a run may have changed since the optimizer was built: the stage files
@@ -177,6 +212,7 @@ class StoreManifest(StageIO):
         self.drain()
         with self._manifest_lock:
             manifest = dict(self.manifest) if self.manifest is not None else {"format": FORMAT, "version": VERSION}
+            manifest.pop(stage_checksums.SEAL, None)  # any commit but the seal's own may follow changed stages
             manifest.update(fields)
             self._replace(MANIFEST, manifest)
             self.manifest = manifest
