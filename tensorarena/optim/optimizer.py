@@ -384,15 +384,6 @@ class Optimizer:
             for index, p in zip(saved["params"], group["params"]):
                 id_map[int(index)] = p
 
-        entries: list[tuple[Tensor, int, dict[str, Any]]] = []
-        for index, entry in state_dict["state"].items():
-            p = id_map.get(int(index))
-            if p is None:
-                raise ValueError(f"loaded state dict has state for parameter index {index}, which is in no "
-                                 f"parameter group (indices {sorted(id_map)})")
-            self._check_param_state(p, int(index), entry)
-            entries.append((p, int(index), entry))
-
         new_groups = []
         for saved, group in zip(saved_groups, self.param_groups):
             merged = dict(group)
@@ -402,6 +393,17 @@ class Optimizer:
                 merged["betas"] = tuple(merged["betas"])
             self._check_hyperparams(merged)
             new_groups.append(merged)
+        group_of = {id(p): merged for merged in new_groups for p in merged["params"]}
+
+        entries: list[tuple[Tensor, int, dict[str, Any]]] = []
+        for index, entry in state_dict["state"].items():
+            p = id_map.get(int(index))
+            if p is None:
+                raise ValueError(f"loaded state dict has state for parameter index {index}, which is in no "
+                                 f"parameter group (indices {sorted(id_map)})")
+            self._check_param_state(p, int(index), entry)
+            self._check_state_keys(int(index), entry, group_of[id(p)])
+            entries.append((p, int(index), entry))
 
         # Everything is validated: commit (a failed load leaves the optimizer untouched).
         new_state = {p: self._copy_param_state(p, entry) for p, _, entry in entries}
@@ -429,6 +431,28 @@ class Optimizer:
                 if shape != p.shape:
                     raise ValueError(f"state {key!r} of parameter {index} has shape {shape} but the "
                                      f"parameter has shape {p.shape}")
+
+    def _check_state_keys(self, index: int, entry: dict[str, Any], group: dict[str, Any]) -> None:
+        """Refuse the state of another optimizer: keys this class does not keep under `group`'s settings (SGD's
+        momentum_buffer in an Adam), or a state past step 0 without the arrays it would have (an SGD's bare step
+        count in an Adam: its moments would start at zero, bias-corrected as a later step). torch fails such a
+        load at its first step with a KeyError; before this check ours trained on. A subclass that keeps state
+        of its own without declaring it (no state_init) is not checked."""
+        try:
+            arrays = set(self.state_init(group))
+        except NotImplementedError:
+            return
+        keeps = arrays | set(self.scalar_state_init(group)) | {"step"}
+        present = {key for key, value in entry.items() if value is not None}  # torch writes momentum_buffer=None
+        unknown, missing = sorted(present - keeps), sorted(arrays - present)
+        started = "step" in present and float(np.asarray(entry["step"])) > 0
+        if unknown or (started and missing):
+            name = type(self).__name__
+            what = (f"keys {unknown} that {name} does not keep" if unknown
+                    else f"no {missing} although it is at step {float(np.asarray(entry['step'])):g}")
+            raise ValueError(f"state of parameter {index} has {what} ({name} with these settings keeps "
+                             f"{sorted(keeps)}): the state dict looks like another optimizer's or another "
+                             f"setting's. Load the state of a {name} (or build the optimizer the state came from)")
 
     def _copy_param_state(self, p: Tensor, entry: dict[str, Any]) -> dict[str, Any]:
         old = self.state.get(p, {})

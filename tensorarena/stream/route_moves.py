@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..random import peek_default_generator
-from ..train.checkpoint import _generators, _jsonable, rng_state
+from ..train.checkpoint import _generators, _jsonable, _scheduler_problem, rng_state
 from . import optim_state
 from .follow import group_map
 from .generator_states import generator_states_problem, restore_generators
@@ -85,6 +85,9 @@ def progress(route: StreamingRoute, step: int, data_step: int) -> dict[str, Any]
             "param_groups": [_jsonable({k: v for k, v in g.items() if k != "params"})
                              for g in route.optimizer.param_groups],
             "scheduler": None if route.scheduler is None else _jsonable(route.scheduler.state_dict()),
+            # Its class too: a scheduler whose state's keys are a subset of another's (ExponentialLR's of StepLR's)
+            # would load into it and train a schedule of neither run.
+            "scheduler_class": None if route.scheduler is None else type(route.scheduler).__name__,
             # As JSON: MT19937, Philox and SFC64 keep arrays in their states (rng_state); peek: no draw.
             "rng": {name: rng_state(g) for name, g in _generators(route.model).items()},
             "rng_default": rng_state(peek_default_generator())}
@@ -108,11 +111,31 @@ def resume(route: StreamingRoute) -> None:
         raise StoreError(f"the store {where} was trained {'without' if manifest.get('scheduler') is None else 'with'} "
                          f"an LR scheduler but this route was given "
                          f"{'one' if route.scheduler is not None else 'none'}; pass the same scheduler kind")
-    # Everything checked: now restore (hyperparameters first: the schedule's state refers to them).
-    for group, entries in zip(route.optimizer.param_groups, manifest["param_groups"]):
-        group.update({k: tuple(v) if k == "betas" else v for k, v in entries.items()})
     if route.scheduler is not None:
-        route.scheduler.load_state_dict(manifest["scheduler"])
+        saved_class, mine = manifest.get("scheduler_class"), type(route.scheduler).__name__
+        if saved_class is not None and saved_class != mine:  # stores from before it was recorded hold none
+            raise StoreError(f"the store {where} was trained with a {saved_class} schedule but this route was given "
+                             f"a {mine}; pass the same scheduler class to resume it")
+        problem = _scheduler_problem(manifest["scheduler"], route.scheduler)
+        if problem:
+            raise StoreError(f"the store {where} holds a schedule this {mine} cannot take: {problem}")
+    # Everything checked: now restore (hyperparameters first: the schedule's state refers to them). A load that
+    # fails anyway puts the groups and the schedule back: a refused resume changes nothing the caller holds.
+    groups_before = [{k: v for k, v in g.items() if k != "params"} for g in route.optimizer.param_groups]
+    schedule_before = None if route.scheduler is None else route.scheduler.state_dict()
+    try:
+        for group, entries in zip(route.optimizer.param_groups, manifest["param_groups"]):
+            group.update({k: tuple(v) if k == "betas" else v for k, v in entries.items()})
+        if route.scheduler is not None:
+            route.scheduler.load_state_dict(manifest["scheduler"])
+    except BaseException:
+        for group, before in zip(route.optimizer.param_groups, groups_before):
+            params = group["params"]
+            group.clear()
+            group.update(before, params=params)
+        if schedule_before is not None:
+            route.scheduler.load_state_dict(schedule_before)
+        raise
     restore_generators(route.model, manifest.get("rng", {}), manifest["rng_default"])
     route.step_count = int(manifest["step"])
     offload_all(route)
