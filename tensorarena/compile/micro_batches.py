@@ -52,6 +52,20 @@ def check_micro_batch(micro_batch: Any) -> int | None:
     return int(micro_batch)
 
 
+def check_model_splits(model: Any, micro_batch: int | None) -> None:
+    """Refuse micro_batch for a model whose loss couples the rows of its batch: a module of it that says why in
+    `micro_batches_refused` (SimCSE: InfoNCE takes every other sentence as a negative, so each micro-batch's loss
+    would have fewer of them). Weighted micro-batch gradients add up to the whole batch's only for a loss that is
+    a mean over rows; this one trained another loss (0.034 against the batch's 0.130), silently."""
+    if micro_batch is None or not hasattr(model, "modules"):
+        return
+    for module in model.modules():
+        reason = getattr(module, "micro_batches_refused", None)
+        if reason:
+            raise ValueError(f"micro_batch={micro_batch} is not supported for {type(module).__name__}: {reason}. "
+                             f"Train it without micro_batch (a smaller batch, if the whole one does not fit)")
+
+
 def split_batch(inputs: Any, targets: Any, micro_batch: int | None, loss_fn: Any = None
                 ) -> list[tuple[Any, Any, float]]:
     """[(inputs_i, targets_i, weight_i)]: the batch cut into micro-batches of at most `micro_batch` rows, each with

@@ -75,7 +75,7 @@ from . import captured, step_trace
 from . import targets as target_layout
 from .batches import load_batch
 from .flat import FlatState
-from .micro_batches import GradAccumulator, check_micro_batch, micro_step, split_batch
+from .micro_batches import GradAccumulator, check_micro_batch, check_model_splits, micro_step, split_batch
 from .replay_choice import choose_replay
 from .step_state import step_scheduler
 from .step_plan import PlannedArena, Signature, StepPlan
@@ -143,6 +143,7 @@ class FusedStep:
         self.model, self._loss_fn, self.optimizer = model, loss_fn, optimizer
         self.scheduler, self.clip_grad_norm, self.max_plans = scheduler, clip_grad_norm, max_plans
         self.micro_batch = check_micro_batch(micro_batch)
+        check_model_splits(model, self.micro_batch)
         self.update_in_backward = resolve_update_in_backward(update_in_backward, clip_grad_norm, self.micro_batch)
         log.info("fused route: %s", "each parameter updated inside backward (no gradient buffer)"
                  if self.update_in_backward else "flat gradients, one update kernel per group after backward "

@@ -86,6 +86,10 @@ class SimCSE(Module):
             given as input_ids alone.
     """
 
+    # compile/micro_batches.check_model_splits: every route refuses micro_batch for it (as the CLI does)
+    micro_batches_refused = ("its InfoNCE loss takes every other sentence of the batch as a negative, so "
+                             "micro-batches would train another loss, not the whole batch's step")
+
     def __init__(self, encoder: Module, *, temperature: float = 0.05, pad_id: int = 0) -> None:
         super().__init__()
         if not 0 < temperature < math.inf:

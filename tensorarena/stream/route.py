@@ -60,7 +60,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..autograd import no_grad
-from ..compile.micro_batches import check_micro_batch
+from ..compile.micro_batches import check_micro_batch, check_model_splits
 from ..memory.arena import Arena
 from ..memory.pool import BlockPool, aligned_bytes
 from ..nn.modes import ensure_training, kept_modes
@@ -140,6 +140,7 @@ class StreamingRoute:
             raise ValueError(f"start must be one of {STARTS}, got {start!r}")
         check_step_options(clip_grad_norm, on_nonfinite)
         self.micro_batch = check_micro_batch(micro_batch)
+        check_model_splits(model, self.micro_batch)
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be a non-negative int (steps already taken), got {step!r}")
         self.model, self.optimizer, self.loss_fn, self.scheduler = model, optimizer, loss_fn, scheduler

@@ -31,7 +31,9 @@ def evaluate(trainer: Trainer, inputs: np.ndarray, targets: Any, batch_size: int
     if rows == 0:
         raise ValueError(f"evaluate: the held-out data is empty (inputs of shape {np.shape(inputs)}); "
                          f"pass at least one row")
-    spec, leaves = target_layout.flatten(targets)
+    # None: a model that returns its own loss (SimCSE), as step(inputs, None) takes it; flatten would make it a
+    # 0-d object array and refuse it with the fused route's message, on every route.
+    spec, leaves = (("constant", None), []) if targets is None else target_layout.flatten(targets)
     short = [leaf.shape for leaf in leaves if leaf.ndim == 0 or len(leaf) != rows]
     if short:
         raise ValueError(f"evaluate: the targets must have one row per input row ({rows}); got arrays of shapes "

@@ -157,9 +157,10 @@ class Trainer:
                  micro_batch: int | None = None) -> None:
         if route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
-        from ..compile.micro_batches import check_micro_batch
+        from ..compile.micro_batches import check_micro_batch, check_model_splits
 
         self._micro_batch = check_micro_batch(micro_batch)
+        check_model_splits(model, self._micro_batch)
         from ..compile.replay_choice import REPLAYS
 
         if fused_replay not in REPLAYS:
