@@ -350,6 +350,11 @@ class FlatState:
         if converted:
             return (f"the dtype of {', '.join(converted[:5])}{'...' if len(converted) > 5 else ''} changed "
                     f"({_DTYPE_CHANGED}); its values and optimizer state move to a layout in the new dtype")
+        # Looked at, not taken from `uniform`: an edit in place (opt.state[p]["step"][...] = 0, as a torch user
+        # restarts bias correction) keeps every array bound, and the group's one kernel then gave all parameters
+        # parameter 0's count, or overwrote the edited one. A few comparisons of float64 vectors per group.
+        for g in self.groups:
+            g.uniform = not g.uneven_kinds()
         uneven = [(i, g.uneven_kinds()) for i, g in enumerate(self.groups) if not g.uniform]
         if uneven:
             return (f"the parameters of flat group {uneven[0][0]} no longer share their {uneven[0][1]} values (a "
