@@ -39,7 +39,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import REPO_ROOT, write_json  # noqa: E402
+from common import REPO_ROOT, positive_int, write_json  # noqa: E402
 
 sys.path.insert(0, os.path.join(REPO_ROOT, "tests"))
 from cgroup_harness import CgroupUnavailable, run_limited  # noqa: E402
@@ -51,8 +51,12 @@ def _plan(model: str, steps: int, limit: int | None = None) -> dict:
     cmd = [sys.executable, "-m", "tensorarena", "plan", "--model", model, "--steps", str(steps), "--json"]
     if limit is not None:
         cmd += ["--memory-limit", str(limit)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO_ROOT).stdout
-    return json.loads(out.strip().splitlines()[-1])  # the JSON is the last line (a table may come first)
+    # Exit status 1 is plan's answer "nothing fits" (the sweep asks for budgets where that is the point), with
+    # its JSON printed as for 0; anything else is a failure of plan itself.
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT)
+    if done.returncode not in (0, 1) or not done.stdout.strip():
+        raise RuntimeError(f"{' '.join(cmd)} failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])  # the JSON is the last line (a table may come first)
 
 
 def route_needs(model: str, steps: int) -> dict[str, int]:
@@ -138,7 +142,7 @@ def verdict(result: dict, limit: int, expected: str | None) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="mlp,vit-tiny,vit-small,simcse")
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=positive_int, default=3)
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
 

@@ -49,6 +49,19 @@ def peak_rss_bytes() -> int:
     raise RuntimeError("no VmHWM line in /proc/self/status")
 
 
+def after_kernel_warmup() -> None:
+    """What a fused contender calls after tensorarena.kernels.warmup.compile_all(), which loads and runs every
+    kernel (Adadelta's and LAMB's too) so that the baseline of its memory prediction holds compiled code: the
+    kernel counters start again (its JSON "kernels" listed those warm-up calls as the step's), and so does the
+    peak RSS (VmHWM, reset by /proc/self/clear_refs): that warm-up's transient buffers put ~13 MiB on a small
+    ViT's peak that neither a user's Trainer(route="fused") nor the eager contender holds."""
+    from tensorarena import kernels
+
+    kernels.calls.clear()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
 def time_steps(step: Callable[[], float], *, warmup: int, steps: int) -> dict:
     """Run `step` (returns the loss) warmup+steps times; median/first/all times and RSS trace."""
     import time
@@ -140,14 +153,28 @@ def interleave(steps: dict[str, Callable[[], object]], rounds: int, per_round: i
     return times
 
 
+def positive_int(text: str) -> int:
+    """argparse type for counts (--steps, --rounds...): 0 or less was taken as "the default" by `args.steps or
+    default`, or failed only in statistics.median after the whole run."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {value}")
+    return value
+
+
 def interleaved_vit_parser(description: str):
     """The options every interleaved ViT benchmark takes: --model, --rounds, --per-round, --json."""
     import argparse
 
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=["tiny", "base"], default="tiny")
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--per-round", type=int, default=3)
+    parser.add_argument("--rounds", type=positive_int, default=8)
+    parser.add_argument("--per-round", type=positive_int, default=3)
     parser.add_argument("--json")
     return parser
 
@@ -164,6 +191,33 @@ def paired_ratios(times: dict[str, list[float]], reference: str, per_round: int)
 
     ref = round_medians(times[reference])
     return {name: statistics.median(a / b for a, b in zip(round_medians(t), ref)) for name, t in times.items()}
+
+
+def torch_products_in_bf16(knob: Callable[[], object]) -> bool:
+    """Whether PyTorch's float32 products run in bfloat16 under `knob` (a context manager factory setting its
+    precision knob) on this machine: one product under it, compared with the float32 one and with one of the
+    operands rounded to bfloat16. On the machine these benches were written on (Zen 4, avx512_bf16, torch 2.13
+    CPU), neither set_float32_matmul_precision("medium") nor mkldnn.matmul.fp32_precision="bf16" changed a
+    product by more than float32's own reordering (4e-5, where bfloat16 operands move it by 0.17): their
+    "bf16" column is a float32 rival there, and the tables say so."""
+    import numpy as np
+    import torch
+
+    rng = np.random.default_rng(0)
+    a, b = (torch.from_numpy(rng.standard_normal((64, 256), dtype=np.float32)) for _ in range(2))
+    full = (a @ b.T).numpy()
+    rounded = (a.bfloat16().float() @ b.bfloat16().float().T).numpy()
+    with knob():
+        under = (a @ b.T).float().numpy()  # (autocast hands back bfloat16)
+    return bool(np.abs(under - rounded).max() < np.abs(under - full).max())
+
+
+def bf16_note(column: str, effective: bool) -> str:
+    """The line a table prints under a PyTorch bf16 column (see torch_products_in_bf16)."""
+    if effective:
+        return f"{column}: PyTorch's products ran in bfloat16 here (checked on one product)"
+    return (f"{column}: PyTorch's knob left its products in float32 on this machine (checked on one product): "
+            f"that column is a float32 rival, not a bfloat16 one")
 
 
 def write_json(path: str | None, data: dict) -> None:

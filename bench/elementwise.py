@@ -18,6 +18,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import positive_int  # noqa: E402
+
 # Measure this checkout's tensorarena, not another install (see bench/common.py's REPO_ROOT).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -100,8 +103,8 @@ def run_torch(repeats: int, threads: int | None) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=200)
-    ap.add_argument("--threads", type=int, default=None, help="threads for both (default: Numba's default)")
+    ap.add_argument("--repeats", type=positive_int, default=200)
+    ap.add_argument("--threads", type=positive_int, default=None, help="threads for both (default: Numba's default)")
     ap.add_argument("--only", choices=("ours", "torch"), default=None)
     ap.add_argument("--json", default=None, help="also write the results here (they are printed after the table)")
     ap.add_argument("--child", choices=("ours", "torch"), default=None, help=argparse.SUPPRESS)

@@ -35,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import write_json  # noqa: E402
+from common import positive_int, write_json  # noqa: E402
 
 SHAPES = {  # tokens, width, heads, batch x heads layout for attention (B, H, T, hs)
     "tiny": dict(tokens=8 * 197, width=192, heads=(8, 3, 197, 64)),
@@ -179,7 +179,7 @@ def main() -> None:
                         help="with --steps: alternate kernels.gemm_jobs' routes on and off (MKL both ways)")
     parser.add_argument("--libraries", action="store_true",
                         help="with --steps: alternate the per-core products' library, OpenBLAS and MKL")
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=positive_int, default=7)
     parser.add_argument("--json")
     args = parser.parse_args()
 

@@ -9,13 +9,15 @@ shapes) it times, taking turns:
                  operands rounded to bfloat16, then cblas_gemm_bf16bf16f32
   bf16 gemm only the same GEMM on operands rounded beforehand: what the rounding costs is the gap
   torch f32      torch.mm at torch's default precision ("highest")
-  torch bf16     torch.mm under torch.set_float32_matmul_precision("medium")
+  torch bf16     torch.mm under torch.set_float32_matmul_precision("medium") (whether that made its products
+                 bfloat16 here is checked and printed: common.torch_products_in_bf16)
 Medians per product summed over the block, and each sum's ratio to mkl f32.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -24,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import write_json  # noqa: E402
+from common import bf16_note, positive_int, torch_products_in_bf16, write_json  # noqa: E402
 from gemm import SHAPES, _median_ms  # noqa: E402
 
 
@@ -66,7 +68,7 @@ def block_jobs(model: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=sorted(SHAPES), default="tiny")
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=positive_int, default=7)
     parser.add_argument("--json")
     args = parser.parse_args()
     import torch
@@ -94,7 +96,21 @@ def main() -> None:
     totals = {c: sum(per[c] for per in medians.values()) for c in contenders}
     print(f"{'block':<10}" + "".join(f"{totals[c]:>16.2f}" for c in contenders))
     print(f"{'x mkl f32':<10}" + "".join(f"{totals[c] / totals['mkl f32']:>16.3f}" for c in contenders))
-    write_json(args.json, {"model": args.model, "rounds": args.rounds, "median_ms": medians, "block_ms": totals})
+    torch_bf16 = torch_products_in_bf16(lambda: _medium())
+    print(bf16_note("torch bf16", torch_bf16))
+    write_json(args.json, {"model": args.model, "rounds": args.rounds, "torch_medium_products_bf16": torch_bf16,
+                           "median_ms": medians, "block_ms": totals})
+
+
+@contextlib.contextmanager
+def _medium():
+    import torch
+
+    torch.set_float32_matmul_precision("medium")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision("highest")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import vit  # noqa: E402 - bench/vit.py: the models, data and child harness
-from common import child_main, cpu_name, time_torch_steps, write_json  # noqa: E402
+from common import child_main, cpu_name, positive_int, time_torch_steps, write_json  # noqa: E402
 
 CONTENDERS = ["pytorch eager", "pytorch eager, accumulated", "tensorarena fused", "tensorarena fused, micro-batches",
               "tensorarena eager, micro-batches"]
@@ -70,20 +70,24 @@ CHILDREN = {"pytorch eager": lambda: _torch(False), "pytorch eager, accumulated"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=list(vit.CASES), default="tiny")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--micro-batch", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per contender, after 3 warm-up steps")
+    parser.add_argument("--batch", type=positive_int, default=32)
+    parser.add_argument("--micro-batch", type=positive_int, default=8)
+    parser.add_argument("--steps", type=positive_int, default=5,
+                        help="timed steps per contender, after 3 warm-up steps")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     env = {"BENCH_CASE": args.model, "BENCH_BATCH": str(args.batch), "BENCH_MICRO": str(args.micro_batch)}
     ours = [n for n in CONTENDERS if n.startswith("tensorarena")]
     vit.run_contenders(__file__, ours, {**env, "BENCH_STEPS": "1"})  # fills Numba's kernel cache
     results = vit.run_contenders(__file__, CONTENDERS, {**env, "BENCH_STEPS": str(args.steps)})
-    title = (f"{vit.CASES[args.model]['title']} batch {args.batch} ({args.batch // args.micro_batch} micro-batches "
+    pieces = -(-args.batch // args.micro_batch)  # the last micro-batch may be short: 10 rows by 4 run as 3
+    title = (f"{vit.CASES[args.model]['title']} batch {args.batch} ({pieces} micro-batches "
              f"of {args.micro_batch} where named), {vit.IMAGE}x{vit.IMAGE}, AdamW, {args.steps} timed steps; "
              f"CPU: {cpu_name()}")
     print(title)
     ref = results[REFERENCE]
+    if ref.get("unavailable"):  # no ratios to give; each contender's own figures still print (NaN ratios)
+        ref = {"median_step_s": float("nan"), "peak_rss_bytes": float("nan")}
     print(f"{'contender':34s} {'median s':>9s} {'x time':>7s} {'peak RSS MiB':>13s} {'x RSS':>6s} "
           f"{'predicted peak MiB':>19s} {'growth / predicted':>19s}")
     for name, r in results.items():

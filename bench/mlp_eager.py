@@ -13,7 +13,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import child_main, print_table, run_children, time_steps, time_trainer, write_json  # noqa: E402
+from common import (child_main, positive_int, print_table, run_children, time_steps, time_trainer,  # noqa: E402
+                    write_json)
 
 BATCH, SIZES, LR = 256, (784, 1024, 1024, 10), 1e-3
 WARMUP = 5
@@ -73,7 +74,7 @@ if __name__ == "__main__":
         child_main({"tensorarena eager": run_ours, "pytorch eager": run_torch})
         sys.exit(0)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument("--steps", type=positive_int, default=STEPS)
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     results = run_children(__file__, ["tensorarena eager", "pytorch eager"], env={"BENCH_STEPS": str(args.steps)})

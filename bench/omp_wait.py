@@ -22,7 +22,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import write_json  # noqa: E402
+from common import positive_int, write_json  # noqa: E402
 
 SETTINGS = {  # name -> environment
     "PASSIVE": {"OMP_WAIT_POLICY": "PASSIVE"},
@@ -60,8 +60,8 @@ def child(model: str, steps: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=["tiny", "base"], default="tiny")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--rounds", type=positive_int, default=5)
+    parser.add_argument("--steps", type=positive_int, default=10)
     parser.add_argument("--json")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -1,6 +1,6 @@
 """OpenBLAS's idle-thread spin vs our fused kernels: one process, the two timeouts alternated.
 
-    python bench/openblas_spin.py [--model tiny|base] [--route fused|eager] [--rounds 5]
+    python bench/openblas_spin.py [--model tiny|base] [--route fused|eager] [--rounds 5] [--json out.json]
 
 kernels/cpu.py restarts OpenBLAS's thread pool with OPENBLAS_THREAD_TIMEOUT=4 (workers sleep at
 once after a matmul) instead of OpenBLAS's 28 (~0.1 s of spinning, which halves our next fused
@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import os
 import statistics
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import positive_int, write_json  # noqa: E402
 
 # Measure this checkout's tensorarena, not another install (see bench/common.py's REPO_ROOT).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -33,8 +35,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=["tiny", "base"], default="tiny")
     parser.add_argument("--route", choices=["fused", "eager"], default="fused")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps-per-round", type=int, default=3)
+    parser.add_argument("--rounds", type=positive_int, default=5)
+    parser.add_argument("--steps-per-round", type=positive_int, default=3)
+    parser.add_argument("--json", help="also write the results here (they are printed after the table)")
     args = parser.parse_args()
 
     import numpy as np
@@ -76,7 +79,7 @@ def main() -> None:
         r = result[f"timeout_2^{e}"]
         print(f"  OPENBLAS_THREAD_TIMEOUT={e:<3} median {r['median_ms']:7.1f} ms   min {r['min_ms']:7.1f} ms")
     print(f"  ratio (4 / 28): {result['ratio_median_4_over_28']:.3f}")
-    print(json.dumps(result))
+    write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
     python bench/sgemm_peak.py [--sizes 1024,2048,3072] [--repeats 5] [--json out.json]
 
 For each size n, times C = A @ B on (n, n) float32 matrices `repeats` times (after one
-warm-up) and takes the median; the peak is the best median over the sizes, in GFLOP/s
+warm-up) and takes the fastest (see measure_sgemm_peak); the peak is the best over the sizes, in GFLOP/s
 (2 n^3 FLOPs per product). Other benchmarks import `measure_sgemm_peak()`.
 """
 
@@ -11,7 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import positive_int  # noqa: E402
 
 
 def measure_sgemm_peak(sizes: tuple[int, ...] = (1024, 2048, 3072), repeats: int = 5, *,
@@ -53,12 +58,12 @@ def _blas_name() -> str:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1024,2048,3072", help="comma-separated matrix sides")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=positive_int, default=5)
     parser.add_argument("--json", help="also write the result here")
     args = parser.parse_args()
     result = measure_sgemm_peak(tuple(int(s) for s in args.sizes.split(",")), args.repeats, detail=True)
     for n, rate in result["gflops_by_size"].items():
-        print(f"sgemm {n:>5} x {n:<5} {rate:8.1f} GFLOP/s (median of {args.repeats})")
+        print(f"sgemm {n:>5} x {n:<5} {rate:8.1f} GFLOP/s (fastest of {args.repeats})")
     print(f"peak {result['peak_gflops']:.1f} GFLOP/s ({result['blas']})")
     if args.json:
         with open(args.json, "w") as f:

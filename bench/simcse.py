@@ -31,7 +31,8 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import child_main, cpu_name, time_torch_steps, time_trainer, write_json  # noqa: E402
+from common import (after_kernel_warmup, child_main, cpu_name, positive_int, time_torch_steps,  # noqa: E402
+                    time_trainer, write_json)
 from vit import add_rates, machine_note, print_table, print_verdict, run_contenders, verdict  # noqa: E402
 
 BATCH, SEQ, LR, WEIGHT_DECAY, TEMPERATURE = 32, 64, 3e-5, 0.01, 0.05
@@ -116,6 +117,7 @@ def _run_ours(route: str, replay: str = "auto") -> dict:
     from tensorarena.memory.meter import rss_bytes
 
     compile_all()
+    after_kernel_warmup()
     baseline = rss_bytes()
     report = trainer.compile(ids, None).memory_report()
     result = time_trainer(trainer, ids, None, warmup=WARMUP, steps=_steps())
@@ -204,7 +206,7 @@ if __name__ == "__main__":
     from sgemm_peak import measure_sgemm_peak
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=STEPS, help="timed steps per contender")
+    parser.add_argument("--steps", type=positive_int, default=STEPS, help="timed steps per contender")
     parser.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated subset to run")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()

@@ -48,7 +48,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import child_main, peak_rss_bytes, rss_bytes, run_children, time_steps, write_json  # noqa: E402
+from common import (child_main, peak_rss_bytes, positive_int, rss_bytes, run_children, time_steps,  # noqa: E402
+                    write_json)
 
 IMAGE, PATCH, CLASSES, LR, WEIGHT_DECAY = 224, 16, 10, 1e-3, 0.01
 WARMUP = 1
@@ -346,7 +347,7 @@ def disk_bandwidth(directory: str, nbytes: int, *, drop_caches: bool) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--case", choices=sorted(CASES), default="base")
-    parser.add_argument("--steps", type=int, default=None, help="timed steps per contender (after 1 warm-up)")
+    parser.add_argument("--steps", type=positive_int, default=None, help="timed steps per contender (after 1 warm-up)")
     parser.add_argument("--store-dir", default=None, help="where the store and the bandwidth file go (default: tmp)")
     parser.add_argument("--only", nargs="+", choices=sorted(SHORT), default=None,
                         help="run just these contenders (default: fused streaming copy cold)")

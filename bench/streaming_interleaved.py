@@ -23,7 +23,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import interleave, write_json  # noqa: E402
+from common import interleave, positive_int, write_json  # noqa: E402
 
 BAR = 2.0
 CASES = {"base": 1, "tiny": 8}
@@ -63,8 +63,8 @@ def build(case: str, store_root: str) -> tuple[dict, list]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--case", choices=sorted(CASES), default="base")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--per-round", type=int, default=2)
+    parser.add_argument("--rounds", type=positive_int, default=5)
+    parser.add_argument("--per-round", type=positive_int, default=2)
     parser.add_argument("--store-dir", default=None, help="where the two stores go (default: a temporary directory)")
     parser.add_argument("--json")
     args = parser.parse_args()

@@ -58,7 +58,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import child_main, cpu_name, time_torch_steps, time_trainer, write_json  # noqa: E402
+from common import (after_kernel_warmup, child_main, cpu_name, positive_int, time_torch_steps,  # noqa: E402
+                    time_trainer, write_json)
 
 IMAGE, PATCH, CLASSES, LR, WEIGHT_DECAY = 224, 16, 10, 1e-3, 0.01
 WARMUP = 3
@@ -134,6 +135,7 @@ def run_ours(route: str = "eager", update_in_backward: bool | None = None, matmu
     from tensorarena.memory.meter import rss_bytes
 
     compile_all()
+    after_kernel_warmup()
     baseline = rss_bytes()
     started = time.perf_counter()
     report = trainer.compile(x, y).memory_report()
@@ -386,7 +388,7 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=list(CASES), help="run one case (default: both)")
-    parser.add_argument("--steps", type=int, help="timed steps per contender (default: tiny 20, base 40)")
+    parser.add_argument("--steps", type=positive_int, help="timed steps per contender (default: tiny 20, base 40)")
     parser.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated subset to run")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--cold-kernels", action="store_true",

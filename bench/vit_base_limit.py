@@ -33,6 +33,10 @@ sys.path.insert(0, ROOT)
 
 from tests.cgroup_harness import CgroupUnavailable, run_limited  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import positive_int  # noqa: E402
+from tensorarena.memory.budget import parse_size  # noqa: E402
+
 MiB = 2**20
 CASES = {
     "base": {"model": "vit-base", "image_size": 224, "batch_size": 1, "limit": "1G", "steps": 4},
@@ -40,23 +44,16 @@ CASES = {
 }
 
 
-def parse_size(text: str) -> int:
-    units = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
-    text = text.strip().upper().removesuffix("IB").removesuffix("B")
-    unit = text[-1] if text and text[-1] in units else ""
-    return int(float(text[:len(text) - len(unit)]) * units[unit])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--case", choices=sorted(CASES), default="base")
     parser.add_argument("--model", default=None, help="override the case's model (vit-tiny|vit-small|vit-base)")
-    parser.add_argument("--image-size", type=int, default=None)
-    parser.add_argument("--batch-size", type=int, default=None)
-    parser.add_argument("--steps", type=int, default=None, help="training steps (default 4)")
+    parser.add_argument("--image-size", type=positive_int, default=None)
+    parser.add_argument("--batch-size", type=positive_int, default=None)
+    parser.add_argument("--steps", type=positive_int, default=None, help="training steps (default 4)")
     parser.add_argument("--limit", default=None, help="cgroup hard limit and --memory-limit (default: 1G for base)")
     parser.add_argument("--route", default="auto", choices=["auto", "fused", "eager", "streaming"])
-    parser.add_argument("--test-size", type=int, default=8, help="held-out images evaluated after training")
+    parser.add_argument("--test-size", type=positive_int, default=8, help="held-out images evaluated after training")
     parser.add_argument("--store-dir", default=None, help="streaming store directory (default: a temporary one)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds before the run is killed")
     parser.add_argument("--json", default=None, help="write the results here")
@@ -67,7 +64,7 @@ def main() -> None:
     batch = args.batch_size or case["batch_size"]
     steps = args.steps or case["steps"]
     limit_text = args.limit or case["limit"]
-    limit = parse_size(limit_text)
+    limit = parse_size(limit_text)  # the CLI's own reading of --memory-limit, which gets the same text
 
     with tempfile.TemporaryDirectory(prefix="bench-vit-limit-") as tmp:
         store = args.store_dir or os.path.join(tmp, "store")

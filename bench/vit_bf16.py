@@ -4,8 +4,10 @@
 
 tensorarena's float32_matmul_precision("bfloat16") (tensorarena/precision.py) rounds the operands of
 float32 products to bfloat16 and accumulates in float32. PyTorch's like-for-like setting is
-torch.set_float32_matmul_precision("medium"), which on CPU sends float32 matmuls through oneDNN in
-bfloat16 the same way; its usual mixed-precision recipe is torch.autocast("cpu", torch.bfloat16),
+torch.set_float32_matmul_precision("medium"), meant to send float32 matmuls through oneDNN in
+bfloat16 the same way (whether it did on this machine is checked on one product and printed: on the Zen 4 these
+benches were written on, torch 2.13's CPU build left them float32, common.torch_products_in_bf16); its usual
+mixed-precision recipe is torch.autocast("cpu", torch.bfloat16),
 which also casts activations and keeps bf16 outputs. All three are timed next to both libraries'
 float32 steps, the contenders taking turns as in bench/vit_interleaved.py (same models, data and
 AdamW; torch's precision is set around its own step only and restored after it). One more of ours,
@@ -18,17 +20,32 @@ bf16 matmuls, each as the ratio of whole-run medians / the median over rounds of
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import interleave, interleaved_vit_parser, paired_ratios, write_json  # noqa: E402
+from common import (bf16_note, interleave, interleaved_vit_parser, paired_ratios, torch_products_in_bf16,  # noqa: E402
+                    write_json)
 from vit_interleaved import our_trainer, torch_step  # noqa: E402
 
 TORCH_BF16 = "pytorch eager, bf16 matmuls"
 F32_ATTENTION = "tensorarena fused, bf16, f32 attention"
+
+
+@contextlib.contextmanager
+def torch_precision(name: str):
+    """torch.set_float32_matmul_precision(name) inside, the process's setting restored after."""
+    import torch
+
+    saved = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(name)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(saved)
 
 
 def with_torch_precision(step, name: str):
@@ -110,11 +127,13 @@ def main() -> None:
     for name, t in times.items():
         cells = "".join(f"{f'{medians[name] / medians[ref]:.3f} / {paired[ref][name]:.3f}':>19}" for ref in refs)
         print(f"{name:<40}{medians[name] * 1e3:>11.1f}{min(t) * 1e3:>10.1f}{cells}")
+    torch_bf16 = torch_products_in_bf16(lambda: torch_precision("medium"))
+    print(bf16_note(TORCH_BF16, torch_bf16))
     gain = paired_ratios(times, F32_ATTENTION, args.per_round)["tensorarena fused, bf16 matmuls"]
     print(f"attention's products in bfloat16: the bf16 step at {medians['tensorarena fused, bf16 matmuls'] / medians[F32_ATTENTION]:.3f}"
           f" / {gain:.3f} of the one with float32 attention")
     write_json(args.json, {"model": args.model, "rounds": args.rounds, "per_round": args.per_round,
-                           "median_step_s": medians, "step_times_s": times,
+                           "torch_medium_products_bf16": torch_bf16, "median_step_s": medians, "step_times_s": times,
                            "x_pytorch_eager": {n: m / medians[refs[0]] for n, m in medians.items()},
                            "x_pytorch_bf16_matmuls": {n: m / medians[refs[1]] for n, m in medians.items()},
                            "paired_x_pytorch_eager": paired[refs[0]], "paired_x_pytorch_bf16_matmuls": paired[refs[1]]})

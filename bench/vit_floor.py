@@ -43,13 +43,15 @@ bench/vit_bf16.py times whole bf16 steps of ours against PyTorch's.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import cpu_name, interleave, interleaved_vit_parser, paired_ratios, write_json  # noqa: E402
+from common import (bf16_note, cpu_name, interleave, interleaved_vit_parser, paired_ratios,  # noqa: E402
+                    torch_products_in_bf16, write_json)
 
 BAR = 0.7  # issue 4: fused step time <= 0.7x PyTorch eager
 
@@ -346,6 +348,16 @@ def build(case_name: str, seed: int = 0, bf16: bool = False) -> tuple[dict, dict
     return steps, facts
 
 
+@contextlib.contextmanager
+def _mkldnn_bf16(torch):
+    """PyTorch's oneDNN bf16 knob for float32 matmuls, as torch_step_bf16 sets it."""
+    torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.matmul.fp32_precision = "ieee"
+
+
 def main() -> None:
     parser = interleaved_vit_parser(__doc__)
     parser.add_argument("--bf16", action="store_true", help="add the bfloat16-matmul floor and step (module docstring)")
@@ -388,13 +400,19 @@ def main() -> None:
           f"({facts['kernel_calls']} calls; the fused step spends "
           f"{(medians['tensorarena fused'] - medians['kernels only']) * 1e3:.1f} ms more); of that, the "
           f"kernels other than products take {(medians['kernels only'] - medians['products only']) * 1e3:.1f} ms.")
+    torch_bf16 = None
     if args.bf16:
+        import torch
+
+        torch_bf16 = torch_products_in_bf16(lambda: _mkldnn_bf16(torch))
+        print(bf16_note("pytorch eager, bf16 matmul", torch_bf16))
         ref16 = medians["pytorch eager, bf16 matmul"]
         print(f"bf16 floor (matmul_precision='bfloat16'): products with bf16 linear GEMMs "
               f"{medians['products, bf16 linear'] / ref:.3f}x PyTorch eager, "
               f"{medians['products, bf16 linear'] / ref16:.3f}x PyTorch eager with its bf16 matmul knob")
     write_json(args.json, {"model": args.model, "cpu": cpu_name(), "rounds": args.rounds, "per_round": args.per_round,
                            "median_step_s": medians, "step_times_s": times, "sgemm_peak_gflops": peak,
+                           "torch_mkldnn_products_bf16": torch_bf16,
                            "x_pytorch_eager": {n: m / ref for n, m in medians.items()},
                            "paired_x_pytorch_eager": paired, "at_peak_x_pytorch_eager": at_peak_s / ref, "bar": BAR, "floor_x_pytorch_eager": floor,
                            "kernels_only_x_pytorch_eager": kernels_only,
