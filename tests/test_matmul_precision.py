@@ -315,11 +315,13 @@ def test_a_fused_plan_keeps_its_precision_and_plans_the_rounded_operands():
         # The Python replay: it asks the arena for every plan buffer, which the last assert below counts
         fused = compile_step(model, cross_entropy, optim.SGD(model.parameters(), lr=1e-2), (x, y), replay="python")
     rounded = [b for b in fused.plan.buffers if b.dtype == np.uint16]
-    # Operands the ops round, and (slice kernels) the per-core tiles attention rounds P and dS into: all
-    # in the slab.
+    # Operands the ops round, and (slice kernels) the per-core tiles attention rounds P and dS into (float32
+    # values of bfloat16 ones, as uint32 bits) and its operands widened to float32 for its products: all in the slab.
     slices = kernels.choose("attention_forward") == "fused" and K.in_kernels()
-    assert {b.op for b in rounded} == {"ops._products.rounded"} | ({"kernels.attention_heads._bf16_args"} if slices
-                                                                   else set())
+    assert {b.op for b in rounded} == {"ops._products.rounded"}
+    ops = {(b.op, np.dtype(b.dtype)) for b in fused.plan.buffers}
+    assert (("kernels.attention_heads._bf16_args", np.dtype(np.uint32)) in ops) == slices
+    assert (("kernels.attention_heads._widened", np.dtype(np.float32)) in ops) == slices
     assert "float32 products in bfloat16" in fused.plan.format_report()
     before = _bf16_products_run()
     arena = fused.step(x, y)[3]  # this thread's setting is float32 now; the plan's wins

@@ -22,12 +22,18 @@ The path runs only when MKL is kernels.gemm's backend; `kernels.calls[("attentio
 counts its calls (tests assert on it), and a process without MKL logs that once (kernels.gemm).
 
 bfloat16 products (ops at float32_matmul_precision("bfloat16")): q, k, v (and backward's g) arrive
-rounded, as uint16 bit patterns, and every product is MKL's cblas_gemm_bf16bf16f32, one thread per
-slice as above. Each slice rounds its P (or D = dropout(P)) into a per-core uint16 tile before D v and
-D^T g, and its dS into the same tile before dS k and dS^T q; the softmax and its gradient stay
-float32. Against the same bfloat16 step with float32 attention (`python bench/vit_bf16.py`, its
-"bf16, f32 attention" contender; whole-run / paired medians, 6 interleaved rounds): ViT-Tiny batch 8
-0.943x / 0.909x, ViT-Base batch 1 0.980x / 0.990x (within noise: attention is a small part of its step).
+rounded, as uint16 bit patterns; they are widened to the float32 values they stand for (exact: a shift) and
+every product is the float32 GEMM above, one thread per slice. Each slice rounds its P (or D = dropout(P))
+to bfloat16 into a per-core tile of float32 values before D v and D^T g, and its dS into the same tile before
+dS k and dS^T q; the softmax and its gradient stay float32. A product of two bfloat16 values is exact in
+float32 and the sums are float32, so this is what MKL's cblas_gemm_bf16bf16f32 gives, up to the order of
+the sums (kernels.gemm_bf16's twin; tests/test_attention_bf16.py). That GEMM was called here until a
+helper's bisection found that each call from inside this libgomp parallel region kept ~100 bytes of the
+process's memory for good (the same GEMM from Python, or cblas_sgemm here, kept none): repeated bf16
+evaluate() grew RSS 278.6 -> 302.9 MiB over five calls, and `train --matmul-precision bfloat16` ended ~6%
+over its plan. On this machine's Zen 4 the float32 products of widened values were also 2-4x faster than
+MKL's bf16 ones inside the loop (tests/test_attention_bf16_memory.py holds the memory flat). The widened
+copies are arena buffers of the call, twice the bfloat16 operands' bytes.
 
 The arithmetic is kernels.attention's batched path's: the same row functions (`softmax_row`,
 `softmax_grad_rows`, defined here and used by both), the same dropout mask hashed from (seed,
@@ -47,9 +53,9 @@ from . import calls, choose
 from .gemm import _slice_layout, mkl_symbols_loaded
 from .dropout import dropped
 from .mkl_numba import NO_TRANS as _NO_TRANS, TRANS as _TRANS
-from .mkl_numba import gemm_bf16_call, gemm_call, set_local_threads
+from .mkl_numba import gemm_call, set_local_threads
 from . import blas_threads, gemm_library
-from .gemm_bf16 import BF16, in_kernels as _bf16_in_kernels, round_block
+from .gemm_bf16 import BF16, in_kernels as _bf16_in_kernels, round_bits
 from . import fastmath as fm
 from .softmax import _exp_fma_normalise, _rowdot, _rowmax
 
@@ -77,12 +83,6 @@ def _gemm(lib, f32, ta, tb, m, n, k, a, lda, b, ldb, c, ldc):
     # c (m, n) = op(a) @ op(b), row-major, one thread (the loop set MKL's count for its thread; OpenBLAS's is held
     # at one by the Python caller, blas_threads.one_thread)
     gemm_call(lib, f32, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, False)
-
-
-@numba.njit
-def _gemm16(ta, tb, m, n, k, a, lda, b, ldb, c, ldc):
-    # c (m, n) float32 = op(a) @ op(b) of bfloat16 operands, one thread (as _gemm)
-    gemm_bf16_call(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, False)
 
 
 @numba.njit(inline="always")
@@ -162,7 +162,12 @@ def _softmax_rows(p, kb, has_kpm, causal, scale):
 
 @numba.njit
 def _round_block(bits, out):
-    round_block(bits, out)
+    # out (uint32 bits of a float32 tile) = bits rounded to bfloat16 and widened back to float32 (exact): the
+    # product that reads it is a float32 one (cblas_sgemm). MKL's cblas_gemm_bf16bf16f32, called inside this
+    # libgomp parallel region, grew the process's memory by ~100 bytes a call, never given back.
+    for i in range(bits.shape[0]):
+        for j in range(bits.shape[1]):
+            out[i, j] = np.uint32(round_bits(bits[i, j])) << np.uint32(16)
 
 
 @numba.njit(inline="always")
@@ -188,11 +193,7 @@ def _forward(ops, probs, tiles, kpm, has_kpm, causal, scale, has_drop, seed, thr
             b = sl // nh
             h = sl % nh
             p = probs[b, h]
-            if bf16:
-                _gemm16(q[_TR], kt[_TR], t, s, hs, _at(q, b, h), q[_LD], _at(kt, b, h), kt[_LD], p.ctypes.data, s)
-            else:
-                _gemm(lib, f32, q[_TR], kt[_TR], t, s, hs, _at(q, b, h), q[_LD], _at(kt, b, h), kt[_LD], p.ctypes.data,
-                      s)
+            _gemm(lib, f32, q[_TR], kt[_TR], t, s, hs, _at(q, b, h), q[_LD], _at(kt, b, h), kt[_LD], p.ctypes.data, s)
             _softmax_rows(p, kpm[b if has_kpm else 0], has_kpm, causal, scale)
             src = p
             if has_drop:
@@ -201,7 +202,8 @@ def _forward(ops, probs, tiles, kpm, has_kpm, causal, scale, has_drop, seed, thr
             if bf16:
                 r = rounded[c]
                 _round_block(tbits[c] if has_drop else pbits[b, h], r)
-                _gemm16(_NO_TRANS, v[_TR], t, hv, s, r.ctypes.data, s, _at(v, b, h), v[_LD], _at(out, b, h), out[_LD])
+                _gemm(lib, f32, _NO_TRANS, v[_TR], t, hv, s, r.ctypes.data, s, _at(v, b, h), v[_LD], _at(out, b, h),
+                      out[_LD])
             else:
                 _gemm(lib, f32, _NO_TRANS, v[_TR], t, hv, s, src.ctypes.data, s, _at(v, b, h), v[_LD], _at(out, b, h),
                       out[_LD])
@@ -233,8 +235,9 @@ def _backward(ops, probs, tiles, scale, has_drop, seed, threshold, dscale, zero,
             if bf16:
                 r = rounded[c]
                 _round_block(tbits[c] if has_drop else pbits[b, h], r)
-                _gemm16(_TRANS, g[_TR], s, hv, t, r.ctypes.data, s, _at(g, b, h), g[_LD], _at(dv, b, h), dv[_LD])
-                _gemm16(g[_TR], vt[_TR], t, s, hv, _at(g, b, h), g[_LD], _at(vt, b, h), vt[_LD], tile.ctypes.data, s)
+                _gemm(lib, f32, _TRANS, g[_TR], s, hv, t, r.ctypes.data, s, _at(g, b, h), g[_LD], _at(dv, b, h), dv[_LD])
+                _gemm(lib, f32, g[_TR], vt[_TR], t, s, hv, _at(g, b, h), g[_LD], _at(vt, b, h), vt[_LD], tile.ctypes.data,
+                      s)
             else:
                 # dv (S, hv) = D^T g
                 _gemm(lib, f32, _TRANS, g[_TR], s, hv, t, d.ctypes.data, s, _at(g, b, h), g[_LD], _at(dv, b, h),
@@ -249,8 +252,9 @@ def _backward(ops, probs, tiles, scale, has_drop, seed, threshold, dscale, zero,
             if bf16:
                 r = rounded[c]
                 _round_block(tbits[c], r)
-                _gemm16(_NO_TRANS, k[_TR], t, hs, s, r.ctypes.data, s, _at(k, b, h), k[_LD], _at(dq, b, h), dq[_LD])
-                _gemm16(_TRANS, q[_TR], s, hs, t, r.ctypes.data, s, _at(q, b, h), q[_LD], _at(dk, b, h), dk[_LD])
+                _gemm(lib, f32, _NO_TRANS, k[_TR], t, hs, s, r.ctypes.data, s, _at(k, b, h), k[_LD], _at(dq, b, h),
+                      dq[_LD])
+                _gemm(lib, f32, _TRANS, q[_TR], s, hs, t, r.ctypes.data, s, _at(q, b, h), q[_LD], _at(dk, b, h), dk[_LD])
             else:
                 _gemm(lib, f32, _NO_TRANS, k[_TR], t, hs, s, tile.ctypes.data, s, _at(k, b, h), k[_LD], _at(dq, b, h),
                       dq[_LD])
@@ -302,7 +306,7 @@ def _drop_args(dropout: tuple | None, dtype) -> tuple:
 
 
 _NO_TILES = {np.dtype(dt): np.empty((0, 0, 0), dt) for dt in (np.float32, np.float64)}  # forward without dropout
-_NO_BITS = (np.empty((0, 0, 0, 0), np.uint32), np.empty((0, 0, 0), np.uint32), np.empty((0, 0, 0), BF16))
+_NO_BITS = (np.empty((0, 0, 0, 0), np.uint32), np.empty((0, 0, 0), np.uint32), np.empty((0, 0, 0), np.uint32))
 
 
 def _bf16_args(bf16: bool, probs: np.ndarray, tiles: np.ndarray, nchunks: int) -> tuple:
@@ -311,7 +315,18 @@ def _bf16_args(bf16: bool, probs: np.ndarray, tiles: np.ndarray, nchunks: int) -
     if not bf16:
         return (False, *_NO_BITS)
     t, s = probs.shape[-2:]
-    return True, probs.view(np.uint32), tiles.view(np.uint32), empty((nchunks, t, s), BF16)
+    return True, probs.view(np.uint32), tiles.view(np.uint32), empty((nchunks, t, s), np.uint32)
+
+
+def _widened(x: np.ndarray) -> np.ndarray:
+    """bfloat16 bits (uint16) -> the float32 values they stand for (exact), in a C-contiguous arena buffer; other
+    arrays as they are. The slices multiply these with cblas_sgemm: a float32 product of bfloat16 values, as
+    cblas_gemm_bf16bf16f32 computes it up to the order of the float32 sums (kernels.gemm_bf16's twin)."""
+    if x.dtype != BF16:
+        return x
+    wide = empty(x.shape, np.float32)
+    np.left_shift(x, np.uint32(16), out=wide.view(np.uint32), dtype=np.uint32)
+    return wide
 
 
 def _contiguous_probs(probs: np.ndarray) -> np.ndarray:
@@ -336,6 +351,8 @@ def attention_forward_slices(q: np.ndarray, k: np.ndarray, v: np.ndarray, kpm: n
     """kernels.attention's forward, slice by slice (the module docstring); the caller checked `usable`."""
     nb, nh, t, hs = q.shape
     s, hv = k.shape[2], v.shape[3]
+    bf16 = q.dtype == BF16
+    q, k, v = _widened(q), _widened(k), _widened(v)
     table = np.zeros((4, 5), np.int64)
     keep = [_descriptor(q, table, FWD_Q), _descriptor(k.swapaxes(-1, -2), table, FWD_KT),
             _descriptor(v, table, FWD_V)]  # alive until the kernel returns: the table holds their addresses
@@ -348,7 +365,7 @@ def attention_forward_slices(q: np.ndarray, k: np.ndarray, v: np.ndarray, kpm: n
     with _one_thread_if(lib):
         _forward(table, p, tiles, kpm, has_kpm, causal, float(scale), has_drop, seed, threshold, dscale,
                  p.dtype.type(0), p.dtype == np.float32, lib, nchunks, nh, hs, hv,
-                 *_bf16_args(q.dtype == BF16, p, tiles, nchunks))
+                 *_bf16_args(bf16, p, tiles, nchunks))
     del keep
     if out_w is not out:
         np.copyto(out, out_w)
@@ -363,6 +380,8 @@ def attention_backward_slices(q: np.ndarray, k: np.ndarray, v: np.ndarray, probs
     """kernels.attention's backward, slice by slice; the caller checked `usable`."""
     nb, nh, t, hs = q.shape
     s, hv = k.shape[2], v.shape[3]
+    bf16 = q.dtype == BF16
+    q, k, v, g = _widened(q), _widened(k), _widened(v), _widened(g)
     table = np.zeros((7, 5), np.int64)
     keep = [_descriptor(q, table, BWD_Q), _descriptor(k, table, BWD_K),
             _descriptor(v.swapaxes(-1, -2), table, BWD_VT), _descriptor(g, table, BWD_G)]
@@ -378,7 +397,7 @@ def attention_backward_slices(q: np.ndarray, k: np.ndarray, v: np.ndarray, probs
     lib = _library(q)
     with _one_thread_if(lib):
         _backward(table, p, tiles, float(scale), has_drop, seed, threshold, dscale, p.dtype.type(0),
-                  p.dtype == np.float32, lib, nchunks, nh, hs, hv, *_bf16_args(q.dtype == BF16, p, tiles, nchunks))
+                  p.dtype == np.float32, lib, nchunks, nh, hs, hv, *_bf16_args(bf16, p, tiles, nchunks))
     del keep
     for user, written in outs:
         if written is not user:

@@ -45,8 +45,8 @@ def to_bfloat16_reference(src: np.ndarray, out: np.ndarray) -> np.ndarray:
 def round_bits(u):
     """One float32's bits (uint32) -> its bfloat16 bits (uint16): nearest, ties to even, NaNs kept quiet NaNs.
 
-    kernels.attention_heads' disk-cached kernels inline this (through round_block); their cache
-    notices edits made here through kernels/numba_cache.py.
+    kernels.attention_heads' disk-cached kernels inline this; their cache notices edits made here through
+    kernels/numba_cache.py.
     """
     # uint32 lanes throughout: finite values cannot wrap (-inf + 0x8000 < 2^32), and a select rather
     # than a branch keeps the loops that inline this vectorised.
@@ -57,8 +57,7 @@ def round_bits(u):
 
 @numba.njit(inline="always")
 def round_block(bits, out):
-    """out (2-D uint16) = bits (2-D uint32 view of float32, any strides) rounded, on the calling thread
-    (kernels.attention_heads rounds each slice's P and dS with it inside its own parallel loop)."""
+    """out (2-D uint16) = bits (2-D uint32 view of float32, any strides) rounded, on the calling thread."""
     for i in range(bits.shape[0]):
         for j in range(bits.shape[1]):
             out[i, j] = round_bits(bits[i, j])
@@ -170,8 +169,9 @@ def slow_here() -> str:
 
 
 def in_kernels() -> bool:
-    """Whether Numba kernels can call the bf16 GEMM by name (kernels.mkl_numba): attention's slice path
-    (kernels.attention_heads) needs it for its bfloat16 products."""
+    """Whether bfloat16 products are on here with MKL's symbols bound for Numba: then attention's slice path
+    (kernels.attention_heads) takes bfloat16 operands (it multiplies them widened to float32, with MKL's or
+    OpenBLAS's float32 GEMM: MKL's bf16 GEMM inside its parallel loop kept memory at every call)."""
     return available() and _gemm.mkl_symbols_loaded()
 
 

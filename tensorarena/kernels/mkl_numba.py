@@ -29,9 +29,6 @@ _sgemm = types.ExternalFunction("cblas_sgemm", types.void(_i, _i, _i, _i, _i, _i
                                                           types.float32, _p, _i))
 _dgemm = types.ExternalFunction("cblas_dgemm", types.void(_i, _i, _i, _i, _i, _i, types.float64, _p, _i, _p, _i,
                                                           types.float64, _p, _i))
-# bfloat16 operands (uint16 bit patterns), float32 sums and output; in MKL since 2020 (kernels.gemm_bf16).
-_bf16gemm = types.ExternalFunction("cblas_gemm_bf16bf16f32", types.void(_i, _i, _i, _i, _i, _i, types.float32, _p, _i,
-                                                                         _p, _i, types.float32, _p, _i))
 set_local_threads = types.ExternalFunction("MKL_Set_Num_Threads_Local", types.intc(types.intc))
 # OpenBLAS's, by the names kernels.gemm_library binds: sizes and leading dimensions 64-bit (ILP64), the enums int.
 _l = types.int64
@@ -56,11 +53,3 @@ def gemm_call(lib, f32, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, accumulate):
                np.float32(1.0) if accumulate else np.float32(0.0), c, ldc)
     else:
         _dgemm(ROW_MAJOR, ta, tb, m, n, k, 1.0, a, lda, b, ldb, 1.0 if accumulate else 0.0, c, ldc)
-
-
-@numba.njit(inline="always")
-def gemm_bf16_call(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, accumulate):
-    """c (m, n, float32) = op(a) @ op(b), or c += with accumulate, for bfloat16 a and b; row-major, addresses
-    as int64. Only where kernels.gemm_bf16.in_kernels()."""
-    _bf16gemm(ROW_MAJOR, ta, tb, m, n, k, np.float32(1.0), a, lda, b, ldb,
-              np.float32(1.0) if accumulate else np.float32(0.0), c, ldc)
