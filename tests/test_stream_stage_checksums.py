@@ -3,9 +3,11 @@
 Before, a stage file changed between runs (3.0 written over a stage's weights) was trained on silently on resume.
 Now a store closed by its process is sealed (each stage file's CRC32 in the manifest) and opening it checks them.
 The rest of the file pins what the seal must not break or promise: a killed run opens unchecked with a warning,
-the interpreter's exit seals a store nobody closed, a step drops the seal, a seal that cannot be written only warns.
+the interpreter's exit seals a store nobody closed, a step drops the seal, a seal that cannot be written only warns,
+and a temporary store its trainer's finalizer removed is not sealed (it warned of a missing .manifest.json.tmp
+before 3831a6b's follow-up: that test fails without the directory check in ParamStore._seal_quietly).
 
-On 745266e (before the seal) 6 of this file's 6 tests fail: the damaged stage trains on (DID NOT RAISE), and the
+On 745266e (before the seal) 6 of this file's first 6 tests fail: the damaged stage trains on (DID NOT RAISE), and the
 others find no seal entry, no `sealed` attribute or no stage_checksums module:
     git worktree add /tmp/wt 745266e && cp tests/test_stream_stage_checksums.py /tmp/wt/tests/ &&
     (cd /tmp/wt && PYTHONPATH=/tmp/wt python -m pytest -q -p no:cacheprovider tests/test_stream_stage_checksums.py)
@@ -148,3 +150,28 @@ def test_a_seal_that_cannot_be_written_leaves_the_store_usable(tmp_path, caplog,
     monkeypatch.undo()
     with _resume(store) as again:
         assert again.store.sealed is False and again.step_count == 1
+
+
+def test_a_temporary_store_removed_with_its_trainer_is_not_sealed_and_says_nothing(caplog):
+    import gc
+    import types
+
+    from tensorarena.train.trainer import Trainer
+
+    model, opt = _objects()
+    trainer = Trainer(model, opt, cross_entropy, route="eager")
+    trainer.step(*_batch(0))
+
+    def out_of_memory(self, *args, **kwargs):  # once: the step moves to a temporary streaming store
+        del model.head.forward
+        raise MemoryError("injected")
+
+    model.head.forward = types.MethodType(out_of_memory, model.head)
+    trainer.step(*_batch(1))
+    store = trainer.stream.store.directory
+    assert trainer.route == "streaming" and store.is_dir()
+    with caplog.at_level(logging.WARNING, logger="tensorarena"):
+        del trainer, opt
+        gc.collect()
+    assert not store.exists()
+    assert not [r for r in caplog.records if "checksums" in r.getMessage()]

@@ -347,7 +347,11 @@ class ParamStore(StoreManifest):
 
     def _seal_quietly(self) -> None:
         """Seal on close; a store that cannot take the commit (a read-only or full disk, a removed directory)
-        stays as committed, unsealed, and closing goes on: a warning says so (its next open warns too)."""
+        stays as committed, unsealed, and closing goes on: a warning says so (its next open warns too). A directory
+        already gone (a temporary store its trainer's finalizer removed before the store was collected, or at
+        exit) has nothing to seal, and nothing is said."""
+        if not self.directory.is_dir():
+            return
         try:
             self.seal()
         except (OSError, StoreError) as exc:
