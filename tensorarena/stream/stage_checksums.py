@@ -15,6 +15,7 @@ warning says so. Any later commit (a step, a checkpoint load) drops the seal: th
 
 from __future__ import annotations
 
+import mmap
 import os
 import weakref
 import zlib
@@ -30,7 +31,9 @@ _open_stores: "weakref.WeakSet" = weakref.WeakSet()
 
 def file_crc32(fd: int, nbytes: int, path) -> int:
     """CRC32 of the first `nbytes` of the open file `fd` (read through one CHUNK_BYTES buffer)."""
-    buffer = memoryview(bytearray(min(CHUNK_BYTES, max(nbytes, 1))))
+    # An anonymous mapping, not malloc's: a freed 1 MiB block would raise glibc's mmap threshold, and the next
+    # buffers of that size would come from the heap and stay resident (train/tensor_file.py's _fresh).
+    buffer = memoryview(mmap.mmap(-1, min(CHUNK_BYTES, max(nbytes, 1))))
     crc, done = 0, 0
     try:
         while done < nbytes:
