@@ -284,7 +284,7 @@ def cmd_train(args) -> dict:
     With --json - the JSON is all that goes to stdout (the report goes to stderr), so the output pipes into
     jq or json.loads as it is.
     """
-    from .train.report import NonFiniteLossError, StoreDirError
+    from .train.report import NonFiniteLossError, StoreDirError, with_notes
 
     check_output_paths(args)
     to_stdout = args.json == "-"
@@ -296,7 +296,7 @@ def cmd_train(args) -> dict:
         # no route fits, or an out-of-memory the streaming route could not absorb): the user's error, said
         # as one, without a traceback. With --route auto the job printed the route table before step 1,
         # so the message's own copy of it is left out.
-        text = _in_flags(str(err))
+        text = _in_flags(with_notes(err))  # (a note says where the completed steps were saved)
         if args.route == "auto" and text.startswith("no training route fits"):
             text = text.split("\n", 1)[0]
         raise SystemExit(f"tensorarena train: {text}") from None

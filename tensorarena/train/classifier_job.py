@@ -13,7 +13,7 @@ from ..memory.meter import peak_rss_bytes, rss_bytes
 from ..nn.functional import cross_entropy
 from ..nn.module import Module
 from .interrupt import RunInterrupted, SigintDeferred, StepAbandoned
-from .report import NonFiniteLossError
+from .report import NonFiniteLossError, save_after_error
 from .summary import (bf16_products_since, plan_before_step_1, print_fused_lines, print_skipped, route_summary,
                       step_rate)
 from .trainer import Trainer
@@ -241,6 +241,11 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
     except KeyboardInterrupt as err:
         bar.close()
         raise _interrupted(args, trainer, loader, reports, resumed, err, saved) from None
+    except Exception as err:
+        bar.close()
+        if not saved:
+            save_after_error(err, trainer, lambda: _save_before_failure(args, trainer, loader, reports, resumed))
+        raise
     # The route the model last trained on: this run's last step, else the checkpoint's (no step ran).
     last_route = _last_route(reports, resumed)
     first, last = (reports[0], reports[-1]) if reports else (None, None)

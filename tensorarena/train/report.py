@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,34 @@ class NonFiniteLossError(FloatingPointError):
 class StoreDirError(ValueError):
     """store_dir cannot hold this trainer's streaming store (a file, not writable or creatable, or holding
     another run to resume where the trainer has a state of its own)."""
+
+
+def save_after_error(err: Exception, trainer, save: Callable[[], str]) -> None:
+    """A CLI job's step (or its evaluation or save) failed with `err`: keep the completed steps by `save` (which
+    writes --save and returns the sentence saying so, empty when there is nothing to write) and add that sentence
+    to the error. A failed step changes nothing on every route (a MemoryError in a forward, a loss that raises: a
+    helper's hunt compared the whole state with a run that never failed), so this writes exactly the last
+    completed step, as a non-finite loss and Ctrl-C already did; before, any other error lost every step of
+    the run. Not when the step stopped part-way ("partly applied" in the error: half a step would be saved) or
+    left a streaming store broken."""
+    texts = [str(err), *getattr(err, "__notes__", ())]
+    stream = getattr(trainer, "stream", None)
+    if any("partly applied" in text for text in texts) or getattr(stream, "_broken", None):
+        return
+    try:
+        said = save()
+    except Exception as failed:  # noqa: BLE001 - the step's error is the one to raise; this is said with it
+        err.add_note(f"Saving the steps before it to --save failed too ({type(failed).__name__}: {failed}).")
+        return
+    if said:
+        err.add_note(said.strip())
+
+
+def with_notes(err: BaseException) -> str:
+    """str(err) followed by its notes (add_note), for a message printed as one line without a traceback."""
+    parts = [str(err), *getattr(err, "__notes__", ())]
+    return " ".join(part if part.endswith((".", "!", "?", ")")) or part is parts[-1] else part + "."
+                    for part in parts)
 
 
 def check_step_options(clip_grad_norm: float | None, on_nonfinite: str) -> None:

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..memory.meter import peak_rss_bytes, rss_bytes
 from .interrupt import RunInterrupted, SigintDeferred, StepAbandoned
-from .report import NonFiniteLossError
+from .report import NonFiniteLossError, save_after_error
 from .summary import (bf16_products_since, finish, plan_before_step_1, print_fused_lines, print_skipped, route_summary,
                       step_rate)
 
@@ -312,6 +312,11 @@ def train_simcse(args) -> dict:
     except KeyboardInterrupt as err:
         bar.close()
         raise _interrupted(args, trainer, encoder, model_dir, reports, err, saved) from None
+    except Exception as err:
+        bar.close()
+        if not saved:
+            save_after_error(err, trainer, lambda: _save_before_failure(args, trainer, encoder, model_dir, reports))
+        raise
 
     losses = [r.loss for r in reports]
     high_waters = [r.arena_high_water for r in reports]
