@@ -143,7 +143,8 @@ def test_dropout_is_captured_and_draws_a_new_mask_every_step():
     python, captured = runs
     assert captured[1].fused.plan.capture.tape is not None
     _assert_same(python, captured)
-    assert states[0] == states[1] and len(states[0]) == 3  # the model's generator, the default one, NumPy's global
+    # the model's generator, the default one, NumPy's global, Python's random
+    assert states[0] == states[1] and len(states[0]) == 4
     assert len({r.loss for r in captured[2]}) == 6  # a new mask every step, not the recorded one
 
 

@@ -262,6 +262,7 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
     arrays = BufferArrays(step.model, step.loss_fn,
                           [(name, p) for name, p in step.model.named_parameters() if not step.flat.owns(p)])
     saved = rng_states(step.model)  # every pass starts from these states, and the real steps after them
+    bound = [(p, p._data) for p in step.flat.params()]  # and the arrays the parameters hold (see below)
     # And from these buffers: a forward's buffer writes in training (running statistics) are the real step's
     # to make, once, as on eager; the passes' writes are compared (_left_buffers) and undone.
     buffers = buffer_states(step.model)
@@ -279,6 +280,13 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
             used = [g for g, _ in saved if g is not peek_default_generator() or default_asks() != saved.asks]
             drawn = rng_states(step.model, used)
             restore_rng(saved)
+            rebound = [p for p, data in bound if p._data is not data]
+            for p, data in bound:
+                if p._data is not data:
+                    p.data = data
+            if rebound:
+                return _refused(f"the forward rebinds the .data of {len(rebound)} parameter(s) (a constraint such as "
+                                f"`w.data = w.data / norms`), which a recording would not do again")
             first["buffers"] = _left_buffers(step, buffers)
             if first["foreign"]:
                 return _refused(f"{len(first['foreign'])} leaf tensor(s) the optimizer does not own received a "

@@ -355,10 +355,17 @@ class FusedStep:
             value = loss.item()
             if skip_non_finite(value, index, on_nonfinite):
                 return value, None, True, arena  # the .grad of the last good step stay, as on eager
+            if self.flat.ensure_bound():
+                # The forward rebound a parameter's .data (a max-norm constraint, `w.data = w.data / norms`): the
+                # update must reach the array it holds now, as eager's does; it went to the flat view the
+                # parameter had left, and the next step's binding copied the stale array back over it (the
+                # weight never trained, silently).
+                log.info("fused route: step %d's forward rebound a parameter's .data; its values moved into the "
+                         "flat state before backward", index)
             for p in params:
                 p.grad = None
+            updated: set[int] = set()
             if self.update_in_backward:
-                updated: set[int] = set()
                 try:
                     autograd.backward(loss, on_leaf_grad=self._leaf_hook(updated, update=True))
                 except Exception as exc:
@@ -374,14 +381,16 @@ class FusedStep:
                 loss.backward()
                 missing = self.flat.missing_grads()
             del loss
-            partly = " (the parameters that did get one are already updated)" if self.update_in_backward else ""
+            partly = (f" ({len(updated)} of {len(params)} parameters were already updated inside backward: the "
+                      f"step is partly applied)" if updated else " (nothing was updated)")
+            why = ("the step's control flow depends on the data (or on Python state outside the model's modules), "
+                   "which one traced plan cannot follow: train this model with route='eager'")
             if arena.cursor != len(plan.buffers):
                 raise PlanMismatchError(f"this step used {arena.cursor} buffers but its trace used "
-                                        f"{len(plan.buffers)}; the step's control flow depends on the data (or on "
-                                        f"Python state outside the model's modules){partly}")
+                                        f"{len(plan.buffers)}; {why}{partly}")
             if missing:
                 raise PlanMismatchError(f"parameters {missing[:5]} got no gradient in this step but did in its "
-                                        f"trace{partly}")
+                                        f"trace: {why}{partly}")
             if update:
                 grad_norm = self.after_backward(params, index)
         self._note_model_state()

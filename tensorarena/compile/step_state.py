@@ -11,6 +11,7 @@ And `step_scheduler`: the schedule's step after an update, whose failure must no
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import numpy as np
@@ -43,13 +44,65 @@ class _NumpyGlobal:
 NUMPY_GLOBAL = _NumpyGlobal()
 
 
-def rng_generators(model: Module) -> list[np.random.Generator]:
-    """Every generator a step may draw from: the default one, any a module holds, each once, and NumPy's global."""
-    from ..random import peek_default_generator
-    from ..train.checkpoint import _generators
+class _StateOf:
+    """`.bit_generator.state` for a generator read and set whole by two functions: a RandomState (get_state and
+    set_state keep the normal it caches) or Python's `random` module (getstate/setstate)."""
 
-    held = {id(g): g for g in (peek_default_generator(), *_generators(model).values())}
-    return [*held.values(), NUMPY_GLOBAL]
+    def __init__(self, get, put) -> None:
+        self._get, self._put = get, put
+
+    @property
+    def state(self):
+        return self._get()
+
+    @state.setter
+    def state(self, value) -> None:
+        self._put(value)
+
+
+class _Wrapped:
+    """A RandomState, or Python's `random` module, as one of a step's generators (`.bit_generator.state`)."""
+
+    def __init__(self, get, put) -> None:
+        self.bit_generator = _StateOf(get, put)
+
+
+PYTHON_RANDOM = _Wrapped(random.getstate, random.setstate)
+_MAX_DEPTH = 3  # how deep into a module's dicts, lists and tuples generators are looked for
+
+
+def _random_sources(value: Any, depth: int, found: dict[int, Any]) -> None:
+    """Generators and RandomStates in `value` (one, or inside dicts, lists and tuples), into `found` by id."""
+    if isinstance(value, np.random.Generator):
+        found.setdefault(id(value), value)
+    elif isinstance(value, np.random.RandomState):
+        found.setdefault(id(value), _Wrapped(lambda v=value: v.get_state(legacy=False), value.set_state))
+    elif isinstance(value, (dict, list, tuple)) and depth < _MAX_DEPTH:
+        for item in (value.values() if isinstance(value, dict) else value):
+            _random_sources(item, depth + 1, found)
+
+
+def _forward_globals(module: Module) -> list[Any]:
+    """The values a module's forward reads by global name (a module-level `rng = np.random.default_rng()`)."""
+    forward = getattr(type(module), "forward", None)
+    code, names = getattr(forward, "__code__", None), getattr(forward, "__globals__", {})
+    return [names[n] for n in code.co_names if n in names] if code is not None else []
+
+
+def rng_generators(model: Module) -> list[np.random.Generator]:
+    """Every generator a step may draw from, each once: the default one; those a module holds, as attributes or
+    inside its dicts, lists and tuples, Generators and RandomStates both; those its forward reads as globals;
+    NumPy's global one and Python's `random`. A trace or a captured recording's checking passes run the forward
+    more often than eager does, and a generator left out moved on: step 1 drew eager's step-2 noise (a helper's
+    hunt: a RandomState on the module, a Generator in a dict, a module-level one, `random.random()`)."""
+    from ..random import peek_default_generator
+
+    found: dict[int, Any] = {}
+    _random_sources(peek_default_generator(), 0, found)
+    for module in model.modules():
+        for value in (*vars(module).values(), *_forward_globals(module)):
+            _random_sources(value, 0, found)
+    return [*found.values(), NUMPY_GLOBAL, PYTHON_RANDOM]
 
 
 class RngStates(list):

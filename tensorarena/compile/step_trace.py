@@ -93,6 +93,9 @@ def trace_step(fused: FusedStep, inputs: Any, targets: Any, sig: Signature) -> S
         target_buffers = [np.array(leaf, copy=True) for leaf in leaves]
         y = target_layout.build(spec, target_buffers)
     params = fused.flat.params()
+    # And the arrays the parameters hold: a forward that rebinds .data (a max-norm constraint) must not have
+    # the trace's extra run rebind it once more than eager's steps do.
+    bound = [(p, p._data) for p in params]
     saved_rng = rng_states(fused.model)
     # The trace runs the step's Python once more on this batch: a forward that updates buffers in training
     # (a running mean, a batch count) must not keep that update, or the buffers see step 1's batch twice.
@@ -157,6 +160,9 @@ def trace_step(fused: FusedStep, inputs: Any, targets: Any, sig: Signature) -> S
         restore_rng(saved_rng)
         restore_buffers(saved_buffers)
         saved_state.put_back()
+        for p, data in bound:
+            if p._data is not data:
+                p.data = data
         for p in params:
             p.grad = None
         for p, grad in others.items():

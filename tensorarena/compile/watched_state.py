@@ -97,6 +97,35 @@ def _copy(v: Any) -> Any:
     return _Same(v) if isinstance(v, Tensor) else v  # a Parameter by identity: Tensor == is elementwise
 
 
+def _restore_in_place(live: Any, want: Any) -> None:
+    """Make the dict or list `live` equal to the copy `want` (_copy), keeping `live` and the containers inside it
+    that still have the copy's type as the same objects; a value _Same wraps goes back as the object itself."""
+    def value(w: Any) -> Any:
+        if isinstance(w, dict):
+            return {k: value(x) for k, x in w.items()}
+        if isinstance(w, list):
+            return [value(x) for x in w]
+        if isinstance(w, tuple):
+            return tuple(value(x) for x in w)
+        return w.obj if isinstance(w, _Same) else w
+
+    if isinstance(want, dict):
+        for k in [k for k in live if k not in want]:
+            del live[k]
+        pairs = list(want.items())
+    else:
+        del live[len(want):]
+        pairs = list(enumerate(want))
+    for k, w in pairs:
+        inside = live.get(k) if isinstance(live, dict) else (live[k] if k < len(live) else None)
+        if isinstance(w, (dict, list)) and type(inside) is type(w):
+            _restore_in_place(inside, w)
+        elif isinstance(live, dict) or k < len(live):
+            live[k] = value(w)
+        else:
+            live.append(value(w))
+
+
 def _entry(prefix: str, key: Any, attributes: bool) -> str:
     return f"{prefix}.{key}" if attributes else f"{prefix}[{key!r}]"
 
@@ -132,8 +161,19 @@ class ModelState:
 
     def __init__(self, model: "Module") -> None:
         self._start()
+        forwards: dict[Any, str] = {}
         for name, module in model.named_modules():
             self._watch(vars(module), type(module).__name__, True, f" of {name!r}" if name else " of the model", 0)
+            forward = getattr(type(module), "forward", None)
+            if isinstance(forward, types.FunctionType) and not (forward.__module__ or "").startswith("tensorarena."):
+                forwards.setdefault(forward, type(module).__name__)
+        # And the globals a model's own forward reads by name (a module-level step counter or flag), as LossState
+        # watches a loss function's: a trace's extra forward moved such a counter one ahead of eager's.
+        for forward, owner in forwards.items():
+            names = [n for n in _code_names(forward.__code__) if n in forward.__globals__]
+            if names:
+                self._watch(_LiveNames(names, forward.__globals__.get, forward.__globals__.__setitem__),
+                            f"{owner}.forward's globals", False, "", 1)
         named = list(model.named_parameters())
         self._finish([n for n, _ in named], [p for _, p in named])
 
@@ -206,10 +246,18 @@ class ModelState:
         once more than the steps do, and kept its writes (a step counter the forward raises ran one ahead of
         eager's, and the changed state retraced every step). `training` is left to train()/eval()."""
         for (_, space, key), want in zip(self.slots, self.expected):
-            if not isinstance(want, _PLAIN) or isinstance(space, tuple) or key == "training":
+            if isinstance(space, tuple) or key == "training":
                 continue
             try:
                 got = space[key]
+                if isinstance(want, (dict, list)) and type(got) is type(want):
+                    # A container of plain values, watched as a copy (_copy): put back in place, so that what
+                    # holds it (self.stats["calls"], a loss's list of counts) still holds the same object.
+                    if _copy(got) != want:
+                        _restore_in_place(got, want)
+                    continue
+                if not isinstance(want, _PLAIN):
+                    continue
                 if got is not want and type(got) is type(want) and got == want:
                     continue
                 if got is not want:
