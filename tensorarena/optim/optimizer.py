@@ -37,6 +37,20 @@ from ..kernels import choose, kernel
 from ..tensor import SUPPORTED_FLOATS, Tensor
 
 
+def _settings(group: dict[str, Any], *, on: bool) -> dict[str, Any]:
+    """`group` with every switch on (bools True, zero numbers 0.5: momentum, amsgrad, centered) or off (bools
+    False, numbers 0): what state_init keeps under some setting, or under every one (_check_state_keys)."""
+    out = dict(group)
+    for key, value in group.items():
+        if key == "params":
+            continue
+        if isinstance(value, bool):
+            out[key] = on
+        elif isinstance(value, (int, float)):
+            out[key] = (0.5 if value == 0 else value) if on else 0
+    return out
+
+
 def raise_partly_applied(exc: BaseException, message: str):
     """Re-raise `exc`, which stopped an update part-way, so that nothing redoes the step on top of itself: an
     Exception becomes a RuntimeError saying so (a MemoryError would make the out-of-memory fallback redo it), an
@@ -433,26 +447,28 @@ class Optimizer:
                                      f"parameter has shape {p.shape}")
 
     def _check_state_keys(self, index: int, entry: dict[str, Any], group: dict[str, Any]) -> None:
-        """Refuse the state of another optimizer: keys this class does not keep under `group`'s settings (SGD's
-        momentum_buffer in an Adam), or a state past step 0 without the arrays it would have (an SGD's bare step
-        count in an Adam: its moments would start at zero, bias-corrected as a later step). torch fails such a
-        load at its first step with a KeyError; before this check ours trained on. A subclass that keeps state
-        of its own without declaring it (no state_init) is not checked."""
+        """Refuse the state of another optimizer: keys this class keeps under no setting (SGD's momentum_buffer in
+        an Adam), or a state past step 0 without the arrays this class keeps under every setting (an SGD's bare
+        step count in an Adam: its moments would start at zero, bias-corrected as a later step). torch fails
+        such a load at its first step with a KeyError; before this check ours trained on. Keys of another
+        setting stay (momentum switched off keeps its buffer, as eager and torch keep it; switched on, the
+        buffer comes at the next step). A subclass that keeps state of its own without declaring it (no
+        state_init) is not checked."""
         try:
-            arrays = set(self.state_init(group))
+            every, some = set(self.state_init(_settings(group, on=False))), self.state_init(_settings(group, on=True))
         except NotImplementedError:
             return
-        keeps = arrays | set(self.scalar_state_init(group)) | {"step"}
+        keeps = set(some) | set(self.scalar_state_init(_settings(group, on=True))) | {"step"}
         present = {key for key, value in entry.items() if value is not None}  # torch writes momentum_buffer=None
-        unknown, missing = sorted(present - keeps), sorted(arrays - present)
+        unknown, missing = sorted(present - keeps), sorted(every - present)
         started = "step" in present and float(np.asarray(entry["step"])) > 0
         if unknown or (started and missing):
             name = type(self).__name__
             what = (f"keys {unknown} that {name} does not keep" if unknown
                     else f"no {missing} although it is at step {float(np.asarray(entry['step'])):g}")
-            raise ValueError(f"state of parameter {index} has {what} ({name} with these settings keeps "
-                             f"{sorted(keeps)}): the state dict looks like another optimizer's or another "
-                             f"setting's. Load the state of a {name} (or build the optimizer the state came from)")
+            raise ValueError(f"state of parameter {index} has {what} ({name} keeps {sorted(keeps)}, and "
+                             f"{sorted(every)} always): the state dict looks like another optimizer's. Load the "
+                             f"state of a {name} (or build the optimizer the state came from)")
 
     def _copy_param_state(self, p: Tensor, entry: dict[str, Any]) -> dict[str, Any]:
         old = self.state.get(p, {})
