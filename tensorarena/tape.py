@@ -30,6 +30,9 @@ class Tape:
         self.entries: list[tuple[Callable, tuple, dict]] = []
         self.allocations: list[int] = []  # plan buffer indices handed out inside recorded calls, in order
         self.depth = 0  # > 0 while a recorded call runs
+        # Values the step's Python read out of its tensors (item(), float(), bool(), numpy(), tolist()) outside
+        # any recorded call: a replay of the tape would go on with the values read now (note_host_read).
+        self.reads: list[str] = []
 
     @contextlib.contextmanager
     def recording(self) -> Iterator["Tape"]:
@@ -50,6 +53,14 @@ class Tape:
             return fn(*args, **kwargs)
         finally:
             self.depth -= 1
+
+
+def note_host_read(what: str) -> None:
+    """Tensor.item() and friends tell the recording tape, if any, that the Python read a value out of a tensor:
+    a branch or a scale taken from it is Python a replay does not run again (compile/captured.py refuses it)."""
+    tape = getattr(_local, "tape", None)
+    if tape is not None and not tape.depth:
+        tape.reads.append(what)
 
 
 def active() -> Tape | None:

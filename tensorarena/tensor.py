@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import autograd
-from .tape import host
+from .tape import host, note_host_read
 from .memory.arena import StaleTensorError, current_arena
 
 DEFAULT_DTYPE = np.float32
@@ -207,14 +207,17 @@ class Tensor:
         d = self.data
         if d.size != 1:
             raise ValueError(f"item() needs a tensor with one element, got shape {d.shape}")
+        note_host_read(f"item() of a {d.shape} tensor")
         return d.reshape(()).item()
 
     def numpy(self) -> np.ndarray:
         """The values as an ndarray; a copy when the tensor lives in an arena (which recycles it)."""
         d = self.data
+        note_host_read(f"numpy() of a {d.shape} tensor")
         return d.copy() if self._arena is not None else d
 
     def tolist(self):
+        note_host_read(f"tolist() of a {self._data.shape} tensor")
         return self.data.tolist()
 
     # -- autograd ------------------------------------------------------------
@@ -349,6 +352,7 @@ class Tensor:
             raise RuntimeError(f"Boolean value of Tensor with {what} is ambiguous (shape {d.shape}): reduce it "
                                f"first, e.g. `(a == b).all()` or `t.any()`, or compare whole tensors with "
                                f"`ta.equal(a, b)`")
+        note_host_read(f"bool() of a {d.shape} tensor")
         return bool(d.reshape(()))
 
     def __float__(self) -> float:

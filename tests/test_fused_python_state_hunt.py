@@ -9,8 +9,11 @@ helper agent's hunt of user-written models, each compared step by step with rout
    update went to the flat view it had left. The captured replay now refuses to record such a forward.
 4. A step whose parameters' gradients depend on the data raised a PlanMismatchError saying the parameters that
    got one were "already updated" when none were, and naming no remedy.
+5. fused_replay="captured" replayed values the forward read out of its tensors when it was recorded (a branch on
+   x.sum().item(), a temperature read with float() from a buffer changed in place): parameters 0.21 off eager.
+   A recording whose Python reads a tensor's value (item, float, bool, numpy, tolist) is refused now.
 
-On 745266e (before the fix) all 19 of this file's tests fail (the hunt's controls, which passed there, are in
+On 745266e (before the fix) all 21 of this file's tests fail (the hunt's controls, which passed there, are in
 tests/test_fused_programs_hunt.py and tests/test_captured_*.py: a plain counter, a Generator held directly):
     git worktree add /tmp/wt 745266e && cp tests/test_fused_python_state_hunt.py /tmp/wt/tests/ &&
     (cd /tmp/wt && PYTHONPATH=/tmp/wt python -m pytest -q -p no:cacheprovider tests/test_fused_python_state_hunt.py)
@@ -170,3 +173,50 @@ def test_a_data_dependent_gradient_names_the_cause_and_the_remedy():
     with pytest.raises(PlanMismatchError, match=r"got no gradient .*depends on the data.*route='eager' \(nothing "
                                                  r"was updated\)"):
         trainer.step(-x, np.zeros(8, np.int64))
+
+
+SIGNS = [(x + (1.0 if i % 2 == 0 else -1.0), y) for i, (x, y) in enumerate(BATCHES * 2)]  # the sum's sign alternates
+
+
+class SignBranch(Module):
+    def __init__(self):
+        super().__init__()
+        self.a = Linear(6, 3)
+
+    def forward(self, x):
+        h = self.a(x)
+        return h * 2.0 if x.sum().item() > 0 else h * -1.0
+
+
+class BufferTemperature(Module):
+    def __init__(self):
+        super().__init__()
+        self.a = Linear(6, 3)
+        self.register_buffer("temp", ta.tensor(2.0))
+
+    def forward(self, x):
+        return self.a(x) / float(self.temp)
+
+
+def _run_changing(make, route, replay="auto"):
+    ta.manual_seed(0)
+    model = make()
+    trainer = Trainer(model, optim.SGD(model.parameters(), lr=0.1), cross_entropy, route=route, fused_replay=replay)
+    losses = []
+    for i, (x, y) in enumerate(SIGNS):
+        if i == 2 and hasattr(model, "temp"):
+            model.temp.data[...] = 0.5  # in place, as temp.fill_(0.5) would
+        losses.append(trainer.step(x, y).loss)
+    return losses, [p.data.copy() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("make", [SignBranch, BufferTemperature])
+def test_a_recording_refuses_a_forward_that_reads_its_tensors_values(make, caplog):
+    want_losses, want_params = _run_changing(make, "eager")
+    with caplog.at_level("INFO", logger="tensorarena"):
+        got_losses, got_params = _run_changing(make, "fused", "captured")
+    assert any("reads values out of the tensors it computes (item() of a () tensor)" in r.getMessage()
+               for r in caplog.records)
+    np.testing.assert_allclose(got_losses, want_losses, rtol=0, atol=1e-6)
+    for got, want in zip(got_params, want_params):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)

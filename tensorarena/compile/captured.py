@@ -280,6 +280,10 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
             used = [g for g, _ in saved if g is not peek_default_generator() or default_asks() != saved.asks]
             drawn = rng_states(step.model, used)
             restore_rng(saved)
+            if tape.reads:
+                return _refused(f"the step's Python reads values out of the tensors it computes ({tape.reads[0]}"
+                                f"{f' and {len(tape.reads) - 1} more' if len(tape.reads) > 1 else ''}): a "
+                                f"recording would go on with the values read now (a branch, a scale)")
             rebound = [p for p, data in bound if p._data is not data]
             for p, data in bound:
                 if p._data is not data:
