@@ -39,11 +39,8 @@ def block_jobs(model: str) -> dict:
 
     def medium(fn):
         def run():
-            torch.set_float32_matmul_precision("medium")
-            try:
+            with _medium():
                 fn()
-            finally:
-                torch.set_float32_matmul_precision("highest")
         return run
 
     rng = np.random.default_rng(0)

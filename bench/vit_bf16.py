@@ -50,15 +50,9 @@ def torch_precision(name: str):
 
 def with_torch_precision(step, name: str):
     """`step` run under torch.set_float32_matmul_precision(name), the process's setting restored after."""
-    import torch
-
     def run():
-        saved = torch.get_float32_matmul_precision()
-        torch.set_float32_matmul_precision(name)
-        try:
+        with torch_precision(name):
             return step()
-        finally:
-            torch.set_float32_matmul_precision(saved)
 
     return run
 
