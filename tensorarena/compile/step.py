@@ -267,11 +267,14 @@ class FusedStep:
                      "new one (%d plan(s) cached)", sig, len(self.plans))
         elif self.plans:
             log.info("fused route: new batch signature %s, retracing (%d plan(s) cached)", sig, len(self.plans))
-        plan = self._trace(inputs, targets, sig)
-        self.plans[key] = plan
-        while len(self.plans) > self.max_plans:
+        # Room first: evicted after the trace, the oldest plan's slab was still held while the new one was
+        # traced and laid out, and max_plans=2 over five shapes peaked at 113 MiB against a 77 MiB report (a
+        # helper's memory hunt). A trace that then fails costs the evicted plan a trace of its own later.
+        while len(self.plans) >= self.max_plans:
             (old, *_), _ = self.plans.popitem(last=False)
             log.info("fused route: evicted the plan for %s (max_plans=%d)", old, self.max_plans)
+        plan = self._trace(inputs, targets, sig)
+        self.plans[key] = plan
         return plan
 
     def _lay_out_again(self, reason: str) -> None:
