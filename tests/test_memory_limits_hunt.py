@@ -72,7 +72,7 @@ def test_a_larger_batch_that_does_not_fit_moves_to_streaming_before_any_update(m
     real = trainer_module.check_the_limit
 
     def refuse_more_than_4(trainer, x, y):
-        if len(x) > 4:
+        if len(x) > 4 and trainer.route == "fused":  # (streaming, where the step moves, checks it again: it fits)
             raise MemoryError(f"route 'fused' does not fit memory_limit for a batch of {len(x)} (test)")
         return real(trainer, x, y)
 

@@ -240,7 +240,14 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
         # had none, so plan said vit-tiny streams in 213 MiB and train refused 215M ("needs 239.66 MiB"). The data
         # is its own part now, the same bytes on both sides, so it is taken out here.
         # Parameters built under nn.deferred_init() are not in RSS yet: only those with values are taken out.
-        held = persistent["params"] - deferred_bytes(p for group in optimizer.param_groups for p in group["params"])
+        # Nor are those a streaming route holds on disk (a larger batch planned while streaming: their placeholders
+        # take no memory).
+        from ..stream.on_disk import _ON_DISK
+
+        group_params = [p for group in optimizer.param_groups for p in group["params"]]
+        on_disk = {id(p): p for p in group_params if p._arena is _ON_DISK}
+        held = (persistent["params"] - deferred_bytes(group_params)
+                - sum(math.prod(p.shape) * p.dtype.itemsize for p in on_disk.values()))
         # A loaded checkpoint's (or earlier steps') optimizer state is in RSS too, and in the parts above.
         held += held_state_bytes(optimizer)
         # Tracing ran no optimizer update: its kernel is loaded now, or step 1 would add it uncounted.

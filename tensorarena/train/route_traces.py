@@ -162,11 +162,15 @@ def trace_whole(model: Module, loss_fn: Callable, inputs: np.ndarray, targets: A
 
 @contextlib.contextmanager
 def values_for_tracing(params) -> Iterator[None]:
-    """Zeros in place of the deferred parameters among `params` (built under nn.deferred_init(): no values yet)
-    while a trace runs, then the placeholders again. The traced buffers depend on shapes and dtypes alone, so
+    """Zeros in place of the deferred parameters among `params` (built under nn.deferred_init(): no values yet),
+    or of those on disk (a streaming route's), while a trace runs, then the placeholders again. The traced buffers depend on shapes and dtypes alone, so
     zeros trace what the values would, without drawing them; trace_stages passes one stage at a time, so at most
     one stage's worth is allocated (np.zeros' pages, only read, mostly stay the kernel's shared zero page)."""
-    deferred = [p for p in params if p.is_deferred]
+    from ..stream.on_disk import _ON_DISK
+
+    # And those a streaming route holds on disk (a placeholder array in memory): a larger batch on that route is
+    # planned against memory_limit like one on eager or fused (trainer_step.route_step).
+    deferred = [p for p in params if p.is_deferred or p._arena is _ON_DISK]
     saved = [(p, p._data, p._arena) for p in deferred]
     try:
         for p in deferred:

@@ -97,12 +97,14 @@ def choose_route(trainer: Trainer, inputs: Any, targets: Any) -> None:
 
 
 def check_the_limit(trainer: Trainer, inputs: Any, targets: Any) -> None:
-    """Before step 1 on a route the user chose (eager, fused or streaming) with a memory_limit: that route's
-    estimate against it, a MemoryError naming both if it does not fit (the limit is not ignored)."""
+    """Before step 1 on a route the user chose (eager, fused or streaming) with a memory_limit, or before a batch
+    larger than the one planned on any route (trainer_step._check_a_larger_batch): that route's estimate against
+    it, a MemoryError naming both if it does not fit (the limit is not ignored). A streaming route plans with
+    zeros for the parameters on disk (route_traces.values_for_tracing)."""
     from ..compile.trace import UnsupportedOpError
 
-    if trainer.route == "streaming" and trainer.stream is not None:
-        return  # already streaming (resumed from a store): its buffers are allocated, nothing to plan
+    if trainer.route == "streaming" and trainer.stream is not None and trainer._limit_rows is None:
+        return  # step 1 of a run resumed from a store: its buffers are allocated, nothing to plan
     try:
         plan = trainer._planned_for(inputs, targets, (trainer.route,))
     except UnsupportedOpError as err:

@@ -68,6 +68,8 @@ def run_step(trainer: Trainer, inputs: Any, targets: Any) -> StepReport:
 def route_step(trainer: Trainer, inputs: Any, targets: Any, before) -> StepReport:
     """The step on the current route; an out-of-memory eager or fused step moves to streaming and is redone."""
     if trainer.route == "streaming":
+        if trainer.stream is not None:
+            _check_a_larger_batch(trainer, inputs, targets)
         return streaming_step(trainer, inputs, targets)
     try:
         _check_a_larger_batch(trainer, inputs, targets)
@@ -80,6 +82,10 @@ def route_step(trainer: Trainer, inputs: Any, targets: Any, before) -> StepRepor
         if not trainer.oom_fallback:
             raise
         switch_after_oom(trainer, err, trainer.step_count + 1, before)
+    # Streaming now: a batch larger than the one planned is planned again on this route too. Its step was moved
+    # here because the batch did not fit fused or eager; unchecked, streaming ran it far past the limit too
+    # (batch 30000 of a small ViT: 457 MiB under memory_limit="260M", a helper's hunt).
+    _check_a_larger_batch(trainer, inputs, targets)
     return streaming_step(trainer, inputs, targets)
 
 
