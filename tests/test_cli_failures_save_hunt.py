@@ -2,7 +2,9 @@
 
 A non-finite loss and Ctrl-C saved the steps before them; a MemoryError (as under `ulimit -v`) or any other error
 in step 5 wrote nothing, and 4 completed steps were lost, though the failed step changed nothing on any route.
-Now the steps are saved and the error says so; a step that stopped part-way ("partly applied") is not saved.
+Now the steps are saved and the error says so, with the loader at the failed step's batch (a --resume trains it
+next, as after a non-finite loss: the save matches a clean 2-step run's); a step that stopped part-way ("partly
+applied") is not saved.
 
 On 745266e (before the fix) 2 of this file's 3 tests fail (the control passes: a partly applied step saves nothing):
     git worktree add /tmp/wt 745266e && cp tests/test_cli_failures_save_hunt.py /tmp/wt/tests/ &&
@@ -44,12 +46,16 @@ def test_a_memory_error_at_step_5_keeps_the_4_steps_before_it(monkeypatch, tmp_p
 
 
 def test_any_other_error_keeps_them_too_and_says_so(monkeypatch, tmp_path):
+    clean = tmp_path / "clean.safetensors"
+    cli.main(["train", "--steps", "2", "--total-steps", "8", "--route", "eager", "--save", str(clean), "--no-progress",
+              "--train-size", "256", "--test-size", "64"])
     save = tmp_path / "run.safetensors"
     _failing_at_call(monkeypatch, 3, RuntimeError("a bug in the user's model"))
     with pytest.raises(RuntimeError, match="a bug in the user's model") as raised:
         _train(save)
     assert any("The 2 steps before it are saved in --save" in note for note in raised.value.__notes__)
-    assert read_metadata(save)["step"] == 2
+    saved, reference = read_metadata(save), read_metadata(clean)
+    assert saved["step"] == 2 and saved["extra"]["loader"] == reference["extra"]["loader"]
 
 
 def test_a_partly_applied_step_is_not_saved(monkeypatch, tmp_path):

@@ -219,9 +219,10 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
             # Ctrl-C held over the batch's draw and the step (Trainer.step's own hold is then a no-op): a batch
             # drawn but not trained would be skipped by the saved loader position, and --resume would differ.
             with SigintDeferred("the training step", lambda: _step_abandoned(args, trainer)):
+                batch = loader.next()
                 try:
-                    report = trainer.step(*loader.next())
-                except NonFiniteLossError:
+                    report = trainer.step(*batch)
+                except Exception:  # a non-finite loss, an out-of-memory, a bug: the step changed nothing
                     loader.rewind()  # the failed step's batch is the one a --resume of the save trains on next
                     raise
                 reports.append(report)
