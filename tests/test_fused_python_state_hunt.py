@@ -13,8 +13,9 @@ helper agent's hunt of user-written models, each compared step by step with rout
    x.sum().item(), a temperature read with float() from a buffer changed in place): parameters 0.21 off eager.
    A recording whose Python reads a tensor's value (item, float, bool, numpy, tolist) is refused now.
 
-On 745266e (before the fix) all 21 of this file's tests fail (the hunt's controls, which passed there, are in
-tests/test_fused_programs_hunt.py and tests/test_captured_*.py: a plain counter, a Generator held directly):
+On 745266e (before the fix) 22 of this file's 23 tests fail; the python replay of a global the loop changes passed
+there (the first version of this fix retraced it every step: the test fails on 5b7bbad); the hunt's controls,
+which passed there, are in tests/test_fused_programs_hunt.py and tests/test_captured_*.py:
     git worktree add /tmp/wt 745266e && cp tests/test_fused_python_state_hunt.py /tmp/wt/tests/ &&
     (cd /tmp/wt && PYTHONPATH=/tmp/wt python -m pytest -q -p no:cacheprovider tests/test_fused_python_state_hunt.py)
 """
@@ -220,3 +221,36 @@ def test_a_recording_refuses_a_forward_that_reads_its_tensors_values(make, caplo
     np.testing.assert_allclose(got_losses, want_losses, rtol=0, atol=1e-6)
     for got, want in zip(got_params, want_params):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
+SCALE = [1.0]  # a schedule the training loop sets, read by a forward as a global
+
+
+class GlobalScale(Module):
+    def __init__(self):
+        super().__init__()
+        self.a = Linear(6, 3)
+
+    def forward(self, x):
+        return self.a(x) * SCALE[0]
+
+
+@pytest.mark.parametrize("replay", ["python", "captured"])
+def test_a_global_the_loop_changes_is_followed_without_retracing(replay):
+    # A review of the first version of this fix: the forwards' globals were part of the model's watched state,
+    # so a loop setting one each step retraced every step (39 retraces in 40 steps). They are put back after a
+    # trace but not watched for change; a captured recording (which holds the value read) records again.
+    def run(route):
+        ta.manual_seed(0)
+        model = GlobalScale()
+        trainer = Trainer(model, optim.SGD(model.parameters(), lr=0.1), cross_entropy, route=route,
+                          fused_replay=replay)
+        losses = []
+        for i in range(6):
+            SCALE[0] = 1.0 + 0.25 * i
+            losses.append(trainer.step(*BATCHES[i % 3]).loss)
+        return losses, trainer
+    want, _ = run("eager")
+    got, trainer = run("fused")
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    assert trainer.fused.traces == 1

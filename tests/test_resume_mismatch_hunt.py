@@ -9,8 +9,9 @@
    count (its first update bias-corrected as a later step, from zero moments). torch fails such a load with a
    KeyError at its first step; ours refuses it at the load now, naming the keys.
 
-On 745266e (before the fix) 4 of this file's 6 tests fail (the two controls pass: torch's SGD momentum state loads,
-and a state at step 0 without arrays loads):
+On 745266e (before the fix) 4 of this file's 7 tests fail (the three controls pass: torch's SGD momentum state
+loads, a state at step 0 without arrays loads, a setting given as a NumPy number loads; the last failed on
+b27390f, a review finding):
     git worktree add /tmp/wt 745266e && cp tests/test_resume_mismatch_hunt.py /tmp/wt/tests/ &&
     (cd /tmp/wt && PYTHONPATH=/tmp/wt python -m pytest -q -p no:cacheprovider tests/test_resume_mismatch_hunt.py)
 """
@@ -133,3 +134,14 @@ def test_a_state_at_step_zero_without_arrays_loads():
     saved["state"] = {0: {"step": 0.0}}
     adam.load_state_dict(saved)
     assert float(adam.state[layer.weight]["step"]) == 0.0
+
+
+def test_a_setting_given_as_a_numpy_number_still_loads_a_state_of_another_setting():
+    # A review finding: _settings switched Python numbers only, so SGD state saved with momentum 0 loaded into a
+    # group whose momentum was np.float32(0.9) was refused as another optimizer's.
+    source = _stepped(lambda ps: optim.SGD(ps, lr=0.1, momentum=0.9))
+    saved = source.state_dict()
+    saved["param_groups"][0]["momentum"] = np.float32(0.0)  # switched off by hand after two steps
+    target = optim.SGD(nn.Linear(3, 2).parameters(), lr=0.1, momentum=np.float32(0.9))
+    target.load_state_dict(saved)
+    assert "momentum_buffer" in target.state[target.param_groups[0]["params"][0]]

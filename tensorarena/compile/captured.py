@@ -80,7 +80,7 @@ from ..tape import Tape, host
 from ..tensor import Tensor
 from .batches import SecondOf, _data, load_batch
 from .trace import PlanMismatchError
-from .watched_state import BufferArrays, LossState, PythonState, _loss_modules
+from .watched_state import BufferArrays, ForwardGlobals, LossState, PythonState, _loss_modules
 
 if TYPE_CHECKING:
     from .step import FusedStep
@@ -103,6 +103,7 @@ class Capture:
     prepared_generation: int = 0
     dispatch: tuple = ()  # kernels.dispatch_key() when recorded: the recorded calls are the kernels handed out then
     loss_state: Any = None  # LossState of the loss function when recorded: a change records the step again
+    forward_globals: Any = None  # ForwardGlobals of the model's forwards when recorded: likewise
     buffers: Any = None  # BufferArrays when recorded: a buffer assigned anew records the step again
 
 
@@ -222,6 +223,9 @@ def changed(capture: Capture) -> str | None:
                 "kernels.register, gemm.use_backend or gemm_jobs.use_jobs)")
     if capture.loss_state is not None and capture.loss_state.changed():
         return f"the loss function's state changed since its step was recorded ({capture.loss_state.describe_change()})"
+    if capture.forward_globals is not None and capture.forward_globals.changed():
+        return (f"a global the model's forward reads changed since its step was recorded "
+                f"({capture.forward_globals.describe_change()})")
     replaced = capture.buffers.changed() if capture.buffers is not None else None
     if replaced is not None:
         return (f"{replaced} was assigned another array since its step was recorded (the recording reads the old "
@@ -258,6 +262,7 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
     sink = step.grad_sink
     dispatch = kernels.dispatch_key()  # the kernels the recording will hold are the ones handed out now
     loss_state = LossState(step.loss_fn)  # and the numbers the loss computes with now
+    forward_globals = ForwardGlobals(step.model)  # and the globals the model's forwards read now
     # And the arrays of the buffers and of the parameters outside the flat state (frozen) its calls will hold.
     arrays = BufferArrays(step.model, step.loss_fn,
                           [(name, p) for name, p in step.model.named_parameters() if not step.flat.owns(p)])
@@ -317,7 +322,7 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
                 return _Unchecked("the batch and the second batch give the same loss and gradients, so the "
                                   "recording cannot be checked")
             result = Capture(tape, first["loss_buffer"], first["forward_end"], dispatch=dispatch,
-                             loss_state=loss_state, buffers=arrays)
+                             loss_state=loss_state, forward_globals=forward_globals, buffers=arrays)
             try:
                 again, other, random_outside = _tape_passes(step, plan, sink, result, (x, y), (xb, yb), saved,
                                                             drawn, buffers, (first["buffers"], second["buffers"]))

@@ -161,21 +161,14 @@ class ModelState:
 
     def __init__(self, model: "Module") -> None:
         self._start()
-        forwards: dict[Any, str] = {}
         for name, module in model.named_modules():
             self._watch(vars(module), type(module).__name__, True, f" of {name!r}" if name else " of the model", 0)
-            forward = getattr(type(module), "forward", None)
-            if isinstance(forward, types.FunctionType) and not (forward.__module__ or "").startswith("tensorarena."):
-                forwards.setdefault(forward, type(module).__name__)
-        # And the globals a model's own forward reads by name (a module-level step counter or flag), as LossState
-        # watches a loss function's: a trace's extra forward moved such a counter one ahead of eager's.
-        for forward, owner in forwards.items():
-            names = [n for n in _code_names(forward.__code__) if n in forward.__globals__]
-            if names:
-                self._watch(_LiveNames(names, forward.__globals__.get, forward.__globals__.__setitem__),
-                            f"{owner}.forward's globals", False, "", 1)
         named = list(model.named_parameters())
         self._finish([n for n, _ in named], [p for _, p in named])
+        # The globals the model's own forwards read, put back with the rest (put_back_plain_values) but not part of
+        # `changed()`: the Python replay reads them afresh every step, and a loop setting one each step (a scale)
+        # would retrace every step for nothing (a review of 5b7bbad found 39 retraces in 40 steps).
+        self.forward_globals = ForwardGlobals(model)
 
     def _start(self) -> None:
         self.spaces: list[tuple[str, bool, str, Any]] = []  # (prefix, attributes, suffix, container): lengths compared
@@ -264,6 +257,12 @@ class ModelState:
                     space[key] = want
             except Exception:  # noqa: BLE001 - a key gone, an entry that will not compare: left as it is
                 continue
+
+    def put_back(self) -> None:
+        """put_back_plain_values, and that of the forwards' globals (ForwardGlobals)."""
+        self.put_back_plain_values()
+        if getattr(self, "forward_globals", None) is not None:
+            self.forward_globals.put_back_plain_values()
 
     def describe_change(self) -> str:
         """The first change found, named: class, attribute or entry, and module path; or the parameter."""
@@ -373,6 +372,28 @@ def _loss_spaces(fn: Any, where: str, depth: int = 0) -> list[tuple[Any, str]]:
     return []
 
 
+class ForwardGlobals(ModelState):
+    """The globals a model's own forwards read by name (a module-level step counter, a flag, a scale), watched as
+    LossState watches a loss function's: a trace's extra forward moved such a counter one ahead of eager's, so
+    PythonState puts them back; and a captured recording, which holds the values read as constants, records again
+    when one changes (captured.changed). tensorarena's own modules read none the user sets."""
+
+    def __init__(self, model: "Module") -> None:
+        self._start()
+        self.forward_globals = None
+        forwards: dict[Any, str] = {}
+        for module in model.modules():
+            forward = getattr(type(module), "forward", None)
+            if isinstance(forward, types.FunctionType) and not (forward.__module__ or "").startswith("tensorarena."):
+                forwards.setdefault(forward, type(module).__name__)
+        for forward, owner in forwards.items():
+            names = [n for n in _code_names(forward.__code__) if n in forward.__globals__]
+            if names:
+                self._watch(_LiveNames(names, forward.__globals__.get, forward.__globals__.__setitem__),
+                            f"{owner}.forward's globals", False, "", 1)
+        self._finish([], [])
+
+
 class LossState(ModelState):
     """What the loss function reads besides its arguments (_loss_spaces), watched as ModelState watches a
     module: a scale in a closure, a global, a loss object's attribute. A recording holds the numbers the loss
@@ -396,7 +417,7 @@ class PythonState:
         self.model, self.loss = ModelState(model), LossState(loss_fn)
 
     def put_back(self) -> None:
-        self.model.put_back_plain_values()
+        self.model.put_back()
         self.loss.put_back_plain_values()
 
 
