@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..compile.loss_shares import counted as counted_labels, piece_shares
+from ..compile.loss_shares import _class_index_loss, counted as counted_labels, piece_shares
 from ..nn.modes import kept_modes
 from ..precision import float32_matmul_precision
 from ..tensor import Tensor
@@ -27,7 +27,8 @@ def evaluate(trainer: Trainer, inputs: np.ndarray, targets: Any, batch_size: int
 
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"evaluate: batch_size must be a positive int, got {batch_size!r}")
-    rows = len(inputs)
+    # A dict batch (step() hands it to the model as it is): its arrays are cut row by row, as the targets are.
+    rows = len(next(iter(inputs.values()))) if isinstance(inputs, dict) and inputs else len(inputs)
     if rows == 0:
         raise ValueError(f"evaluate: the held-out data is empty (inputs of shape {np.shape(inputs)}); "
                          f"pass at least one row")
@@ -48,6 +49,7 @@ def evaluate(trainer: Trainer, inputs: np.ndarray, targets: Any, batch_size: int
     if shares is None:
         shares = [(min(b + batch_size, rows) - b) / rows for b in starts]
     scored = counted_labels(trainer.loss_fn, labels) if labels is not None else None  # ignored: no hit, no miss
+    spatial = _class_index_loss(trainer.loss_fn) is not None  # its (N, C, d...) logits hold classes on axis 1
     trainer._make_whole("evaluate() before step 1 runs the model")
     total_loss, correct, counted = 0.0, 0, labels is not None
     # Every module's mode back as it was, also on an error: model.train(flag) for the top-level flag put a part
@@ -59,7 +61,8 @@ def evaluate(trainer: Trainer, inputs: np.ndarray, targets: Any, batch_size: int
             for begin, share in zip(starts, shares):
                 stop = min(begin + batch_size, rows)
                 with trainer.scratch_arena("eval arena", warn=warn) as arena:
-                    xb = inputs[begin:stop]
+                    xb = ({key: value[begin:stop] for key, value in inputs.items()} if isinstance(inputs, dict)
+                          else inputs[begin:stop])
                     yb = target_layout.build(spec, [leaf[begin:stop] for leaf in leaves])
                     # As the eager step hands it over: a tokenizer's Encoding goes as it is, its attention mask
                     # with it (Tensor(xb) refused it, and its advice, passing .input_ids, attended the padding).
@@ -68,8 +71,11 @@ def evaluate(trainer: Trainer, inputs: np.ndarray, targets: Any, batch_size: int
                     out = Tensor(trainer.stream.predict(xb)) if streamed else trainer.model(_model_input(xb))
                     loss = trainer.loss_fn(out, yb).item()
                     total_loss += loss * share if share else 0.0
-                    if counted and out.shape[:-1] == yb.shape:
-                        hits = out.data.argmax(axis=-1) == yb
+                    # Classes on the last axis, or (a class-index loss's (N, C, d...) logits, as torch's) on
+                    # axis 1: argmax(-1) of (N, C, T) logits picked positions, and C == T hid it (a hunt).
+                    by_axis_1 = spatial and out.ndim >= 3 and out.shape[:1] + out.shape[2:] == yb.shape
+                    if counted and (by_axis_1 or out.shape[:-1] == yb.shape):
+                        hits = out.data.argmax(axis=1 if by_axis_1 else -1) == yb
                         correct += int(hits[scored[begin:stop]].sum() if scored is not None else hits.sum())
                     else:
                         counted = False  # not one class index per output row: no accuracy to give
