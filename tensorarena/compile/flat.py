@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from ..memory.arena import StaleTensorError
 from ..memory.pool import aligned_empty, return_freed_memory
 from ..nn.module import Module
 from ..optim.optimizer import Optimizer, raise_partly_applied
@@ -159,6 +160,16 @@ class FlatGroup:
                 released = 0
             view = self._param_views[i]
             if p._data is not view:
+                if getattr(p._arena, "on_disk", False):
+                    # Another trainer's streaming route holds it (a placeholder array here): copied, its one
+                    # zero spread over the whole parameter and this trainer trained from zeros, silently (a
+                    # helper's hunt). What the eager route says in the same spot.
+                    from ..stream.on_disk import ON_DISK_MESSAGE
+
+                    raise StaleTensorError(f"{self.names[i]}: {ON_DISK_MESSAGE}")
+                if p._data.shape != view.shape:  # never broadcast another array over the parameter
+                    raise ValueError(f"{self.names[i]} holds an array of shape {p._data.shape} but its flat piece "
+                                     f"is {view.shape}; the layout is stale, build a new FlatState")
                 if p._data.dtype != self.dtype:
                     # np.copyto would cast it back silently, undoing model.double() / float(): FlatState.stale
                     # reports it, and a new layout in the new dtype is what takes it.

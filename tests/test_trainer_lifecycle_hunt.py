@@ -1,0 +1,57 @@
+"""Trainers that come and go around one model and optimizer (a helper agent's hunt of the Trainer life cycle).
+
+A fused Trainer still alive after another Trainer streamed the model trained from all-zero weights, silently
+(loss exactly ln 5 on a 5-class model): rebinding its flat layout copied each on-disk parameter's one-element
+placeholder over the whole parameter. It refuses now, as the eager route does, and goes on once the other
+trainer's state is back in memory.
+
+On 745266e (before the fix) the first test fails, both replays (the second is the control: after to_memory(), the fused
+trainer goes on from the streamed state, as an eager-only run does):
+    git worktree add /tmp/wt 745266e && cp tests/test_trainer_lifecycle_hunt.py /tmp/wt/tests/ &&
+    (cd /tmp/wt && PYTHONPATH=/tmp/wt python -m pytest -q -p no:cacheprovider tests/test_trainer_lifecycle_hunt.py)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tensorarena import optim
+from tensorarena.memory.arena import StaleTensorError
+from tensorarena.models import ViT, ViTConfig
+from tensorarena.nn.functional import cross_entropy
+from tensorarena.train.trainer import Trainer
+
+CFG = ViTConfig(image_size=16, patch_size=4, num_classes=5, dim=32, depth=2, num_heads=4, dtype=np.float64)
+_RNG = np.random.default_rng(1)
+BATCHES = [(_RNG.standard_normal((3, 3, 16, 16)), _RNG.integers(0, 5, 3)) for _ in range(5)]
+
+
+def _two_trainers(tmp_path):
+    model = ViT(CFG, rng=np.random.default_rng(0))
+    opt = optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.05)
+    fused = Trainer(model, opt, cross_entropy, route="fused")
+    fused.step(*BATCHES[0])
+    fused.step(*BATCHES[1])
+    streaming = Trainer(model, opt, cross_entropy, route="streaming", store_dir=tmp_path / "store")
+    streaming.step(*BATCHES[2])
+    streaming.step(*BATCHES[3])
+    return model, fused, streaming
+
+
+@pytest.mark.parametrize("replay", ["python", "captured"])
+def test_a_fused_trainer_refuses_parameters_another_trainer_streams(tmp_path, replay):
+    model, fused, _ = _two_trainers(tmp_path)
+    fused.fused_replay = replay
+    with pytest.raises(StaleTensorError, match="lives on disk, in the store of a StreamingRoute"):
+        fused.step(*BATCHES[4])
+
+
+def test_after_to_memory_the_fused_trainer_goes_on_as_eager(tmp_path):
+    model, fused, streaming = _two_trainers(tmp_path)
+    streaming.stream.to_memory()
+    got = fused.step(*BATCHES[4]).loss
+    reference = ViT(CFG, rng=np.random.default_rng(0))
+    eager = Trainer(reference, optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.05), cross_entropy)
+    want = [eager.step(*batch).loss for batch in BATCHES][-1]
+    np.testing.assert_allclose(got, want, rtol=1e-9)
