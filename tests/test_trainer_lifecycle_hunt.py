@@ -5,7 +5,12 @@ A fused Trainer still alive after another Trainer streamed the model trained fro
 placeholder over the whole parameter. It refuses now, as the eager route does, and goes on once the other
 trainer's state is back in memory.
 
-On 745266e (before the fix) the first test fails, both replays (the second is the control: after to_memory(), the fused
+And a streaming Trainer on its default temporary store, dropped (one Trainer per epoch; or a fused run an
+out-of-memory moved there), removed the store with every parameter still pointing into it: the model could not
+step, save, load a checkpoint or give a state_dict again. The parameters come back into the model first now
+(the optimizer state goes with the store, and a warning says so).
+
+On 745266e (before the fix) the first and the last tests fail (the second is the control: after to_memory(), the fused
 trainer goes on from the streamed state, as an eager-only run does):
     git worktree add /tmp/wt 745266e && cp tests/test_trainer_lifecycle_hunt.py /tmp/wt/tests/ &&
     (cd /tmp/wt && PYTHONPATH=/tmp/wt python -m pytest -q -p no:cacheprovider tests/test_trainer_lifecycle_hunt.py)
@@ -55,3 +60,29 @@ def test_after_to_memory_the_fused_trainer_goes_on_as_eager(tmp_path):
     eager = Trainer(reference, optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.05), cross_entropy)
     want = [eager.step(*batch).loss for batch in BATCHES][-1]
     np.testing.assert_allclose(got, want, rtol=1e-9)
+
+
+def test_a_dropped_trainer_on_a_temporary_store_gives_the_model_back(caplog):
+    import gc
+
+    def streamed(to_memory: bool):
+        model = ViT(CFG, rng=np.random.default_rng(0))
+        trainer = Trainer(model, optim.AdamW(model.parameters(), lr=1e-2), cross_entropy, route="streaming")
+        for batch in BATCHES[:2]:
+            trainer.step(*batch)
+        store = trainer.stream.store.directory
+        if to_memory:
+            trainer.stream.to_memory()
+        del trainer
+        gc.collect()
+        assert not store.exists()
+        return model
+
+    want = {k: np.array(v) for k, v in streamed(True).state_dict().items()}
+    with caplog.at_level("WARNING", logger="tensorarena"):
+        model = streamed(False)
+    assert any("parameters came back into the model" in r.getMessage() for r in caplog.records)
+    got = model.state_dict()
+    assert all(np.array_equal(np.array(got[k]), v) for k, v in want.items())
+    eager = Trainer(model, optim.AdamW(model.parameters(), lr=1e-2), cross_entropy, route="eager")
+    assert np.isfinite(eager.step(*BATCHES[2]).loss)

@@ -7,7 +7,9 @@ The route itself is stream/route.py's StreamingRoute; this module is the Trainer
 
 from __future__ import annotations
 
+import atexit
 import logging
+import shutil
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -58,7 +60,6 @@ def start_streaming(trainer: Trainer, *, redo_after_oom: bool = False, for_check
     """Open the streaming route over trainer.store_dir (a temporary one if None) and make it the route;
     redo_after_oom starts it from the state in memory, overwriting the store, to redo a failed step;
     for_checkpoint opens it for Trainer.load to write a checkpoint into (whose state then replaces a kept run's)."""
-    import shutil
     import tempfile
     import weakref
 
@@ -87,10 +88,48 @@ def start_streaming(trainer: Trainer, *, redo_after_oom: bool = False, for_check
         # A directory with a random name no later run can resume, holding a copy of the whole training
         # state: removed, as tempfile.TemporaryDirectory does, once the route that reads it is gone (with
         # the trainer, or at exit), never before, so checkpoints and to_memory() still find it.
-        weakref.finalize(trainer.stream, shutil.rmtree, made, ignore_errors=True)
+        # Before it goes, the parameters it still holds come back into memory (the model stays usable, as a
+        # torch model outlives its training loop; a Trainer per epoch, or a fused run moved here by one
+        # out-of-memory, left every parameter pointing into a removed store: a helper's hunt). At exit only the
+        # directory goes (reading the whole model back then would be work for nothing).
+        at_collection = weakref.finalize(trainer.stream, params_out_of_temporary_store, vars(trainer.stream), made)
+        at_collection.atexit = False
+        atexit.register(shutil.rmtree, made, ignore_errors=True)
     trainer.step_count = trainer.stream.step_count
     trainer.fused = None  # its flat buffers and slab held the state the store now has; let them go
     trainer.route = "streaming"
+
+
+def params_out_of_temporary_store(route_state: dict, directory) -> None:
+    """A temporary store's route was collected: read the parameters still on disk (those its to_memory() did not
+    bring back) from their stage files into arrays of their own, then remove the directory. The optimizer state
+    it held goes with it (a warning says so: the next step starts it anew)."""
+    from ..stream.on_disk import _ON_DISK
+
+    try:
+        store, restored = route_state.get("store"), 0
+        for k, stage in enumerate(route_state.get("stages", [])):
+            waiting = [(i, p) for i, p in enumerate(stage.params) if p._arena is _ON_DISK]
+            if not waiting:
+                continue
+            layout = store.layouts[k]
+            with open(store.directory / store.files[k], "rb") as f:
+                for i, p in waiting:
+                    values = np.empty(p.shape, p.dtype)
+                    f.seek(layout.param_offsets[i])
+                    if f.readinto(memoryview(values).cast("B")) != values.nbytes:
+                        raise OSError(f"{store.files[k]} is shorter than its layout")
+                    p._data, p._arena, p._generation = values, None, 0
+                    restored += 1
+        if restored:
+            log.warning("streaming: the temporary store %s went with its trainer; its %d parameters came back into "
+                        "the model, and the optimizer state it held is gone (the next step starts it anew). Pass "
+                        "store_dir= to keep a store, or call trainer.stream.to_memory() first", directory, restored)
+    except Exception as exc:  # noqa: BLE001 - collection time: say it, never raise
+        log.warning("streaming: the parameters of the temporary store %s could not be read back (%s); the model "
+                    "needs rebuilding or a checkpoint", directory, exc)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def streaming_step(trainer: Trainer, inputs: Any, targets: Any) -> StepReport:
