@@ -17,6 +17,7 @@ import pytest
 
 import tensorarena.models.mlp as mlp_module
 from tensorarena import cli
+from tensorarena.optim.optimizer import PartlyAppliedError
 from tensorarena.train.checkpoint import read_metadata
 
 
@@ -60,7 +61,7 @@ def test_any_other_error_keeps_them_too_and_says_so(monkeypatch, tmp_path):
 
 def test_a_partly_applied_step_is_not_saved(monkeypatch, tmp_path):
     save = tmp_path / "run.safetensors"
-    _failing_at_call(monkeypatch, 3, RuntimeError("step 3 failed: the step is partly applied, so it is not redone"))
+    _failing_at_call(monkeypatch, 3, PartlyAppliedError("step 3 failed: the step is partly applied"))
     with pytest.raises(RuntimeError, match="partly applied"):
         _train(save)
     assert not save.exists()

@@ -251,7 +251,8 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
     on the batch: a bad batch, a MemoryError, an interrupt) propagates, as the Python replay would raise it,
     with nothing updated and the generators where they were; a failure of the recording's own passes (3
     and 4) is a refusal; a batch that cannot tell the passes apart is _Unchecked."""
-    from .step_state import buffer_states, restore_buffers, restore_rng, rng_states
+    from .step_state import (buffer_states, param_arrays, restore_buffers, restore_param_arrays, restore_rng,
+                             rng_states)
 
     x, y = _data(inputs), targets  # the targets as given: one array or a structure of them (load_batch)
     xb, yb = SecondOf(x), None if y is None else SecondOf(y)
@@ -267,7 +268,7 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
     arrays = BufferArrays(step.model, step.loss_fn,
                           [(name, p) for name, p in step.model.named_parameters() if not step.flat.owns(p)])
     saved = rng_states(step.model)  # every pass starts from these states, and the real steps after them
-    bound = [(p, p._data) for p in step.flat.params()]  # and the arrays the parameters hold (see below)
+    bound = param_arrays(step.flat.params())  # and the arrays the parameters hold (see below)
     # And from these buffers: a forward's buffer writes in training (running statistics) are the real step's
     # to make, once, as on eager; the passes' writes are compared (_left_buffers) and undone.
     buffers = buffer_states(step.model)
@@ -289,12 +290,9 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
                 return _refused(f"the step's Python reads values out of the tensors it computes ({tape.reads[0]}"
                                 f"{f' and {len(tape.reads) - 1} more' if len(tape.reads) > 1 else ''}): a "
                                 f"recording would go on with the values read now (a branch, a scale)")
-            rebound = [p for p, data in bound if p._data is not data]
-            for p, data in bound:
-                if p._data is not data:
-                    p.data = data
+            rebound = restore_param_arrays(bound)
             if rebound:
-                return _refused(f"the forward rebinds the .data of {len(rebound)} parameter(s) (a constraint such as "
+                return _refused(f"the forward rebinds the .data of {rebound} parameter(s) (a constraint such as "
                                 f"`w.data = w.data / norms`), which a recording would not do again")
             first["buffers"] = _left_buffers(step, buffers)
             if first["foreign"]:

@@ -67,7 +67,7 @@ from ..kernels import calls
 from ..nn.modes import ensure_training, modes
 from ..nn.module import Module
 from ..optim.clip import clip_grad_norm_
-from ..optim.optimizer import Optimizer
+from ..optim.optimizer import Optimizer, PartlyAppliedError
 from ..precision import float32_matmul_precision, get_float32_matmul_precision
 from ..precision import normalize as normalize_precision
 from ..tensor import Tensor
@@ -358,7 +358,7 @@ class FusedStep:
             value = loss.item()
             if skip_non_finite(value, index, on_nonfinite):
                 return value, None, True, arena  # the .grad of the last good step stay, as on eager
-            if self.flat.ensure_bound():
+            if self.flat.data_rebound() and self.flat.ensure_bound():
                 # The forward rebound a parameter's .data (a max-norm constraint, `w.data = w.data / norms`): the
                 # update must reach the array it holds now, as eager's does; it went to the flat view the
                 # parameter had left, and the next step's binding copied the stale array back over it (the
@@ -424,10 +424,10 @@ def skip_non_finite(value: float, index: int, on_nonfinite: str) -> bool:
     return True
 
 
-def partly_applied(index: int, updated: int, total: int, exc: Exception) -> RuntimeError:
+def partly_applied(index: int, updated: int, total: int, exc: Exception) -> PartlyAppliedError:
     """The error for a step that failed inside backward after `updated` parameters were updated there. Not a
     MemoryError any more: redoing the step (the out-of-memory fallback) would update them twice."""
-    return RuntimeError(
+    return PartlyAppliedError(
         f"step {index} failed inside backward after {updated} of {total} parameters were already updated "
         f"(update_in_backward): the step is partly applied, so it is not redone. Restore the last checkpoint; "
         f"{type(exc).__name__}: {exc}")

@@ -106,6 +106,22 @@ def rng_generators(model: Module) -> list[np.random.Generator]:
     return [*found.values(), NUMPY_GLOBAL, PYTHON_RANDOM]
 
 
+def param_arrays(params: list[Tensor]) -> list[tuple[Tensor, Any]]:
+    """(parameter, the array it holds) for `params`: what a trace or a recording pass must leave them holding."""
+    return [(p, p._data) for p in params]
+
+
+def restore_param_arrays(saved: list[tuple[Tensor, Any]]) -> int:
+    """Point each parameter back at the array `saved` found it holding (a forward that rebinds .data, as a max-norm
+    constraint does, must not have an extra run of it count); returns how many had been rebound."""
+    rebound = 0
+    for p, data in saved:
+        if p._data is not data:
+            p.data = data
+            rebound += 1
+    return rebound
+
+
 class RngStates(list):
     """[(generator, state)] taken by rng_states, and how often this thread had been handed the default
     generator then (random.default_asks): restore_rng leaves the default one alone if that has not moved."""

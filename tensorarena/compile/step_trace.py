@@ -23,7 +23,8 @@ from . import targets as target_layout
 from .flat import FlatState
 from .planner import plan_memory
 from .step_plan import Signature, StepPlan, previous_occupants
-from .step_state import buffer_states, restore_buffers, restore_rng, rng_states
+from .step_state import (buffer_states, param_arrays, restore_buffers, restore_param_arrays, restore_rng,
+                         rng_states)
 from .trace import TracingArena, UnsupportedOpError
 from ..journal import WriteJournal
 from .watched_state import ModelState, PythonState
@@ -95,7 +96,7 @@ def trace_step(fused: FusedStep, inputs: Any, targets: Any, sig: Signature) -> S
     params = fused.flat.params()
     # And the arrays the parameters hold: a forward that rebinds .data (a max-norm constraint) must not have
     # the trace's extra run rebind it once more than eager's steps do.
-    bound = [(p, p._data) for p in params]
+    bound = param_arrays(params)
     saved_rng = rng_states(fused.model)
     # The trace runs the step's Python once more on this batch: a forward that updates buffers in training
     # (a running mean, a batch count) must not keep that update, or the buffers see step 1's batch twice.
@@ -160,9 +161,7 @@ def trace_step(fused: FusedStep, inputs: Any, targets: Any, sig: Signature) -> S
         restore_rng(saved_rng)
         restore_buffers(saved_buffers)
         saved_state.put_back()
-        for p, data in bound:
-            if p._data is not data:
-                p.data = data
+        restore_param_arrays(bound)
         for p in params:
             p.grad = None
         for p, grad in others.items():

@@ -51,6 +51,11 @@ def _settings(group: dict[str, Any], *, on: bool) -> dict[str, Any]:
     return out
 
 
+class PartlyAppliedError(RuntimeError):
+    """A step failed after it had updated some parameters: it must not be redone on top of itself, and its state
+    is no step's (train/report.save_after_error keeps no checkpoint of it). A RuntimeError, as it was."""
+
+
 def raise_partly_applied(exc: BaseException, message: str):
     """Re-raise `exc`, which stopped an update part-way, so that nothing redoes the step on top of itself: an
     Exception becomes a RuntimeError saying so (a MemoryError would make the out-of-memory fallback redo it), an
@@ -58,7 +63,7 @@ def raise_partly_applied(exc: BaseException, message: str):
     if not isinstance(exc, Exception):
         exc.add_note(message)
         raise exc
-    raise RuntimeError(message) from exc
+    raise PartlyAppliedError(message) from exc
 
 log = logging.getLogger(__name__)
 

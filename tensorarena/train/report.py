@@ -39,11 +39,11 @@ def save_after_error(err: Exception, trainer, save: Callable[[], str]) -> None:
     to the error. A failed step changes nothing on every route (a MemoryError in a forward, a loss that raises: a
     helper's hunt compared the whole state with a run that never failed), so this writes exactly the last
     completed step, as a non-finite loss and Ctrl-C already did; before, any other error lost every step of
-    the run. Not when the step stopped part-way ("partly applied" in the error: half a step would be saved) or
-    left a streaming store broken."""
-    texts = [str(err), *getattr(err, "__notes__", ())]
-    stream = getattr(trainer, "stream", None)
-    if any("partly applied" in text for text in texts) or getattr(stream, "_broken", None):
+    the run. Not when the step stopped part-way (a PartlyAppliedError: half a step would be saved) or left a
+    streaming store broken."""
+    from ..optim.optimizer import PartlyAppliedError
+
+    if isinstance(err, PartlyAppliedError) or getattr(getattr(trainer, "stream", None), "_broken", None):
         return
     try:
         said = save()
