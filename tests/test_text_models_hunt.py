@@ -193,7 +193,8 @@ def test_memory_report_counts_every_cached_length_plan():
     assert rep["slab"] == fused.plan.slab.nbytes
     assert rep["other_plans"] == sum(p.slab.nbytes + p.inputs.nbytes + sum(b.nbytes for b in p.target_buffers)
                                      for p in others)
-    assert rep["predicted_peak"] == rep["persistent_total"] + rep["slab"] + rep["other_plans"]
+    assert rep["predicted_peak"] == (rep["persistent_total"] + rep["slab"] + rep["other_plans"]
+                                     + rep["libraries_measured"])
     n = sum(p.data.size for p in model.parameters())
     assert rep["params"] == rep["state.exp_avg"] == rep["state.exp_avg_sq"] == 4 * n
 

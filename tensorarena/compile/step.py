@@ -155,6 +155,9 @@ class FusedStep:
         # (signature, dispatch_key(), threads, matmul precision) -> plan
         self.plans: OrderedDict[tuple, StepPlan] = OrderedDict()
         self.traces = 0  # how many times a step was traced (first signature + every retrace)
+        # What the process gained over all traces besides plan buffers (StepPlan.libraries_measured): the
+        # libraries' working memory stays after a plan is evicted, so every report counts all of it.
+        self.libraries_measured = 0
         # The modules' state the last step (or trace) left: a change before the next step is the user's and drops
         # every plan. One for all plans: each plan's own went stale whenever another plan's step ran a forward that
         # sets an attribute (a step counter), and a batch of the other shape then traced again every time.
@@ -210,8 +213,13 @@ class FusedStep:
     def memory_report(self) -> dict[str, int]:
         """The most recent plan's report (StepPlan.memory_report), plus "other_plans": the slabs and input
         buffers of the other plans this step keeps (a last, smaller batch of an epoch: up to max_plans),
-        which training holds too."""
+        which training holds too; and libraries_measured over every trace this step made (evicted plans' too: what
+        the libraries kept stays)."""
         report = self.plan.memory_report()
+        earlier_traces = self.libraries_measured - report["libraries_measured"]
+        report["libraries_measured"] += earlier_traces
+        report["predicted_peak"] += earlier_traces
+        report["predicted_growth"] += earlier_traces
         others = [p for p in self.plans.values() if p is not self.plan]
         if others:
             extra = sum(p.slab.nbytes + p.inputs.nbytes + sum(b.nbytes for b in p.target_buffers) for p in others)

@@ -45,6 +45,11 @@ class StepPlan:
     # occupants[j]: the buffers whose slab bytes buffer j takes over (previous_occupants): the trace let them go
     # before j was asked for, so a Python replay still holding one has left its trace (PlannedArena.alloc)
     occupants: list[tuple[int, ...]] = field(default_factory=list)
+    # What the traced run left the process holding that no plan buffer is (compile/step_trace.py measures the
+    # resident bytes around it, freed memory returned): the GEMM libraries' working memory (MKL keeps bfloat16
+    # and float32 copies of the largest product operand; OpenBLAS touches a buffer per thread), their code pages
+    # run for the first time, kernels compiled for this step. Replays hold it too, so the prediction counts it.
+    libraries_measured: int = 0
 
     def __post_init__(self) -> None:
         if not self.target_buffers and isinstance(self.targets, np.ndarray):
@@ -60,7 +65,8 @@ class StepPlan:
     def memory_report(self) -> dict[str, int]:
         """Bytes by kind, known before step 1: persistent (params, grads, state.*, inputs; "grads outside the
         optimizer": the .grad kept for trainable parameters in no param group), slab, the predicted peak
-        (everything training holds) and predicted growth (what it adds to a process that has the model)."""
+        (everything training holds, with what the libraries kept from the trace: libraries_measured) and predicted
+        growth (what it adds to a process that has the model)."""
         report = dict(self.persistent)
         report["inputs"] = self.inputs.nbytes + sum(b.nbytes for b in self.target_buffers)
         persistent = sum(report.values())
@@ -68,7 +74,8 @@ class StepPlan:
         report["slab"] = self.memory.slab_bytes
         report["slab_lower_bound"] = self.memory.peak_live_bytes
         report["saved_by_reuse"] = self.memory.saved_bytes
-        report["predicted_peak"] = persistent + self.memory.slab_bytes
+        report["libraries_measured"] = self.libraries_measured
+        report["predicted_peak"] = persistent + self.memory.slab_bytes + self.libraries_measured
         # The parameters existed before: flattening moves them (the old arrays are freed and
         # returned), so what training adds to the process is the peak less one copy of them.
         report["predicted_growth"] = (report["predicted_peak"] - report["params"]

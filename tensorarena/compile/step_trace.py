@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import autograd
-from ..memory.pool import aligned_bytes
+from ..memory.pool import aligned_bytes, resident_after_returning_freed
 from ..nn.modes import ensure_training, restore_modes, saved_modes
 from ..precision import float32_matmul_precision
 from ..tensor import Tensor
@@ -111,6 +111,9 @@ def trace_step(fused: FusedStep, inputs: Any, targets: Any, sig: Signature) -> S
     # and those left out of it for having had no gradient, which may sit outside the model.
     others = {p: p.grad for p in [*fused.model.parameters(), *fused.left_out.values()] if not fused.flat.owns(p)}
     tracer = TracingArena(name=f"tracing arena ({sig})")
+    # What the process holds before the traced run, to measure what the run leaves behind that no plan buffer
+    # holds (libraries_measured_at_trace, below).
+    resident_before = resident_after_returning_freed()
     # Traced in the modes a step trains in, and each module's put back after (a compile() on a model in eval mode
     # before step 1 left it in train mode; a step's modes are these already): nn/modes.py.
     modes = saved_modes(fused.model)
@@ -168,7 +171,11 @@ def trace_step(fused: FusedStep, inputs: Any, targets: Any, sig: Signature) -> S
             p.grad = grad
     buffers = tracer.finish()
     fused.traces += 1
-    memory = plan_memory(tracer.lifetimes())
+    lifetimes = tracer.lifetimes()
+    del tracer  # its buffers are dead: the step has let them all go
+    gained_by_libraries = max(0, resident_after_returning_freed() - resident_before)
+    fused.libraries_measured += gained_by_libraries
+    memory = plan_memory(lifetimes)
     slab = aligned_bytes(max(memory.slab_bytes, 1))  # persistent: owned by the plan; offsets are ALIGN multiples
     views = [slab[memory.offsets[str(b.index)]:memory.offsets[str(b.index)] + b.nbytes]
              .view(b.dtype).reshape(b.shape) for b in buffers]
@@ -186,7 +193,8 @@ def trace_step(fused: FusedStep, inputs: Any, targets: Any, sig: Signature) -> S
     if grads_outside:
         persistent["grads outside the optimizer"] = grads_outside
     plan = StepPlan(sig, buffers, memory, slab, views, x, y, host, persistent, fused.matmul_precision,
-                    target_buffers=target_buffers, occupants=previous_occupants(buffers, memory.offsets))
+                    target_buffers=target_buffers, occupants=previous_occupants(buffers, memory.offsets),
+                    libraries_measured=gained_by_libraries)
     log.info("fused route: traced %s (float32 products in %s)", memory.summary(), fused.matmul_precision)
     return plan
 
