@@ -406,7 +406,7 @@ from tensorarena.train.trainer import Trainer
 
 with nn.deferred_init():
     model = ViT(ViTConfig(**{config}), rng=np.random.default_rng(0))
-trainer = Trainer(model, optim.AdamW(model.parameters(), lr=1e-3), cross_entropy, route="auto",
+trainer = Trainer(model, optim.AdamW(model.parameters(), lr=1e-3, eps=1e-6), cross_entropy, route="auto",
                   memory_limit="{budget}", store_dir=sys.argv[1])
 rng = np.random.default_rng(1)
 losses = [trainer.step(rng.standard_normal((4, 3, 16, 16)).astype(np.float32), rng.integers(0, 10, 4)).loss
@@ -445,7 +445,7 @@ def test_a_model_whose_parameters_exceed_a_hard_memory_limit_trains_inside_it(tm
     rng = np.random.default_rng(1)
     batches = [(rng.standard_normal((4, 3, 16, 16)).astype(np.float32), rng.integers(0, 10, 4)) for _ in range(2)]
     reference = ViT(ViTConfig(**BIG), rng=np.random.default_rng(0))
-    trainer = Trainer(reference, optim.AdamW(reference.parameters(), lr=1e-3), cross_entropy, route="eager")
+    trainer = Trainer(reference, optim.AdamW(reference.parameters(), lr=1e-3, eps=1e-6), cross_entropy, route="eager")
     threads = numba.get_num_threads()
     numba.set_num_threads(1)
     try:
@@ -455,12 +455,14 @@ def test_a_model_whose_parameters_exceed_a_hard_memory_limit_trains_inside_it(tm
     np.testing.assert_allclose(result["losses"], losses, rtol=0, atol=TOL)
     with nn.deferred_init():
         stored = ViT(ViTConfig(**BIG), rng=np.random.default_rng(0))
-    StreamingRoute.resume(stored, optim.AdamW(stored.parameters(), lr=1e-3), cross_entropy, store).params_to_memory()
+    StreamingRoute.resume(stored, optim.AdamW(stored.parameters(), lr=1e-3, eps=1e-6), cross_entropy,
+                          store).params_to_memory()
     # AdamW moves each weight by about lr (1e-3) a step whatever its gradient's size, so where a gradient is near
-    # zero the last bits of its reduction (the run holds one Numba thread, this process the suite's count) can
-    # move the weight by a good part of lr: a full-suite run saw 1.9e-5 on qkv.bias (before the reference ran on one
-    # thread too). 1e-4 is a tenth of one
-    # step's move, far below what a wrong value would show (the init's 0.02, a step lost or taken twice: 1e-3).
+    # zero the last bits of its reduction (streamed stage by stage there, eager here) can move the weight by a good
+    # part of lr: a full-suite run saw 1.9e-5 on qkv.bias, and on an Intel Xeon with MKL's products 1.4e-4 on three
+    # of its elements (gradients ~1e-8, eps's size). eps=1e-6 (both runs) damps exactly those: a gradient that
+    # small moves its weight by ~lr/100. 1e-4 is a tenth of one step's move, far below what a wrong value would show
+    # (the init's 0.02, a step lost or taken twice: 1e-3).
     for (name, p), q in zip(reference.named_parameters(), stored.parameters()):
         np.testing.assert_allclose(q.data, p.data, rtol=0, atol=1e-4, err_msg=name)
 
