@@ -409,7 +409,7 @@ def train_mlp(args) -> dict:
     """Train the MLP classifier on the generated digits; returns the summary it prints."""
     from .data.digits import NUM_CLASSES, SIZE, train_test_split
     from .models.mlp import MLP, MLPConfig
-    from .random import manual_seed
+    from .random import INIT_STREAM, manual_seed_job, seed_stream
 
     apply_defaults(args, MLP_DEFAULTS)
     resumed = prepare_resume(args)  # the checkpoint's run length and data size, before the data is drawn
@@ -417,10 +417,10 @@ def train_mlp(args) -> dict:
     dtype = np.dtype(args.dtype)
     (x_train, y_train), (x_test, y_test) = train_test_split(args.train_size, args.test_size, seed=args.seed)
     x_train, x_test = x_train.astype(dtype), x_test.astype(dtype)
-    manual_seed(args.seed)
+    manual_seed_job(args.seed)
     config = MLPConfig(in_features=SIZE * SIZE, hidden=args.hidden, out_features=NUM_CLASSES,
                        activation=args.activation, dropout=args.dropout, dtype=dtype)
-    model = MLP(config, rng=np.random.default_rng(args.seed))
+    model = MLP(config, rng=seed_stream(args.seed, INIT_STREAM))
     summary = run_classifier(args, model, (x_train, y_train), (x_test, y_test), make_optimizer=_make_optimizer,
                              make_scheduler=_make_scheduler, resumed=resumed)
     print_classifier_result(summary, "")

@@ -96,7 +96,9 @@ def make_images(count: int, *, size: int = 32, seed: int = 0) -> tuple[np.ndarra
     pixel = 2.0 / size
     for begin in range(0, count, _CHUNK):
         end = min(begin + _CHUNK, count)
-        chunk_rng = np.random.default_rng([seed, begin])  # noise depends on (seed, chunk) only
+        # Noise depends on (seed, chunk) only. Not [seed, begin]: a SeedSequence drops trailing zeros, so chunk 0's
+        # noise was `rng`'s own stream, the labels' draws again (a helper's hunt).
+        chunk_rng = np.random.default_rng([seed, begin, 1])
         for label in np.unique(labels[begin:end]):
             idx = begin + np.flatnonzero(labels[begin:end] == label)
             p = {k: v[idx] for k, v in params.items()}

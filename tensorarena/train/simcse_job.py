@@ -231,7 +231,7 @@ def train_simcse(args) -> dict:
     from ..data.loader import BatchLoader
     from ..models.bert import BertModel
     from ..models.simcse import SimCSE
-    from ..random import manual_seed
+    from ..random import INIT_STREAM, manual_seed_job, seed_stream
     from ..text import WordPieceTokenizer, locate_minilm, python_reference_sentences
     from .trainer import Trainer
 
@@ -242,11 +242,11 @@ def train_simcse(args) -> dict:
         model_dir = locate_minilm()
     except FileNotFoundError as e:
         raise SystemExit(f"tensorarena train: {e}") from None
-    manual_seed(args.seed)
+    manual_seed_job(args.seed)
     overrides = {"dtype": np.dtype(args.dtype).type}
     if args.dropout > 0:  # else the checkpoint's own (0.1 for MiniLM, as in the paper)
         overrides.update(hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout)
-    encoder = BertModel.from_pretrained(model_dir, rng=np.random.default_rng(args.seed), **overrides)
+    encoder = BertModel.from_pretrained(model_dir, rng=seed_stream(args.seed, INIT_STREAM), **overrides)
     if args.seq_len > encoder.config.max_position_embeddings:
         raise SystemExit(f"tensorarena train: --seq-len {args.seq_len} exceeds the model's "
                          f"{encoder.config.max_position_embeddings} positions")

@@ -12,8 +12,6 @@ where --steps stops it, and a resumed run draws the checkpoint's.
 from __future__ import annotations
 
 
-import numpy as np
-
 from .classifier_job import prepare_resume, print_classifier_result, resolve_train_size, run_classifier
 from .summary import finish
 
@@ -52,6 +50,7 @@ def build_vit(args, *, command: str = "train"):
     from ..data.images import NUM_CLASSES
     from ..models.vit import ViT, ViTConfig
     from ..nn import deferred_init
+    from ..random import INIT_STREAM, seed_stream
 
     preset = args.model.split("-", 1)[1]
     if preset not in PRESETS:
@@ -66,14 +65,14 @@ def build_vit(args, *, command: str = "train"):
     config = getattr(ViTConfig, preset)(image_size=args.image_size, patch_size=args.patch_size,
                                         num_classes=NUM_CLASSES, dropout=dropout)
     with deferred_init():
-        return ViT(config, rng=np.random.default_rng(args.seed))
+        return ViT(config, rng=seed_stream(args.seed, INIT_STREAM))  # not the images' stream (random.py)
 
 
 def train_vit(args) -> dict:
     """Train a ViT preset on the generated shape images; returns the summary it prints."""
     from ..cli import _make_optimizer, _make_scheduler, apply_defaults
     from ..data.images import train_test_split
-    from ..random import manual_seed
+    from ..random import manual_seed_job
 
     apply_defaults(args, VIT_DEFAULTS)
     _positive(args, "steps", "batch_size", "test_size", "image_size", "patch_size")
@@ -84,7 +83,7 @@ def train_vit(args) -> dict:
                                                                                         args.batch_size))
     n_test = test_images(args.test_size, args.image_size)
     (x_train, y_train), (x_test, y_test) = train_test_split(n_train, n_test, size=args.image_size, seed=args.seed)
-    manual_seed(args.seed)
+    manual_seed_job(args.seed)
     model = build_vit(args)
     summary = run_classifier(args, model, (x_train, y_train), (x_test, y_test), make_optimizer=_make_optimizer,
                              make_scheduler=_make_scheduler, resumed=resumed, eval_batch_size=args.batch_size,
