@@ -106,8 +106,9 @@ class SimCSE(Module):
         ids = np.asarray(batch.data if isinstance(batch, Tensor) else batch)
         if ids.ndim != 2 or ids.dtype.kind not in "iu":
             raise TypeError(f"SimCSE expects an Encoding or (B, T) integer input_ids, got {ids.dtype} {ids.shape}")
-        # [PAD] never occurs inside a tokenized sentence, so the mask follows from the ids. Both are arena
-        # buffers written through tape.host, so a captured fused step computes the mask again from each batch.
+        # Given ids alone, every [PAD] id is padding. (A text with a literal "[PAD]" in it tokenizes to that id, with
+        # mask 1 in the tokenizer's Encoding, as in Hugging Face's: pass the Encoding to keep that mask.) Both are
+        # arena buffers written through tape.host, so a captured fused step computes the mask again from each batch.
         mask, types = new(ids.shape, np.bool_), new(ids.shape, np.int64)
         host(np.not_equal, ids, self.pad_id, out=mask)
         host(types.fill, 0)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -41,11 +42,19 @@ def locate_minilm() -> Path:
     return model_dir
 
 
+# The `tokenizers` library takes lengths as a Rust usize and ids as a u32: anything past these came back as an
+# OverflowError naming no argument. No sentence is 2**31 tokens long.
+_MAX_LENGTH = 2**31 - 1
+
+
 def _check_int(name: str, value) -> int:
     """`value` as an int; TypeError naming `name` for a float, bool or anything else (tokenizers' own
-    message for 2.0, "'float' object cannot be interpreted as an integer", names no argument)."""
+    message for 2.0, "'float' object cannot be interpreted as an integer", names no argument), ValueError for one
+    past what the library takes."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    if int(value) > _MAX_LENGTH:
+        raise ValueError(f"{name} must be at most {_MAX_LENGTH} tokens, got {value}")
     return int(value)
 
 
@@ -55,6 +64,9 @@ def check_texts(texts) -> list[str]:
     if isinstance(texts, (bytes, bytearray, memoryview)):  # list() would split them into ints, and blame an int
         raise TypeError(f"texts must be str, got {type(texts).__name__}; decode it first (e.g. b.decode('utf-8'))")
     texts = [texts] if isinstance(texts, str) else texts
+    if isinstance(texts, (set, frozenset, Mapping)):  # rows in hash order: another order in every process
+        raise TypeError(f"texts must be a string or a sequence of strings, got a {type(texts).__name__}, whose "
+                        f"order is not kept; pass a list (e.g. sorted(texts))")
     try:
         texts = list(texts)
     except TypeError:
@@ -88,11 +100,16 @@ class Encoding:
 
         An int gives a batch of one, (1, T): an Encoding's arrays are (B, T) wherever it goes.
         """
-        if isinstance(index, (bool, np.bool_)):  # NumPy reads a bool scalar as a new axis: (1, B, T)
-            raise TypeError(f"an Encoding is indexed by row (an int, a slice, an index or mask array), got the bool "
-                            f"{index!r}")
-        if isinstance(index, (int, np.integer)):
+        if isinstance(index, (int, np.integer)) and not isinstance(index, (bool, np.bool_)):
             index = [index]  # fancy indexing keeps the batch axis (and -1 / out-of-range work as for a list)
+        elif not isinstance(index, slice):
+            # Anything else must be one list of rows: NumPy reads a bool scalar or None as a new axis ((1, B, T)),
+            # a tuple as an index per axis ((i, j): one 0-d id), a 2-D array as a new batch of batches.
+            rows = None if isinstance(index, tuple) or index is None or index is Ellipsis else np.asarray(index)
+            if rows is None or rows.ndim != 1 or (rows.size and rows.dtype.kind not in "iub"):
+                raise TypeError(f"an Encoding is indexed by row (an int, a slice, a 1-D index or mask array), got "
+                                f"{type(index).__name__} {index!r:.60}")
+            index = rows
         return Encoding(self.input_ids[index], self.attention_mask[index], self.token_type_ids[index])
 
 
@@ -120,7 +137,11 @@ class WordPieceTokenizer:
             raise ValueError(f"max_length must leave room for [CLS] and [SEP] (>= 2), got {max_length}")
         self.path = path
         self.max_length = max_length
-        self._tok = Tokenizer.from_file(str(path))
+        try:
+            self._tok = Tokenizer.from_file(str(path))
+        except Exception as err:  # the library raises a bare Exception ("EOF while parsing ...") naming no file
+            raise ValueError(f"{path} is not a tokenizer.json the `tokenizers` library can read ({err}); replace "
+                             f"it with the model's own file") from None
         padding = self._tok.padding or {}
         self._tok.no_padding()
         self._tok.no_truncation()
@@ -169,12 +190,26 @@ class WordPieceTokenizer:
         return Encoding(input_ids, attention_mask, token_type_ids)
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Token ids back to text, special tokens dropped. Takes one sequence (a row of input_ids)."""
+        """Token ids back to text, special tokens dropped. Takes one sequence (a row of input_ids): a list, a 1-D
+        NumPy array, tensorarena Tensor or torch tensor of integers."""
+        if hasattr(ids, "shape") and not isinstance(ids, np.ndarray):  # a Tensor (ours, torch's): its values
+            ids = ids.numpy() if callable(getattr(ids, "numpy", None)) else np.asarray(ids)
+        if isinstance(ids, np.ndarray):
+            if ids.ndim != 1:
+                raise TypeError(f"decode takes one sequence of token ids, got a {ids.ndim}-d array {ids.shape}"
+                                + ("; decode a batch row by row: [tokenizer.decode(row) for row in input_ids]"
+                                   if ids.ndim == 2 else ""))
+            if ids.size and ids.dtype.kind not in "iu":
+                raise TypeError(f"decode takes integer token ids, got {ids.dtype} values")
         ids = list(ids)
+        vocab = self.vocab_size
         for i, token in enumerate(ids):
             if isinstance(token, bool) or not isinstance(token, (int, np.integer)):
                 # Most often a (B, T) batch, whose items are rows; int() of a row names nothing useful.
                 raise TypeError(f"decode takes one sequence of token ids, and item {i} is {type(token).__name__}, "
                                 f"not an int; decode a batch row by row: [tokenizer.decode(row) for row in "
                                 f"input_ids]")
+            if not 0 <= token < vocab:
+                raise ValueError(f"decode: item {i} is {int(token)}, not a token id of this vocabulary "
+                                 f"(0..{vocab - 1})")
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
