@@ -85,6 +85,12 @@ def _gemm(lib, f32, ta, tb, m, n, k, a, lda, b, ldb, c, ldc):
     gemm_call(lib, f32, ta, tb, m, n, k, a, lda, b, ldb, c, ldc, False)
 
 
+# The largest |scale * max(score)| softmax_row folds the scale into its exp for: the fma's residual at the max is then
+# at most half an ulp of 2**16, 2**-8 in float32, so the max's exp stays within 0.4% of 1. Larger scores (never a
+# trained model's: ViT's are in the tens) are scaled first, one extra pass over the row.
+_FOLD_LIMIT = 65536.0
+
+
 @numba.njit(inline="always")
 def softmax_row(row, kb, has_kpm, causal, i, scale):
     """row (raw q.k scores of query i) -> its masked softmax of scale * score, in place.
@@ -119,6 +125,14 @@ def softmax_row(row, kb, has_kpm, causal, i, scale):
     mx = _rowmax(row)
     if folded:
         mx = mx * sc
+        if mx > fm.like(mx, _FOLD_LIMIT) or mx < fm.like(mx, -_FOLD_LIMIT):
+            # fma(score, scale, -m) leaves the row's max a residual of up to half an ulp of m: past 2**31 in
+            # float32 that is over 88, and exp overflowed (a NaN row) or every exp underflowed (a zero row, as if
+            # masked), where the scaled-first row is right (a helper's hunt: q, k ~ 1e10, head size 8).
+            folded = False
+            for j in range(s):
+                row[j] = row[j] * sc  # the dropped keys' -inf stay -inf (sc > 0)
+            mx = _rowmax(row)
     if mx == -np.inf:  # every key dropped: exp(-inf) = 0, and the row stays zeros, not NaN
         mx = fm.like(mx, 0.0)
     _exp_fma_normalise(row, sc if folded else fm.like(sc, 1.0), -mx)

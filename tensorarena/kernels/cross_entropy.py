@@ -1,12 +1,17 @@
 """Cross-entropy of (N, C) logits against int class targets: a NumPy reference and a fused Numba twin.
 
-As torch.nn.functional.cross_entropy with ignore_index and label_smoothing eps: with
-lse = logsumexp(x), row loss = (1 - eps) * (lse - x[t]) + eps * (lse - mean(x)), and 0 for rows
-whose target is ignore_index. The forward writes per-row losses and lse (kept for backward)
-and returns how many rows count, so reduction="mean" is losses.sum() / count, as in torch.
-Backward: dlogits = scale * (softmax(x) - ((1 - eps) * onehot(t) + eps / C)) on counted rows,
-0 on ignored ones; scale carries the upstream gradient and the 1/count of a mean.
-Both twins compute in float64 per row and round once into the caller's arrays.
+As torch.nn.functional.cross_entropy with ignore_index and label_smoothing eps: with m = max(x) and
+log_total = log(sum(exp(x - m))) (logsumexp(x) = m + log_total), row loss = (1 - eps) * (log_total - (x[t] - m))
++ eps * (log_total - (mean(x) - m)), and 0 for rows whose target is ignore_index. The forward writes per-row
+losses and log_total (kept for backward) and returns how many rows count, so reduction="mean" is
+losses.sum() / count, as in torch. Backward: dlogits = scale * (softmax(x) - ((1 - eps) * onehot(t) + eps / C))
+on counted rows, 0 on ignored ones, with softmax(x) = exp((x - m) - log_total) (m found again); scale carries the
+upstream gradient and the 1/count of a mean. Both twins compute in float64 per row and round once into the
+caller's arrays.
+
+Why log_total and not logsumexp: m + log_total rounds log_total away once |m| is large (float64's ulp at 1e16
+is 2): four equal logits of 1e20 gave loss 0 and gradient [1, 1, 0, 1] for log 4 and [.25, .25, -.75, .25]
+(a helper's hunt). Kept apart, as log_softmax's (x - m) - log_total is, they are exact at any magnitude.
 """
 
 from __future__ import annotations
@@ -50,35 +55,38 @@ def _check(logits: np.ndarray, target: np.ndarray, ignore_index: int) -> np.ndar
 
 @_quiet_underflow
 def cross_entropy_forward_reference(logits: np.ndarray, target: np.ndarray, ignore_index: int,
-                                    label_smoothing: float, losses: np.ndarray, lse: np.ndarray) -> int:
-    """Per-row losses (0 where ignored) and logsumexp into `losses`/`lse`; returns the counted rows (plain NumPy)."""
+                                    label_smoothing: float, losses: np.ndarray, log_total: np.ndarray) -> int:
+    """Per-row losses (0 where ignored) and log_total into `losses`/`log_total`; returns the counted rows (plain
+    NumPy)."""
     counted = _check(logits, target, ignore_index)
     n, c = logits.shape
     if n == 0:
         return 0
     x = logits.astype(np.float64)
-    mx = x.max(axis=1)
+    shifted = x - x.max(axis=1)[:, None]
     with np.errstate(under="ignore"):  # exp of a very negative logit is 0, not an error
-        l = mx + np.log(np.exp(x - mx[:, None]).sum(axis=1))
-    lse[...] = l
-    picked = x[np.arange(n), np.where(counted, target, 0)]
+        l = np.log(np.exp(shifted).sum(axis=1))
+    log_total[...] = l
+    picked = shifted[np.arange(n), np.where(counted, target, 0)]
     eps = float(label_smoothing)
     loss = (1.0 - eps) * (l - picked)
-    if eps != 0.0:  # only then: a -inf logit (a masked class) makes lse - mean(x) inf, and 0 * inf is NaN
-        loss += eps * (l - x.sum(axis=1) / c)
+    if eps != 0.0:  # only then: a -inf logit (a masked class) makes log_total - mean inf, and 0 * inf is NaN
+        loss += eps * (l - shifted.sum(axis=1) / c)
     np.copyto(losses, np.where(counted, loss, 0.0), casting="same_kind")
     return int(counted.sum())
 
 
 @_quiet_underflow
-def cross_entropy_backward_reference(logits: np.ndarray, target: np.ndarray, lse: np.ndarray, ignore_index: int,
-                                     label_smoothing: float, scale: float, dlogits: np.ndarray) -> None:
+def cross_entropy_backward_reference(logits: np.ndarray, target: np.ndarray, log_total: np.ndarray,
+                                     ignore_index: int, label_smoothing: float, scale: float,
+                                     dlogits: np.ndarray) -> None:
     """dlogits = scale * (softmax - smoothed one-hot) on counted rows, 0 on ignored ones (plain NumPy)."""
     counted = _check(logits, target, ignore_index)
     n, c = logits.shape
     eps = float(label_smoothing)
+    x = logits.astype(np.float64)
     with np.errstate(under="ignore"):
-        d = np.exp(logits.astype(np.float64) - lse.astype(np.float64)[:, None]) - eps / c
+        d = np.exp((x - x.max(axis=1, initial=-np.inf)[:, None]) - log_total.astype(np.float64)[:, None]) - eps / c
     d[np.arange(n), np.where(counted, target, 0)] -= np.where(counted, 1.0 - eps, 0.0)
     d *= float(scale)
     d[~counted] = 0.0
@@ -91,8 +99,8 @@ def cross_entropy_backward_reference(logits: np.ndarray, target: np.ndarray, lse
 # of range (n if none) and the Python wrapper raises, as Numba cannot format the message.
 
 @numba.njit(cache=True, parallel=True, fastmath=False)
-def _forward(x, target, ignore_index, eps, losses, lse):
-    """Writes losses and lse; returns (counted rows, first bad row or n). A bad row's loss is left 0."""
+def _forward(x, target, ignore_index, eps, losses, log_total):
+    """Writes losses and log_total; returns (counted rows, first bad row or n). A bad row's loss is left 0."""
     n, c = x.shape
     counted = 0
     first_bad = n
@@ -102,12 +110,12 @@ def _forward(x, target, ignore_index, eps, losses, lse):
             if x[r, j] > mx:
                 mx = float(x[r, j])
         tot = 0.0
-        xsum = 0.0
+        xsum = 0.0  # of x - mx
         for j in range(c):
             tot += math.exp(x[r, j] - mx)
-            xsum += x[r, j]
-        l = mx + math.log(tot)
-        lse[r] = l
+            xsum += x[r, j] - mx
+        l = math.log(tot)
+        log_total[r] = l
         t = target[r]
         if t == ignore_index:
             losses[r] = 0.0
@@ -116,7 +124,7 @@ def _forward(x, target, ignore_index, eps, losses, lse):
             first_bad = min(first_bad, r)
         else:
             counted += 1
-            loss = (1.0 - eps) * (l - x[r, t])
+            loss = (1.0 - eps) * (l - (x[r, t] - mx))
             if eps != 0.0:  # as the reference: without smoothing a -inf logit must not add 0 * inf = NaN
                 loss += eps * (l - xsum / c)
             losses[r] = loss
@@ -124,7 +132,7 @@ def _forward(x, target, ignore_index, eps, losses, lse):
 
 
 @numba.njit(cache=True, parallel=True, fastmath=False)
-def _backward(x, target, lse, ignore_index, eps, scale, dx):
+def _backward(x, target, log_total, ignore_index, eps, scale, dx):
     """Writes dx; returns the first bad row or n (a bad target matches no class: its row is not used)."""
     n, c = x.shape
     first_bad = n
@@ -136,9 +144,13 @@ def _backward(x, target, lse, ignore_index, eps, scale, dx):
         else:
             if t < 0 or t >= c:
                 first_bad = min(first_bad, r)
-            l = float(lse[r])
+            mx = -np.inf
             for j in range(c):
-                d = math.exp(x[r, j] - l) - eps / c
+                if x[r, j] > mx:
+                    mx = float(x[r, j])
+            l = float(log_total[r])
+            for j in range(c):
+                d = math.exp((x[r, j] - mx) - l) - eps / c
                 if j == t:
                     d -= 1.0 - eps
                 dx[r, j] = scale * d
@@ -146,23 +158,24 @@ def _backward(x, target, lse, ignore_index, eps, scale, dx):
 
 
 def cross_entropy_forward_fused(logits: np.ndarray, target: np.ndarray, ignore_index: int,
-                                label_smoothing: float, losses: np.ndarray, lse: np.ndarray) -> int:
+                                label_smoothing: float, losses: np.ndarray, log_total: np.ndarray) -> int:
     """Same contract as `cross_entropy_forward_reference`, one parallel pass per row; it checks the targets in
-    that pass, so on a bad target `losses` and `lse` are already (partly) written when it raises."""
+    that pass, so on a bad target `losses` and `log_total` are already (partly) written when it raises."""
     _check_layout(logits, target)
-    counted, first_bad = _forward(logits, target, np.int64(ignore_index), float(label_smoothing), losses, lse)
+    counted, first_bad = _forward(logits, target, np.int64(ignore_index), float(label_smoothing), losses,
+                                  log_total)
     if first_bad < target.shape[0]:
         _raise_bad_target(target[first_bad], logits.shape[1], ignore_index)
     return int(counted)
 
 
-def cross_entropy_backward_fused(logits: np.ndarray, target: np.ndarray, lse: np.ndarray, ignore_index: int,
+def cross_entropy_backward_fused(logits: np.ndarray, target: np.ndarray, log_total: np.ndarray, ignore_index: int,
                                  label_smoothing: float, scale: float, dlogits: np.ndarray) -> None:
     """Same contract as `cross_entropy_backward_reference`, one parallel pass per row; it checks the targets in
     that pass (the forward on the same targets already did: this costs one compare per row and keeps a direct
     call from returning a wrong gradient), so on a bad target `dlogits` is already written when it raises."""
     _check_layout(logits, target)
-    first_bad = _backward(logits, target, lse, np.int64(ignore_index), float(label_smoothing), float(scale),
+    first_bad = _backward(logits, target, log_total, np.int64(ignore_index), float(label_smoothing), float(scale),
                           dlogits)
     if first_bad < target.shape[0]:
         _raise_bad_target(target[first_bad], logits.shape[1], ignore_index)

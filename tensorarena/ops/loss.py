@@ -66,7 +66,7 @@ def cross_entropy(logits: Tensor, target, weight=None, *, ignore_index: int = -1
     tgt = contiguous(t, np.int64).reshape(-1)  # (rows,); the kernels check the class range
     dtype = x.dtype
     losses = new(tgt.shape, dtype)  # per-position loss, 0 where ignored
-    lse = new(tgt.shape, np.float64)  # kept for backward: softmax = exp(x - lse) needs it unrounded
+    lse = new(tgt.shape, np.float64)  # log_total, kept for backward (kernels/cross_entropy.py): unrounded
     count = new((), np.int64)  # targets not ignored: read again by backward, in an array (see below)
     out = losses.reshape(t.shape) if reduction == "none" else new((), dtype)
     # One call (tape.host) for the kernel and the reduction, and one for backward: the count and g are

@@ -99,10 +99,15 @@ def _nll_forward(rows, tgt, wd, ignore_index, picked_w, total, losses, out, redu
         np.copyto(picked_w, keep)
     else:
         np.multiply(wd[safe], keep, out=picked_w)
-    np.multiply(rows[np.arange(n), safe], picked_w, out=losses)
+    with np.errstate(invalid="ignore"):  # -inf times an ignored row's 0: zeroed below
+        np.multiply(rows[np.arange(n), safe], picked_w, out=losses)
     np.negative(losses, out=losses)
+    # An ignored row read at class 0 times its weight 0 is NaN where that input is -inf (a masked class): torch
+    # leaves ignored rows out, so they are 0 here whatever they hold.
+    np.copyto(losses, 0, where=~keep)
     if smoothing:  # (1 - eps) times that, plus eps / C of every class's weighted -input, at counted positions
-        spread = -(rows @ wd if wd is not None else rows.sum(axis=1)) * keep
+        with np.errstate(invalid="ignore"):  # the ignored rows' sums, dropped next
+            spread = np.where(keep, -(rows @ wd if wd is not None else rows.sum(axis=1)), 0)
         losses *= 1 - smoothing
         losses += spread * (smoothing / num_classes)
     np.sum(picked_w, out=total)

@@ -47,6 +47,19 @@ def _expand_grad(g: np.ndarray, shape: tuple[int, ...], axes: tuple[int, ...]) -
     return np.broadcast_to(reshaped(g, _reduced_shape(shape, axes, True)), shape)
 
 
+def _accumulator(ad: np.ndarray, axes: tuple[int, ...]) -> np.dtype | None:
+    """The dtype a float32 reduction over `axes` adds in: NumPy sums pairwise only over contiguous memory (the
+    trailing axes of a C-contiguous array); along any other axis it adds slice after slice in float32, and a sum,
+    mean or var over the 1e6 rows of a (1e6, 4) array was 2.7e-5 to 3.7e-4 off (torch's: ~1e-7; a helper's
+    hunt). Those add in float64 (no copy of the input: NumPy casts it in small buffers) and round once. None: the
+    input's own dtype (float64, or float32 summed pairwise)."""
+    if ad.dtype != np.float32 or not axes:
+        return None
+    if ad.flags.c_contiguous and axes == tuple(range(ad.ndim - len(axes), ad.ndim)):
+        return None
+    return np.dtype(np.float64)
+
+
 def sum(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:  # noqa: A001 - torch's name
     """Sum over `dim` (int, tuple or None for all)."""
     ad = a.data
@@ -56,7 +69,7 @@ def sum(a: Tensor, dim=None, keepdim: bool = False) -> Tensor:  # noqa: A001 - t
     dtype = np.dtype(np.int64) if ad.dtype.kind in "bi" or (ad.dtype.kind == "u" and ad.dtype.itemsize < 8) \
         else ad.dtype
     out = new(_reduced_shape(ad.shape, axes, keepdim), dtype)
-    host(np.sum, ad, axis=axes, keepdims=keepdim, out=out, dtype=dtype)
+    host(np.sum, ad, axis=axes, keepdims=keepdim, out=out, dtype=_accumulator(ad, axes) or dtype)
     a_shape = ad.shape  # not ad: backward reads no values, and would keep `a`'s memory alive
 
     def backward(g):
@@ -358,7 +371,7 @@ def _int_dim(dim, op: str) -> int:
 # value it reads from an array (a NaN test, a count) is read again on each replay.
 
 def _mean_forward(ad, axes, keepdim, count, out):
-    np.sum(ad, axis=axes, keepdims=keepdim, out=out)
+    np.sum(ad, axis=axes, keepdims=keepdim, out=out, dtype=_accumulator(ad, axes))
     with np.errstate(invalid="ignore"):  # over no elements: 0 / 0 = NaN, torch's answer, not an error
         out /= count
 
@@ -387,12 +400,12 @@ def _scatter_along(ga, idx, g, axis):
 
 
 def _var_forward(ad, axes, keepdim, count, dof, mu, sq, out):
-    np.sum(ad, axis=axes, keepdims=True, out=mu)
+    np.sum(ad, axis=axes, keepdims=True, out=mu, dtype=_accumulator(ad, axes))
     with np.errstate(invalid="ignore"):  # over no elements: NaN (var warned about dof <= 0)
         mu /= count
     np.subtract(ad, mu, out=sq)
     np.square(sq, out=sq)
-    np.sum(sq, axis=axes, keepdims=keepdim, out=out)
+    np.sum(sq, axis=axes, keepdims=keepdim, out=out, dtype=_accumulator(sq, axes))
     with np.errstate(divide="ignore", invalid="ignore"):  # dof <= 0 was warned about by var
         out /= np.maximum(dof, 0)
 
