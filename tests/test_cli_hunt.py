@@ -159,10 +159,11 @@ def _torch_reference(*, steps, optimizer, lr, wd, momentum, schedule, warmup, cl
     from tensorarena.data.digits import train_test_split
     from tensorarena.data.loader import BatchLoader
     from tensorarena.models.mlp import MLP as TaMLP, MLPConfig
+    from tensorarena.random import INIT_STREAM, seed_stream  # the job's init stream, not the data's
 
     (x, y), _ = train_test_split(train_size, 64, seed=seed)
     init = TaMLP(MLPConfig(in_features=256, hidden=(16,), out_features=10, activation=activation,
-                           dtype=np.float64), rng=np.random.default_rng(seed)).state_dict()
+                           dtype=np.float64), rng=seed_stream(seed, INIT_STREAM)).state_dict()
     act = {"relu": torch.nn.ReLU(), "gelu": torch.nn.GELU(), "tanh": torch.nn.Tanh()}[activation]
     net = torch.nn.Sequential(torch.nn.Linear(256, 16), act, torch.nn.Linear(16, 10)).double()
     net.load_state_dict({f"{k.removeprefix('net.')}": torch.tensor(np.asarray(v, np.float64)) for k, v in init.items()})
