@@ -108,8 +108,10 @@ def test_plan_and_train_need_the_same_memory(model, tmp_path_factory):
         # The routes' parts are computed, not measured: the same bytes on both sides.
         assert ours["parts"] == est["parts"], route
         assert ours["total"] == est["total"], route
-        # Only the rest of the process is measured, and differs a little (train's parser, loader, summary).
-        tolerance = max(0.02 * est["required"], 4 * MIB)
+        # Only the rest of the process is measured, and differs a little (train's parser, loader, summary): on an
+        # AMD EPYC within 4 MiB; on an Intel Xeon (MKL's products) mlp's train held 3.4 MiB more anonymous memory
+        # after its traces than plan's, run after run, and 5.5 MiB more RSS in all (fails at 4 MiB on 59aa01a too).
+        tolerance = max(0.02 * est["required"], 6 * MIB)
         assert abs(ours["required"] - est["required"]) <= tolerance, (
             f"{route}: plan needs {ours['required'] / MIB:.1f} MiB, train {est['required'] / MIB:.1f} MiB")
 
