@@ -426,6 +426,8 @@ class Module:
     def to(self, dtype) -> "Module":
         """Convert parameters (and floating buffers) to float32 or float64, keeping the Parameter objects. A deferred
         parameter (nn.deferred_init) stays deferred: made later, it holds its eager build's values cast to dtype."""
+        if dtype is None:  # torch's module.to(None) changes nothing (np.dtype(None) would be float64)
+            return self
         try:
             dt = np.dtype(dtype)
         except TypeError:

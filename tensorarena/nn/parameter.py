@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..tensor import Tensor
+from ..tensor import DEFAULT_DTYPE, SUPPORTED_FLOATS, Tensor
 from .deferred import DeferredInit, DeferredParameterError, is_deferring, placeholder
+
+
+def _check_float_dtype(dtype) -> None:
+    """A float dtype a parameter cannot hold (float16, longdouble) is refused: made into a Tensor, it became
+    float32 without a word."""
+    if dtype is not None and np.dtype(dtype).kind == "f" and np.dtype(dtype) not in SUPPORTED_FLOATS:
+        raise TypeError(f"parameters are float32 or float64, got dtype {np.dtype(dtype)}; tensorarena has no "
+                        f"half-precision parameters (see matmul_precision='bfloat16' for faster products)")
 
 
 class Parameter(Tensor):
@@ -16,6 +24,7 @@ class Parameter(Tensor):
     def __init__(self, data, *, requires_grad: bool = True, dtype=None) -> None:
         """A copy of `data` (torch's Parameter shares a tensor's memory; a parameter here is always its own heap
         array). Python numbers and lists of them are float32 unless `dtype` says otherwise, as Tensor makes them."""
+        _check_float_dtype(dtype)
         array = np.array(data.data if isinstance(data, Tensor) else data, dtype=dtype, copy=True)
         if dtype is None and array.dtype == np.float64 and not isinstance(data, (Tensor, np.ndarray, np.generic)):
             array = array.astype(np.float32)  # Parameter(3.0) was float64 where Tensor(3.0) is float32
@@ -29,9 +38,12 @@ class Parameter(Tensor):
     def empty(cls, shape: tuple[int, ...], dtype=np.float32, *, requires_grad: bool = True) -> "Parameter":
         """An uninitialised parameter for a constructor to fill with tensorarena.nn.init; under
         nn.deferred_init() a deferred one (no memory; the fills recorded: nn/deferred.py)."""
-        dt = np.dtype(dtype)
+        # dtype=None is the default float32, as torch's factory_kwargs (np.dtype(None) is float64: a ported layer
+        # built with dtype=None trained in float64 at twice the memory).
+        dt = np.dtype(DEFAULT_DTYPE if dtype is None else dtype)
         if dt.kind != "f":
             raise TypeError(f"parameters must be floating point, got dtype {dt}")
+        _check_float_dtype(dt)
         if not is_deferring():
             return cls(np.empty(shape, dt), dtype=dt, requires_grad=requires_grad)
         p = cls.__new__(cls)

@@ -89,6 +89,14 @@ class MultiheadAttention(Module):
             raise ValueError(f"MultiheadAttention expects (B, T, {self.dim}), got {x.shape}")
         nh = self.num_heads
         if key_padding_mask is not None:
+            mask_shape = getattr(key_padding_mask, "shape", None)
+            if mask_shape is not None and len(mask_shape) == 3:
+                # torch's call, mha(query, key, value): the key taken for this mask named only a shape mismatch.
+                raise TypeError(f"MultiheadAttention.forward(x, key_padding_mask=None, causal=False) is "
+                                f"self-attention over one input and returns one tensor; got a 3-D {mask_shape} "
+                                f"second argument. For torch's mha(query, key, value) with query is key is value, "
+                                f"call mha(x); attention between different query and key/value inputs is "
+                                f"F.scaled_dot_product_attention")
             key_padding_mask = _bool_mask(key_padding_mask, (B, T), "key_padding_mask")
         if query_tokens is not None:
             n = _query_count(query_tokens, T)

@@ -91,7 +91,8 @@ def _elu(ad, alpha, out) -> None:
 
 def _elu_grad(ad, alpha, g, ga) -> None:
     with np.errstate(under="ignore"):
-        np.multiply(g, np.where(ad > 0, 1, alpha * np.exp(np.minimum(ad, 0))), out=ga, casting="same_kind")
+        # The negative branch where x <= 0, 1 elsewhere: a NaN input passes the gradient through, as torch's.
+        np.multiply(g, np.where(ad <= 0, alpha * np.exp(np.minimum(ad, 0)), 1), out=ga, casting="same_kind")
 
 
 def _softplus(ad, param, out) -> None:

@@ -237,7 +237,8 @@ def embedding(indices, weight: Tensor, padding_idx: int | None = None, max_norm:
 
     torch's signature: the row `padding_idx` gets no gradient (as nn.Embedding's); max_norm's renormalising,
     scale_grad_by_freq and sparse gradients are refused (not implemented), not ignored."""
-    refused = [name for name, value in (("max_norm", max_norm), ("scale_grad_by_freq", scale_grad_by_freq),
+    # max_norm is refused whenever given (0.0 is a norm torch renormalises every row to: zeros), the flags when set.
+    refused = [name for name, value in (("max_norm", max_norm is not None), ("scale_grad_by_freq", scale_grad_by_freq),
                                         ("sparse", sparse)) if value]
     if refused:
         raise ValueError(f"embedding: {', '.join(refused)} is not supported; leave it at its default")
