@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -177,9 +178,12 @@ def test_simcse_json_to_stdout_parses_alone_and_agrees_with_the_file(tmp_path):
 def test_simcse_nonfinite_loss_saves_the_steps_before_it(route, tmp_path, capsys):
     need_minilm()
     target = tmp_path / "model"
-    msg = refused(["train", *SIMCSE, "--steps", "4", "--lr", "1e6", "--route", route, "--no-progress",
+    msg = refused(["train", *SIMCSE, "--steps", "6", "--lr", "1e6", "--route", route, "--no-progress",
                    "--save", str(target)], capsys)
-    assert "loss is nan at step 2" in msg and f"--save {target}" in msg
+    # Which step's loss turns NaN depends on the seed's dropout masks (step 4 since the init stream of its own).
+    failed = re.search(r"loss is nan at step (\d+)", msg)
+    assert failed and int(failed.group(1)) >= 2, msg
+    assert f"after the {int(failed.group(1)) - 1} steps before it" in msg and f"--save {target}" in msg
     from safetensors.numpy import load_file
 
     weights = load_file(str(target / "model.safetensors"))
