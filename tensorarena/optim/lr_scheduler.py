@@ -412,6 +412,11 @@ class SequentialLR(LRScheduler):
                                  + ("its step needs the metric; step it yourself after each evaluation"
                                     if isinstance(s, ReduceLROnPlateau) else
                                     "put the SequentialLR inside the ChainedScheduler instead"))
+            if isinstance(s, SequentialLR):
+                # At its milestone a phase restarts from epoch 0, which a SequentialLR cannot do (torch raises
+                # NotImplementedError there); ours went on from its inner phase's epoch -1 (lr -0.02 for 0.01).
+                raise ValueError(f"SequentialLR cannot run schedulers[{i}], another SequentialLR: put its phases "
+                                 f"into this one, one scheduler per phase, with their milestones")
             if s.optimizer is not optimizer:
                 raise ValueError(f"SequentialLR expects all schedulers to belong to the same optimizer, but "
                                  f"schedulers[{i}] ({type(s).__name__}) has a different one")

@@ -72,10 +72,20 @@ def _check_optimizer_trains_the_model(model, optimizer) -> None:
                          f"this model's parameters (optimizer = AdamW(model.parameters(), ...))")
 
 
-def _check_scheduler(scheduler) -> None:
+def _check_scheduler(scheduler, optimizer=None) -> None:
     """A ValueError for a scheduler whose step needs a metric (ReduceLROnPlateau): the Trainer steps its scheduler
-    after each update with no argument, so step 1 applied its update and then failed, and so did every step."""
+    after each update with no argument, so step 1 applied its update and then failed, and so did every step. And for
+    one built on another optimizer than `optimizer` (when given): it stepped that one's lr, the trained optimizer's
+    never moved."""
     from ..optim.lr_scheduler import ReduceLROnPlateau
+
+    scheduled = getattr(scheduler, "optimizer", None)
+    if scheduler is not None and optimizer is not None and scheduled is not optimizer:
+        raise ValueError(f"the scheduler ({type(scheduler).__name__}) was built on another optimizer "
+                         f"({type(scheduled).__name__} at {id(scheduled):#x}) than the one the Trainer steps "
+                         f"({type(optimizer).__name__} at {id(optimizer):#x}): its schedule would move that one's lr. "
+                         f"Build it on the Trainer's optimizer (after trainer.optimizer = new, set trainer.scheduler to "
+                         f"a scheduler of the new one, or None)")
 
     if isinstance(scheduler, ReduceLROnPlateau):
         raise ValueError("ReduceLROnPlateau steps on a metric (the held-out loss), which the Trainer does not have "
@@ -175,7 +185,7 @@ class Trainer:
         self._matmul_precision = (normalize_precision(matmul_precision) if matmul_precision is not None
                                   else get_float32_matmul_precision())
         _check_optimizer_trains_the_model(model, optimizer)
-        _check_scheduler(scheduler)
+        _check_scheduler(scheduler, optimizer)
         self.model = model
         self._optimizer = optimizer
         self.loss_fn = loss_fn
@@ -342,7 +352,7 @@ class Trainer:
     @scheduler.setter
     def scheduler(self, value) -> None:
         """A new schedule (or None) steps from the next step on, on every route."""
-        _check_scheduler(value)
+        _check_scheduler(value, self._optimizer)
         self._scheduler = value
         for route in (self.fused, self.stream):
             if route is not None:
@@ -399,6 +409,8 @@ class Trainer:
         nn/modes.py). On the fused route a change of any module's mode traces the step in the new modes."""
         from .interrupt import SigintDeferred, abandoned_step_message
 
+        # A trainer.optimizer replaced since the scheduler was set: refused before the step changes anything.
+        _check_scheduler(self._scheduler, self._optimizer)
         index = self.step_count + 1
         # Outermost, so that the lock of _one_at_a_time is taken and given back with Ctrl-C held too.
         with SigintDeferred("the training step", lambda: abandoned_step_message(index, self.route)), \
