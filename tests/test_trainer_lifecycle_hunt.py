@@ -8,7 +8,9 @@ trainer's state is back in memory.
 And a streaming Trainer on its default temporary store, dropped (one Trainer per epoch; or a fused run an
 out-of-memory moved there), removed the store with every parameter still pointing into it: the model could not
 step, save, load a checkpoint or give a state_dict again. The parameters come back into the model first now
-(the optimizer state goes with the store, and a warning says so).
+(and, since 2026-12-07's fourth session, their optimizer state into the optimizer: it went with the store, the
+next Adam step moved each weight by about lr; test_a_dropped_trainer_on_a_temporary_store_keeps_the_optimizer_state
+fails on e4167e7).
 
 On 745266e (before the fix) the first and the last tests fail (the second is the control: after to_memory(), the fused
 trainer goes on from the streamed state, as an eager-only run does):
@@ -81,8 +83,40 @@ def test_a_dropped_trainer_on_a_temporary_store_gives_the_model_back(caplog):
     want = {k: np.array(v) for k, v in streamed(True).state_dict().items()}
     with caplog.at_level("WARNING", logger="tensorarena"):
         model = streamed(False)
-    assert any("parameters came back into the model" in r.getMessage() for r in caplog.records)
+    assert any("parameters and their optimizer state came back" in r.getMessage() for r in caplog.records)
     got = model.state_dict()
     assert all(np.array_equal(np.array(got[k]), v) for k, v in want.items())
     eager = Trainer(model, optim.AdamW(model.parameters(), lr=1e-2), cross_entropy, route="eager")
     assert np.isfinite(eager.step(*BATCHES[2]).loss)
+
+
+def test_a_dropped_trainer_on_a_temporary_store_keeps_the_optimizer_state():
+    import gc
+
+    def streamed(to_memory: bool):
+        model = ViT(CFG, rng=np.random.default_rng(0))
+        opt = optim.AdamW(model.parameters(), lr=1e-2)
+        trainer = Trainer(model, opt, cross_entropy, route="streaming")
+        for batch in BATCHES[:2]:
+            trainer.step(*batch)
+        if to_memory:
+            trainer.stream.to_memory()
+        del trainer
+        gc.collect()
+        return model, opt
+
+    (want_model, want_opt), (model, opt) = streamed(True), streamed(False)
+    names = dict((id(p), n) for n, p in model.named_parameters())
+    want_names = dict((id(p), n) for n, p in want_model.named_parameters())
+    want_state = {want_names[id(p)]: s for p, s in want_opt.state.items()}
+    assert {names[id(p)] for p in opt.state} == set(want_state)
+    for p, state in opt.state.items():
+        expected = want_state[names[id(p)]]
+        assert set(state) == set(expected)
+        for key, value in state.items():
+            np.testing.assert_array_equal(value, expected[key], err_msg=f"{names[id(p)]} {key}")
+    # The next steps go on as after to_memory(): Adam's moments and step counts are the store's.
+    got = Trainer(model, opt, cross_entropy, route="eager").step(*BATCHES[2]).loss
+    want = Trainer(want_model, want_opt, cross_entropy, route="eager").step(*BATCHES[2]).loss
+    assert got == want
+    np.testing.assert_array_equal(model.state_dict()["head.weight"], want_model.state_dict()["head.weight"])

@@ -100,31 +100,48 @@ def start_streaming(trainer: Trainer, *, redo_after_oom: bool = False, for_check
     trainer.route = "streaming"
 
 
+def _read_array(f, offset: int, shape: tuple[int, ...], dtype, name: str) -> np.ndarray:
+    values = np.empty(shape, dtype)
+    f.seek(offset)
+    if f.readinto(memoryview(values).cast("B")) != values.nbytes:
+        raise OSError(f"{name} is shorter than its layout")
+    return values
+
+
 def params_out_of_temporary_store(route_state: dict, directory) -> None:
     """A temporary store's route was collected: read the parameters still on disk (those its to_memory() did not
-    bring back) from their stage files into arrays of their own, then remove the directory. The optimizer state
-    it held goes with it (a warning says so: the next step starts it anew)."""
+    bring back) from their stage files into arrays of their own, and their optimizer state into the optimizer (as
+    to_memory() would have: the next step goes on from it, as eager training would), then remove the directory."""
+    from ..stream import optim_state
     from ..stream.on_disk import _ON_DISK
 
     try:
         store, restored = route_state.get("store"), 0
+        optimizer, kinds, group_of = route_state["optimizer"], route_state["kinds"], route_state["_group_of"]
         for k, stage in enumerate(route_state.get("stages", [])):
             waiting = [(i, p) for i, p in enumerate(stage.params) if p._arena is _ON_DISK]
             if not waiting:
                 continue
-            layout = store.layouts[k]
-            with open(store.directory / store.files[k], "rb") as f:
+            layout, name = store.layouts[k], store.files[k]
+            with open(store.directory / name, "rb") as f:
                 for i, p in waiting:
-                    values = np.empty(p.shape, p.dtype)
-                    f.seek(layout.param_offsets[i])
-                    if f.readinto(memoryview(values).cast("B")) != values.nbytes:
-                        raise OSError(f"{store.files[k]} is shorter than its layout")
+                    values = _read_array(f, layout.param_offsets[i], p.shape, p.dtype, name)
+                    gi = group_of.get(id(p))
+                    if gi is not None:
+                        arrays = {kind: _read_array(f, offsets[i], p.shape, p.dtype, name)
+                                  for kind, offsets in layout.state_offsets.items()}
+                        scalars = _read_array(f, layout.scalar_offset + 8 * layout.n_scalars * i,
+                                              (layout.n_scalars,), np.float64, name)
+                        optim_state.write_state(kinds, optimizer, p, optimizer.param_groups[gi], arrays, scalars,
+                                                None)
                     p._data, p._arena, p._generation = values, None, 0
                     restored += 1
         if restored:
-            log.warning("streaming: the temporary store %s went with its trainer; its %d parameters came back into "
-                        "the model, and the optimizer state it held is gone (the next step starts it anew). Pass "
-                        "store_dir= to keep a store, or call trainer.stream.to_memory() first", directory, restored)
+            # Regression (fixed): only the parameters came back, and the optimizer's moments and step counts were
+            # gone (Adam restarted its bias correction: the next step moved each weight by about lr).
+            log.warning("streaming: the temporary store %s went with its trainer; its %d parameters and their "
+                        "optimizer state came back into the model and optimizer. Pass store_dir= to keep a store, "
+                        "or call trainer.stream.to_memory() first", directory, restored)
     except Exception as exc:  # noqa: BLE001 - collection time: say it, never raise
         log.warning("streaming: the parameters of the temporary store %s could not be read back (%s); the model "
                     "needs rebuilding or a checkpoint", directory, exc)
