@@ -354,7 +354,9 @@ class FlatState:
                            for p, was in zip(params, trainable) if p.requires_grad != was]
                 return f"requires_grad changed for {', '.join(changed[:5])}{'...' if len(changed) > 5 else ''}"
             now = self._kinds(group)
-            if now != kinds:
+            # A kind the settings no longer ask for stays laid out, as torch keeps a momentum buffer while the
+            # momentum is 0 (a CyclicLR/OneCycleLR cycling it from 0 laid out and traced again at each crossing).
+            if now != kinds and not (set(now[0]) <= set(kinds[0]) and now[1] == kinds[1]):
                 return (f"param group {index}'s optimizer state is now {list(now[0] + now[1])}, was "
                         f"{list(kinds[0] + kinds[1])} (a setting such as momentum or amsgrad changed, or a state "
                         f"dict with other settings was loaded)")
