@@ -252,7 +252,7 @@ def direct_leaf_grad_buffer(parent: "Tensor", shape: tuple[int, ...], dtype) -> 
 
 
 def backward(root: "Tensor", grad: np.ndarray | None = None, *, on_leaf_grad=None,
-             retain_graph: bool = False) -> None:
+             retain_graph: bool = False, seed: np.ndarray | None = None) -> None:
     """Accumulate d(root)/d(leaf) into `.grad` of every leaf that requires grad.
 
     on_leaf_grad(leaf, g), if given, receives each leaf's complete gradient instead of `.grad`
@@ -263,6 +263,10 @@ def backward(root: "Tensor", grad: np.ndarray | None = None, *, on_leaf_grad=Non
 
     retain_graph=True keeps every node's saved arrays and edges for another backward (which then
     accumulates, as in torch); by default each node is freed once its backward has run.
+
+    seed: a persistent 0-d array whose value seeds a scalar root's gradient instead of 1 (read when the seed
+    buffer is filled, so a captured step reads it again at each replay): the fused route's micro-batches seed
+    with their weight, as the eager route does.
     """
     if not root.requires_grad:
         raise RuntimeError("backward() on a tensor that does not require grad (it has no graph)")
@@ -278,7 +282,7 @@ def backward(root: "Tensor", grad: np.ndarray | None = None, *, on_leaf_grad=Non
                 f"pass grad= of that shape or reduce (e.g. .sum()) first"
             )
         grad = empty(root.shape, root.dtype)  # from the step's arena: a captured step (tape.host) refills it
-        host(np.copyto, grad, 1)
+        host(np.copyto, grad, 1 if seed is None else seed)
     elif grad.shape != root.shape:
         raise ValueError(f"grad shape {grad.shape} does not match output shape {root.shape}")
     elif grad.dtype != root.dtype:

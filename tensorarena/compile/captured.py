@@ -174,7 +174,7 @@ def _python_pass(step: "FusedStep", plan: "StepPlan", sink: GradSink, x, y, tape
             if step.update_in_backward:
                 autograd.backward(loss, on_leaf_grad=on_leaf_grad)
             else:
-                loss.backward()
+                autograd.backward(loss, seed=step.loss_seed)
                 # A model parameter outside the optimizer accumulates into its .grad across steps on the
                 # Python replay; a recording would copy over it each step instead.
                 foreign += [p for p in step.model.parameters() if p.grad is not None and not step.flat.owns(p)]
@@ -438,7 +438,7 @@ def _unchecked(plan: "StepPlan", reason: str) -> Capture | None:
 def _regions(step: "FusedStep", plan: "StepPlan") -> list[tuple[int, int]]:
     """Memory a replay may read and write: the slab, the plan's inputs, the flat state, the model's own arrays
     and the loss module's buffers (a class weight: BufferArrays sees one assigned anew)."""
-    arrays = [plan.slab, plan.inputs, *plan.target_buffers]
+    arrays = [plan.slab, plan.inputs, *plan.target_buffers, step.loss_seed]
     for g in step.flat.groups:
         arrays += [g.param, g.grad, *g.state.values(), *g.scalars.values()]
     arrays += [p.data for p in step.model.parameters()]

@@ -155,6 +155,9 @@ class FusedStep:
         # (signature, dispatch_key(), threads, matmul precision) -> plan
         self.plans: OrderedDict[tuple, StepPlan] = OrderedDict()
         self.traces = 0  # how many times a step was traced (first signature + every retrace)
+        # What seeds the loss's gradient in backward: 1, or while micro-batches run each one's weight (their
+        # products then round the whole batch's gradient values, as the eager route's do: micro_batches.py).
+        self.loss_seed = np.ones((), np.float64)
         # What the process gained over all traces besides plan buffers (StepPlan.libraries_measured): the
         # libraries' working memory stays after a plan is evicted, so every report counts all of it.
         self.libraries_measured = 0
@@ -389,7 +392,7 @@ class FusedStep:
                     raise
                 missing = self.flat.missing_grads(updated)
             else:
-                loss.backward()
+                autograd.backward(loss, seed=self.loss_seed)  # 1, or a micro-batch's weight (micro_batches.py)
                 missing = self.flat.missing_grads()
             del loss
             partly = (f" ({len(updated)} of {len(params)} parameters were already updated inside backward: the "

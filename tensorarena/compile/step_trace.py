@@ -134,7 +134,7 @@ def trace_step(fused: FusedStep, inputs: Any, targets: Any, sig: Signature) -> S
                 # The trace updates nothing: it notes who got a gradient and lets it die as a replay would.
                 autograd.backward(loss, on_leaf_grad=fused._leaf_hook(seen, update=False))
             else:
-                loss.backward()
+                autograd.backward(loss, seed=fused.loss_seed)
                 seen = {id(p) for p in params if p.grad is not None}
             # The layout holds exactly the parameters that get a gradient: the eager optimizer skips one
             # without (unused, cut off by detach, a branch the config turned off), so it is left out.
