@@ -144,7 +144,7 @@ class SimCSE(Module):
     # -- the streaming route ----------------------------------------------------------------------
     def _encoder_stages(self):
         """The encoder's encoder_stages, or StreamingUnsupportedError saying why there are none."""
-        from ..stream.stages import StreamingUnsupportedError
+        from ..stream.stages import StreamingUnsupportedError, unstaged_forward
 
         build, inputs = getattr(self.encoder, "encoder_stages", None), getattr(self.encoder, "encoder_inputs", None)
         if not (callable(build) and callable(inputs)):
@@ -152,6 +152,12 @@ class SimCSE(Module):
                 f"SimCSE can stream only an encoder that cuts itself into stages reading the attention mask, and "
                 f"its {type(self.encoder).__name__} has no encoder_stages() and encoder_inputs() (BertModel has "
                 f"both), so the streaming route cannot split it. Train it with route='eager' or 'fused'")
+        overridden = unstaged_forward(self.encoder, "encoder_stages")
+        if overridden is not None:  # its stages would run in place of that forward, which then silently would not
+            raise StreamingUnsupportedError(
+                f"SimCSE cannot stream its encoder: {overridden}, and the streaming route runs the stages, never "
+                f"the encoder's forward, so that code would silently not run; train it with route='eager' or "
+                f"'fused', or override encoder_stages() next to that forward")
         return build
 
     def stream_inputs(self, batch) -> tuple[np.ndarray, dict]:

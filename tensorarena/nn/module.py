@@ -99,7 +99,9 @@ def _buffer_value(name: str, value: Any) -> Any:
 
 _WRAP_FORWARD = ("wrap the forward instead: a subclass whose forward calls super().forward(...) with your code around "
                  "it (the Trainer's fused route then keeps its Python replay, which runs that code every step; keep "
-                 "copies, .numpy(), of tensors you store), or return what you want to see from forward")
+                 "copies, .numpy(), of tensors you store), or return what you want to see from forward. The "
+                 "streaming route runs a model's stream_stages(), never its forward, so it refuses such a subclass "
+                 "(route='auto' then picks eager or fused) unless the subclass overrides stream_stages() too")
 _READ_GRADS = ("read the gradients after backward instead (p.grad, or retain_grad() on an output you keep), or "
                "change them between backward and optimizer.step() in a training loop of your own")
 _EDIT_DICT = "change the dict that state_dict() returns, or the one you pass to load_state_dict(), yourself"

@@ -109,6 +109,25 @@ def stage_inputs(model: Module, stages: Sequence[Stage], batch: Any) -> tuple[Te
     return (first if isinstance(first, Tensor) else Tensor(first)), checked
 
 
+def unstaged_forward(module: Module, stages_method: str = "stream_stages") -> str | None:
+    """Where `module`'s forward is overridden below the class defining the method that cuts it into stages
+    (`stages_method`), or on the instance itself, in words ('TempViT.forward overrides the forward
+    ViT.stream_stages() computes'); else None. Stages are written for the forward they were defined next to, and
+    the streaming route runs them in its place.
+    """
+    if stages_method in vars(module):  # stages given to this instance: nothing below them to compare
+        return None
+    mro = type(module).__mro__
+    owner = next((i for i, cls in enumerate(mro) if stages_method in vars(cls)), None)
+    if owner is None:
+        return None
+    where = [f"the instance attribute {name}" for name in ("forward", "__call__") if name in vars(module)]
+    where += [f"{cls.__name__}.{name}" for cls in mro[:owner] for name in ("forward", "__call__") if name in vars(cls)]
+    if not where:
+        return None
+    return f"{where[0]} overrides the forward {mro[owner].__name__}.{stages_method}() computes"
+
+
 def model_stages(model: Module) -> list[Stage]:
     """`model.stream_stages()`, checked: named uniquely, covering each trainable parameter once."""
     method = getattr(model, "stream_stages", None)
@@ -117,6 +136,15 @@ def model_stages(model: Module) -> list[Stage]:
             f"{type(model).__name__} has no stream_stages() method, so the streaming route cannot split it "
             f"into blocks; train it with the eager route, or give it a stream_stages() that returns "
             f"[Stage(name, params, forward), ...] (see tensorarena/stream/stages.py)")
+    overridden = unstaged_forward(model)
+    if overridden is not None:
+        # The route runs the stages, never model(x): a forward wrapped below the class that cut the model (the
+        # advice of the refused register_forward_hook) would silently not run, and another model would be trained.
+        raise StreamingUnsupportedError(
+            f"{type(model).__name__} cannot stream: {overridden}, and the streaming route runs the stages, never "
+            f"forward()/__call__, so that code would silently not run and the model trained would differ from the "
+            f"eager one. Train it with route='eager' or 'fused', or override stream_stages() next to that forward "
+            f"so that composing the stages computes it (return super().stream_stages() if it computes the same)")
     raw: Sequence = method()
     stages = []
     for i, entry in enumerate(raw):
@@ -159,4 +187,4 @@ def model_stages(model: Module) -> list[Stage]:
 
 
 __all__ = ["Stage", "SideForward", "StreamingUnsupportedError", "model_stages", "reads_side", "run_stage",
-           "stage_inputs"]
+           "stage_inputs", "unstaged_forward"]

@@ -124,8 +124,12 @@ def check_the_limit(trainer: Trainer, inputs: Any, targets: Any) -> None:
         return
     if not estimate.fits:
         # Streaming is the smallest route there is: only a bigger limit or a smaller batch helps it; and a model
-        # without stream_stages() (the MLP) cannot stream, so route='auto' would not help it either.
-        if trainer.route == "streaming" or not callable(getattr(trainer.model, "stream_stages", None)):
+        # without stream_stages() (the MLP), or whose forward a subclass wraps (stream/stages.py unstaged_forward),
+        # cannot stream, so route='auto' would not help it either.
+        from ..stream.stages import unstaged_forward
+
+        if (trainer.route == "streaming" or not callable(getattr(trainer.model, "stream_stages", None))
+                or unstaged_forward(trainer.model) is not None):
             advice = "Raise memory_limit or lower the batch size"
         else:
             advice = ("Use route='auto' (streams when fused does not fit), raise memory_limit or lower the batch "
