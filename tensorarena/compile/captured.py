@@ -303,8 +303,8 @@ def _capture(step: "FusedStep", plan: "StepPlan", inputs: Any, targets: Any) -> 
             stray = _stray_array(tape, _regions(step, plan))
             if stray is not None:
                 return _refused(f"a recorded call reads an array made outside the plan's buffers ({stray.shape} "
-                                f"{stray.dtype}), e.g. a mask computed with NumPy from the batch, which a replay "
-                                f"would not compute again")
+                                f"{stray.dtype}), {_stray_origin(stray, first['buffers'])}, which a replay would "
+                                f"not compute again")
             try:
                 second = _python_pass(step, plan, sink, xb, yb, None)
             except MemoryError:
@@ -465,6 +465,16 @@ def _stray_array(tape: Tape, regions: list[tuple[int, int]]) -> np.ndarray | Non
             if not any(rlo <= lo and hi <= rhi for rlo, rhi in regions):
                 return a
     return None
+
+
+def _stray_origin(stray: np.ndarray, left: list | None) -> str:
+    """What the stray array is, in words: a buffer the forward assigned a new tensor (Module copies one to the
+    heap each step, nn/module.py _buffer_value), found among the buffers the Python pass left (`left`)."""
+    for path, _, _, _, array, _ in left or ():
+        if array is not None and np.may_share_memory(array, stray):
+            return (f"the model's buffer {path!r}, which its forward assigns a new tensor (kept as a copy made "
+                    f"that step)")
+    return "e.g. a mask computed with NumPy from the batch"
 
 
 def _refused(reason: str) -> Capture:

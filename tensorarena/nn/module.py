@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 import numpy as np
 
 from ..autograd import increment_version
+from ..memory.arena import heap_scope
 from ..tensor import SUPPORTED_FLOATS, Tensor
 from .parameter import Parameter
 
@@ -89,6 +90,12 @@ def _buffer_value(name: str, value: Any) -> Any:
     A NumPy scalar is what arithmetic on a 0-d buffer gives (running = 0.9 * running + x): kept as a 0-d array,
     so state_dict and load_state_dict treat it as the array it was.
     """
+    if isinstance(value, Tensor) and value._arena is not None:
+        # A buffer is state kept across steps, and the step's arena is reset when the step ends: a tensor computed
+        # in forward (self.ema = 0.9 * self.ema + 0.1 * out.detach().mean(0), torch's idiom) was read stale at the
+        # next step. A copy on the heap, in the graph still (clone), as torch keeps the tensor itself.
+        with heap_scope():
+            return value.clone()
     if value is None or isinstance(value, (np.ndarray, Tensor)):
         return value
     if isinstance(value, np.generic):
@@ -225,7 +232,7 @@ class Module:
         if "_buffers" not in vars(self):
             object.__setattr__(self, "_buffers", {})
         self._buffers[name] = persistent
-        object.__setattr__(self, name, value)
+        object.__setattr__(self, name, _buffer_value(name, value))
 
     def _unset_slot(self, name: str, current: Any) -> bool:
         # A None attribute that is not a buffer may be an empty parameter or module slot (Linear(bias=False)).
