@@ -30,6 +30,12 @@ class _OnDisk:
     def generation(self) -> int:
         raise StaleTensorError(ON_DISK_MESSAGE)
 
+    def __reduce_ex__(self, protocol):
+        # copy.deepcopy and pickle reach the marker through each parameter on disk: copied, it made a model whose
+        # parameters point at no store (every read raised, and to_memory() could not help the copy). Refused at
+        # the copy instead, where the advice still works.
+        raise StaleTensorError(COPY_MESSAGE)
+
 
 ON_DISK_MESSAGE = (
     "this parameter lives on disk, in the store of a StreamingRoute that trains it, so it cannot be read or "
@@ -38,6 +44,13 @@ ON_DISK_MESSAGE = (
     "route.close(): StreamingRoute.resume(...).to_memory()); read or change it there, and the next training "
     "step moves it into the store again. To restore a checkpoint, trainer.load(path) writes it into the store "
     "directly.")
+
+COPY_MESSAGE = (
+    "cannot copy or pickle a model (or a parameter) whose parameters live on disk, in the store of a StreamingRoute "
+    "that trains them: the copy would have no store behind it, so none of its parameters could ever be read. "
+    "Bring the training state back into memory first with trainer.stream.to_memory() (a route of your own: "
+    "route.to_memory()), then copy (copy.deepcopy(model), pickle); the next training step moves it into the store "
+    "again. To keep a snapshot without leaving the store, save a checkpoint (trainer.save(path)).")
 
 
 _ON_DISK = _OnDisk()
