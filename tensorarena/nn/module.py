@@ -9,6 +9,7 @@ children's, exactly as in torch, so checkpoints exchange with the same torch mod
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Callable, Iterator, NamedTuple
@@ -29,6 +30,10 @@ class IncompatibleKeys(NamedTuple):
 
 
 _MISSING = object()
+# module -> {attribute: (the plain list or dict it holds, the container view it is walked through)}: Module._held_view.
+# Outside the module's __dict__, which the walkers, the fused route's watchers and pickling read; weak, so a module
+# that goes away takes its views along.
+_HELD_VIEWS: "weakref.WeakKeyDictionary[Module, dict[str, tuple[Any, Module]]]" = weakref.WeakKeyDictionary()
 
 
 def _join(prefix: str, name: str) -> str:
@@ -201,10 +206,28 @@ class Module:
             if isinstance(value, Module):
                 yield name, value
             elif isinstance(value, (list, tuple, dict)) and value:
-                # A list (dict) that was empty when assigned and filled later: wrap it on the fly.
+                # A list (dict) that was empty when assigned and filled later: wrapped on the fly (checked on every
+                # walk), the same view each time.
                 wrapped = containers.container_for(name, value, None)
                 if wrapped is not None:
-                    yield name, wrapped
+                    yield name, self._held_view(name, value, wrapped)
+
+    def _held_view(self, name: str, held: Any, fresh: "Module") -> "Module":
+        """The view this module walked its attribute `name` holding `held` through before, else `fresh`, kept.
+
+        One view per held list (dict), as torch's ModuleList is one object: a new view on each walk was in training
+        mode after eval() (the view eval() set was gone; `any(m.training for m in model.modules())` said True), and
+        get_submodule('blocks') gave another object each call, so what apply() set on it was lost.
+        """
+        views = _HELD_VIEWS.setdefault(self, {})
+        then = views.get(name)
+        if then is not None and then[0] is held and type(then[1]) is type(fresh):
+            return then[1]
+        # A view made after train()/eval() ran (the first walk of a list filled later, a deepcopy) starts in the
+        # mode they set, the owner's, as the container torch made at assignment would be in.
+        fresh.training = self.training
+        views[name] = (held, fresh)
+        return fresh
 
     def _own_buffers(self) -> Iterator[tuple[str, np.ndarray | Tensor]]:
         for name in vars(self).get("_buffers", {}):
