@@ -207,7 +207,8 @@ class Identity(Module):
 class Sequential(ModuleList):
     """Modules applied in order; children named '0', '1', ... as torch.nn.Sequential, or by the keys of one dict
     (Sequential(OrderedDict([("fc", Linear(...)), ...])): state_dict keys "fc.weight", as torch's). As torch's, an
-    appended module is named by its position, and an insert, a deletion or a pop renames all by position."""
+    appended module is named by its position, and an insert, `del seq[i]` or a pop renames all by position, while
+    a slice and `del seq.fc` (delattr) keep the names the entries had."""
 
     _walk_skip = ("_items", "_names")
 
@@ -235,17 +236,40 @@ class Sequential(ModuleList):
             return super()._entry_index(name)
         return names.index(name) if name in names else None
 
-    def __getitem__(self, idx):
+    def _entry_names(self) -> list[str]:
+        """Each entry's name, in order: its key, or its position."""
         names = vars(self).get("_names")
-        if isinstance(idx, slice) and names is not None:
-            return Sequential(dict(zip(names[idx], self._items[idx])))
+        return list(names) if names is not None else [str(i) for i in range(len(self._items))]
+
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            # The entries keep their names, as torch's slice (built from its _modules' items): seq[1:] of
+            # (Linear, ReLU, Linear) has keys '1', '2', so a checkpoint of torch's slice loads into ours.
+            return Sequential(dict(zip(self._entry_names()[idx], self._items[idx])))
         return super().__getitem__(idx)
+
+    def __delattr__(self, name: str) -> None:
+        index = self._entry_index(name)
+        if index is None or index == len(self._items):
+            super().__delattr__(name)
+            return
+        # torch's `del seq.fc` (Module.__delattr__) removes that entry alone: the others keep their names ('out'
+        # stays 'out', and del seq.1 leaves '0', '2'); only `del seq[i]` renames all by position.
+        names = self._entry_names()
+        del names[index], self._items[index]
+        object.__setattr__(self, "_names", names)
 
     def append(self, module: Module) -> "Sequential":
         names = vars(self).get("_names")
+        name = str(len(self._items))
+        if names is not None and name in names:
+            # torch's append is add_module(str(len(seq)), module): after `del seq.1` ('0', '2') that name is taken,
+            # and torch replaces the entry under it (two entries of one name would share a state_dict key).
+            self[names.index(name)] = module
+            return self
         super().append(module)
         if names is not None:
-            names.append(str(len(self._items) - 1))
+            names.append(name)
         return self
 
     def insert(self, index: int, module: Module) -> "Sequential":
