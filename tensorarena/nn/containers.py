@@ -22,6 +22,7 @@ def _sharing(cls: type, attribute: str, held: list | dict) -> Module:
     view = cls.__new__(cls)
     Module.__init__(view)
     object.__setattr__(view, attribute, held)
+    object.__setattr__(view, "_plain", "dict" if isinstance(held, dict) else "list")  # for its errors: _plain_hint
     return view
 
 
@@ -87,7 +88,7 @@ class _List(Module):
             index = None
         if index is not None and index < len(self._items):
             return self._items[index]
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}{_plain_hint(self, name)}")
 
     def __delattr__(self, name: str) -> None:
         index = self._entry_index(name)
@@ -101,6 +102,19 @@ class _List(Module):
         for e in list(entries):  # a snapshot: extend(self) (ml += ml) grew the list it was reading, forever
             self.append(e)
         return self
+
+    def __iadd__(self, entries):
+        # torch's ModuleList and ParameterList both extend in place (`pl += [p]`)
+        return self.extend(entries)
+
+    def index(self, entry, start: int = 0, stop: int | None = None) -> int:
+        """The position of `entry` itself (list.index, for a plain list kept as this container), compared by
+        identity: == of two parameters is elementwise."""
+        items = self._items
+        for i in range(*slice(start, stop).indices(len(items))):
+            if items[i] is entry:
+                return i
+        raise ValueError(f"the {type(entry).__name__} is not in this {type(self).__name__}")
 
 
 class ModuleList(_List):
@@ -152,9 +166,6 @@ class ModuleList(_List):
         self._check_module(module)
         self._items.append(module)
         return self
-
-    def __iadd__(self, modules) -> "ModuleList":
-        return self.extend(modules)
 
     def __add__(self, other) -> "ModuleList":
         """A new container of this one's modules followed by `other`'s (the modules themselves, not copies)."""
@@ -236,7 +247,7 @@ class _Dict(Module):
         entries = self.__dict__.get("_entries")
         if entries is not None and name in entries:
             return entries[name]
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}{_plain_hint(self, name)}")
 
     def __delattr__(self, name: str) -> None:
         if name in vars(self).get("_entries", {}):
@@ -291,6 +302,49 @@ class _Dict(Module):
         """Remove every entry."""
         self._entries.clear()
 
+    # dict's methods torch's ParameterDict has; on ModuleDict too, for a plain dict of modules assigned to an
+    # attribute, which is kept as a ModuleDict (container_for) where torch leaves the dict: `self.heads.get(task)`.
+    def get(self, key: str, default: Any = None) -> Any:
+        """The entry under `key`, or `default` when there is none."""
+        return self._entries.get(key, default)
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        """The entry under `key`; when there is none, `default` is added under it first (and must be an entry)."""
+        if key not in self._entries:
+            self[key] = default
+        return self._entries[key]
+
+    def popitem(self) -> tuple[str, Any]:
+        """Remove the last entry added and return (key, entry)."""
+        if not self._entries:
+            raise KeyError(f"popitem(): this {type(self).__name__} is empty")
+        return self._entries.popitem()
+
+    def copy(self) -> "_Dict":
+        """A new container of the same entries (the objects themselves, as torch's ParameterDict.copy)."""
+        return type(self)(self._entries)
+
+    def fromkeys(self, keys, default: Any = None) -> "_Dict":
+        """A new container with `default` under each of `keys` (torch's ParameterDict.fromkeys)."""
+        return type(self)((key, default) for key in keys)
+
+    def __reversed__(self) -> Iterator[str]:
+        return reversed(self._entries)
+
+    def __or__(self, other) -> "_Dict":
+        merged = self.copy()
+        merged.update(other)
+        return merged
+
+    def __ror__(self, other) -> "_Dict":
+        merged = type(self)(other)
+        merged.update(self)
+        return merged
+
+    def __ior__(self, other) -> "_Dict":
+        self.update(other)
+        return self
+
 
 class ModuleDict(_Dict):
     """Modules under string keys, children named by their keys (torch.nn.ModuleDict); an entry is an attribute too
@@ -312,6 +366,18 @@ class ParameterDict(_Dict):
 
     def extra_repr(self) -> str:
         return "\n".join(f"({k}): Parameter of shape {p.shape}, dtype {p.dtype}" for k, p in self._entries.items())
+
+
+def _plain_hint(container: Module, name: str) -> str:
+    """For an AttributeError of a container made of a plain list or dict (container_for): why the user, who made
+    none, meets it, and what to do."""
+    plain = vars(container).get("_plain")
+    if plain is None or name.startswith("__"):
+        return ""
+    return (f"; it holds the plain {plain} of {'Parameters' if container._kind is Parameter else 'Modules'} "
+            f"assigned to a module attribute, which tensorarena keeps as a {type(container).__name__} so that its "
+            f"entries are registered (torch would leave the {plain}); use {plain}(module.<attribute>) for the "
+            f"{plain}'s other methods")
 
 
 def _holds_modules(value, depth: int = 0) -> bool:

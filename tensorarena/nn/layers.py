@@ -290,6 +290,27 @@ class Sequential(ModuleList):
     def _from_list(self, items: list) -> "Sequential":
         return Sequential(*items)
 
+    def __mul__(self, times: int) -> "Sequential":
+        """A new Sequential of this one's modules `times` over (the same modules, shared, as torch's), named by
+        position."""
+        if not isinstance(times, int):
+            return NotImplemented
+        if times <= 0:
+            raise ValueError(f"Non-positive multiplication factor {times} for Sequential: repeating the modules "
+                             f"needs a count of 1 or more")
+        return self._from_list(self._items * times)
+
+    __rmul__ = __mul__
+
+    def __imul__(self, times: int) -> "Sequential":
+        """This Sequential's modules `times` over, in place (appended by position, as torch's)."""
+        repeated = self.__mul__(times)
+        if repeated is NotImplemented:
+            return NotImplemented
+        for module in repeated._items[len(self._items):]:
+            self.append(module)
+        return self
+
     def forward(self, x):
         for module in self._items:
             x = module(x)
