@@ -175,9 +175,11 @@ def save_checkpoint(path: str | os.PathLike, *, model: Module, optimizer=None, s
         meta["scheduler"] = {"class": type(scheduler).__name__, "state": _jsonable(scheduler.state_dict())}
     meta["rng"] = {name: rng_state(g) for name, g in _generators(model).items()}
     meta["rng_default"] = rng_state(peek_default_generator())
+    # An array the format cannot hold is refused, naming it, before the file is opened, and before its CRC: the
+    # CRC reads it through a memoryview, which NumPy refuses for longdouble or datetime64 without naming it.
+    tensor_entries(tensors)
     meta[CHECKSUM_KEY] = checksums_entry({name: tensor_crc32(array) for name, array in tensors.items()})
     metadata = {"tensorarena": json.dumps(meta)}
-    tensor_entries(tensors)  # an array the format cannot hold is refused before the file is opened
     # Array by array from memory to the file: safetensors' save() built the whole file as one bytes object (with
     # a bytes copy of every tensor on the way), a peak of two or three copies of the state that no plan counts.
     _atomic_write(path, lambda f: write_safetensors(f, tensors, metadata))
