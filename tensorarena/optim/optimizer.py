@@ -386,6 +386,13 @@ class Optimizer:
                                    f"its store: {what}. Bring it into memory first with trainer.stream.to_memory(), "
                                    f"or save and restore a checkpoint with trainer.save(path) / trainer.load(path)")
 
+    def _saved_hyperparams(self, saved: dict[str, Any]) -> dict[str, Any]:
+        """A saved param group's hyperparameters (all but "params") as this optimizer keeps them: JSON has no
+        tuple, so a list where the optimizer's default is a tuple (betas; Rprop's etas and step_sizes) becomes
+        a tuple again, as torch keeps it. Every loader of saved groups (checkpoints, the streaming store) uses it."""
+        return {k: tuple(v) if isinstance(v, list) and isinstance(self.defaults.get(k), tuple) else v
+                for k, v in saved.items() if k != "params"}
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what `state_dict` returned (copied to the heap); validates groups and shapes."""
         for key in ("state", "param_groups"):
@@ -406,10 +413,8 @@ class Optimizer:
         new_groups = []
         for saved, group in zip(saved_groups, self.param_groups):
             merged = dict(group)
-            merged.update({k: v for k, v in saved.items() if k != "params"})
+            merged.update(self._saved_hyperparams(saved))
             merged.update(self._class_settings)  # what the class is (AdamW's decoupled decay), whatever was saved
-            if isinstance(merged.get("betas"), list):  # JSON turns tuples into lists
-                merged["betas"] = tuple(merged["betas"])
             self._check_hyperparams(merged)
             new_groups.append(merged)
         group_of = {id(p): merged for merged in new_groups for p in merged["params"]}

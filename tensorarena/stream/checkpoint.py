@@ -304,7 +304,7 @@ def _loaded_groups(optimizer, saved_groups: list[dict], path) -> list[dict]:
             raise ValueError(f"parameter group {gi} of {path} has {len(saved['params'])} parameters but the "
                              f"optimizer's group {gi} has {len(group['params'])}")
         merged = dict(group)
-        merged.update({k: tuple(v) if k == "betas" else v for k, v in saved.items() if k != "params"})
+        merged.update(optimizer._saved_hyperparams(saved))
         optimizer._check_hyperparams(merged)
         groups.append(merged)
     return groups

@@ -125,7 +125,7 @@ def resume(route: StreamingRoute) -> None:
     schedule_before = None if route.scheduler is None else route.scheduler.state_dict()
     try:
         for group, entries in zip(route.optimizer.param_groups, manifest["param_groups"]):
-            group.update({k: tuple(v) if k == "betas" else v for k, v in entries.items()})
+            group.update(route.optimizer._saved_hyperparams(entries))
         if route.scheduler is not None:
             route.scheduler.load_state_dict(manifest["scheduler"])
     except BaseException:

@@ -342,7 +342,7 @@ def _optimizer_problems(path: Path, f, names: set[str], meta: dict, optimizer) -
             raise ValueError(f"parameter group {gi} of {path} has {len(group_saved.get('params', ()))} parameters "
                              f"but the optimizer's group {gi} has {len(group['params'])}")
         merged = dict(group)
-        merged.update({k: tuple(v) if k == "betas" else v for k, v in group_saved.items() if k != "params"})
+        merged.update(optimizer._saved_hyperparams(group_saved))
         try:
             optimizer._check_hyperparams(merged)
         except ValueError as err:
