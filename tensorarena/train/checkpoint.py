@@ -253,6 +253,40 @@ def _unreadable(path, err: Exception) -> ValueError:
                       f"truncated, corrupt or still being written. Load an earlier checkpoint")
 
 
+# torch.save's format before PyTorch 1.6: a pickle (protocol 2) whose first object is this magic number.
+_TORCH_LEGACY_MAGIC = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19"
+_PLAIN_SAFETENSORS_HINT = ("plain weights such as Hugging Face's load into a model with "
+                           "model.load_state_dict(tensorarena.train.safetensors_io.read_safetensors(path)); "
+                           "Trainer.load takes the checkpoints Trainer.save writes")
+
+
+def _foreign_file(path: Path) -> ValueError | None:
+    """The refusal of a whole file of another kind that safetensors could not read (a PyTorch file, a zip), or
+    None: _unreadable's "truncated ... load an earlier checkpoint" is false advice for a file that is whole."""
+    import zipfile
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_TORCH_LEGACY_MAGIC))
+    except OSError:
+        return None
+    torch_file = head == _TORCH_LEGACY_MAGIC
+    if head.startswith(b"PK\x03\x04"):
+        try:
+            with zipfile.ZipFile(path) as archive:  # torch.save (PyTorch >= 1.6): <name>/data.pkl and the storages
+                torch_file = any(name.rsplit("/", 1)[-1] == "data.pkl" for name in archive.namelist())
+        except (OSError, zipfile.BadZipFile):
+            return None  # a zip cut short is a damaged file: _unreadable's advice fits it
+        if not torch_file:
+            return ValueError(f"{path} is a zip archive, not a tensorarena checkpoint (a safetensors file); nothing "
+                              f"was loaded. Pass the file Trainer.save wrote")
+    if not torch_file:
+        return None
+    return ValueError(f"{path} is a PyTorch file (torch.save), not a tensorarena checkpoint (a safetensors file); "
+                      f"nothing was loaded. Load its weights with model.load_state_dict({{k: v.numpy() for k, v in "
+                      f"torch.load(path).items()}}), or convert it to safetensors (safetensors.torch.save_file)")
+
+
 def _open(path: Path):
     """safe_open of `path`, its errors naming the file: missing, a directory, or not a whole safetensors file."""
     from safetensors import safe_open
@@ -267,7 +301,7 @@ def _open(path: Path):
     except OSError:
         raise
     except Exception as err:  # noqa: BLE001 - safetensors' SafetensorError for a file cut short or overwritten
-        raise _unreadable(path, err) from err
+        raise (_foreign_file(path) or _unreadable(path, err)) from err
 
 
 def read_metadata(path: str | os.PathLike) -> dict:
@@ -276,12 +310,18 @@ def read_metadata(path: str | os.PathLike) -> dict:
     with _open(path) as f:
         raw = (f.metadata() or {}).get("tensorarena")
     if raw is None:
-        raise ValueError(f"{path} is a safetensors file but not a tensorarena checkpoint (no 'tensorarena' metadata)")
+        raise ValueError(f"{path} is a safetensors file but not a tensorarena checkpoint (no 'tensorarena' "
+                         f"metadata); {_PLAIN_SAFETENSORS_HINT}")
     try:
         meta = json.loads(raw)
     except ValueError as err:
         raise _unreadable(path, err) from err
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != VERSION:
+    version = meta.get("version") if isinstance(meta, dict) else None
+    newer = isinstance(version, int) and not isinstance(version, bool) and version > VERSION
+    if newer and meta.get("format") == FORMAT:
+        raise ValueError(f"{path} was written by a newer tensorarena (checkpoint format v{version}; this one reads "
+                         f"v{VERSION}); nothing was loaded. Upgrade tensorarena to load it")
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or version != VERSION:
         found = (meta.get("format"), meta.get("version")) if isinstance(meta, dict) else (type(meta).__name__, "?")
         raise ValueError(f"{path}: unsupported checkpoint format {found[0]} v{found[1]}")
     step = meta.get("step")
