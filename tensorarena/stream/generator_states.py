@@ -23,6 +23,23 @@ def generator_states_problem(model: Module, states: dict[str, Any]) -> str | Non
     return None
 
 
+def damaged_generator_state(model: Module, states: dict[str, Any], default_state: dict | None) -> str | None:
+    """Which saved state (of `model`'s generators, or the default one) NumPy would refuse to set, in words with
+    its error; None if all would be set. Tried on new bit generators of the same kinds: nothing changes. For a
+    caller that must refuse before it changes anything, not half-way through restore_generators."""
+    generators = _generators(model)
+    tries = [(f"the generator {name}", state, generators[name].bit_generator)
+             for name, state in states.items() if name in generators]
+    if default_state is not None:
+        tries.append(("the default generator", default_state, peek_default_generator().bit_generator))
+    for what, state, like in tries:
+        try:
+            type(like)().state = state
+        except (KeyError, TypeError, ValueError) as exc:
+            return f"its state for {what} cannot be set ({type(exc).__name__}: {exc})"
+    return None
+
+
 def restore_generators(model: Module, states: dict[str, Any], default_state: dict | None) -> None:
     """Put saved states (rng_state's JSON; NumPy's setters take its lists back) into `model`'s generators and the
     default one (None: leave it). Setting a state draws nothing, so the default generator is peeked at."""

@@ -22,7 +22,7 @@ from ..random import peek_default_generator
 from ..train.checkpoint import _generators, _jsonable, _scheduler_problem, rng_state
 from . import optim_state
 from .follow import group_map
-from .generator_states import generator_states_problem, restore_generators
+from .generator_states import damaged_generator_state, generator_states_problem, restore_generators
 from .heap import return_freed_pages
 from .on_disk import _ON_DISK
 from .stages import model_stages
@@ -119,15 +119,37 @@ def resume(route: StreamingRoute) -> None:
         problem = _scheduler_problem(manifest["scheduler"], route.scheduler)
         if problem:
             raise StoreError(f"the store {where} holds a schedule this {mine} cannot take: {problem}")
-    # Everything checked: now restore (hyperparameters first: the schedule's state refers to them). A load that
-    # fails anyway puts the groups and the schedule back: a refused resume changes nothing the caller holds.
+    # store.open checked the manifest's structure (its step, groups and generator states are there, of their
+    # kinds); each group's values are checked as a load_state_dict checks them, before anything changes.
+    saved_groups = manifest["param_groups"]
+    if len(saved_groups) != len(route.optimizer.param_groups):
+        raise StoreError(f"the store {where} holds {len(saved_groups)} parameter groups but the optimizer has "
+                         f"{len(route.optimizer.param_groups)}; build the optimizer with the same groups (or delete "
+                         f"the directory)")
+    for gi, (group, entries) in enumerate(zip(route.optimizer.param_groups, saved_groups)):
+        try:
+            route.optimizer._check_hyperparams({**group, **route.optimizer._saved_hyperparams(entries)})
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StoreError(f"the store {where} holds hyperparameters this {type(route.optimizer).__name__} cannot "
+                             f"take in parameter group {gi} ({type(exc).__name__}: {exc}); its manifest is damaged: "
+                             f"delete {where} and resume from a checkpoint") from exc
+    problem = damaged_generator_state(route.model, manifest.get("rng", {}), manifest["rng_default"])
+    if problem:  # NumPy's own error, half-way through the restore, would name neither the store nor what to do
+        raise StoreError(f"the manifest of the store {where} is damaged: {problem}. Delete {where} and resume from "
+                         f"a checkpoint")
+    step = int(manifest["step"])
+    # Now restore (hyperparameters first: the schedule's state refers to them). A load that fails anyway puts
+    # the groups, the schedule and the generators back: a refused resume changes nothing the caller holds.
     groups_before = [{k: v for k, v in g.items() if k != "params"} for g in route.optimizer.param_groups]
     schedule_before = None if route.scheduler is None else route.scheduler.state_dict()
+    rng_before = {name: g.bit_generator.state for name, g in _generators(route.model).items()}
+    default_before = peek_default_generator().bit_generator.state
     try:
-        for group, entries in zip(route.optimizer.param_groups, manifest["param_groups"]):
+        for group, entries in zip(route.optimizer.param_groups, saved_groups):
             group.update(route.optimizer._saved_hyperparams(entries))
         if route.scheduler is not None:
             route.scheduler.load_state_dict(manifest["scheduler"])
+        restore_generators(route.model, manifest.get("rng", {}), manifest["rng_default"])
     except BaseException:
         for group, before in zip(route.optimizer.param_groups, groups_before):
             params = group["params"]
@@ -135,9 +157,9 @@ def resume(route: StreamingRoute) -> None:
             group.update(before, params=params)
         if schedule_before is not None:
             route.scheduler.load_state_dict(schedule_before)
+        restore_generators(route.model, rng_before, default_before)
         raise
-    restore_generators(route.model, manifest.get("rng", {}), manifest["rng_default"])
-    route.step_count = int(manifest["step"])
+    route.step_count = step
     offload_all(route)
 
 

@@ -61,9 +61,23 @@ class StoreManifest(StageIO):
         except (OSError, ValueError) as exc:
             raise StoreError(f"{path} cannot be read ({exc}); the store is damaged: delete {self.directory} "
                              f"and resume from a checkpoint") from exc
-        if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        if not isinstance(manifest, dict):
+            raise StoreError(f"{path} holds a JSON {type(manifest).__name__}, not a manifest; the store is damaged: "
+                             f"delete {self.directory} and resume from a checkpoint")
+        version = manifest.get("version")
+        if (manifest.get("format") == FORMAT and isinstance(version, int) and not isinstance(version, bool)
+                and version > VERSION):
+            raise StoreError(f"{path} was written by a newer tensorarena (store format v{version}; this one reads "
+                             f"v{VERSION}): upgrade tensorarena to resume it, or resume from a checkpoint with a new "
+                             f"store_dir")
+        if manifest.get("format") != FORMAT or version != VERSION:
             raise StoreError(f"{path} is not a {FORMAT} v{VERSION} manifest (format {manifest.get('format')!r}, "
-                             f"version {manifest.get('version')!r}); point store_dir at a streaming store")
+                             f"version {version!r}); point store_dir at a streaming store")
+        # Valid JSON can still be damaged (a bit flipped in a key name): what follows, and the resume, index it
+        # unchecked, and a bare KeyError would name neither the store nor what to do.
+        problem = _manifest_problem(manifest)
+        if problem:
+            raise StoreError(f"{path} is damaged: {problem}. Delete {self.directory} and resume from a checkpoint")
         self._adopt(manifest)
         self._check_signature(manifest)
         self._check_files()
@@ -154,15 +168,23 @@ class StoreManifest(StageIO):
 
     def _read_journal(self) -> dict[str, Any]:
         try:
-            return json.loads((self.directory / JOURNAL).read_text())
+            journal = json.loads((self.directory / JOURNAL).read_text())
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as exc:
             raise StoreError(f"{self.directory / JOURNAL} cannot be read ({exc}); the store is damaged: delete "
                              f"{self.directory} and resume from a checkpoint") from exc
+        return journal
 
     def _check_steps(self, manifest: dict[str, Any], journal: dict[str, Any]) -> None:
         names = [s["name"] for s in manifest.get("stages", [])]
+        if len(names) != len(self.files):  # (after _check_signature: another model's stages are refused there)
+            raise StoreError(f"{self.directory / MANIFEST} is damaged: it lists {len(names)} stages, the store has "
+                             f"{len(self.files)}. Delete {self.directory} and resume from a checkpoint")
+        problem = _journal_problem(journal, len(names))
+        if problem:  # as the manifest's structure (open): what is read below must be there, of its kind
+            raise StoreError(f"{self.directory / JOURNAL} is damaged: {problem}. Delete {self.directory} and resume "
+                             f"from a checkpoint")
         data_step = manifest.get("data_step")
         at = {name: s.get("step") for name, s in zip(names, manifest.get("stages", []))}
         rewrite = journal.get("rewrite")
@@ -383,3 +405,59 @@ class StoreManifest(StageIO):
         with self._journal_lock:
             self._journal = {}
             self._replace(JOURNAL, self._journal)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _manifest_problem(manifest: dict[str, Any]) -> str | None:
+    """What of the manifest is not of the structure `commit` writes (a key whose name changed, a value of another
+    JSON kind), in words; None if none. Only what the store and the resume read from it is checked."""
+    for key in ("step", "data_step"):
+        if not _is_count(manifest.get(key)):
+            return f"its {key!r} is " + (f"{manifest[key]!r}, not a step count" if key in manifest else "missing")
+    stages = manifest.get("stages")
+    if not isinstance(stages, list) or not all(isinstance(s, dict) and isinstance(s.get("name"), str) for s in stages):
+        return "its 'stages' is not a list of named stages"
+    groups = manifest.get("param_groups")
+    if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+        return "its 'param_groups' is not a list of parameter groups"
+    for key in ("optimizer", "rng", "rng_default"):
+        if not isinstance(manifest.get(key), dict):
+            return f"its {key!r} is {_kind(manifest.get(key))}, not a JSON object"
+    if not isinstance(manifest["rng_default"].get("bit_generator"), str):
+        return "its 'rng_default' is no generator state (no 'bit_generator')"
+    optimizer = manifest["optimizer"]
+    for key in ("state_arrays", "state_scalars"):
+        if not (isinstance(optimizer.get(key, []), list) and all(isinstance(k, str) for k in optimizer.get(key, []))):
+            return f"its optimizer's {key!r} is not a list of names"
+    signature = manifest.get("signature", [])
+    if not isinstance(signature, list) or not all(isinstance(s, dict) for s in signature):
+        return "its 'signature' is not a list of stages"
+    if not _is_count(manifest.get("layout_generation", 0)):
+        return f"its 'layout_generation' is {manifest.get('layout_generation')!r}, not a count"
+    seal = manifest.get(stage_checksums.SEAL)
+    if isinstance(seal, dict) and not (isinstance(seal.get("crc32"), list)
+                                       and all(_is_count(crc) for crc in seal["crc32"])):
+        return "its stage checksums are not a list of CRC32s"
+    return None
+
+
+def _journal_problem(journal: Any, stages: int) -> str | None:
+    """What of the journal is not of the structure `_mark` and `begin_rewrite` write, for a store of `stages`
+    stages, in words; None if none."""
+    if not isinstance(journal, dict):
+        return f"it holds {_kind(journal)}, not a JSON object"
+    if journal.get("step") is not None and not _is_count(journal["step"]):
+        return f"its 'step' is {journal['step']!r}, not a step count"
+    writing = journal.get("writing")
+    writing = [writing] if _is_count(writing) else (writing or [])  # as _check_steps reads it (an int, or None)
+    for key, value in (("written", journal.get("written", [])), ("writing", writing)):
+        if not isinstance(value, list) or not all(_is_count(k) and k < stages for k in value):
+            return f"its {key!r} is {value!r}, not a list of stage indices below {stages}"
+    return None
+
+
+def _kind(value: Any) -> str:
+    return "missing (or null)" if value is None else f"a JSON {type(value).__name__}"
