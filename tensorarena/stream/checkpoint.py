@@ -38,7 +38,8 @@ from .follow import group_map, grow_state_kinds
 from .generator_states import generator_states_problem, restore_generators
 from .heap import return_freed_pages
 from ..train.checkpoint import (CHECKSUM_KEY, FORMAT, VERSION, _atomic_write, _generators, _jsonable,
-                                checksums_entry, read_metadata, rng_state, saved_checksums, verify_file)
+                                checksums_entry, metadata_of, open_checkpoint, path_identity, rng_state,
+                                saved_checksums, verify_file)
 from ..train.safetensors_io import DTYPES, raw_bytes
 from ..train.tensor_file import TensorFile
 
@@ -191,24 +192,14 @@ def _write(f, array: np.ndarray) -> int:
     return zlib.crc32(data)
 
 
-def _verify_file(path, crcs: dict[str, int] | None) -> None:
-    """Every tensor's bytes in the file at `path` against `crcs` (checkpoint.verify_file: a bounded buffer)."""
-    with TensorFile(path) as file:
-        verify_file(file, crcs)
+def verify_checkpoint_file(file: TensorFile) -> None:
+    """The open checkpoint's data against its checksums (CheckpointCorruptError naming the tensor), read in
+    chunks: for a caller that must refuse a corrupt file before it does anything else (the Trainer, before
+    starting the route whose store it would fill), and then loads it through the same open file."""
+    verify_file(file, saved_checksums(file.path, metadata_of(file.path, file.metadata), file.keys()))
 
 
-def verify_checkpoint_file(path: str | os.PathLike) -> None:
-    """The file's data against its checksums (CheckpointCorruptError naming the tensor), read in chunks: for a
-    caller that must refuse a corrupt file before it does anything else (the Trainer, before starting the route
-    whose store it would fill)."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="numpy") as f:
-        names = set(f.keys())
-    _verify_file(path, saved_checksums(path, read_metadata(path), names))
-
-
-def load_into_streaming(route, path: str | os.PathLike, *, verified: bool = False) -> dict:
+def load_into_streaming(route, source: str | os.PathLike | TensorFile, *, verified: bool = False) -> dict:
     """Fill the route's store from a checkpoint of any route, stage by stage; returns its metadata.
 
     As `load_checkpoint` on the eager route: parameters, optimizer state (a parameter without state in the
@@ -216,14 +207,26 @@ def load_into_streaming(route, path: str | os.PathLike, *, verified: bool = Fals
     count. Everything that can be checked without writing is checked first (a failure then changes
     nothing); the stage writes are journaled (ParamStore.begin_rewrite), so a load interrupted half-way
     leaves a store that refuses to open and a route that refuses to train until a load completes. A
-    completed load also recovers a route a failed step left half-written. `verified`: the caller ran
-    verify_checkpoint_file on this file already.
-    """
-    from safetensors import safe_open
+    completed load also recovers a route a failed step left half-written.
 
+    `source`: the checkpoint's path, or the checkpoint open already (checkpoint.open_checkpoint, held by a
+    caller that checked it first). Everything, the metadata to the last tensor, is read through that one open
+    file: reopened by path, a save renaming a new checkpoint over it meanwhile was mixed in. `verified`: the
+    caller ran verify_checkpoint_file on this open file already.
+    """
     route._check_open()
     route._check_stages()  # a replaced module: the file would go into the old stages, not the model's
-    meta = read_metadata(path)
+    if isinstance(source, TensorFile):
+        return _load_file(route, source, verified)
+    path = Path(source)
+    with open_checkpoint(path, path_identity(path)) as file:
+        return _load_file(route, file, verified=False)  # (opened here: no caller can have verified it)
+
+
+def _load_file(route, file: TensorFile, verified: bool) -> dict:
+    """load_into_streaming's work, from the open checkpoint `file`."""
+    path = file.path
+    meta = metadata_of(path, file.metadata)
     saved = meta.get("optimizer")
     if saved is None:
         raise ValueError(f"{path} holds no optimizer state, which the streaming store needs")
@@ -237,44 +240,41 @@ def load_into_streaming(route, path: str | os.PathLike, *, verified: bool = Fals
     index = _saved_index(optimizer, saved["param_groups"])
     store = route.store
     store.drain()
-    with safe_open(str(path), framework="numpy") as f:
-        names = set(f.keys())
-        outside = _outside_stages(route)
-        _check_arrays(route, f, names, index, path, outside)
-        # Verified before the store is laid out again or rewritten: a corrupt file changes nothing.
-        if not verified:  # (verify_checkpoint_file did it already: one read of the file is enough)
-            _verify_file(path, saved_checksums(path, meta, names))
-        # The checkpoint's settings may need state kinds the store lacks (momentum on): lay it out first.
-        group_of = group_map(route)
-        grow_state_kinds(route, optim_state.state_kinds(optimizer, groups), groups, group_of)
-        token = store.begin_rewrite(f"loading the checkpoint {path}")
-        try:
-            for k, (stage, param_names) in enumerate(zip(route.stages, route._names)):
-                store.read(k, 0).result()
-                views = store.views(0, k)
-                # The file opened again for each stage: safetensors maps it, and every page a read touched stays
-                # in this process's RSS until the map goes. Through one map for the whole load, resuming
-                # vit-small at --memory-limit 400M peaked 460 MiB against a 243 MiB plan (+ the 247 MiB file).
-                with safe_open(str(path), framework="numpy") as stage_file:
-                    for i, (p, name) in enumerate(zip(stage.params, param_names)):
-                        np.copyto(views.params[i], stage_file.get_tensor(f"model.{name}"), casting="same_kind")
-                        gi, j = group_of.get(id(p)), index.get(id(p))
-                        state = {} if j is None else _saved_state(stage_file, names, saved, j, route.kinds)
-                        optim_state.put_state(route.kinds, optimizer, groups[gi] if gi is not None else None,
-                                              state, views.state[i], views.scalars[i])
-                views = None  # io="map": the write unmaps the slot (store._release)
-                store.write(k, 0, None).result()
-            with safe_open(str(path), framework="numpy") as outside_file:  # its own map too, gone after
-                for key, value in outside:  # in memory: copied in place, as model.load_state_dict does
-                    np.copyto(_in_memory(value), outside_file.get_tensor(f"model.{key}"), casting="same_kind")
-            # The arrays read from the file are freed, but glibc keeps heap pages they took (stream/heap.py):
-            # vit-small resumed at 400M ran 5 MiB above its plan with them, within 0.3% after this.
-            return_freed_pages()
-        except BaseException as exc:
-            route._broken = (f"loading the checkpoint {path} failed ({type(exc).__name__}: {exc}) while it "
-                             f"was written into the store, which now holds a mix of it and the run")
-            exc.add_note(route._refusal())
-            raise
+    names = set(file.keys())
+    outside = _outside_stages(route)
+    _check_arrays(route, file, names, index, path, outside)
+    # Verified before the store is laid out again or rewritten: a corrupt file changes nothing.
+    if not verified:  # (verify_checkpoint_file did it already: one read of the file is enough)
+        verify_file(file, saved_checksums(path, meta, names))
+    # The checkpoint's settings may need state kinds the store lacks (momentum on): lay it out first.
+    group_of = group_map(route)
+    grow_state_kinds(route, optim_state.state_kinds(optimizer, groups), groups, group_of)
+    token = store.begin_rewrite(f"loading the checkpoint {path}")
+    try:
+        for k, (stage, param_names) in enumerate(zip(route.stages, route._names)):
+            store.read(k, 0).result()
+            views = store.views(0, k)
+            # TensorFile reads each tensor into an array of its own, freed after its copy: no map of the file
+            # whose touched pages stay in the RSS (through safe_open's one map for the whole load, resuming
+            # vit-small at --memory-limit 400M peaked 460 MiB against a 243 MiB plan, + the 247 MiB file).
+            for i, (p, name) in enumerate(zip(stage.params, param_names)):
+                np.copyto(views.params[i], file.read(f"model.{name}"), casting="same_kind")
+                gi, j = group_of.get(id(p)), index.get(id(p))
+                state = {} if j is None else _saved_state(file, names, saved, j, route.kinds)
+                optim_state.put_state(route.kinds, optimizer, groups[gi] if gi is not None else None,
+                                      state, views.state[i], views.scalars[i])
+            views = None  # io="map": the write unmaps the slot (store._release)
+            store.write(k, 0, None).result()
+        for key, value in outside:  # in memory: copied in place, as model.load_state_dict does
+            np.copyto(_in_memory(value), file.read(f"model.{key}"), casting="same_kind")
+        # The arrays read from the file are freed, but glibc keeps heap pages they took (stream/heap.py):
+        # vit-small resumed at 400M ran 5 MiB above its plan with them, within 0.3% after this.
+        return_freed_pages()
+    except BaseException as exc:
+        route._broken = (f"loading the checkpoint {path} failed ({type(exc).__name__}: {exc}) while it "
+                         f"was written into the store, which now holds a mix of it and the run")
+        exc.add_note(route._refusal())
+        raise
     # Hyperparameters, schedule and RNG, then one commit: the store now holds `step`.
     optimizer.param_groups[:] = groups
     for p in route._staged.values():  # the checkpoint's state replaces any in memory, as on eager
@@ -316,7 +316,8 @@ def _saved_index(optimizer, saved_groups: list[dict]) -> dict[int, int]:
             for j, p in zip(saved["params"], group["params"])}
 
 
-def _check_arrays(route, f, names: set[str], index: dict[int, int], path, outside: list[tuple[str, Any]]) -> None:
+def _check_arrays(route, f: TensorFile, names: set[str], index: dict[int, int], path,
+                  outside: list[tuple[str, Any]]) -> None:
     """Every streamed parameter in the file, it and its optimizer state arrays with its shape, and the state
     outside every stage (`outside`) with its shape (read from the header, no data loaded)."""
     missing, wrong = [], []
@@ -326,7 +327,7 @@ def _check_arrays(route, f, names: set[str], index: dict[int, int], path, outsid
             state_keys.setdefault(int(name.split(".")[1]), []).append(name)
 
     def check(key: str, shape: tuple) -> None:
-        got = tuple(f.get_slice(key).get_shape())
+        got = f.shape(key)
         if got != shape:
             wrong.append(f"{key} has shape {got} but the model needs {shape}")
 
@@ -338,7 +339,7 @@ def _check_arrays(route, f, names: set[str], index: dict[int, int], path, outsid
                 continue
             check(key, tuple(p.shape))
             for state_key in state_keys.get(index.get(id(p), -1), []):
-                if f.get_slice(state_key).get_shape():  # a 0-d entry is a scalar (step, ...)
+                if f.shape(state_key):  # a 0-d entry is a scalar (step, ...)
                     check(state_key, tuple(p.shape))
     for key, value in outside:
         if f"model.{key}" not in names:
@@ -351,10 +352,10 @@ def _check_arrays(route, f, names: set[str], index: dict[int, int], path, outsid
         raise ValueError(f"{path}: " + "; ".join(wrong[:4]))
 
 
-def _saved_state(f, names: set[str], saved: dict, j: int, kinds) -> dict[str, Any]:
+def _saved_state(f: TensorFile, names: set[str], saved: dict, j: int, kinds) -> dict[str, Any]:
     """Parameter j's optimizer state in the checkpoint (tensors and JSON scalars), the store's kinds only."""
     state: dict[str, Any] = dict(saved.get("scalar_state", {}).get(str(j), {}))
     for kind in (*kinds.arrays, *kinds.scalars):
         if f"optim.{j}.{kind}" in names:
-            state[kind] = f.get_tensor(f"optim.{j}.{kind}")
+            state[kind] = f.read(f"optim.{j}.{kind}")
     return {k: v for k, v in state.items() if k in kinds.arrays or k in kinds.scalars}

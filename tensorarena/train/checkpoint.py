@@ -31,7 +31,7 @@ from ..nn.module import Module
 from ..random import rng_state
 from ..tensor import Tensor
 from .safetensors_io import raw_bytes, tensor_entries, write_safetensors
-from .tensor_file import TensorFile
+from .tensor_file import TensorFile, file_identity
 
 FORMAT = "tensorarena-checkpoint"
 VERSION = 1
@@ -42,6 +42,45 @@ log = logging.getLogger(__name__)
 
 class CheckpointCorruptError(ValueError):
     """A checkpoint whose data does not match the checksums saved with it: damaged after it was written."""
+
+
+class CheckpointReplacedError(ValueError):
+    """The file at a checkpoint's path is not the one a load checked: a save renamed a new checkpoint over it (or
+    it was rewritten) between the check and the reads. Nothing was loaded; loading again reads the new file."""
+
+
+def _replaced(path, since: str = "while it was being loaded") -> CheckpointReplacedError:
+    return CheckpointReplacedError(f"{path} was replaced {since} (a save renamed a new checkpoint over it, or it "
+                                   f"was rewritten): the file checked is not the file there now, and nothing was "
+                                   f"loaded. Load it again")
+
+
+def path_identity(path) -> tuple[int, int, int, int] | None:
+    """file_identity of the file at `path` now (a symbolic link followed, as open does); None if there is none."""
+    try:
+        return file_identity(os.stat(path))
+    except OSError:
+        return None
+
+
+def open_checkpoint(path: Path, identity: tuple[int, int, int, int] | None) -> TensorFile:
+    """The checkpoint at `path` open for reading, refused (CheckpointReplacedError) unless it is the file of
+    `identity` (path_identity's, taken before the file was checked by path). A load then reads everything it
+    loads through this one open file: a save renaming a new checkpoint over the path meanwhile is not mixed in,
+    and one that landed since the check is not read as the file checked (nor called corrupt)."""
+    try:
+        file = TensorFile(path)
+    except (OSError, ValueError) as err:
+        if path_identity(path) != identity:
+            raise _replaced(path) from err
+        _check_is_file(path)  # missing, or a directory: said as read_metadata says it
+        if isinstance(err, OSError):
+            raise
+        raise (_foreign_file(path) or _unreadable(path, err)) from err
+    if file.identity != identity:
+        file.close()
+        raise _replaced(path)
+    return file
 
 
 def tensor_crc32(array: np.ndarray) -> int:
@@ -287,15 +326,19 @@ def _foreign_file(path: Path) -> ValueError | None:
                       f"torch.load(path).items()}}), or convert it to safetensors (safetensors.torch.save_file)")
 
 
-def _open(path: Path):
-    """safe_open of `path`, its errors naming the file: missing, a directory, or not a whole safetensors file."""
-    from safetensors import safe_open
-
+def _check_is_file(path: Path) -> None:
     if not path.exists():
         raise FileNotFoundError(errno.ENOENT, f"no checkpoint at {path}", str(path))
     if path.is_dir():
         raise IsADirectoryError(errno.EISDIR, f"{path} is a directory, not a checkpoint file; pass the file "
                                               f"Trainer.save wrote", str(path))
+
+
+def _open(path: Path):
+    """safe_open of `path`, its errors naming the file: missing, a directory, or not a whole safetensors file."""
+    from safetensors import safe_open
+
+    _check_is_file(path)
     try:
         return safe_open(str(path), framework="numpy")
     except OSError:
@@ -308,7 +351,13 @@ def read_metadata(path: str | os.PathLike) -> dict:
     """The JSON metadata of a checkpoint, without loading its arrays."""
     path = Path(path)
     with _open(path) as f:
-        raw = (f.metadata() or {}).get("tensorarena")
+        return metadata_of(path, f.metadata())
+
+
+def metadata_of(path, metadata: dict[str, str] | None) -> dict:
+    """The checkpoint metadata in a safetensors header's `metadata` (of the file at `path`), checked as
+    read_metadata checks it: for a reader that holds the file open already (TensorFile.metadata)."""
+    raw = (metadata or {}).get("tensorarena")
     if raw is None:
         raise ValueError(f"{path} is a safetensors file but not a tensorarena checkpoint (no 'tensorarena' "
                          f"metadata); {_PLAIN_SAFETENSORS_HINT}")
@@ -468,17 +517,12 @@ def load_checkpoint(path: str | os.PathLike, *, model: Module, optimizer=None, s
     All or nothing: the file is checked against model, optimizer and scheduler (check_checkpoint) before any of
     them changes, so a load that fails leaves them as they were."""
     path = Path(path)
+    identity = path_identity(path)  # before the check: the file read below must be the one checked
     meta = check_checkpoint(path, model=model, optimizer=optimizer, scheduler=scheduler)
     # Tensor by tensor (tensor_file.py): the whole file in memory beside the model and its optimizer state was a
     # peak of one more checkpoint that no plan counts. Its checksums are verified first, before anything changes,
     # then each tensor is read again as it is applied (0-d ones, the step counts, at once: they are tiny).
-    try:
-        file = TensorFile(path)
-    except OSError:
-        raise
-    except ValueError as err:  # the header was whole at the check, not now (replaced since?)
-        raise _unreadable(path, err) from err
-    with file:
+    with open_checkpoint(path, identity) as file:
         verify_file(file, saved_checksums(path, meta, file.keys()))
         arrays = {name: file.lazy(name) if file.shape(name) else file.read(name) for name in file.keys()}
         # Casting a checkpoint to a narrower dtype (float64 -> float32) rounds tiny moments to zero, as torch's

@@ -14,6 +14,7 @@ files' tensors (the reads stay on the file that was opened and checked).
 from __future__ import annotations
 
 import mmap
+import os
 import zlib
 from typing import Any
 
@@ -27,6 +28,12 @@ _CHUNK = 8 << 20  # checksums are computed through one buffer of this size: memo
 # few MiB, the arrays made next (the optimizer state the fused route lays out, the step's buffers) came from the
 # heap, whose freed pages stay resident: a resumed vit-tiny peaked 8 MiB (2.6%) above its plan at its first step.
 _OWN_MAPPING_BYTES = 128 << 10  # glibc's initial mmap threshold
+
+
+def file_identity(stat: os.stat_result) -> tuple[int, int, int, int]:
+    """What tells a file from another renamed over its path (device, inode) or from itself rewritten in place
+    (size, modification time): a load that reads a path more than once compares it at each read."""
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 def _fresh(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -44,6 +51,7 @@ class TensorFile:
         self.path = path
         self._file = open(path, "rb")
         try:
+            self.identity = file_identity(os.fstat(self._file.fileno()))  # of the file opened, whatever the path is now
             header, self._data_start, data_size = read_header(self._file, path)
             self.metadata: dict[str, str] = header.pop("__metadata__", None) or {}
             self._layout = {name: tensor_layout(path, name, entry, data_size) for name, entry in header.items()}

@@ -222,7 +222,8 @@ class Trainer:
         self._busy_with: str | None = None
         # A checkpoint load()ed into a deferred model on route "auto" before step 1, checked and waiting for the
         # route choice: loading it then puts it where the route keeps the model (the store, when streaming).
-        self._pending_checkpoint: Path | None = None
+        # With the identity of the file checked (checkpoint.path_identity): a file replaced since is refused.
+        self._pending_checkpoint: tuple[Path, tuple[int, int, int, int] | None] | None = None
         self._take_deferred(model)
 
     def _take_deferred(self, model: Module) -> None:

@@ -41,21 +41,26 @@ def save(trainer: Trainer, path, extra: dict | None) -> None:
 
 def load(trainer: Trainer, path) -> dict:
     """Trainer.load's work: check the file, then load it where the route keeps the state; returns its extra."""
-    from .checkpoint import check_checkpoint, load_checkpoint
+    from .checkpoint import check_checkpoint, load_checkpoint, open_checkpoint, path_identity
 
     if trainer.route == "streaming":
+        path = Path(path)
+        identity = path_identity(path)  # the file checked by path below must be the one opened and loaded
         # The file checked against the model, optimizer and schedule first, on this route too: a bad file
         # must not start the route (moving the whole state into the store) nor fail after the store's
         # rewrite began (a schedule of another class), and is named alike on every route.
         check_checkpoint(path, model=trainer.model, optimizer=trainer.optimizer, scheduler=trainer.scheduler)
         from ..stream.checkpoint import load_into_streaming, verify_checkpoint_file
 
-        # The data against its checksums too, before the route starts: a corrupt file must not move the
-        # whole state into a new store first (nothing would be lost, but nothing should change).
-        verify_checkpoint_file(path)
-        if trainer.stream is None:
-            trainer._start_streaming(for_checkpoint=True)
-        meta = load_into_streaming(trainer.stream, path, verified=True)
+        # One open file from here to the last stage: a save renaming a new checkpoint over the path meanwhile
+        # is neither mixed in nor loaded unverified.
+        with open_checkpoint(path, identity) as file:
+            # The data against its checksums too, before the route starts: a corrupt file must not move the
+            # whole state into a new store first (nothing would be lost, but nothing should change).
+            verify_checkpoint_file(file)
+            if trainer.stream is None:
+                trainer._start_streaming(for_checkpoint=True)
+            meta = load_into_streaming(trainer.stream, file, verified=True)
         trainer.step_count = meta["step"]
         return meta.get("extra") or {}
     from ..nn.deferred import has_deferred
@@ -65,11 +70,15 @@ def load(trainer: Trainer, path) -> dict:
         # optimizer's state beside it) before the plan measures the process, so a run that streamed within
         # its limit could not resume at that limit ("nothing fits"). Checked now, as a load on any route is
         # (a bad file changes nothing), and loaded at step 1 where the chosen route keeps the model.
+        path = Path(path)
+        identity = path_identity(path)
         meta = check_checkpoint(path, model=trainer.model, optimizer=trainer.optimizer, scheduler=trainer.scheduler)
         from ..stream.checkpoint import verify_checkpoint_file
 
-        verify_checkpoint_file(path)
-        trainer._pending_checkpoint = Path(path)
+        with open_checkpoint(path, identity) as file:
+            verify_checkpoint_file(file)
+        # With its identity: the file loaded at step 1 must be this one, checked and verified now.
+        trainer._pending_checkpoint = (path, identity)
         trainer.step_count = meta["step"]
         log.info("checkpoint %s checked; it is loaded at step %d, once route auto has chosen where the model "
                  "lives (the model is deferred: loading it now would make it whole in memory)", path,
@@ -110,18 +119,28 @@ def make_whole(trainer: Trainer, why: str) -> None:
 def load_pending(trainer: Trainer, why: str) -> None:
     """Load the checkpoint load() left waiting (if any) where the route now keeps the model: into the store
     when streaming (stage by stage), else into the model made whole in memory."""
-    path, trainer._pending_checkpoint = trainer._pending_checkpoint, None
-    if path is None:
+    pending, trainer._pending_checkpoint = trainer._pending_checkpoint, None
+    if pending is None:
         return
+    from .checkpoint import _replaced, open_checkpoint, path_identity
+
+    path, identity = pending
+    if path_identity(path) != identity:
+        # Refused before anything changes, and left waiting: every use before a new load() refuses the same
+        # way, where going on would train the model as built under the checkpoint's step count.
+        trainer._pending_checkpoint = pending
+        raise _replaced(path, "after trainer.load() checked it")
     log.info("loading the checkpoint %s now (%s)", path, why)
     if trainer.route == "streaming":
         from ..stream.checkpoint import load_into_streaming
 
-        if trainer.stream is None:
-            trainer._start_streaming(for_checkpoint=True)
-        # Its checksums were checked by load(); reading the file once more here would cost RSS the plan does
-        # not count (the resumed vit-tiny of test_streaming_rss_under_cgroup.py went 1.7% over its need).
-        meta = load_into_streaming(trainer.stream, path, verified=True)
+        with open_checkpoint(path, identity) as file:
+            if trainer.stream is None:
+                trainer._start_streaming(for_checkpoint=True)
+            # Its checksums were checked by load() (on this file: its identity is the same); reading it once
+            # more here would cost RSS the plan does not count (the resumed vit-tiny of
+            # test_streaming_rss_under_cgroup.py went 1.7% over its need).
+            meta = load_into_streaming(trainer.stream, file, verified=True)
     else:
         from .checkpoint import load_checkpoint
 
