@@ -76,3 +76,20 @@ def test_a_replaced_optimizer_with_the_old_scheduler_is_refused_before_the_step(
     trainer.scheduler = lr_scheduler.StepLR(new, 1, 0.5)  # the fix the message gives
     trainer.step(x, y)
     assert new.param_groups[0]["lr"] == pytest.approx(0.025)
+
+
+def test_a_scheduler_of_ones_own_without_an_optimizer_attribute_still_steps():
+    # The check above reads scheduler.optimizer; a hand-written scheduler (step() only) has none and trained
+    # before it: it must still (the review of this change found it refused, "built on another optimizer (NoneType").
+    model, x, y = _trainer_parts()
+    opt = optim.SGD(model.parameters(), lr=0.1)
+
+    class Halving:
+        def step(self):
+            for group in opt.param_groups:
+                group["lr"] *= 0.5
+
+    trainer = Trainer(model, opt, cross_entropy, scheduler=Halving(), route="eager")
+    trainer.step(x, y)
+    trainer.step(x, y)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.025)

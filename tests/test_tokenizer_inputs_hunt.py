@@ -42,7 +42,7 @@ def test_encoding_refuses_indexes_that_are_not_rows(tokenizer, index):
 def test_encoding_rows_keep_their_shape(tokenizer):
     enc = tokenizer(["a b c", "x", "y z"])
     for index, rows in ((1, [1]), (-1, [2]), (slice(0, 2), [0, 1]), ([2, 0], [2, 0]),
-                        (np.array([True, False, True]), [0, 2]), (np.array([], np.int64), [])):
+                        (np.array([True, False, True]), [0, 2]), (np.array([], np.int64), []), ([], [])):
         part = enc[index]
         assert part.input_ids.shape == (len(rows), enc.input_ids.shape[1]), index
         np.testing.assert_array_equal(part.input_ids, enc.input_ids[rows])

@@ -302,8 +302,9 @@ class FusedStep:
     def _trace(self, inputs: Any, targets: Any, sig: Signature) -> StepPlan:
         return step_trace.trace(self, inputs, targets, sig)
 
-    def _trace_step(self, inputs: Any, targets: Any, sig: Signature) -> StepPlan:
-        return step_trace.trace_step(self, inputs, targets, sig)
+    def _trace_step(self, inputs: Any, targets: Any, sig: Signature, resident_before: int | None = None
+                    ) -> StepPlan:
+        return step_trace.trace_step(self, inputs, targets, sig, resident_before)
 
     def _untrained_bytes(self) -> dict[str, int]:
         return step_trace.untrained_bytes(self)

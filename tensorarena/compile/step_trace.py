@@ -61,10 +61,13 @@ class _GradientsMoved(Exception):
 
 
 def trace(fused: FusedStep, inputs: Any, targets: Any, sig: Signature) -> StepPlan:
+    # Read once, before either attempt: a first attempt that finds a parameter without a gradient raises after the
+    # libraries took their memory, and the retry's own reading would already hold it (libraries_measured 0).
+    resident_before = resident_after_returning_freed()
     for attempt in range(2):
         try:
             with float32_matmul_precision(fused.matmul_precision):
-                plan = fused._trace_step(inputs, targets, sig)
+                plan = fused._trace_step(inputs, targets, sig, resident_before)
             break
         except _GradientsMoved as moved:
             if attempt:  # a second trace under the new layout saw other gradients again: not a layout matter
@@ -84,7 +87,8 @@ def trace(fused: FusedStep, inputs: Any, targets: Any, sig: Signature) -> StepPl
     fused.model_state = ModelState(fused.model)
     return plan
 
-def trace_step(fused: FusedStep, inputs: Any, targets: Any, sig: Signature) -> StepPlan:
+def trace_step(fused: FusedStep, inputs: Any, targets: Any, sig: Signature, resident_before: int | None = None
+               ) -> StepPlan:
     source = inputs if isinstance(inputs, Tensor) else Tensor(inputs)
     x = np.array(source.data, copy=True)
     target_buffers: list[np.ndarray] = []
@@ -111,9 +115,11 @@ def trace_step(fused: FusedStep, inputs: Any, targets: Any, sig: Signature) -> S
     # and those left out of it for having had no gradient, which may sit outside the model.
     others = {p: p.grad for p in [*fused.model.parameters(), *fused.left_out.values()] if not fused.flat.owns(p)}
     tracer = TracingArena(name=f"tracing arena ({sig})")
-    # What the process holds before the traced run, to measure what the run leaves behind that no plan buffer
-    # holds (libraries_measured_at_trace, below).
-    resident_before = resident_after_returning_freed()
+    # What the process holds before the traced run (trace() reads it before its attempts), to measure what the run
+    # leaves behind that no plan buffer holds (gained_by_libraries, below).
+    copied_inputs = x.nbytes + sum(b.nbytes for b in target_buffers)  # resident already if read before them
+    if resident_before is None:
+        resident_before, copied_inputs = resident_after_returning_freed(), 0
     # Traced in the modes a step trains in, and each module's put back after (a compile() on a model in eval mode
     # before step 1 left it in train mode; a step's modes are these already): nn/modes.py.
     modes = saved_modes(fused.model)
@@ -173,7 +179,7 @@ def trace_step(fused: FusedStep, inputs: Any, targets: Any, sig: Signature) -> S
     fused.traces += 1
     lifetimes = tracer.lifetimes()
     del tracer  # its buffers are dead: the step has let them all go
-    gained_by_libraries = max(0, resident_after_returning_freed() - resident_before)
+    gained_by_libraries = max(0, resident_after_returning_freed() - resident_before - copied_inputs)
     fused.libraries_measured += gained_by_libraries
     memory = plan_memory(lifetimes)
     slab = aligned_bytes(max(memory.slab_bytes, 1))  # persistent: owned by the plan; offsets are ALIGN multiples

@@ -109,7 +109,7 @@ class Encoding:
             if rows is None or rows.ndim != 1 or (rows.size and rows.dtype.kind not in "iub"):
                 raise TypeError(f"an Encoding is indexed by row (an int, a slice, a 1-D index or mask array), got "
                                 f"{type(index).__name__} {index!r:.60}")
-            index = rows
+            index = rows if rows.size else rows.astype(np.intp)  # [] is a float64 array: no rows, (0, T)
         return Encoding(self.input_ids[index], self.attention_mask[index], self.token_type_ids[index])
 
 

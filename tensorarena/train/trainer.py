@@ -79,8 +79,8 @@ def _check_scheduler(scheduler, optimizer=None) -> None:
     never moved."""
     from ..optim.lr_scheduler import ReduceLROnPlateau
 
-    scheduled = getattr(scheduler, "optimizer", None)
-    if scheduler is not None and optimizer is not None and scheduled is not optimizer:
+    scheduled = getattr(scheduler, "optimizer", None)  # a scheduler of one's own may have none: not checked
+    if scheduled is not None and optimizer is not None and scheduled is not optimizer:
         raise ValueError(f"the scheduler ({type(scheduler).__name__}) was built on another optimizer "
                          f"({type(scheduled).__name__} at {id(scheduled):#x}) than the one the Trainer steps "
                          f"({type(optimizer).__name__} at {id(optimizer):#x}): its schedule would move that one's lr. "
