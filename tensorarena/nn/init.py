@@ -79,9 +79,9 @@ def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
     raise ValueError(f"unsupported nonlinearity {nonlinearity!r}; use one of {linear + ('tanh', 'relu', 'leaky_relu', 'selu')}")
 
 
-def calculate_fan_in_and_fan_out(t: Tensor | np.ndarray) -> tuple[int, int]:
+def calculate_fan_in_and_fan_out(tensor: Tensor | np.ndarray) -> tuple[int, int]:
     """(fan_in, fan_out) of a weight laid out (out, in, *kernel) as in torch."""
-    shape = _shape(t)
+    shape = _shape(tensor)
     if len(shape) < 2:
         raise ValueError(f"fan in and fan out need a tensor with at least 2 dimensions, got shape {shape}")
     receptive = math.prod(shape[2:])
@@ -96,30 +96,30 @@ def _check_normal(what: str, mean: float, std: float) -> None:
         raise ValueError(f"{what}: std must be finite and >= 0, got {std}")
 
 
-def uniform_(t, a: float = 0.0, b: float = 1.0, *, rng: np.random.Generator | None = None):
+def uniform_(tensor, a: float = 0.0, b: float = 1.0, *, rng: np.random.Generator | None = None):
     """Fill with U(a, b)."""
     if not (math.isfinite(a) and math.isfinite(b) and a <= b):
         raise ValueError(f"uniform_: need finite bounds with a <= b, got a={a}, b={b}")
-    if _is_deferred(t):
+    if _is_deferred(tensor):
         gen = get_generator(rng)
-        return _deferred(t, "uniform_", {"a": a, "b": b}, gen,
-                         lambda g: deferred.skip_draws(lambda n: g.uniform(a, b, size=n), t.numel()))
-    arr = _target(t)
-    return _fill(t, get_generator(rng).uniform(a, b, size=arr.shape))
+        return _deferred(tensor, "uniform_", {"a": a, "b": b}, gen,
+                         lambda g: deferred.skip_draws(lambda n: g.uniform(a, b, size=n), tensor.numel()))
+    arr = _target(tensor)
+    return _fill(tensor, get_generator(rng).uniform(a, b, size=arr.shape))
 
 
-def normal_(t, mean: float = 0.0, std: float = 1.0, *, rng: np.random.Generator | None = None):
+def normal_(tensor, mean: float = 0.0, std: float = 1.0, *, rng: np.random.Generator | None = None):
     """Fill with N(mean, std^2)."""
     _check_normal("normal_", mean, std)
-    if _is_deferred(t):
+    if _is_deferred(tensor):
         gen = get_generator(rng)
-        return _deferred(t, "normal_", {"mean": mean, "std": std}, gen,
-                         lambda g: deferred.skip_draws(lambda n: g.normal(mean, std, size=n), t.numel()))
-    arr = _target(t)
-    return _fill(t, get_generator(rng).normal(mean, std, size=arr.shape))
+        return _deferred(tensor, "normal_", {"mean": mean, "std": std}, gen,
+                         lambda g: deferred.skip_draws(lambda n: g.normal(mean, std, size=n), tensor.numel()))
+    arr = _target(tensor)
+    return _fill(tensor, get_generator(rng).normal(mean, std, size=arr.shape))
 
 
-def trunc_normal_(t, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: float = 2.0, *,
+def trunc_normal_(tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: float = 2.0, *,
                   rng: np.random.Generator | None = None):
     """Fill with N(mean, std^2) truncated to [a, b] (absolute bounds, as torch)."""
     if not a < b:
@@ -135,57 +135,57 @@ def trunc_normal_(t, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: fl
         raise ValueError(f"trunc_normal_: [a, b] = [{a}, {b}] holds only {accept:.2e} of N({mean}, {std}^2); "
                          f"widen the bounds or move the mean inside them")
     gen = get_generator(rng)
-    if _is_deferred(t):
-        return _deferred(t, "trunc_normal_", {"mean": mean, "std": std, "a": a, "b": b}, gen,
-                         lambda g: deferred.skip_trunc_normal(g, t.numel(), mean, std, a, b))
-    arr = _target(t)
+    if _is_deferred(tensor):
+        return _deferred(tensor, "trunc_normal_", {"mean": mean, "std": std, "a": a, "b": b}, gen,
+                         lambda g: deferred.skip_trunc_normal(g, tensor.numel(), mean, std, a, b))
+    arr = _target(tensor)
     values = gen.normal(mean, std, size=arr.size)
     bad = np.flatnonzero((values < a) | (values > b))
     while bad.size:
         values[bad] = gen.normal(mean, std, size=bad.size)
         bad = bad[(values[bad] < a) | (values[bad] > b)]
-    return _fill(t, values.reshape(arr.shape))
+    return _fill(tensor, values.reshape(arr.shape))
 
 
-def constant_(t, value: float):
+def constant_(tensor, val: float):
     """Fill with `value`."""
-    if _is_deferred(t):
-        return _deferred(t, "constant_", {"value": value})
-    _target(t)[...] = value
-    return _written(t)
+    if _is_deferred(tensor):
+        return _deferred(tensor, "constant_", {"val": val})
+    _target(tensor)[...] = val
+    return _written(tensor)
 
 
-def zeros_(t):
+def zeros_(tensor):
     """Fill with 0."""
-    return constant_(t, 0.0)
+    return constant_(tensor, 0.0)
 
 
-def ones_(t):
+def ones_(tensor):
     """Fill with 1."""
-    return constant_(t, 1.0)
+    return constant_(tensor, 1.0)
 
 
-def kaiming_uniform_(t, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu", *,
+def kaiming_uniform_(tensor, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu", *,
                      rng: np.random.Generator | None = None):
     """He uniform: U(-bound, bound), bound = gain * sqrt(3 / fan) (torch.nn.init.kaiming_uniform_)."""
     mode = mode.lower() if isinstance(mode, str) else mode  # torch takes "FAN_OUT" too
     if mode not in ("fan_in", "fan_out"):
         raise ValueError(f"mode must be 'fan_in' or 'fan_out', got {mode!r}")
-    if math.prod(_shape(t)) == 0:
-        return t  # nothing to fill; and fan would be 0
-    fan_in, fan_out = calculate_fan_in_and_fan_out(t)
+    if math.prod(_shape(tensor)) == 0:
+        return tensor  # nothing to fill; and fan would be 0
+    fan_in, fan_out = calculate_fan_in_and_fan_out(tensor)
     fan = fan_in if mode == "fan_in" else fan_out
     bound = calculate_gain(nonlinearity, a) * math.sqrt(3.0 / fan)
-    return uniform_(t, -bound, bound, rng=rng)
+    return uniform_(tensor, -bound, bound, rng=rng)
 
 
-def xavier_uniform_(t, gain: float = 1.0, *, rng: np.random.Generator | None = None):
+def xavier_uniform_(tensor, gain: float = 1.0, *, rng: np.random.Generator | None = None):
     """Glorot uniform: U(-bound, bound), bound = gain * sqrt(6 / (fan_in + fan_out))."""
-    fan_in, fan_out = calculate_fan_in_and_fan_out(t)  # first, as torch: a 1-d tensor is refused even if empty
-    if math.prod(_shape(t)) == 0:
-        return t
+    fan_in, fan_out = calculate_fan_in_and_fan_out(tensor)  # first, as torch: a 1-d tensor is refused even if empty
+    if math.prod(_shape(tensor)) == 0:
+        return tensor
     bound = gain * math.sqrt(6.0 / (fan_in + fan_out))
-    return uniform_(t, -bound, bound, rng=rng)
+    return uniform_(tensor, -bound, bound, rng=rng)
 
 
 __all__ = ["DEFAULT_SEED", "manual_seed", "default_generator", "get_generator", "calculate_gain",

@@ -77,10 +77,10 @@ def linspace(start, end, steps: int, *, dtype=None, requires_grad: bool = False)
     return _leaf(np.linspace(float(start), float(end), int(steps)).astype(dtype or DEFAULT_DTYPE), requires_grad)
 
 
-def one_hot(labels, num_classes: int = -1) -> Tensor:
+def one_hot(input, num_classes: int = -1) -> Tensor:
     """torch.nn.functional.one_hot: int64 labels (...) -> int64 (..., num_classes); -1: one more than the
     largest label."""
-    ids = labels.data if isinstance(labels, Tensor) else np.asarray(labels)
+    ids = input.data if isinstance(input, Tensor) else np.asarray(input)
     if ids.dtype != np.int64:
         raise TypeError(f"one_hot: labels must be an int64 tensor (torch's rule), got dtype {ids.dtype}; "
                         f"use labels.long()")

@@ -231,7 +231,7 @@ def _number(x) -> Tensor:
     return as_tensor(x)
 
 
-def embedding(indices, weight: Tensor, padding_idx: int | None = None, max_norm: float | None = None,
+def embedding(input, weight: Tensor, padding_idx: int | None = None, max_norm: float | None = None,
               norm_type: float = 2.0, scale_grad_by_freq: bool = False, sparse: bool = False) -> Tensor:
     """Rows of `weight` (num_embeddings, dim) picked by integer `indices`. Shape: (...) -> (..., dim).
 
@@ -242,7 +242,7 @@ def embedding(indices, weight: Tensor, padding_idx: int | None = None, max_norm:
                                         ("sparse", sparse)) if value]
     if refused:
         raise ValueError(f"embedding: {', '.join(refused)} is not supported; leave it at its default")
-    ids = indices.data if isinstance(indices, Tensor) else np.asarray(indices)
+    ids = input.data if isinstance(input, Tensor) else np.asarray(input)
     if ids.dtype.kind not in "iu":
         raise TypeError(f"embedding: indices must be integers, got dtype {ids.dtype}")
     weight = as_tensor(weight)
@@ -270,7 +270,7 @@ def embedding(indices, weight: Tensor, padding_idx: int | None = None, max_norm:
         return (gw,)
 
     # Backward reads the indices, not the weight's values (as torch's).
-    return Tensor._make(out, (weight,), backward, saved=(indices if isinstance(indices, Tensor) else None,))
+    return Tensor._make(out, (weight,), backward, saved=(input if isinstance(input, Tensor) else None,))
 
 
 # The NumPy work of the ops above, one function each: tape.host records a call as one entry of a

@@ -118,22 +118,22 @@ def matmul(a, b) -> Tensor:
     return Tensor._make(out, (a, b), backward, saved=(b if a.requires_grad else None, a if b.requires_grad else None))
 
 
-def linear(x, weight, bias=None) -> Tensor:
+def linear(input, weight, bias=None) -> Tensor:
     """x @ weight.T + bias, as torch.nn.functional.linear. Shape: (..., in) -> (..., out)."""
     # Arrays taken as tensors, each of them (an ndarray weight's .data is a memoryview: it failed on .dtype)
-    x, weight = as_tensor(x), as_tensor(weight)
+    input, weight = as_tensor(input), as_tensor(weight)
     bias = None if bias is None else as_tensor(bias)
     if weight.ndim != 2:
         raise ValueError(f"linear: weight must be 2-D (out_features, in_features), got shape {weight.shape}")
-    if x.shape[-1:] != weight.shape[1:]:
+    if input.shape[-1:] != weight.shape[1:]:
         raise ValueError(
-            f"linear: input shape {x.shape} does not match weight shape {weight.shape} "
-            f"(last input dim {x.shape[-1] if x.ndim else None} must equal in_features {weight.shape[1]})"
+            f"linear: input shape {input.shape} does not match weight shape {weight.shape} "
+            f"(last input dim {input.shape[-1] if input.ndim else None} must equal in_features {weight.shape[1]})"
         )
-    _check_float_pair(x, weight, "linear", "the input", "the weight")
+    _check_float_pair(input, weight, "linear", "the input", "the weight")
     if bias is not None and bias.shape != (weight.shape[0],):
         raise ValueError(f"linear: bias shape {bias.shape} must be ({weight.shape[0]},) for weight {weight.shape}")
-    xd, wd = x.data, weight.data
+    xd, wd = input.data, weight.data
     lead = xd.shape[:-1]
     # Row counts are spelled out, not -1: with 0 features (Linear(0, k), or k = 0) -1 is ambiguous to NumPy.
     rows = math.prod(lead)
@@ -147,10 +147,10 @@ def linear(x, weight, bias=None) -> Tensor:
     product(x2, wd.T, out2)
     if bias is not None:
         elementwise.bias_add(out2, bias.data)
-    parents = (x, weight) if bias is None else (x, weight, bias)
+    parents = (input, weight) if bias is None else (input, weight, bias)
     # Backward reads x2 (x's rows, for the weight's gradient) and wd; of the tensors it keeps
     # metadata and leaves (see leaf_or_none), so no intermediate is held alive beyond x2.
-    x_shape, x_needs_grad = xd.shape, x.requires_grad
+    x_shape, x_needs_grad = xd.shape, input.requires_grad
     w_leaf, w_needs_grad = leaf_or_none(weight), weight.requires_grad
     b_leaf, b_needs_grad = (leaf_or_none(bias), bias.requires_grad) if bias is not None else (None, False)
     # A bias of another dtype (torch refuses one; here it is added in the output's dtype) still gets its
@@ -179,4 +179,5 @@ def linear(x, weight, bias=None) -> Tensor:
 
     # The input's gradient reads the weight, the weight's reads the input (x2: its rows, or their bf16 copy, which
     # counts as x: torch saves x there and refuses a write to it whatever copy the product made).
-    return Tensor._make(out, parents, backward, saved=(weight if x_needs_grad else None, x if w_needs_grad else None))
+    return Tensor._make(out, parents, backward,
+                        saved=(weight if x_needs_grad else None, input if w_needs_grad else None))

@@ -18,7 +18,7 @@ def _check_reduction(reduction: str, what: str) -> None:
                          f"got {reduction!r}")
 
 
-def cross_entropy(logits: Tensor, target, weight=None, *, ignore_index: int = -100, label_smoothing: float = 0.0,
+def cross_entropy(input: Tensor, target, weight=None, *, ignore_index: int = -100, label_smoothing: float = 0.0,
                   reduction: str = "mean") -> Tensor:
     """torch.nn.functional.cross_entropy for class-index targets. Shape: (N, C) or (N, C, d...) and (N,) / (N, d...).
 
@@ -36,13 +36,13 @@ def cross_entropy(logits: Tensor, target, weight=None, *, ignore_index: int = -1
         from .nll import smoothed_nll_loss
         from .reduce import log_softmax
 
-        logits = as_tensor(logits)
-        if logits.dtype.kind != "f":
-            raise TypeError(f"cross_entropy: logits must be floating point, got dtype {logits.dtype}")
-        log_p = log_softmax(logits, 1 if logits.ndim >= 2 else 0)
+        input = as_tensor(input)
+        if input.dtype.kind != "f":
+            raise TypeError(f"cross_entropy: logits must be floating point, got dtype {input.dtype}")
+        log_p = log_softmax(input, 1 if input.ndim >= 2 else 0)
         return smoothed_nll_loss(log_p, target, weight, ignore_index, reduction, label_smoothing)
-    logits = as_tensor(logits)
-    x = logits.data
+    input = as_tensor(input)
+    x = input.data
     if x.dtype.kind != "f":
         raise TypeError(f"cross_entropy: logits must be floating point, got dtype {x.dtype}")
     t = target.data if isinstance(target, Tensor) else np.asarray(target)
@@ -84,7 +84,7 @@ def cross_entropy(logits: Tensor, target, weight=None, *, ignore_index: int = -1
 
     # Backward reads the logits (rows: a view of them, or a copy) and the target. torch saves log_softmax's
     # output, not the logits, so a write to the logits is refused here only: this backward would read it.
-    return Tensor._make(out, (logits,), backward, saved=(logits, target if isinstance(target, Tensor) else None))
+    return Tensor._make(out, (input,), backward, saved=(input, target if isinstance(target, Tensor) else None))
 
 
 def _cross_entropy_forward(rows, tgt, ignore_index, label_smoothing, losses, lse, count, out, reduction) -> None:

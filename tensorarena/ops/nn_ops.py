@@ -14,7 +14,7 @@ from ._base import as_tensor, contiguous, grad_out, leaf_or_none, new, new_like
 from .linalg import _check_float_pair
 
 
-def dropout(a: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False, *,
+def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False, *,
             rng: np.random.Generator | None = None) -> Tensor:
     """Zero each element with probability p and scale the rest by 1/(1-p) (inverted dropout).
 
@@ -30,15 +30,15 @@ def dropout(a: Tensor, p: float = 0.5, training: bool = True, inplace: bool = Fa
     if inplace:  # torch's argument; the ops here never write their input, and an ignored result would not drop
         raise ValueError("dropout: inplace=True is not supported (ops here return a new tensor); write "
                          "x = F.dropout(x, p) instead")
-    a = as_tensor(a)  # a NumPy array too, as Linear takes one
+    input = as_tensor(input)  # a NumPy array too, as Linear takes one
     if not training or p == 0.0:
-        return a
-    if a.dtype.kind != "f":  # 1 / (1 - p) in an integer dtype: garbage or 0 / 0 (torch refuses it too)
+        return input
+    if input.dtype.kind != "f":  # 1 / (1 - p) in an integer dtype: garbage or 0 / 0 (torch refuses it too)
         raise TypeError(f"dropout: the input must be floating point to be scaled by 1 / (1 - p), got dtype "
-                        f"{a.dtype}; cast it first (e.g. x.float())")
+                        f"{input.dtype}; cast it first (e.g. x.float())")
     from ..kernels.dropout import keep_threshold  # here, not at import: it loads Numba
 
-    ad = contiguous(a.data)  # the mask follows C order: a strided view is copied first
+    ad = contiguous(input.data)  # the mask follows C order: a strided view is copied first
     dtype = ad.dtype
     if p == 1.0:
         out = new_like(ad)
@@ -59,7 +59,7 @@ def dropout(a: Tensor, p: float = 0.5, training: bool = True, inplace: bool = Fa
             host(_apply, kernel("dropout_apply"), contiguous(g, dtype), ga, seed, threshold, scale)
         return (ga,)
 
-    return Tensor._make(out, (a,), backward)
+    return Tensor._make(out, (input,), backward)
 
 
 def _times_zero(x: np.ndarray, out: np.ndarray) -> None:
@@ -73,7 +73,7 @@ def _apply(dropout_apply, x: np.ndarray, out: np.ndarray, seed: Seed, threshold:
     dropout_apply(x, out, seed.value, threshold, scale)
 
 
-def layer_norm(a: Tensor, normalized_shape, weight: Tensor | None = None, bias: Tensor | None = None,
+def layer_norm(input: Tensor, normalized_shape, weight: Tensor | None = None, bias: Tensor | None = None,
                eps: float = 1e-5) -> Tensor:
     """Normalise over the trailing `normalized_shape` dims (biased variance), then scale and shift.
 
@@ -82,8 +82,8 @@ def layer_norm(a: Tensor, normalized_shape, weight: Tensor | None = None, bias: 
     D = prod(normalized_shape).
     """
     norm_shape = (normalized_shape,) if isinstance(normalized_shape, (int, np.integer)) else tuple(normalized_shape)
-    a = as_tensor(a)  # a NumPy array too, as Linear takes one
-    ad = a.data
+    input = as_tensor(input)  # a NumPy array too, as Linear takes one
+    ad = input.data
     if ad.dtype.kind != "f":  # the mean and variance would be truncated to the integer dtype (torch refuses it)
         raise TypeError(f"layer_norm: the input must be floating point, got dtype {ad.dtype}; cast it first "
                         f"(e.g. x.float())")
@@ -98,7 +98,7 @@ def layer_norm(a: Tensor, normalized_shape, weight: Tensor | None = None, bias: 
     bias = as_tensor(bias) if bias is not None else None
     for name, p in (("the weight", weight), ("the bias", bias)):
         if p is not None:  # as torch and linear: a float32 batch through a float64 norm would silently widen
-            _check_float_pair(a, p, "layer_norm", "the input", name)
+            _check_float_pair(input, p, "layer_norm", "the input", name)
     wd = weight.data if weight is not None else None
     bd = bias.data if bias is not None else None
     dtype = np.result_type(ad.dtype, *(x.dtype for x in (wd, bd) if x is not None))
@@ -113,10 +113,10 @@ def layer_norm(a: Tensor, normalized_shape, weight: Tensor | None = None, bias: 
     mean, rstd = new((n,), np.float64), new((n,), np.float64)
     kernel("layer_norm_forward")(x2, w2, b2, float(eps), out.reshape(n, d), mean, rstd)
 
-    parents = (a,) + tuple(x for x in (weight, bias) if x is not None)
+    parents = (input,) + tuple(x for x in (weight, bias) if x is not None)
     # Backward reads x2 (a view of `a`, or its contiguous copy) and the statistics; of the tensors
     # themselves it keeps metadata and leaves only, so a copied `a` is not held alive.
-    a_shape, a_dtype, a_needs_grad = ad.shape, ad.dtype, a.requires_grad
+    a_shape, a_dtype, a_needs_grad = ad.shape, ad.dtype, input.requires_grad
     # (leaf or None, dtype) for a weight/bias that needs a gradient, else None.
     w_grad = (leaf_or_none(weight), wd.dtype) if weight is not None and weight.requires_grad else None
     b_grad = (leaf_or_none(bias), bd.dtype) if bias is not None and bias.requires_grad else None

@@ -276,19 +276,19 @@ def _dim_given(dim, op: str) -> None:
                         f"1 otherwise); pass it, e.g. {op}(x, dim=-1) for the last dim")
 
 
-def softmax(a: Tensor, dim: int | None = None, dtype=None) -> Tensor:
+def softmax(input: Tensor, dim: int | None = None, dtype=None) -> Tensor:
     """Softmax along `dim` on the softmax kernels (max-subtracted, float64 inside)."""
     _dim_given(dim, "softmax")
     if dtype is not None:  # torch's: the input cast to it first (an integer input becomes a float one)
-        a = to_dtype(as_tensor(a), dtype)
-    a = refuse_integers(a, "softmax")
-    ad = a.data
+        input = to_dtype(as_tensor(input), dtype)
+    input = refuse_integers(input, "softmax")
+    ad = input.data
     if ad.ndim == 0:  # torch allows dim 0/-1 on a scalar: softmax of one element is 1
         _reduce_axes(_int_dim(dim, "softmax"), 0)
-        return _softmax_last(a, ad.reshape(1), a.shape)
+        return _softmax_last(input, ad.reshape(1), input.shape)
     (axis,) = normalize_axes(_int_dim(dim, "softmax"), ad.ndim)
     if axis == ad.ndim - 1:
-        return _softmax_last(a, ad, ad.shape)
+        return _softmax_last(input, ad, ad.shape)
     # The kernels reduce over the last dim: run them on a contiguous copy with `dim` moved last and
     # copy the result back, so the output has the input's layout like every other op's.
     moved = contiguous(np.moveaxis(ad, axis, -1))  # (..., n_dim)
@@ -305,7 +305,7 @@ def softmax(a: Tensor, dim: int | None = None, dtype=None) -> Tensor:
         return (ga,)
 
     # Backward reads y, a copy made here; the output counts as in torch, which saves it.
-    return Tensor._make(out, (a,), backward, saved_output=True)
+    return Tensor._make(out, (input,), backward, saved_output=True)
 
 
 def _softmax_last(a: Tensor, x: np.ndarray, shape: tuple[int, ...]) -> Tensor:
@@ -323,13 +323,13 @@ def _softmax_last(a: Tensor, x: np.ndarray, shape: tuple[int, ...]) -> Tensor:
     return Tensor._make(out.reshape(shape), (a,), backward, saved_output=True)
 
 
-def log_softmax(a: Tensor, dim: int | None = None, dtype=None) -> Tensor:
+def log_softmax(input: Tensor, dim: int | None = None, dtype=None) -> Tensor:
     """log(softmax(a)) along `dim`, computed without forming softmax's log."""
     _dim_given(dim, "log_softmax")
     if dtype is not None:  # torch's: the input cast to it first (an integer input becomes a float one)
-        a = to_dtype(as_tensor(a), dtype)
-    a = refuse_integers(a, "log_softmax")
-    ad = a.data
+        input = to_dtype(as_tensor(input), dtype)
+    input = refuse_integers(input, "log_softmax")
+    ad = input.data
     a_shape = ad.shape
     if ad.ndim == 0:  # torch allows dim 0/-1 on a scalar: log_softmax of one element is 0
         _reduce_axes(_int_dim(dim, "log_softmax"), 0)
@@ -350,7 +350,7 @@ def log_softmax(a: Tensor, dim: int | None = None, dtype=None) -> Tensor:
             host(_log_softmax_grad, out, reshaped(g, out.shape), axis, s, ga)
         return (ga.reshape(a_shape),)
 
-    return Tensor._make(out.reshape(a_shape), (a,), backward, saved_output=True)
+    return Tensor._make(out.reshape(a_shape), (input,), backward, saved_output=True)
 
 
 def _need_float(ad: np.ndarray, op: str) -> None:

@@ -65,10 +65,10 @@ def _sqrt(a: Tensor, grad) -> Tensor:
     return Tensor._make(out, (a,), backward, saved_output=True)
 
 
-def tanh(a: Tensor) -> Tensor:
+def tanh(input: Tensor) -> Tensor:
     """Hyperbolic tangent."""
-    a = float_input(a)
-    ad = a.data
+    input = float_input(input)
+    ad = input.data
     out = new_like(ad)
     host(np.tanh, ad, out=out)
 
@@ -77,7 +77,7 @@ def tanh(a: Tensor) -> Tensor:
         host(_tanh_grad, out, g, ga)
         return (ga,)
 
-    return Tensor._make(out, (a,), backward, saved_output=True)
+    return Tensor._make(out, (input,), backward, saved_output=True)
 
 
 def abs(a: Tensor) -> Tensor:  # noqa: A001 - torch's name
@@ -98,14 +98,14 @@ def abs(a: Tensor) -> Tensor:  # noqa: A001 - torch's name
     return Tensor._make(out, (a,), backward, saved=(a,))
 
 
-def relu(a: Tensor, inplace: bool = False) -> Tensor:
+def relu(input: Tensor, inplace: bool = False) -> Tensor:
     """max(a, 0); gradient 0 at 0 and g at NaN, as torch. `inplace` is torch's argument: only False (the ops here
     return a new tensor, and an ignored result would silently not activate)."""
     if inplace:
         raise ValueError("relu: inplace=True is not supported (ops here return a new tensor); write "
                          "x = F.relu(x) instead")
-    a = as_tensor(a)
-    ad = a.data
+    input = as_tensor(input)
+    ad = input.data
     if ad.dtype == np.bool_:  # NumPy's maximum would name neither relu nor the dtype
         raise TypeError("relu: Boolean inputs are not supported (as torch's); cast them first (e.g. x.float())")
     out = new_like(ad)
@@ -117,13 +117,13 @@ def relu(a: Tensor, inplace: bool = False) -> Tensor:
         return (ga,)
 
     # It reads its input for the mask, where torch's reads the output: a write to either is refused.
-    return Tensor._make(out, (a,), backward, saved=(a,), saved_output=True)
+    return Tensor._make(out, (input,), backward, saved=(input,), saved_output=True)
 
 
-def sigmoid(a: Tensor) -> Tensor:
+def sigmoid(input: Tensor) -> Tensor:
     """1 / (1 + e^-a), computed stably for large |a|."""
-    a = float_input(a)
-    ad = a.data
+    input = float_input(input)
+    ad = input.data
     out = new_like(ad)
     den = new_like(ad)
     host(_sigmoid_forward, ad, out, den)
@@ -133,7 +133,7 @@ def sigmoid(a: Tensor) -> Tensor:
         host(_sigmoid_grad, out, g, ga)
         return (ga,)
 
-    return Tensor._make(out, (a,), backward, saved_output=True)
+    return Tensor._make(out, (input,), backward, saved_output=True)
 
 
 # The NumPy work of the ops above, one function each: tape.host records a call as one entry of a
@@ -190,12 +190,12 @@ def _sigmoid_grad(out, g, ga):
         ga *= g
 
 
-def gelu(a: Tensor, approximate: str = "none") -> Tensor:
+def gelu(input: Tensor, approximate: str = "none") -> Tensor:
     """GELU; approximate="none" (erf form) or "tanh", as torch.nn.functional.gelu (gelu kernels)."""
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    a = refuse_integers(a, "gelu")
-    x = contiguous(a.data)
+    input = refuse_integers(input, "gelu")
+    x = contiguous(input.data)
     out = new_like(x)
     kernel("gelu_forward")(x, out, approximate)
 
@@ -204,6 +204,6 @@ def gelu(a: Tensor, approximate: str = "none") -> Tensor:
         kernel("gelu_backward")(x, contiguous(g), ga, approximate)
         return (ga,)
 
-    return Tensor._make(out, (a,), backward, saved=(a,))
+    return Tensor._make(out, (input,), backward, saved=(input,))
 
 
