@@ -277,17 +277,23 @@ print(sorted(burnt)[2], max(burnt), G.backend().split()[0], os.environ["OMP_WAIT
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: no idle OpenMP thread to spin")
 @pytest.mark.parametrize("policy, burn_ms", [(None, (0.3, 15)), ("PASSIVE", (0, 1)), ("ACTIVE", (30, 100))])
 def test_mkl_threads_spin_briefly_then_sleep_after_a_gemm(policy, burn_ms):
-    out = _run(SPIN_PROBE, **({"OMP_WAIT_POLICY": policy} if policy else {}))
-    assert out.returncode == 0, out.stderr
-    median, most, backend, wait_policy, spin_count = out.stdout.split()
-    assert backend == "MKL"
-    assert (wait_policy, spin_count) == ((policy, "-") if policy else ("ACTIVE", "100000"))
     low, high = burn_ms
+    seen = []
     # The brief spin's floor on the most of the five: on a Zen 4 under `-n 2` the median once fell to 0.06 ms
-    # (2026-12-05, the whole suite beside it), while a sleep that found its core free still spun.
-    burnt_low = float(most if policy is None else median) * 1e3
-    assert low <= burnt_low and float(median) * 1e3 <= high, \
-        f"idle threads burnt {float(median) * 1e3:.2f} ms (median), {float(most) * 1e3:.2f} ms (most) of 80 ms sleeps"
+    # (2026-12-05, the whole suite beside it), while a sleep that found its core free still spun. On an Intel Xeon
+    # (2026-12-07) the whole suite's other worker kept both cores busy through all five twice in a row (0.10 ms
+    # most; alone 4-5 ms): up to three probes, the floor met by one of them, the ceiling by every one.
+    for _ in range(3):
+        out = _run(SPIN_PROBE, **({"OMP_WAIT_POLICY": policy} if policy else {}))
+        assert out.returncode == 0, out.stderr
+        median, most, backend, wait_policy, spin_count = out.stdout.split()
+        assert backend == "MKL"
+        assert (wait_policy, spin_count) == ((policy, "-") if policy else ("ACTIVE", "100000"))
+        assert float(median) * 1e3 <= high, f"idle threads burnt {float(median) * 1e3:.2f} ms (median) of 80 ms sleeps"
+        seen.append(f"{float(median) * 1e3:.2f} ms (median), {float(most) * 1e3:.2f} ms (most)")
+        if low <= float(most if policy is None else median) * 1e3:
+            return
+    pytest.fail(f"idle threads burnt {'; '.join(seen)} of 80 ms sleeps, below {low} ms in every probe")
 
 
 def test_without_mkl_the_kernels_threads_sleep_at_once():
