@@ -410,8 +410,10 @@ class Trainer:
         nn/modes.py). On the fused route a change of any module's mode traces the step in the new modes."""
         from .interrupt import SigintDeferred, abandoned_step_message
 
-        # A trainer.optimizer replaced since the scheduler was set: refused before the step changes anything.
-        _check_scheduler(self._scheduler, self._optimizer)
+        # A trainer.optimizer replaced since the scheduler was set: refused before the step changes anything. One
+        # identity test a step (the full check, with its import and messages, only when it fails).
+        if getattr(self._scheduler, "optimizer", None) not in (None, self._optimizer):
+            _check_scheduler(self._scheduler, self._optimizer)
         index = self.step_count + 1
         # Outermost, so that the lock of _one_at_a_time is taken and given back with Ctrl-C held too.
         with SigintDeferred("the training step", lambda: abandoned_step_message(index, self.route)), \
