@@ -147,13 +147,18 @@ def target_tensor(target, x: Tensor) -> Tensor:
     return Tensor(as_dtype(np.asarray(target), x.dtype))
 
 
-def mse_loss(input: Tensor, target, reduction: str = "mean") -> Tensor:  # noqa: A002 - torch's name
+def mse_loss(input: Tensor, target, reduction: str = "mean", weight=None) -> Tensor:  # noqa: A002 - torch's name
     """Mean squared error between equally shaped `input` and `target` (a Tensor, or data cast to input's dtype).
 
     torch broadcasts different shapes with a warning; that is almost always a bug
-    (e.g. (N, 1) vs (N,)), so here it is a ValueError.
+    (e.g. (N, 1) vs (N,)), so here it is a ValueError. An elementwise `weight` makes "mean"
+    sum(weight * loss) / sum(weight), as torch 2.13's (loss_weight.py).
     """
     _check_reduction(reduction, "mse_loss")
+    if weight is not None:  # torch's definition on the unweighted losses
+        from .loss_weight import weighted_loss
+
+        return weighted_loss(mse_loss(input, target, "none"), weight, reduction, "mse_loss")
     x = as_tensor(input)
     y = target_tensor(target, x)
     xd, yd = x.data, y.data

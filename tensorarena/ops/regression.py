@@ -13,10 +13,15 @@ from ..tape import host
 from ..tensor import Tensor
 from ._base import as_tensor, new
 from .loss import _check_reduction, difference_loss_dtype, input_and_target_grads, target_tensor
+from .loss_weight import weighted_loss
 
 
-def l1_loss(input: Tensor, target, reduction: str = "mean") -> Tensor:  # noqa: A002 - torch's name
-    """|input - target| (torch's F.l1_loss); the gradient at a zero difference is 0, as torch's sign."""
+def l1_loss(input: Tensor, target, reduction: str = "mean", weight=None) -> Tensor:  # noqa: A002 - torch's name
+    """|input - target| (torch's F.l1_loss); the gradient at a zero difference is 0, as torch's sign. An
+    elementwise `weight` makes "mean" sum(weight * loss) / sum(weight), as torch 2.13's (loss_weight.py)."""
+    if weight is not None:
+        _check_reduction(reduction, "l1_loss")
+        return weighted_loss(l1_loss(input, target, "none"), weight, reduction, "l1_loss")
     return _pointwise_loss(input, target, reduction, "l1_loss", _l1, _l1_grad, None)
 
 
@@ -29,10 +34,15 @@ def smooth_l1_loss(input: Tensor, target, reduction: str = "mean", beta: float =
     return _pointwise_loss(input, target, reduction, "smooth_l1_loss", _smooth_l1, _smooth_l1_grad, float(beta))
 
 
-def huber_loss(input: Tensor, target, reduction: str = "mean", delta: float = 1.0) -> Tensor:  # noqa: A002
-    """0.5 d^2 where |d| < delta, else delta (|d| - 0.5 delta) (torch's F.huber_loss): smooth_l1 times delta."""
+def huber_loss(input: Tensor, target, reduction: str = "mean", delta: float = 1.0, weight=None  # noqa: A002
+               ) -> Tensor:
+    """0.5 d^2 where |d| < delta, else delta (|d| - 0.5 delta) (torch's F.huber_loss): smooth_l1 times delta.
+    An elementwise `weight` makes "mean" the mean of weight * loss, as torch 2.13's (loss_weight.py)."""
     if not delta > 0:
         raise ValueError(f"huber_loss: delta must be positive, got {delta}")
+    if weight is not None:
+        _check_reduction(reduction, "huber_loss")
+        return weighted_loss(huber_loss(input, target, "none", delta), weight, reduction, "huber_loss")
     return _pointwise_loss(input, target, reduction, "huber_loss", _huber, _huber_grad, float(delta))
 
 
