@@ -369,6 +369,32 @@ class Tensor:
         """int() of a one-element tensor, truncated toward zero (as int() of its float)."""
         return int(self.item())
 
+    def __index__(self) -> int:
+        """A one-element integer (or bool) tensor as an index, as torch's: `x[:, :lengths.max()]`, `range(n)`,
+        `names[t]`. A float tensor is refused with torch's words (its int() would truncate silently)."""
+        d = self._data
+        if d.size != 1 or d.dtype.kind not in "biu":
+            raise TypeError(f"only integer tensors of a single element can be converted to an index; this one is "
+                            f"{d.dtype} with shape {d.shape}")
+        return int(self.item())
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """np.asarray(t), np.concatenate([t, ...]), a metric library's input: the values (a copy when the tensor
+        lives in an arena, as numpy()), as torch's CPU tensors convert. Without it NumPy built object arrays of
+        0-d tensors. A tensor that requires grad is refused, as torch's: a NumPy function of it would leave the
+        graph without a word."""
+        if self.requires_grad:
+            raise RuntimeError("Can't convert a tensor that requires grad to a NumPy array (np.asarray, a NumPy "
+                               "function); use tensor.detach().numpy() for its values")
+        values = self.numpy()
+        needs_copy = values is not self._data or (dtype is not None and np.dtype(dtype) != values.dtype)
+        if copy is False and needs_copy:  # NumPy 2's "never copy"
+            raise ValueError(f"a copy is needed to convert this tensor to a NumPy array (it lives in an arena or "
+                             f"dtype={dtype} differs from {values.dtype}); call np.asarray without copy=False")
+        if dtype is not None:
+            values = values.astype(dtype, copy=False)
+        return values.copy() if copy and values is self._data else values
+
 
 def tensor(data: Any, *, dtype=None, requires_grad: bool = False) -> Tensor:
     """A new leaf tensor holding a copy of `data` (float32 unless told otherwise)."""
