@@ -82,3 +82,32 @@ def test_a_user_chosen_openblas_timeout_wins_and_spins():
     # > 20 ms (twice the bound above): a loaded machine gives the spinning workers less of the 80 ms (28 ms was
     # seen with two other test runs on the 2 cores); an idle one ~40-80 ms.
     assert float(burnt) > 0.02, f"expected spinning workers, they used {float(burnt) * 1e3:.0f} ms"
+
+
+# A matmul running on another thread while tensorarena is imported (a notebook's or a server's worker thread):
+# restarting OpenBLAS's pool under it deadlocked both, for good. The pool is left alone when other threads run.
+# On d674c72 the child hung (this test fails there at its 120 s limit; the hunt's repro: 3 of 3 runs hung).
+THREADED_IMPORT = """
+import threading, time
+import numpy as np
+a = np.random.default_rng(0).random((2500, 2500))
+worker = threading.Thread(target=lambda: a @ a, daemon=True)
+worker.start()
+time.sleep(0.2)
+import tensorarena.kernels.cpu as c
+worker.join()
+print(c.openblas_threads.split(':')[0].replace(' ', '_'), c.openblas_threads.split(':')[1].split()[0])
+"""
+
+
+@pytest.mark.skipif(_openblas_threads() < 2, reason="numpy's BLAS is not a multi-threaded OpenBLAS here")
+def test_import_beside_a_running_matmul_leaves_the_pool_alone():
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    try:
+        out = subprocess.run([sys.executable, "-c", THREADED_IMPORT], env=env, capture_output=True, text=True,
+                             timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("importing the kernels beside a running matmul hung (OpenBLAS pool restarted under it)")
+    assert out.returncode == 0, out.stderr
+    what, threads = out.stdout.split()
+    assert what == "left_alone" and threads == "1", out.stdout

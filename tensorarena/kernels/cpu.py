@@ -21,8 +21,10 @@ bench/openblas_spin.py [--model base] [--route eager]`, medians over 15-20 steps
 b8 640-672 vs 702-723 ms, eager 656 vs 710 ms, fused ViT-Base b1 1020 vs 1064 ms. The timeout is
 read when OpenBLAS starts its threads, and numpy started them at import, so this sets
 OPENBLAS_THREAD_TIMEOUT and restarts the pool (it comes back at the next matmul). An
-OPENBLAS_THREAD_TIMEOUT the user set wins. Do not import the kernels while another thread is
-inside a numpy matmul: the restart waits for the pool to stop.
+OPENBLAS_THREAD_TIMEOUT the user set wins. The pool is restarted only when the importing thread is the
+process's only Python thread: restarting it under a matmul running on another thread deadlocked both (an
+import from a notebook's or a server's worker thread hung for good); with other threads it is left alone
+and the log says how to get the timeout anyway (OPENBLAS_THREAD_TIMEOUT=4 in the environment).
 
 Both choices are made by setting NUMBA_CPU_FEATURES and OPENBLAS_THREAD_TIMEOUT in os.environ,
 so child processes the program starts inherit them.
@@ -34,6 +36,7 @@ import ctypes
 import logging
 import os
 import sys
+import threading
 
 log = logging.getLogger("tensorarena")
 OPENBLAS_TIMEOUT_EXPONENT = "4"  # OpenBLAS's minimum: 2**4 cycles of spinning before a worker sleeps
@@ -106,6 +109,10 @@ def _quiet_openblas_threads() -> str:
     shutdown = getattr(lib, "blas_thread_shutdown_", None)
     if shutdown is None:
         return f"left alone: {os.path.basename(path)} has no blas_thread_shutdown_ to restart its threads with"
+    if threading.active_count() > 1:  # one of them may be inside a matmul: the restart would deadlock
+        return (f"left alone: {threading.active_count() - 1} other thread(s) are running and one may be inside a "
+                f"matmul, where restarting OpenBLAS's pool deadlocks; set OPENBLAS_THREAD_TIMEOUT="
+                f"{OPENBLAS_TIMEOUT_EXPONENT} in the environment before Python starts to have its threads sleep")
     os.environ["OPENBLAS_THREAD_TIMEOUT"] = OPENBLAS_TIMEOUT_EXPONENT
     read_env = getattr(lib, "openblas_read_env", None)
     if read_env is not None:  # releases that read the timeout with the other settings
