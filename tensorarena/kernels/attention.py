@@ -228,6 +228,12 @@ def attention_forward_fused(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_pad
     """
     _check(q, k, v, key_padding_mask)
     bf16 = _bf16_operands(q, k, v)
+    if probs.size == 0 or out.size == 0:  # no keys (out is 0, as torch's) or nothing to compute: as backward,
+        out.fill(0)                       # before the slice path's check, which refuses empty arrays (and bf16)
+        probs.fill(0)  # value heads 0 wide: backward reads probs, and 0 keeps its dq, dk 0 (no gradient flows)
+        if bf16:
+            _count_bf16("fused")
+        return
     kpm = np.zeros((1, 1), bool) if key_padding_mask is None else _cin(key_padding_mask)
     if slices.usable(q, k, v, out, probs):
         slices.attention_forward_slices(q, k, v, kpm, key_padding_mask is not None, bool(causal), _scale(q, scale),
@@ -261,7 +267,9 @@ def attention_backward_fused(q: np.ndarray, k: np.ndarray, v: np.ndarray, probs:
     """
     scale = _scale(q, scale)
     bf16 = _bf16_operands(q, k, v, g)
-    if probs.size == 0:  # no keys (S = 0: _softmax_grad's rows would be 0 wide) or no queries: sums over nothing
+    # No keys (S = 0: _softmax_grad's rows would be 0 wide), no queries, or value heads 0 wide (g v^T is 0, so
+    # no gradient flows to q and k): sums over nothing, and the slice path refuses empty arrays.
+    if probs.size == 0 or g.size == 0:
         for grad in (dq, dk, dv):
             grad.fill(0)
         if bf16:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..kernels import elementwise, kernel
@@ -155,7 +157,7 @@ def bias_gelu(x: Tensor, bias: Tensor, approximate: str = "none") -> Tensor:
         raise ValueError(f"bias_gelu: bias shape {bias.shape} must be (D,) for input shape {x.shape} (..., D)")
     dtype = np.result_type(x.dtype, bias.dtype)
     d = x.shape[-1]
-    x2 = contiguous(x.data, dtype).reshape(-1, d)  # (N, D)
+    x2 = contiguous(x.data, dtype).reshape(math.prod(x.shape[:-1]), d)  # (N, D); not -1: ambiguous at D = 0
     b = contiguous(bias.data, dtype)
     pre = new(x2.shape, dtype)  # x + bias, kept for backward
     out = new(x.shape, dtype)
@@ -197,7 +199,7 @@ def bias_gelu_linear(x: Tensor, bias: Tensor, weight: Tensor, out_bias: Tensor |
         raise ValueError(f"bias_gelu_linear: out_bias shape {out_bias.shape} must be ({weight.shape[0]},)")
     dtype = np.result_type(x.dtype, bias.dtype, weight.dtype)
     m, d = x.shape[-1], weight.shape[0]
-    x2 = contiguous(x.data, dtype).reshape(-1, m)  # (N, M)
+    x2 = contiguous(x.data, dtype).reshape(math.prod(x.shape[:-1]), m)  # (N, M); not -1: ambiguous at M = 0
     b = contiguous(bias.data, dtype)
     wd = weight.data
     act = new(x2.shape, dtype)  # gelu(x + bias)
@@ -207,7 +209,7 @@ def bias_gelu_linear(x: Tensor, bias: Tensor, weight: Tensor, out_bias: Tensor |
     else:
         kernel("bias_gelu_forward_with_grad")(x2, b, act, kept, approximate)
     out = new(x.shape[:-1] + (d,), dtype)
-    out2 = out.reshape(-1, d)
+    out2 = out.reshape(x2.shape[0], d)
     in_bf16 = bf16_products(dtype)  # backward rounds its gradient once for both products then
     product(act, wd.T, out2)
     if out_bias is not None:
@@ -226,7 +228,7 @@ def bias_gelu_linear(x: Tensor, bias: Tensor, weight: Tensor, out_bias: Tensor |
     parents = (x, bias, weight) if out_bias is None else (x, bias, weight, out_bias)
 
     def backward(g):
-        g2 = contiguous(g, dtype).reshape(-1, d)  # (N, D)
+        g2 = contiguous(g, dtype).reshape(math.prod(g.shape[:-1]), d)  # (N, D)
         gw = gob = None
         if ob_needs:
             gob = grad_out(ob_leaf, (d,), ob_dtype)

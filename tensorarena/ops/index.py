@@ -264,7 +264,7 @@ def embedding(input, weight: Tensor, padding_idx: int | None = None, max_norm: f
         # A token seen twice gets both gradients, added in token order.
         # reshaped, not ids.reshape: ids that are a strided view of the batch (a column of it) are copied
         # into the arena through tape.host, where NumPy's reshape would copy them onto the heap, unrecorded.
-        kernel("embedding_backward")(reshaped(ids, (-1,)), contiguous(reshaped(g, (-1, dim))), gw)
+        kernel("embedding_backward")(reshaped(ids, (-1,)), contiguous(reshaped(g, (ids.size, dim))), gw)
         if padding_idx is not None:
             host(_no_gradient_row, gw, padding_idx)
         return (gw,)

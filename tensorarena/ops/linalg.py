@@ -61,13 +61,15 @@ def _product(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
         product(a, b, out)
     elif a.ndim > 2 and b.ndim == 2 and out.ndim == a.ndim and out.flags.c_contiguous \
             and (a.flags.c_contiguous or bf16):
-        product(contiguous(a).reshape(-1, a.shape[-1]), b, out.reshape(-1, out.shape[-1]))
+        # Row counts spelled out, not -1: ambiguous to NumPy when the last dim is 0 (as in linear).
+        rows = math.prod(a.shape[:-1])
+        product(contiguous(a).reshape(rows, a.shape[-1]), b, out.reshape(rows, out.shape[-1]))
     elif bf16 and a.ndim == 1 and b.ndim == 2:
         product(a.reshape(1, -1), b, out.reshape(1, -1))
     elif bf16 and a.ndim == 2 and b.ndim == 1:
         product(a, b.reshape(-1, 1), out.reshape(-1, 1))
     elif bf16 and a.ndim > 2 and b.ndim == 1 and out.flags.c_contiguous:
-        product(contiguous(a).reshape(-1, a.shape[-1]), b.reshape(-1, 1), out.reshape(-1, 1))
+        product(contiguous(a).reshape(math.prod(a.shape[:-1]), a.shape[-1]), b.reshape(-1, 1), out.reshape(-1, 1))
     elif bf16 and a.ndim <= 2 and b.ndim > 2 and out.flags.c_contiguous:
         rows = a.reshape(1, -1) if a.ndim == 1 else a
         for i in np.ndindex(b.shape[:-2]):
