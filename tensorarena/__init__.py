@@ -1,6 +1,6 @@
 """tensorarena: a deep-learning training engine whose memory is bounded and predictable."""
 
-from .autograd import enable_grad, is_grad_enabled, no_grad
+from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
 from .memory.arena import Arena, StaleTensorError, current_arena, heap_scope
 from .memory.pool import ArenaOutOfMemory, BlockPool, default_pool
 from .tensor import Tensor, tensor
@@ -15,6 +15,13 @@ from .ops import (arange, argsort, chunk, full, full_like, gather, isfinite, isi
                   ones, ones_like, sort, split, std, topk, unbind, zeros, zeros_like)
 from .ops import (amax, amin, cumsum, diag, einsum, flip, floor_divide, index_select, logsumexp, masked_select,
                   maximum, minimum, nonzero, norm, outer, prod, remainder, roll, tril, triu)
+from .ops import (bmm, cos, from_numpy, mm, rand, randint, randn, randperm, relu, round, rsqrt, scatter, scatter_add,
+                  sigmoid, sign, sin, softmax, square)
+from .dtypes import float32, float64, int8, int16, int32, int64, uint8
+from . import dtypes as _dtypes
+
+# torch's names that are Python builtins' too: attributes (ta.bool, ta.long), kept out of __all__ below.
+bool, int, float, long, double = _dtypes.bool, _dtypes.int, _dtypes.float, _dtypes.long, _dtypes.double  # noqa: A001
 
 from .compile.step import FusedStep, compile_step
 
@@ -33,4 +40,9 @@ __all__ = [
     "var", "where", "zeros", "zeros_like",
     "amax", "amin", "cumsum", "diag", "einsum", "flip", "floor_divide", "index_select", "logsumexp", "masked_select",
     "maximum", "minimum", "nonzero", "norm", "outer", "prod", "remainder", "roll", "tril", "triu",
+    "bmm", "cos", "from_numpy", "inference_mode", "mm", "rand", "randint", "randn", "randperm", "relu", "round",
+    "rsqrt", "scatter", "scatter_add", "set_grad_enabled", "sigmoid", "sign", "sin", "softmax", "square",
+    # The dtypes; ta.bool, ta.int, ta.float, ta.long and ta.double are left out here (torch lists them): a star
+    # import would shadow Python's bool, int and float in the importing module.
+    "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
 ]

@@ -75,6 +75,47 @@ def enable_grad() -> _GradMode:
     return _GradMode(True)
 
 
+class set_grad_enabled(_GradMode):  # noqa: N801 - torch's name, a class there too
+    """Turn graph recording on or off (torch.set_grad_enabled): as a function it takes effect at once and stays;
+    as a `with` block (or a decorator) the mode before it comes back at the end."""
+
+    def __init__(self, mode: bool) -> None:
+        if not isinstance(mode, (bool, np.bool_)):  # torch refuses set_grad_enabled(0) / (None) too
+            raise TypeError(f"set_grad_enabled: mode must be a bool, got {mode!r}")
+        super().__init__(bool(mode))
+        self.prev = is_grad_enabled()
+        _state.enabled = self.enabled  # now, for the function form: `with` has nothing left to do on entry
+
+    def __enter__(self) -> None:
+        pass
+
+    def __call__(self, fn: _F) -> _F:
+        """As a decorator the mode applies to each call only: the one set at construction is undone here."""
+        _state.enabled = self.prev
+        return _GradMode(self.enabled)(fn)
+
+
+def inference_mode(mode: "bool | Callable" = True):
+    """torch.inference_mode, which here is no_grad (there are no inference tensors): a `with` block or a
+    decorator, with or without parentheses; inference_mode(False) changes nothing, as torch's."""
+    if callable(mode):  # @inference_mode without parentheses
+        return _GradMode(False)(mode)
+    return _GradMode(False) if mode else _KeepGradMode()
+
+
+class _KeepGradMode(_GradMode):
+    """A mode block that keeps whatever mode is on when it is entered (inference_mode(False))."""
+
+    def __init__(self) -> None:
+        super().__init__(True)
+
+    def __enter__(self) -> None:
+        self.prev = is_grad_enabled()
+
+    def __call__(self, fn: _F) -> _F:
+        return fn
+
+
 def _fill_slice(full: np.ndarray, index: tuple, values: np.ndarray) -> None:
     full.fill(0)
     full[index] = values  # basic indexing never selects an element twice

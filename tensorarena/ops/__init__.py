@@ -4,15 +4,15 @@ from .arith import add, div, mul, neg, pow, sub
 from .clamping import clamp
 from .attention import bias_gelu, bias_gelu_linear, packed_self_attention, scaled_dot_product_attention
 from .compare import allclose, eq, equal, ge, gt, isfinite, isinf, isnan, le, lt, ne
-from .creation import arange, full, full_like, linspace, one_hot, ones, ones_like, zeros, zeros_like
+from .creation import arange, from_numpy, full, full_like, linspace, one_hot, ones, ones_like, zeros, zeros_like
 from .index import embedding, getitem, masked_fill, where
-from .linalg import linear, matmul
+from .linalg import bmm, linear, matmul, mm
 from .loss import cross_entropy, mse_loss
 from .nn_ops import dropout, layer_norm
 from .reduce import all, any, argmax, argmin, log_softmax, max, mean, min, softmax, std, sum, var
 from .sorting import argsort, gather, sort, topk
 from .shape import (cat, chunk, clone, contiguous, expand, flatten, permute, repeat, reshape, split, squeeze, stack,
-                    transpose, unbind, unsqueeze)
+                    transpose, unbind, unflatten, unsqueeze)
 from .unary import abs, exp, gelu, log, relu, sigmoid, sqrt, tanh
 from .activation import elu, leaky_relu, silu, softplus
 from .arrange import diag, flip, outer, pad, roll, tril, triu
@@ -23,6 +23,9 @@ from .pairwise import floor_divide, maximum, minimum, remainder
 from .regression import huber_loss, l1_loss, smooth_l1_loss
 from .select import index_select, masked_select, nonzero
 from .summaries import amax, amin, cumsum, logsumexp, norm, normalize, prod
+from .pointwise import cos, round, rsqrt, sign, sin, square
+from .sampling import rand, randint, randn, randperm
+from .scattering import scatter, scatter_add
 from ._sugar import install as _install_sugar
 from ._sugar4 import install as _install_sugar4
 
@@ -44,4 +47,7 @@ __all__ = [
     "binary_cross_entropy", "binary_cross_entropy_with_logits", "einsum", "nll_loss", "maximum", "minimum",
     "remainder", "floor_divide", "l1_loss", "smooth_l1_loss", "huber_loss", "index_select", "masked_select",
     "nonzero", "amax", "amin", "cumsum", "logsumexp", "norm", "normalize", "prod",
+    "mm", "bmm", "from_numpy", "sin", "cos",
+    "square", "rsqrt", "sign", "round", "rand", "randn", "randint", "randperm", "scatter", "scatter_add",
+    "unflatten",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..tensor import Tensor
-from . import arith, cast, clamping, compare, index, inplace, linalg, reduce, shape, sorting, unary
+from . import arith, cast, clamping, compare, index, inplace, linalg, pointwise, reduce, shape, sorting, unary
 
 
 def install() -> None:
@@ -28,6 +28,7 @@ def install() -> None:
     T.__ior__ = lambda a, b: compare.inplace_bitwise(a, b, np.bitwise_or, "|")
     T.__ixor__ = lambda a, b: compare.inplace_bitwise(a, b, np.bitwise_xor, "^")
     T.__neg__ = lambda a: arith.neg(a)
+    T.__pos__ = T.positive = _positive
     T.__pow__ = lambda a, p: arith.pow(a, p)
     T.__rpow__ = lambda a, b: arith.pow(b, a)
     T.__matmul__ = lambda a, b: linalg.matmul(a, b)
@@ -54,10 +55,13 @@ def install() -> None:
     T.zero_, T.fill_, T.copy_ = inplace.zero_, inplace.fill_, inplace.copy_
     T.exp, T.log, T.sqrt, T.tanh = unary.exp, unary.log, unary.sqrt, unary.tanh
     T.relu, T.sigmoid, T.gelu, T.abs = unary.relu, unary.sigmoid, unary.gelu, unary.abs
+    T.sin, T.cos, T.square, T.rsqrt = pointwise.sin, pointwise.cos, pointwise.square, pointwise.rsqrt
+    T.sign, T.round = pointwise.sign, pointwise.round
     T.sum, T.mean, T.max, T.var = reduce.sum, reduce.mean, reduce.max, reduce.var
     T.argmax, T.argmin, T.all, T.any = reduce.argmax, reduce.argmin, reduce.all, reduce.any
     T.softmax, T.log_softmax = reduce.softmax, reduce.log_softmax
     T.float, T.double, T.long, T.int, T.bool = cast.to_float, cast.to_double, cast.to_long, cast.to_int, cast.to_bool
+    T.type_as = cast.type_as
     T.reshape, T.view = shape.reshape, shape.view
     T.clone = shape.clone
     T.transpose, T.permute, T.flatten = shape.transpose, shape.permute, shape.flatten
@@ -77,6 +81,13 @@ def install() -> None:
     T.is_contiguous = lambda a: bool(a.data.flags.c_contiguous)
     T.cpu = lambda a: a  # the only device there is
     T.device = property(lambda a: "cpu")
+
+
+def _positive(a):
+    """+a: a itself, as torch's (torch.positive returns its input, no copy); a bool tensor is refused, as torch's."""
+    if a.dtype == np.bool_:
+        raise TypeError("the + operator on a bool tensor is not supported (as torch's); convert it first (t.long())")
+    return a
 
 
 def _t(a):

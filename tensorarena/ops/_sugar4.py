@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from ..tensor import Tensor
-from . import arrange, pairwise, select, summaries
+from . import arrange, creation, pairwise, scattering, select, shape, summaries
 
 
 def install() -> None:
-    """Attach t.flip(...), t.cumsum(dim), x % y, x // y and the rest to Tensor, as torch's methods."""
+    """Attach t.flip(...), t.cumsum(dim), x % y, x // y, t.scatter(...), t.new_zeros(...) and the rest to Tensor, as
+    torch's methods."""
     T = Tensor
     T.flip = _flip_method
     T.roll = arrange.roll
@@ -23,6 +24,10 @@ def install() -> None:
     T.cumsum, T.prod, T.norm = summaries.cumsum, summaries.prod, summaries.norm
     T.amax, T.amin, T.logsumexp = summaries.amax, summaries.amin, summaries.logsumexp
     T.index_select, T.masked_select, T.nonzero = select.index_select, select.masked_select, select.nonzero
+    T.scatter, T.scatter_add = scattering.scatter, scattering.scatter_add
+    T.unflatten = shape.unflatten
+    T.new_zeros, T.new_ones, T.new_full, T.new_tensor = (creation.new_zeros, creation.new_ones, creation.new_full,
+                                                          creation.new_tensor)
 
 
 def _flip_method(a: Tensor, *dims, **keyword) -> Tensor:

@@ -1,4 +1,4 @@
-"""Dtype conversions: float() double() long() int() bool(), as torch's Tensor methods."""
+"""Dtype conversions: float() double() long() int() bool() type_as() to(), as torch's Tensor methods."""
 
 from __future__ import annotations
 
@@ -52,6 +52,10 @@ def to_bool(a: Tensor) -> Tensor:
     """a != 0 as a bool tensor (torch's Tensor.bool)."""
     return to_dtype(a, np.bool_)
 
+
+def type_as(a: Tensor, other: Tensor) -> Tensor:
+    """a in other's dtype (torch's Tensor.type_as): a itself if it already is, else a converted copy."""
+    return to_dtype(a, as_tensor(other).dtype)
 
 def float_input(a: Tensor) -> Tensor:
     """`a` for a float-valued function (exp, log, sqrt, tanh, sigmoid): a bool or integer tensor is first

@@ -1,4 +1,5 @@
-"""New tensors, as torch's factory functions make them: zeros ones full (and *_like), arange linspace, one_hot.
+"""New tensors, as torch's factory functions make them: zeros ones full (and *_like), arange linspace, one_hot,
+from_numpy, and the methods new_zeros new_ones new_full new_tensor.
 
 Each returns a leaf on the heap (as `ta.tensor` does), in torch's default dtype for what it is given: float32 for
 floats, int64 for integers, bool for bools. `dtype` takes a NumPy dtype (np.float64, "float64").
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..tensor import DEFAULT_DTYPE, Tensor, _check_can_require_grad
+from ..tensor import DEFAULT_DTYPE, SUPPORTED_FLOATS, Tensor, _check_can_require_grad
 from ._base import as_count
 
 
@@ -53,6 +54,46 @@ def ones_like(a: Tensor, *, dtype=None, requires_grad: bool = False) -> Tensor:
 def full_like(a: Tensor, fill_value, *, dtype=None, requires_grad: bool = False) -> Tensor:
     """`fill_value` in a's shape and dtype (torch.full_like: the value is cast to a's dtype)."""
     return _leaf(np.full(a.shape, fill_value, dtype or a.dtype), requires_grad)
+
+
+def new_zeros(self: Tensor, *size, dtype=None, requires_grad: bool = False) -> Tensor:
+    """Zeros of `size` in self's dtype unless told otherwise (torch's Tensor.new_zeros)."""
+    return _leaf(np.zeros(_shape(size), dtype or self.dtype), requires_grad)
+
+
+def new_ones(self: Tensor, *size, dtype=None, requires_grad: bool = False) -> Tensor:
+    """Ones of `size` in self's dtype unless told otherwise (torch's Tensor.new_ones)."""
+    return _leaf(np.ones(_shape(size), dtype or self.dtype), requires_grad)
+
+
+def new_full(self: Tensor, size, fill_value, *, dtype=None, requires_grad: bool = False) -> Tensor:
+    """`fill_value` in `size`, in self's dtype unless told otherwise, whatever the value's type (torch's
+    Tensor.new_full: torch.zeros(2).new_full((2,), 3) is float32)."""
+    return _leaf(np.full(_shape((size,)), fill_value, dtype or self.dtype), requires_grad)
+
+
+def new_tensor(self: Tensor, data, *, dtype=None, requires_grad: bool = False) -> Tensor:
+    """A copy of `data` in self's dtype unless told otherwise (torch's Tensor.new_tensor), a leaf cut from any
+    graph `data` belongs to."""
+    raw = data.data if isinstance(data, Tensor) else data
+    return _leaf(np.array(raw, dtype=dtype or self.dtype, copy=True), requires_grad)
+
+
+def from_numpy(ndarray: np.ndarray) -> Tensor:
+    """A tensor sharing `ndarray`'s memory (torch.from_numpy): a write to either shows in the other, and the dtype
+    is the array's. `ta.tensor(array)` copies instead. An array the engine cannot hold as it is (float16 or
+    another float it keeps as float32, a non-native byte order) is refused here rather than silently copied;
+    torch too refuses a non-native byte order (it holds float16, which tensorarena does not)."""
+    if not isinstance(ndarray, np.ndarray):
+        raise TypeError(f"from_numpy: expected a numpy.ndarray, got {type(ndarray).__name__}; use ta.tensor for "
+                        f"other data")
+    if not ndarray.dtype.isnative:
+        raise TypeError(f"from_numpy: the array's byte order ({ndarray.dtype}) is not the machine's; convert it "
+                        f"first (array.astype(array.dtype.newbyteorder('='))) or copy it with ta.tensor")
+    if ndarray.dtype.kind not in "biuf" or (ndarray.dtype.kind == "f" and ndarray.dtype not in SUPPORTED_FLOATS):
+        raise TypeError(f"from_numpy: an array of dtype {ndarray.dtype} cannot be shared (tensors hold float32, "
+                        f"float64, integers and bool); copy and convert it with ta.tensor(array)")
+    return Tensor(ndarray)  # Tensor wraps an array of a dtype it holds as it is: no copy
 
 
 def arange(start, end=None, step=1, *, dtype=None, requires_grad: bool = False) -> Tensor:

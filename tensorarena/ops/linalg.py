@@ -1,4 +1,4 @@
-"""Matrix products: matmul (batched, broadcasting, torch's 1-D rules) and linear."""
+"""Matrix products: matmul (batched, broadcasting, torch's 1-D rules), mm and bmm (its strict forms) and linear."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from ..kernels import elementwise
-from ..kernels.blas import _slices_blasable, matmul as bmm
+from ..kernels.blas import _slices_blasable, matmul as blas_matmul
 from ..tape import host
 from ..tensor import Tensor
 from ._base import as_tensor, contiguous, grad_out, leaf_or_none, new, reshaped, unbroadcast
@@ -77,7 +77,7 @@ def _product(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
     else:
         # One recorded call (tape.host), on operands made BLAS-ready here: copied by kernels.blas inside
         # the call instead, the copies would be written with plain NumPy and allocated out of the op's order.
-        host(bmm, _blas_ready(a), _blas_ready(b), out=out)
+        host(blas_matmul, _blas_ready(a), _blas_ready(b), out=out)
 
 
 def _blas_ready(x: np.ndarray) -> np.ndarray:
@@ -118,6 +118,31 @@ def matmul(a, b) -> Tensor:
 
     # a's gradient reads b, b's reads a.
     return Tensor._make(out, (a, b), backward, saved=(b if a.requires_grad else None, a if b.requires_grad else None))
+
+
+def mm(input, mat2) -> Tensor:  # noqa: A002 - torch's name
+    """input @ mat2 for two matrices only (torch.mm): (n, k) @ (k, m) -> (n, m); no broadcasting, no vectors."""
+    a, b = as_tensor(input), as_tensor(mat2)
+    if a.ndim != 2 or b.ndim != 2:
+        raise ValueError(f"mm: both operands must be matrices (2-D), got shapes {a.shape} and {b.shape}; use "
+                         f"matmul for vectors or batches")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"mm: shapes {a.shape} and {b.shape} cannot be multiplied ({a.shape[1]} columns on the "
+                         f"left vs {b.shape[0]} rows on the right)")
+    return matmul(a, b)
+
+
+def bmm(input, mat2) -> Tensor:  # noqa: A002 - torch's name
+    """Batched matrix product (torch.bmm): (B, n, k) @ (B, k, m) -> (B, n, m); the batch sizes must be equal (no
+    broadcasting, unlike matmul)."""
+    a, b = as_tensor(input), as_tensor(mat2)
+    if a.ndim != 3 or b.ndim != 3:
+        raise ValueError(f"bmm: both operands must be 3-D (batch, rows, columns), got shapes {a.shape} and "
+                         f"{b.shape}; use matmul to broadcast")
+    if a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
+        raise ValueError(f"bmm: shapes {a.shape} and {b.shape} cannot be multiplied (the batch sizes must be "
+                         f"equal and the left's columns must equal the right's rows)")
+    return matmul(a, b)
 
 
 def linear(input, weight, bias=None) -> Tensor:

@@ -170,6 +170,22 @@ def flatten(a: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     return reshape(a, shape[:s] + (merged,) + shape[e + 1 :])
 
 
+def unflatten(a: Tensor, dim: int, sizes) -> Tensor:
+    """Split dim `dim` into `sizes` (one may be -1), torch's unflatten: flatten's inverse (a view when it can be)."""
+    shape = a.shape
+    d = _dim(dim, len(shape), "unflatten")
+    sizes = tuple(as_count(n, "unflatten: a size") for n in sizes)
+    if not sizes:
+        raise ValueError("unflatten: sizes must name at least one size")
+    known = 1
+    for n in sizes:
+        known *= 1 if n == -1 else n
+    fits = known == shape[d] if -1 not in sizes else known > 0 and shape[d] % known == 0
+    if sizes.count(-1) > 1 or not fits:
+        raise ValueError(f"unflatten: sizes {sizes} do not multiply to dim {d}'s size {shape[d]} (shape {shape}); "
+                         f"one of them, at most, may be -1")
+    return reshape(a, shape[:d] + sizes + shape[d + 1 :])
+
 def contiguous(a: Tensor) -> Tensor:
     """`a` itself when its memory is C-contiguous, else a copy that is (torch's contiguous, in the graph)."""
     return a if a.data.flags.c_contiguous else clone(a)
