@@ -188,6 +188,26 @@ def xavier_uniform_(tensor, gain: float = 1.0, *, rng: np.random.Generator | Non
     return uniform_(tensor, -bound, bound, rng=rng)
 
 
+def kaiming_normal_(tensor, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu", *,
+                    rng: np.random.Generator | None = None):
+    """He normal: N(0, std^2), std = gain / sqrt(fan) (torch.nn.init.kaiming_normal_; fans as kaiming_uniform_)."""
+    mode = mode.lower() if isinstance(mode, str) else mode
+    if mode not in ("fan_in", "fan_out"):
+        raise ValueError(f"mode must be 'fan_in' or 'fan_out', got {mode!r}")
+    if math.prod(_shape(tensor)) == 0:
+        return tensor  # nothing to fill; and fan would be 0
+    fan_in, fan_out = calculate_fan_in_and_fan_out(tensor)
+    std = calculate_gain(nonlinearity, a) / math.sqrt(fan_in if mode == "fan_in" else fan_out)
+    return normal_(tensor, 0.0, std, rng=rng)
+
+
+def xavier_normal_(tensor, gain: float = 1.0, *, rng: np.random.Generator | None = None):
+    """Glorot normal: N(0, std^2), std = gain * sqrt(2 / (fan_in + fan_out)) (torch.nn.init.xavier_normal_)."""
+    fan_in, fan_out = calculate_fan_in_and_fan_out(tensor)  # first, as xavier_uniform_: a 1-d tensor is refused
+    if math.prod(_shape(tensor)) == 0:
+        return tensor
+    return normal_(tensor, 0.0, gain * math.sqrt(2.0 / (fan_in + fan_out)), rng=rng)
+
 __all__ = ["DEFAULT_SEED", "manual_seed", "default_generator", "get_generator", "calculate_gain",
            "calculate_fan_in_and_fan_out", "uniform_", "normal_", "trunc_normal_", "constant_", "zeros_",
-           "ones_", "kaiming_uniform_", "xavier_uniform_"]
+           "ones_", "kaiming_uniform_", "xavier_uniform_", "kaiming_normal_", "xavier_normal_"]

@@ -14,7 +14,7 @@ from .sorting import argsort, gather, sort, topk
 from .shape import (cat, chunk, clone, contiguous, expand, flatten, permute, repeat, reshape, split, squeeze, stack,
                     transpose, unbind, unflatten, unsqueeze)
 from .unary import abs, exp, gelu, log, relu, sigmoid, sqrt, tanh
-from .activation import elu, leaky_relu, silu, softplus
+from .activation import elu, hardtanh, leaky_relu, logsigmoid, mish, relu6, silu, softplus
 from .arrange import diag, flip, outer, pad, roll, tril, triu
 from .bce import binary_cross_entropy, binary_cross_entropy_with_logits
 from .einsum_op import einsum
@@ -22,7 +22,7 @@ from .nll import nll_loss
 from .pairwise import floor_divide, maximum, minimum, remainder
 from .regression import huber_loss, l1_loss, smooth_l1_loss
 from .select import index_select, masked_select, nonzero
-from .summaries import amax, amin, cumsum, logsumexp, norm, normalize, prod
+from .summaries import amax, amin, cosine_similarity, cumsum, logsumexp, norm, normalize, prod
 from .pointwise import cos, round, rsqrt, sign, sin, square
 from .sampling import rand, randint, randn, randperm
 from .scattering import scatter, scatter_add
@@ -47,7 +47,7 @@ __all__ = [
     "binary_cross_entropy", "binary_cross_entropy_with_logits", "einsum", "nll_loss", "maximum", "minimum",
     "remainder", "floor_divide", "l1_loss", "smooth_l1_loss", "huber_loss", "index_select", "masked_select",
     "nonzero", "amax", "amin", "cumsum", "logsumexp", "norm", "normalize", "prod",
-    "mm", "bmm", "from_numpy", "sin", "cos",
+    "mm", "bmm", "hardtanh", "relu6", "logsigmoid", "mish", "from_numpy", "cosine_similarity", "sin", "cos",
     "square", "rsqrt", "sign", "round", "rand", "randn", "randint", "randperm", "scatter", "scatter_add",
     "unflatten",
 ]

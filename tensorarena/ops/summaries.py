@@ -254,3 +254,37 @@ def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -
     from .clamping import clamp
 
     return div(input, clamp(norm(input, p, dim, keepdim=True), min=eps))
+
+
+def cosine_similarity(x1: Tensor, x2: Tensor, dim: int = 1, eps: float = 1e-8) -> Tensor:
+    """sum(x1 / max(|x1|, eps) * x2 / max(|x2|, eps)) over `dim`, torch's F.cosine_similarity (2.x): each norm is
+    clamped on its own, and the two inputs are broadcast together first (so a norm is taken of the broadcast
+    tensor, as torch's). As torch, the clamp is invisible to the gradient (torch clamps the norms in place under
+    no_grad): the gradient flows through each norm as if it were not clamped."""
+    from .arith import div, mul
+    from .cast import float_input
+    from .reduce import sum as total
+    from .shape import expand
+
+    x1, x2 = float_input(x1), float_input(x2)
+    try:
+        shape = np.broadcast_shapes(x1.shape, x2.shape)
+    except ValueError:
+        raise ValueError(f"cosine_similarity: x1 of shape {x1.shape} and x2 of shape {x2.shape} do not "
+                         f"broadcast") from None
+    x1, x2 = (x if x.shape == shape else expand(x, shape) for x in (x1, x2))
+    n1 = _clamped_value_only(norm(x1, 2, dim, keepdim=True), eps)
+    n2 = _clamped_value_only(norm(x2, 2, dim, keepdim=True), eps)
+    return total(mul(div(x1, n1), div(x2, n2)), dim)
+
+
+def _clamped_value_only(t: Tensor, low: float) -> Tensor:
+    """max(t, low) in value, while the gradient passes through unchanged (torch's in-place clamp under no_grad)."""
+    td = t.data
+    out = new(td.shape, td.dtype)
+    host(np.maximum, td, td.dtype.type(low), out=out)
+
+    def backward(g):
+        return (g,)
+
+    return Tensor._make(out, (t,), backward)
