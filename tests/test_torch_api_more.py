@@ -294,3 +294,52 @@ def test_type_as_converts_as_torch(dtype):
     assert (x.type_as(x) is x) and x.type_as(ta.zeros(1, dtype=ta.int64)).tolist() == [1, -2]
     y.sum().backward()
     assert x.grad.dtype == np.float32 and (x.grad == 1).all()
+
+
+class _Mixer(ta.nn.Module):
+    """bmm, scatter_add, scatter, cos, sign and round in one model, for the fused route."""
+
+    def __init__(self, index: np.ndarray):
+        super().__init__()
+        self.fc = ta.nn.Linear(4, 6)
+        self.index = index
+
+    def forward(self, x):
+        h = self.fc(x).unflatten(1, (2, 3))  # (8, 2, 3)
+        g = ta.bmm(h, h.transpose(1, 2)).flatten(1)  # (8, 4)
+        spread = g.new_zeros(8, 4).scatter_add(1, self.index, g.cos())
+        kept = spread.scatter(1, self.index[:, :1], g[:, :1] * g.sign()[:, :1])
+        return kept + g.round() * 0.01
+
+
+def _mixer_torch(x, weight, bias, index):
+    h = (x @ weight.T + bias).unflatten(1, (2, 3))
+    g = torch.bmm(h, h.transpose(1, 2)).flatten(1)
+    spread = g.new_zeros(8, 4).scatter_add(1, index, g.cos())
+    kept = spread.scatter(1, index[:, :1], g[:, :1] * g.sign()[:, :1])
+    return kept + g.round() * 0.01
+
+
+def test_fused_step_with_the_new_ops_matches_torch():
+    from tensorarena.train.trainer import Trainer
+
+    rng = np.random.default_rng(1)
+    index = rng.integers(0, 4, (8, 4))
+    model = _Mixer(index)
+    weight = torch.from_numpy(model.fc.weight.numpy().copy()).requires_grad_()
+    bias = torch.from_numpy(model.fc.bias.numpy().copy()).requires_grad_()
+    trainer = Trainer(model, ta.optim.SGD(model.parameters(), lr=0.05), ta.nn.functional.mse_loss, route="fused")
+    topt = torch.optim.SGD([weight, bias], lr=0.05)
+    for _ in range(3):
+        x = rng.standard_normal((8, 4)).astype(np.float32)
+        y = rng.standard_normal((8, 4)).astype(np.float32)
+        report = trainer.step(x, y)
+        assert report.route == "fused"
+        topt.zero_grad()
+        want = torch.nn.functional.mse_loss(_mixer_torch(torch.from_numpy(x), weight, bias, torch.from_numpy(index)),
+                                            torch.from_numpy(y))
+        want.backward()
+        topt.step()
+        assert report.loss == pytest.approx(want.item(), rel=1e-5)
+    np.testing.assert_allclose(model.fc.weight.numpy(), weight.detach().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model.fc.bias.numpy(), bias.detach().numpy(), rtol=1e-5, atol=1e-6)
