@@ -10,6 +10,7 @@ from ..kernels import elementwise, kernel
 from ..tape import host
 from ..tensor import Tensor
 from ._base import as_dtype, as_tensor, contiguous, grad_out, leaf_or_none, new
+from .attention_masks import key_padding_from_attn_mask
 from ._products import bf16_attention, bf16_products, product, rounded
 from .cast import refuse_integers
 
@@ -27,14 +28,23 @@ def _mask_array(mask) -> np.ndarray | None:
     return mask.data if isinstance(mask, Tensor) else np.asarray(mask)
 
 
-def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, *, key_padding_mask: np.ndarray | None = None,
-                                 causal: bool = False, scale: float | None = None) -> Tensor:
+def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask=None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False, *,
+                                 key_padding_mask: np.ndarray | None = None, causal: bool = False,
+                                 rng: np.random.Generator | None = None) -> Tensor:
     """softmax(scale * q k^T + masks) v. Shape: q (B, H, T, hs), k (B, H, S, hs), v (B, H, S, hv) -> (B, H, T, hv).
 
     key_padding_mask: bool (B, S), True marks padding keys that must not be attended to.
     causal: query i attends to keys j <= i. scale defaults to 1/sqrt(hs).
     A query with no key left to attend to gets zeros (and zero gradients), not NaN.
+
+    torch's arguments too: `attn_mask` a bool mask with torch's polarity (True = attend) that varies by batch and
+    key, (B, 1, 1, S) (attention_masks.py); `is_causal` as causal; `dropout_p` drops probabilities as torch's
+    does whenever it is > 0 (pass 0 to evaluate), drawn from `rng` (the default generator if None).
     """
+    if enable_gqa:
+        raise ValueError("scaled_dot_product_attention: enable_gqa=True is not supported; repeat k's and v's heads "
+                         "to q's count (k.repeat_interleave(H // Hkv, dim=1)) and pass enable_gqa=False")
     # torch's "expected scalar type Float": integer or bool q, k, v named here, not inside a GEMM's typing error
     q, k, v = (refuse_integers(t, f"scaled_dot_product_attention ({name})")
                for name, t in (("q", q), ("k", k), ("v", v)))
@@ -44,6 +54,14 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, *, key_padding
     if qd.ndim != 4 or kd.ndim != 4 or vd.ndim != 4:
         raise ValueError(f"scaled_dot_product_attention: q, k, v must be 4-D (B, H, T, hs); got shapes "
                          f"{qd.shape}, {kd.shape}, {vd.shape} (unbatched or 3-D inputs: unsqueeze first)")
+    if attn_mask is not None:
+        batch, keys = kd.shape[0], kd.shape[2]
+        if kpm is not None and kpm.shape != (batch, keys):
+            raise ValueError(f"scaled_dot_product_attention: key_padding_mask shape {kpm.shape} must be "
+                             f"(B, S) = {(batch, keys)} for k of shape {kd.shape}")
+        kpm = key_padding_from_attn_mask(attn_mask, kpm, batch, keys)
+    causal = bool(causal or is_causal)
+    drop = _attention_dropout(dropout_p, rng, dtype)
     if scale is None and qd.shape[-1] == 0:  # the default scale 1/sqrt(hs) has no value (a ZeroDivisionError)
         raise ValueError(f"scaled_dot_product_attention: q and k have a head size of 0 (shape {qd.shape}), so the "
                          f"default scale 1/sqrt(head size) has no value; pass scale= or give the heads a size")
@@ -52,7 +70,10 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, *, key_padding
     bf16 = bf16_attention(dtype)
     if bf16:  # the products' operands, rounded once: backward keeps these, half the bytes of q, k, v
         qd, kd, vd = rounded(qd), rounded(kd), rounded(vd)
-    kernel("attention_forward")(qd, kd, vd, kpm, bool(causal), scale, out, probs)
+    if drop is None:  # the kernel recorded as it is (a captured replay may prepare it once)
+        kernel("attention_forward")(qd, kd, vd, kpm, causal, scale, out, probs)
+    else:
+        host(_with_seed, kernel("attention_forward"), qd, kd, vd, kpm, causal, scale, out, probs, drop=drop)
     # The closure keeps metadata and leaves, not the input tensors (see leaf_or_none).
     inputs = tuple((leaf_or_none(t), t.requires_grad, t.shape, t.dtype) for t in (q, k, v))
 
@@ -60,7 +81,11 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, *, key_padding
         # The kernel computes all three; a grad nobody asked for lands in arena scratch.
         dq, dk, dv = (grad_out(leaf, shape, dtype) if needed else new(shape, dtype)
                       for leaf, needed, shape, _ in inputs)
-        kernel("attention_backward")(qd, kd, vd, probs, rounded(g) if bf16 else g, scale, dq, dk, dv)
+        g = rounded(g) if bf16 else g
+        if drop is None:
+            kernel("attention_backward")(qd, kd, vd, probs, g, scale, dq, dk, dv)
+        else:
+            host(_with_seed, kernel("attention_backward"), qd, kd, vd, probs, g, scale, dq, dk, dv, drop=drop)
         return tuple(as_dtype(d, t_dtype) if needed else None
                      for d, (_, needed, _, t_dtype) in zip((dq, dk, dv), inputs))
 
