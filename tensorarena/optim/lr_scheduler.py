@@ -68,6 +68,16 @@ def _power_lr(base_lr: float, gamma: float, n: int) -> float:
             return math.inf
 
 
+def refuse_epoch(scheduler, epoch) -> None:
+    """torch's step(epoch), deprecated there, is not taken here: schedules count steps. Python's own "takes 1
+    positional argument" told a porting user nothing; this says what to call instead."""
+    if epoch is not None:
+        raise TypeError(f"{type(scheduler).__name__}.step() takes no epoch or metric (got {epoch!r}): schedules here "
+                        f"count calls, so call step() once per step; for per-batch CosineAnnealingWarmRestarts "
+                        f"give T_0 (and T_mult's periods) in batches and call step() every batch; a metric goes to "
+                        f"ReduceLROnPlateau.step(val_loss)")
+
+
 class LRScheduler:
     """Base class. Each `step()` advances `last_epoch` and updates every group's current lr (`_chain`, torch's
     `get_lr`); `_lr` is the closed form from the base lrs (torch's `_get_closed_form_lr`) for explicit epochs."""
@@ -127,8 +137,10 @@ class LRScheduler:
         """The lrs this scheduler last set, one per parameter group."""
         return list(self._last_lr)
 
-    def step(self) -> None:
-        """Advance one step and update the groups' lr (call after optimizer.step())."""
+    def step(self, epoch=None) -> None:
+        """Advance one step and update the groups' lr (call after optimizer.step()). No explicit epoch (see
+        refuse_epoch)."""
+        refuse_epoch(self, epoch)
         self._step_count += 1
         self._update_lr()
 
@@ -452,8 +464,9 @@ class SequentialLR(LRScheduler):
         """The lrs of the scheduler active at `last_epoch`."""
         return self._schedulers[bisect_right(self._milestones, self.last_epoch)].get_lr()
 
-    def step(self) -> None:
+    def step(self, epoch=None) -> None:
         """Advance one step; at a milestone the next scheduler takes over from its epoch 0."""
+        refuse_epoch(self, epoch)
         self.last_epoch += 1
         idx = bisect_right(self._milestones, self.last_epoch)
         scheduler = self._schedulers[idx]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Sequence
 
-from .lr_scheduler import LRScheduler, _check_float, _check_int, with_inner_states
+from .lr_scheduler import LRScheduler, _check_float, _check_int, refuse_epoch, with_inner_states
 from .optimizer import Optimizer
 
 __all__ = ["ReduceLROnPlateau", "ChainedScheduler"]
@@ -241,8 +241,9 @@ class ChainedScheduler(LRScheduler):
         self._schedulers = schedulers
         self._last_lr = [group["lr"] for group in owner.param_groups]
 
-    def step(self) -> None:
+    def step(self, epoch=None) -> None:
         """Step every scheduler, in order (call after optimizer.step())."""
+        refuse_epoch(self, epoch)
         for s in self._schedulers:
             s.step()
         self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
