@@ -135,6 +135,9 @@ def _addindent(text: str, spaces: int) -> str:
     return lines[0] if len(lines) == 1 else "\n".join([lines[0]] + [" " * spaces + ln for ln in lines[1:]])
 
 
+# torch's device names, told apart from dtype names in Module.to's positional arguments
+_DEVICE_NAMES = ("cpu", "cuda", "mps", "xpu", "meta", "hip", "xla", "privateuseone")
+
 class Module:
     """Base class for layers and models; subclasses set attributes in __init__ and define forward."""
 
@@ -455,9 +458,19 @@ class Module:
         return self
 
     # -- dtype -------------------------------------------------------------------------
-    def to(self, dtype) -> "Module":
+    def to(self, *args, dtype=None, device=None, non_blocking: bool = False) -> "Module":
         """Convert parameters (and floating buffers) to float32 or float64, keeping the Parameter objects. A deferred
-        parameter (nn.deferred_init) stays deferred: made later, it holds its eager build's values cast to dtype."""
+        parameter (nn.deferred_init) stays deferred: made later, it holds its eager build's values cast to dtype.
+        torch's forms: to(dtype), to(device), to(device, dtype), keywords; the device must be the CPU (a
+        ported `model.to(device)` with device "cpu" changes nothing)."""
+        for arg in args:
+            if isinstance(arg, str) and arg.split(":")[0] in _DEVICE_NAMES or type(arg).__name__ == "device":
+                device = arg
+            else:
+                dtype = arg
+        if device is not None and str(device) not in ("cpu", "cpu:0"):
+            raise ValueError(f"Module.to: tensorarena runs on the CPU only, got device {str(device)!r}; pass 'cpu' or "
+                             f"leave the device out; nothing was converted")
         if dtype is None:  # torch's module.to(None) changes nothing (np.dtype(None) would be float64)
             return self
         try:

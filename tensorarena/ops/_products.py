@@ -3,8 +3,10 @@
 float32 products run in float32 unless tensorarena.precision says "bfloat16": then both operands
 are rounded to bfloat16 into transient buffers of the current arena (so the fused route plans them
 into its slab like any other buffer, and its memory report counts them) and one bf16 GEMM
-accumulates in float32 into `out`. Where bfloat16 GEMMs cannot run fast (no MKL, or an MKL without
-them) products stay float32, and a warning says so once, as torch treats the precision as a hint.
+accumulates in float32 into `out`. Where bfloat16 GEMMs cannot run (no MKL, or an MKL without them)
+products stay float32 and a warning says so once. Where they run but slowly (a CPU without bfloat16 units:
+AMD's, older Intel's) they still run, as asked, and a warning says so once: unlike torch, whose "medium" is a
+hint its CPU products ignore there (bit-identical to "highest" on an AMD EPYC Zen 3 and Zen 4).
 
 Attention's products (ops.attention) follow the same setting through `bf16_attention`: its kernels take
 q, k, v (and the gradient) rounded once by the op and round the probabilities and dS themselves.
