@@ -12,6 +12,7 @@ from ..tensor import Tensor
 from ._base import (_constant, as_tensor, check_number_fits, contiguous, is_int, new, reshaped, result_dtype,
                     unbroadcast, weak_operand)
 from .cast import to_dtype
+from .select import nonzero
 
 
 def _normalize_index(index) -> tuple:
@@ -144,8 +145,15 @@ def getitem(a: Tensor, index) -> Tensor:
     return Tensor._make(out, (a,), backward_advanced, saved=index_tensors)
 
 
-def where(condition, a, b) -> Tensor:
-    """Elementwise `a if condition else b`, broadcasting all three; a, b tensors or scalars."""
+_NOTHING = object()  # where's "not given": None is a value where could be asked to choose
+
+def where(condition, a=_NOTHING, b=_NOTHING) -> Tensor:
+    """Elementwise `a if condition else b`, broadcasting all three; a, b tensors or scalars. where(condition) alone
+    is torch's nonzero(condition, as_tuple=True) (eager only, as nonzero)."""
+    if a is _NOTHING and b is _NOTHING:
+        return nonzero(as_tensor(condition), as_tuple=True)
+    if a is _NOTHING or b is _NOTHING:
+        raise TypeError("where takes a condition alone (the indices where it holds) or a condition, input and other")
     cond = condition.data if isinstance(condition, Tensor) else np.asarray(condition)
     if cond.dtype != np.bool_:
         raise TypeError(f"where: condition must be a bool array or Tensor, got dtype {cond.dtype}")
