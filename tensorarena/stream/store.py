@@ -101,7 +101,9 @@ class ParamStore(StoreManifest):
     def __init__(self, directory: str | os.PathLike, spec: StoreSpec, *, durable: bool = False,
                  io: str = "map") -> None:
         super().__init__(io, len(spec.stages))  # checks `io`; the slots' and the I/O thread's state: store_io.py
-        self.directory = Path(directory)
+        # Absolute once, here: the stage files stay open by descriptor, but the manifest, journal and seal are
+        # written by path, and a relative one followed os.chdir() (a step committed into another run's store).
+        self.directory = Path(os.path.abspath(directory))
         self.durable = durable
         self.files = [_stage_file(i, 0) for i in range(len(spec.stages))]
         self.manifest: dict[str, Any] | None = None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from pathlib import Path
 from typing import Any, Callable
@@ -38,6 +39,12 @@ from .trainer_step import _rows, compile_fused, fused_step, route_step, run_step
 ROUTES = ("eager", "fused", "streaming", "auto")
 log = logging.getLogger("tensorarena")
 LossFn = Callable[[Tensor, Any], Tensor]
+
+
+def _absolute(path):
+    """`path` made absolute, of the type given (a str stays a str, a Path a Path)."""
+    absolute = os.path.abspath(path)
+    return Path(absolute) if isinstance(path, Path) else absolute
 
 
 def _check_store_dir(store_dir) -> None:
@@ -205,9 +212,10 @@ class Trainer:
         self.max_plans = max_plans
         self.fused = None  # the FusedStep, built at the first fused step (it needs a batch to trace)
         self.budget = resolve_budget(memory_limit)
-        self.store_dir = store_dir
+        # Absolute, as the store keeps it: a relative one would name another directory after os.chdir().
+        self.store_dir = None if store_dir is None else _absolute(store_dir)
         if store_dir is not None:
-            _check_store_dir(store_dir)  # before step 1, not when a fallback needs it mid-run
+            _check_store_dir(self.store_dir)  # before step 1, not when a fallback needs it mid-run
         self.oom_fallback = oom_fallback
         self.route_plan = None  # RoutePlan from plan(): every route's estimate and the choice
         self._route_plan_batch = None  # (batch signature, routes) route_plan was made for
