@@ -35,6 +35,7 @@ from .eager_step import eager_step
 from .report import StepReport, StoreDirError, check_step_options
 from .trainer_route_choice import check_the_limit, choose_route, planned_for, recompute_mlp_if_planned
 from .trainer_step import _rows, compile_fused, fused_step, route_step, run_step
+from .trainer_streaming import warn_of_a_kept_run
 
 ROUTES = ("eager", "fused", "streaming", "auto")
 log = logging.getLogger("tensorarena")
@@ -217,11 +218,14 @@ class Trainer:
         if store_dir is not None:
             _check_store_dir(self.store_dir)  # before step 1, not when a fallback needs it mid-run
         self.oom_fallback = oom_fallback
+        if oom_fallback and route in ("eager", "fused"):  # its store_dir only serves the fallback
+            warn_of_a_kept_run(self.store_dir)  # which refuses to overwrite it: said now, not only mid-run
         self.route_plan = None  # RoutePlan from plan(): every route's estimate and the choice
         self._route_plan_batch = None  # (batch signature, routes) route_plan was made for
         self._limit_to_check = memory_limit is not None  # a limit the user set is checked on any route, once
         self._limit_rows: int | None = None  # the rows the route was planned for (a larger batch is planned again)
         self.stream = None  # the StreamingRoute once training streams
+        self._temporary_store = None  # removes a temporary store_dir (weakref.finalize, trainer_streaming.py)
         self.route_switches: list[dict] = []  # out-of-memory fallbacks: step, from, to, error
         self._generators = None  # the RNGs a step draws from, snapshot per step for the fallback
         self._buffer_slots = None  # the model's buffers (compile.step.buffer_slots), found with the generators

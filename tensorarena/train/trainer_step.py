@@ -20,7 +20,7 @@ from ..memory.meter import rss_bytes
 from ..nn.modes import ensure_training
 from ..tensor import Tensor
 from .report import NonFiniteLossError, StepReport
-from .trainer_streaming import streaming_step, switch_after_oom
+from .trainer_streaming import keep_the_switch, streaming_step, switch_after_oom, undo_the_switch
 
 if TYPE_CHECKING:
     from .trainer import Trainer
@@ -82,11 +82,21 @@ def route_step(trainer: Trainer, inputs: Any, targets: Any, before) -> StepRepor
         if not trainer.oom_fallback:
             raise
         switch_after_oom(trainer, err, trainer.step_count + 1, before)
-    # Streaming now: a batch larger than the one planned is planned again on this route too. Its step was moved
-    # here because the batch did not fit fused or eager; unchecked, streaming ran it far past the limit too
-    # (batch 30000 of a small ViT: 457 MiB under memory_limit="260M", a helper's hunt).
-    _check_a_larger_batch(trainer, inputs, targets)
-    return streaming_step(trainer, inputs, targets)
+    try:
+        # Streaming now: a batch larger than the one planned is planned again on this route too. Its step was moved
+        # here because the batch did not fit fused or eager; unchecked, streaming ran it far past the limit too
+        # (batch 30000 of a small ViT: 457 MiB under memory_limit="260M", a helper's hunt).
+        _check_a_larger_batch(trainer, inputs, targets)
+        report = streaming_step(trainer, inputs, targets)
+    except BaseException as exc:
+        # A redo that failed partway left the store's stages partly applied: the state kept in memory comes back
+        # (DESIGN.md: "nothing lost"), and the trainer with it to the route it left.
+        again = undo_the_switch(trainer, exc)
+        if again is exc:
+            raise
+        raise again from exc
+    keep_the_switch(trainer)
+    return report
 
 
 def _check_a_larger_batch(trainer: Trainer, inputs: Any, targets: Any) -> None:
