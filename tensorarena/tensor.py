@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .device import check_cpu
 from . import autograd
 from .tape import host, note_host_read
 from .memory.arena import StaleTensorError, current_arena
@@ -396,8 +397,9 @@ class Tensor:
         return values.copy() if copy and values is self._data else values
 
 
-def tensor(data: Any, *, dtype=None, requires_grad: bool = False) -> Tensor:
+def tensor(data: Any, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """A new leaf tensor holding a copy of `data` (float32 unless told otherwise)."""
+    check_cpu(device, "tensor")
     raw = data.data if isinstance(data, Tensor) else data
     array = np.array(raw, copy=True)
     if dtype is None and array.dtype == np.float64 and not isinstance(raw, (np.ndarray, np.generic)):

@@ -78,10 +78,10 @@ def test_unsupported_masks_are_refused_saying_what_to_pass(mask, match):
         F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-def test_enable_gqa_is_refused():
+def test_enable_gqa_with_fewer_key_heads_is_refused():
     q, k, v = (ta.tensor(a) for a in _qkv())
-    with pytest.raises(ValueError, match="enable_gqa=True is not supported"):
-        F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    with pytest.raises(ValueError, match="grouped heads are not supported"):
+        F.scaled_dot_product_attention(q, k[:, :1], v[:, :1], enable_gqa=True)
 
 
 def test_dropout_p_drops_as_the_packed_kernel_with_the_same_seed():

@@ -1,7 +1,7 @@
 """Neural-network building blocks: Module, Parameter, layers, init and functional (torch.nn names)."""
 
 from . import functional, init, utils
-from .activations import Hardtanh, LogSigmoid, Mish, ReLU6
+from .activations import CosineSimilarity, Hardtanh, LogSigmoid, Mish, ReLU6
 from .deferred import DeferredParameterError, deferred_init
 from .flattening import Flatten, Unflatten
 from .layers import (ELU, GELU, BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, Dropout, Embedding, HuberLoss, Identity,
@@ -18,4 +18,5 @@ __all__ = ["Module", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict
            "MultiheadAttention", "FeedForward", "TransformerBlock", "PatchEmbedding", "PositionEmbedding",
            "cls_pool", "mean_pool", "deferred_init", "DeferredParameterError", "SiLU", "Sigmoid", "LeakyReLU", "ELU",
            "Softplus", "Softmax", "LogSoftmax", "MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "CrossEntropyLoss", "NLLLoss", "BCELoss",
-           "BCEWithLogitsLoss", "Flatten", "Unflatten", "Hardtanh", "ReLU6", "LogSigmoid", "Mish"]
+           "BCEWithLogitsLoss", "Flatten", "Unflatten", "Hardtanh", "ReLU6", "LogSigmoid", "Mish",
+           "CosineSimilarity"]

@@ -57,3 +57,14 @@ class Mish(Module):
 
     def extra_repr(self) -> str:
         return "inplace=True" if self.inplace else ""
+
+
+class CosineSimilarity(Module):
+    """F.cosine_similarity along `dim` (torch's nn.CosineSimilarity)."""
+
+    def __init__(self, dim: int = 1, eps: float = 1e-8) -> None:
+        super().__init__()
+        self.dim, self.eps = dim, eps
+
+    def forward(self, x1, x2) -> Tensor:
+        return F.cosine_similarity(x1, x2, dim=self.dim, eps=self.eps)

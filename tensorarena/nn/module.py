@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 
+from ..device import check_cpu
 from ..autograd import increment_version
 from ..memory.arena import heap_scope
 from ..tensor import SUPPORTED_FLOATS, Tensor
@@ -468,9 +469,7 @@ class Module:
                 device = arg
             else:
                 dtype = arg
-        if device is not None and str(device) not in ("cpu", "cpu:0"):
-            raise ValueError(f"Module.to: tensorarena runs on the CPU only, got device {str(device)!r}; pass 'cpu' or "
-                             f"leave the device out; nothing was converted")
+        check_cpu(device, "Module.to", then="; nothing was converted")
         if dtype is None:  # torch's module.to(None) changes nothing (np.dtype(None) would be float64)
             return self
         try:

@@ -42,9 +42,11 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask=None
     key, (B, 1, 1, S) (attention_masks.py); `is_causal` as causal; `dropout_p` drops probabilities as torch's
     does whenever it is > 0 (pass 0 to evaluate), drawn from `rng` (the default generator if None).
     """
-    if enable_gqa:
-        raise ValueError("scaled_dot_product_attention: enable_gqa=True is not supported; repeat k's and v's heads "
-                         "to q's count (k.repeat_interleave(H // Hkv, dim=1)) and pass enable_gqa=False")
+    if enable_gqa and (k.ndim != 4 or q.ndim != 4 or k.shape[1] != q.shape[1] or v.shape[1] != q.shape[1]):
+        # Equal head counts need no grouping (torch too ignores the flag then); fewer k, v heads are refused.
+        raise ValueError(f"scaled_dot_product_attention: enable_gqa=True with q of shape {q.shape} and k, v of "
+                         f"{k.shape}, {v.shape}: grouped heads are not supported; repeat k's and v's heads to q's "
+                         f"count (k.repeat_interleave(Hq // Hkv, dim=1)) first")
     # torch's "expected scalar type Float": integer or bool q, k, v named here, not inside a GEMM's typing error
     q, k, v = (refuse_integers(t, f"scaled_dot_product_attention ({name})")
                for name, t in (("q", q), ("k", k), ("v", v)))

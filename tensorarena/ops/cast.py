@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..device import check_cpu
 from ..tape import host
 from ..tensor import Tensor
 from ._base import as_dtype, as_tensor, new
@@ -93,9 +94,7 @@ def to(a: Tensor, *args, dtype=None, device=None, copy: bool = False, non_blocki
             device = arg
         else:
             dtype = arg
-    if device is not None and str(device) not in ("cpu", "cpu:0"):
-        raise ValueError(f"to: tensorarena runs on the CPU only, got device {str(device)!r}; pass 'cpu' or leave "
-                         f"the device out")
+    check_cpu(device, "to")
     out = a if dtype is None else to_dtype(a, dtype)
     if copy and out is a:
         from .shape import clone  # shape imports index, which imports this module: imported when needed

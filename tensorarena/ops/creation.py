@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..device import check_cpu
 from ..tensor import DEFAULT_DTYPE, SUPPORTED_FLOATS, Tensor, _check_can_require_grad
 from ._base import as_count
 
@@ -20,61 +21,82 @@ def _shape(size) -> tuple[int, ...]:
     return tuple(as_count(n, "a size") for n in size)
 
 
+def _dims_or_size(dims: tuple, size, what: str) -> tuple[int, ...]:
+    """The shape given as positional dims, zeros(2, 3) / zeros((2, 3)), or as torch's keyword, zeros(size=(2, 3))."""
+    if size is None:
+        return _shape(dims)
+    if dims:
+        raise TypeError(f"{what}() got the size twice: positionally {dims} and as size={size!r}; pass one")
+    return _shape((size,))
+
+
 def _leaf(array: np.ndarray, requires_grad: bool) -> Tensor:
     if requires_grad:
         _check_can_require_grad(array.dtype)
     return Tensor(array, requires_grad=requires_grad)
 
 
-def zeros(*size, dtype=None, requires_grad: bool = False) -> Tensor:
+def zeros(*dims, size=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """A tensor of zeros (float32 unless told otherwise), torch.zeros."""
-    return _leaf(np.zeros(_shape(size), dtype or DEFAULT_DTYPE), requires_grad)
+    check_cpu(device, "zeros")
+    return _leaf(np.zeros(_dims_or_size(dims, size, "zeros"), dtype or DEFAULT_DTYPE), requires_grad)
 
 
-def ones(*size, dtype=None, requires_grad: bool = False) -> Tensor:
+def ones(*dims, size=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """A tensor of ones (float32 unless told otherwise), torch.ones."""
-    return _leaf(np.ones(_shape(size), dtype or DEFAULT_DTYPE), requires_grad)
+    check_cpu(device, "ones")
+    return _leaf(np.ones(_dims_or_size(dims, size, "ones"), dtype or DEFAULT_DTYPE), requires_grad)
 
 
-def full(size, fill_value, *, dtype=None, requires_grad: bool = False) -> Tensor:
+def full(size, fill_value, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """A tensor of `fill_value`; its dtype from the value as torch's (float -> float32, int -> int64, bool)."""
+    check_cpu(device, "full")
     return _leaf(np.full(_shape((size,)), fill_value, dtype or _number_dtype(fill_value)), requires_grad)
 
 
-def zeros_like(a: Tensor, *, dtype=None, requires_grad: bool = False) -> Tensor:
+def zeros_like(a: Tensor, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """Zeros of a's shape and dtype (torch.zeros_like)."""
+    check_cpu(device, "zeros_like")
     return _leaf(np.zeros(a.shape, dtype or a.dtype), requires_grad)
 
 
-def ones_like(a: Tensor, *, dtype=None, requires_grad: bool = False) -> Tensor:
+def ones_like(a: Tensor, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """Ones of a's shape and dtype (torch.ones_like)."""
+    check_cpu(device, "ones_like")
     return _leaf(np.ones(a.shape, dtype or a.dtype), requires_grad)
 
 
-def full_like(a: Tensor, fill_value, *, dtype=None, requires_grad: bool = False) -> Tensor:
+def full_like(a: Tensor, fill_value, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """`fill_value` in a's shape and dtype (torch.full_like: the value is cast to a's dtype)."""
+    check_cpu(device, "full_like")
     return _leaf(np.full(a.shape, fill_value, dtype or a.dtype), requires_grad)
 
 
-def new_zeros(self: Tensor, *size, dtype=None, requires_grad: bool = False) -> Tensor:
+def new_zeros(self: Tensor, *dims, size=None, dtype=None, device=None, requires_grad: bool = False
+              ) -> Tensor:
     """Zeros of `size` in self's dtype unless told otherwise (torch's Tensor.new_zeros)."""
-    return _leaf(np.zeros(_shape(size), dtype or self.dtype), requires_grad)
+    check_cpu(device, "new_zeros")
+    return _leaf(np.zeros(_dims_or_size(dims, size, "new_zeros"), dtype or self.dtype), requires_grad)
 
 
-def new_ones(self: Tensor, *size, dtype=None, requires_grad: bool = False) -> Tensor:
+def new_ones(self: Tensor, *dims, size=None, dtype=None, device=None, requires_grad: bool = False
+             ) -> Tensor:
     """Ones of `size` in self's dtype unless told otherwise (torch's Tensor.new_ones)."""
-    return _leaf(np.ones(_shape(size), dtype or self.dtype), requires_grad)
+    check_cpu(device, "new_ones")
+    return _leaf(np.ones(_dims_or_size(dims, size, "new_ones"), dtype or self.dtype), requires_grad)
 
 
-def new_full(self: Tensor, size, fill_value, *, dtype=None, requires_grad: bool = False) -> Tensor:
+def new_full(self: Tensor, size, fill_value, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """`fill_value` in `size`, in self's dtype unless told otherwise, whatever the value's type (torch's
     Tensor.new_full: torch.zeros(2).new_full((2,), 3) is float32)."""
+    check_cpu(device, "new_full")
     return _leaf(np.full(_shape((size,)), fill_value, dtype or self.dtype), requires_grad)
 
 
-def new_tensor(self: Tensor, data, *, dtype=None, requires_grad: bool = False) -> Tensor:
+def new_tensor(self: Tensor, data, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """A copy of `data` in self's dtype unless told otherwise (torch's Tensor.new_tensor), a leaf cut from any
     graph `data` belongs to."""
+    check_cpu(device, "new_tensor")
     raw = data.data if isinstance(data, Tensor) else data
     return _leaf(np.array(raw, dtype=dtype or self.dtype, copy=True), requires_grad)
 
@@ -96,8 +118,9 @@ def from_numpy(ndarray: np.ndarray) -> Tensor:
     return Tensor(ndarray)  # Tensor wraps an array of a dtype it holds as it is: no copy
 
 
-def arange(start, end=None, step=1, *, dtype=None, requires_grad: bool = False) -> Tensor:
+def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """[start, end) by step, torch.arange: int64 when every argument is an integer, else float32."""
+    check_cpu(device, "arange")
     if end is None:
         start, end = 0, start
     if step == 0:
@@ -111,8 +134,9 @@ def arange(start, end=None, step=1, *, dtype=None, requires_grad: bool = False) 
     return _leaf(values.astype(dtype or DEFAULT_DTYPE), requires_grad)
 
 
-def linspace(start, end, steps: int, *, dtype=None, requires_grad: bool = False) -> Tensor:
+def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """`steps` evenly spaced values from start to end inclusive (float32 unless told otherwise), torch.linspace."""
+    check_cpu(device, "linspace")
     if int(steps) < 0:
         raise ValueError(f"linspace: number of steps must be non-negative, got {steps}")
     return _leaf(np.linspace(float(start), float(end), int(steps)).astype(dtype or DEFAULT_DTYPE), requires_grad)

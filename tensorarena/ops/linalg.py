@@ -39,6 +39,9 @@ def _matmul_shape(a_shape: tuple[int, ...], b_shape: tuple[int, ...], what: str 
 def _check_float_pair(a: Tensor, b: Tensor, what: str, a_name: str, b_name: str) -> None:
     # Like torch, refuse to mix dtypes in a matrix product: a silent float64 promotion would
     # double the memory and time of everything downstream of one stray float64 batch.
+    if a.dtype == b.dtype and a.dtype.kind != "f":  # "int64 but int64" read as a contradiction
+        raise TypeError(f"{what}: both operands are {a.dtype}: matrix products of integers or bools are not "
+                        f"supported (torch computes them); convert both, e.g. x.float()")
     if a.dtype != b.dtype or a.dtype.kind != "f":
         # Named as the caller gave them: a float16 batch is "float16 (converted to float32)", not a float32
         # array the user never had.
@@ -129,6 +132,7 @@ def mm(input, mat2) -> Tensor:  # noqa: A002 - torch's name
     if a.shape[1] != b.shape[0]:
         raise ValueError(f"mm: shapes {a.shape} and {b.shape} cannot be multiplied ({a.shape[1]} columns on the "
                          f"left vs {b.shape[0]} rows on the right)")
+    _check_float_pair(a, b, "mm", "the left operand", "the right operand")
     return matmul(a, b)
 
 
@@ -142,6 +146,7 @@ def bmm(input, mat2) -> Tensor:  # noqa: A002 - torch's name
     if a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1]:
         raise ValueError(f"bmm: shapes {a.shape} and {b.shape} cannot be multiplied (the batch sizes must be "
                          f"equal and the left's columns must equal the right's rows)")
+    _check_float_pair(a, b, "bmm", "the left operand", "the right operand")
     return matmul(a, b)
 
 

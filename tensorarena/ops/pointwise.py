@@ -70,9 +70,15 @@ def sign(input: Tensor) -> Tensor:  # noqa: A002 - torch's name
     input = as_tensor(input)
     ad = input.data
     out = new_like(ad)
-    host(_copy if ad.dtype == np.bool_ else np.sign, ad, out=out)  # NumPy has no sign for bool
+    host(_copy if ad.dtype == np.bool_ else _sign, ad, out=out)  # NumPy has no sign for bool
     return _piecewise_constant(out, input)
 
+
+
+def _sign(ad: np.ndarray, out: np.ndarray) -> None:
+    np.sign(ad, out=out)
+    if ad.dtype.kind == "f":  # torch's sign(NaN) is 0; NumPy's is NaN
+        out[np.isnan(ad)] = 0
 
 def round(input: Tensor, *, decimals: int = 0) -> Tensor:  # noqa: A001, A002 - torch's names
     """Each element rounded to `decimals` places, halves to even (torch.round: 0.5 -> 0, 2.5 -> 2, -0.5 -> -0).
