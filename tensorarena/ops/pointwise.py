@@ -17,29 +17,24 @@ from .cast import float_input
 
 def sin(input: Tensor) -> Tensor:  # noqa: A002 - torch's name
     """Sine, torch.sin; an integer tensor is taken as float32, as torch's."""
-    input = float_input(input)
-    ad = input.data
-    out = new_like(ad)
-    host(np.sin, ad, out=out)
-
-    def backward(g):
-        ga = new_like(ad)
-        host(_sin_grad, ad, g, ga)
-        return (ga,)
-
-    return Tensor._make(out, (input,), backward, saved=(input,))
+    return _of_input(input, np.sin, _sin_grad)
 
 
 def cos(input: Tensor) -> Tensor:  # noqa: A002 - torch's name
     """Cosine, torch.cos; an integer tensor is taken as float32, as torch's."""
+    return _of_input(input, np.cos, _cos_grad)
+
+
+def _of_input(input, fn, grad) -> Tensor:  # noqa: A002
+    """fn elementwise, its backward `grad(x, g, out)` reading the input (kept for it)."""
     input = float_input(input)
     ad = input.data
     out = new_like(ad)
-    host(np.cos, ad, out=out)
+    host(fn, ad, out=out)
 
     def backward(g):
         ga = new_like(ad)
-        host(_cos_grad, ad, g, ga)
+        host(grad, ad, g, ga)
         return (ga,)
 
     return Tensor._make(out, (input,), backward, saved=(input,))
