@@ -83,6 +83,7 @@ from .store_files import (StoreError, _fmt, _fsync_dir, _generation_of, _stage_f
                           ensure_writable_dir)
 from .store_layout import ArraySpec, StageLayout, StageSpec, StageViews, StoreSpec
 from .store_manifest import JOURNAL, MANIFEST, MANIFEST_ROOM, StoreManifest
+from .store_medium import in_memory_filesystem
 
 log = logging.getLogger("tensorarena")
 
@@ -122,6 +123,7 @@ class ParamStore(StoreManifest):
         self.sealed = False  # whether open() checked the stage files against their checksums (stage_checksums.py)
         self._set_spec(spec)
         self._check_writable()
+        self._say_if_in_memory()
         self._take_lock()
         stage_checksums.register(self)
 
@@ -146,6 +148,15 @@ class ParamStore(StoreManifest):
                 f"cannot use {where} as a streaming store: {exc.strerror or exc} ({type(exc).__name__}). "
                 f"The store writes every parameter and optimizer state there; pass a writable directory "
                 f"(store_dir=...) on a disk with room for {_fmt(self.disk_bytes)}") from exc
+
+    def _say_if_in_memory(self) -> None:
+        # A store on tmpfs holds its files in memory (stream/store_medium.py): allowed (a machine with RAM to
+        # spare may want it), never silent. route_plan counts it as memory when it plans the route.
+        kind = in_memory_filesystem(self.directory)
+        if kind is not None:
+            log.warning("the streaming store %s is on %s, whose files are memory: its %s of parameters and "
+                        "optimizer state count against the memory limit as if they were not streamed. Pass a "
+                        "store_dir on a disk to keep them out of memory", self.directory, kind, _fmt(self.disk_bytes))
 
     def _take_lock(self) -> None:
         fd = os.open(self.directory / ".lock", os.O_RDWR | os.O_CREAT, 0o644)

@@ -253,7 +253,7 @@ def cmd_plan(args) -> dict:
         plan = plan_routes(model, opt, loss_fn, x, y, budget, routes=("fused", "eager", "streaming"),
                            fused_keeps_grads=bool(args.clip), choose=("fused", "streaming"), data_bytes=data_bytes,
                            data_held=False,  # counted from train's sizes, never drawn here
-                           micro_batch=args.micro_batch)
+                           micro_batch=args.micro_batch, store_dir=getattr(args, "store_dir", None))
     del tokenizer  # measured: the plan is made
     _print_plan(args, model, plan, data_bytes)
     return {"plan": plan, "chosen": plan.chosen}

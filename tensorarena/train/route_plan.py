@@ -69,6 +69,7 @@ from ..nn.deferred import deferred_bytes
 from ..nn.module import Module
 from ..optim.optimizer import Optimizer
 from ..stream.arena_pages import page_rounded
+from ..stream.store_medium import in_memory_filesystem, temporary_store_parent
 from .route_traces import (TracedStage, _backward_peak, _lean_fused_activations, _load_mlp_recompute_kernels,
                            _return_tracing_memory, _side_inputs, _stage_traces, trace_whole)
 
@@ -78,6 +79,8 @@ ROUTE_ORDER = ("fused", "eager", "streaming")
 SIDE_INPUTS = "side inputs (attention mask)"
 # The part for the arrays a train job holds for the whole run (train and held-out sets): plan_routes' data_bytes.
 TRAINING_DATA = "training data"
+# The part for a streaming store on tmpfs (or ramfs): its files are memory there (stream/store_medium.py).
+STORE_IN_MEMORY = "store (on tmpfs: in memory)"
 # What evaluation between or after the steps needs on the fused route, said under the table: Trainer.evaluate and
 # simcse's probe run in the fused slab (compile/lend.py), whose bytes are dead between steps, so at the training
 # batch size they need nothing beyond the route's total. (An ordinary arena beside the slab took mlp's run 1.6% and
@@ -138,6 +141,8 @@ class RoutePlan:
         if "fused" in self.estimates:
             lines.append(EVALUATION_NOTE)
         lines.extend(f"{route}: not possible: {why}" for route, why in self.unavailable.items())
+        # A store in memory is the user's to move (store_dir): where it is, and the fix, said under the table.
+        lines.extend(f"{route}: {e.note}" for route, e in self.estimates.items() if STORE_IN_MEMORY in e.parts)
         lines.append(f"chosen: {self.chosen or 'none'} ({self.reason})")
         return "\n".join(lines)
 
@@ -186,7 +191,7 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
                 budget: MemoryBudget, *, routes: tuple[str, ...] = ("fused", "streaming"),
                 process_other_bytes: int | None = None, fused_keeps_grads: bool = False,
                 choose: tuple[str, ...] | None = None, data_bytes: int = 0, data_held: bool = True,
-                micro_batch: int | None = None) -> RoutePlan:
+                micro_batch: int | None = None, store_dir=None) -> RoutePlan:
     """Estimate each route in `routes` for this batch and pick the first that fits (see module docstring).
 
     `choose`: the routes the choice is made from, in order (default: all of `routes`); the others are estimated
@@ -205,6 +210,9 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
     whose activations and input buffers are what a step holds at once; fused keeps flat gradients and their
     weighted sum besides ("grad accumulator"). Streaming holds one micro-batch's activations in a stage, but its
     boundary activations, their gradients, the side inputs and the inputs are the whole batch's (stream/sweep.py).
+
+    `store_dir`: where streaming would keep its store (None: the temporary directory a Trainer would make it in).
+    On tmpfs its files are memory, counted as the part STORE_IN_MEMORY (stream/store_medium.py).
     """
     from ..compile.micro_batches import split_batch
 
@@ -323,10 +331,17 @@ def plan_routes(model: Module, optimizer: Optimizer, loss_fn: Callable, inputs: 
 
                 batch_rows, inputs_bytes = batch_x.shape[0], batch_bytes
                 side_bytes = _side_inputs(model, model_stages(model), batch_x)[2] if side_bytes else 0
-            add("streaming", _streaming_parts(stream, inputs_bytes, side_bytes, traced, data_bytes,
-                                              batch_rows=batch_rows, micro_batch=micro_batch),
+            parts = _streaming_parts(stream, inputs_bytes, side_bytes, traced, data_bytes, batch_rows=batch_rows,
+                                     micro_batch=micro_batch)
+            where = store_dir if store_dir is not None else temporary_store_parent()
+            medium = in_memory_filesystem(where)
+            if medium is not None:
+                parts[STORE_IN_MEMORY] = stream["disk_bytes"]
+            add("streaming", parts,
                 note=f"{stream['stages']} stages, largest {stream['largest_stage']}; "
-                     f"{format_bytes(stream['disk_bytes'])} on disk")
+                     + (f"{format_bytes(stream['disk_bytes'])} on disk" if medium is None else
+                        f"its {format_bytes(stream['disk_bytes'])} store is in memory ({where} is on {medium}; "
+                        f"pass a store_dir on a disk)"))
             details["streaming"] = stream
         else:
             unavailable["streaming"] = no_streaming
@@ -434,4 +449,8 @@ def _nothing_fits(estimates: dict[str, RouteEstimate], unavailable: dict[str, st
               + (f", and {', '.join(others)}" if others else "")
               + f"; raise the limit to at least {format_bytes_up(smallest.required + budget.margin)} or lower the "
               f"batch size")
+    # A store on tmpfs: moving it to a disk takes its bytes out of memory, the one fix that needs no more memory.
+    in_memory = [e for e in estimates.values() if STORE_IN_MEMORY in e.parts]
+    reason += "".join(f", or put {e.route}'s store on a disk (store_dir): {format_bytes(e.parts[STORE_IN_MEMORY])} "
+                      f"of its {format_bytes(e.required)} is its store, on tmpfs" for e in in_memory)
     return f"{reason}; {why_not}" if why_not else reason

@@ -35,7 +35,7 @@ def plan(trainer: Trainer, inputs: Any, targets: Any, routes: tuple[str, ...], d
                                          trainer.budget, routes=routes,
                                          fused_keeps_grads=not trainer.update_in_backward,
                                          data_bytes=getattr(trainer, "data_bytes", 0),
-                                         micro_batch=trainer.micro_batch)
+                                         micro_batch=trainer.micro_batch, store_dir=trainer.store_dir)
     trainer._route_plan_batch = (batch_signature(inputs, targets), routes)
     return trainer.route_plan
 

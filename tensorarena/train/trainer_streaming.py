@@ -99,10 +99,12 @@ def start_streaming(trainer: Trainer, *, redo_after_oom: bool = False, for_check
     import weakref
 
     from ..stream.route import StreamingRoute
+    from ..stream.store_medium import temporary_store_parent
 
     made = None
     if trainer.store_dir is None:
-        made = trainer.store_dir = tempfile.mkdtemp(prefix="tensorarena-store-")
+        # On a disk: a temporary directory on tmpfs would hold the store in memory (stream/store_medium.py).
+        made = trainer.store_dir = tempfile.mkdtemp(prefix="tensorarena-store-", dir=temporary_store_parent())
         log.info("streaming store: %s (temporary: removed when this trainer's route goes; pass store_dir= "
                  "to keep it)", made)
     start = "memory" if redo_after_oom else "auto"
