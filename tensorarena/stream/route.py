@@ -72,6 +72,7 @@ from . import optim_state, route_estimate, route_failures, route_moves
 from .arena_pages import SmallPagePool, block_sizes
 from ..compile.step_state import rng_generators
 from .follow import follow_user_changes
+from .generator_states import share_unchanged
 from .stages import Stage, model_stages, run_stage, stage_inputs
 from .store import ArraySpec, ParamStore, StageSpec, StoreError, StoreSpec
 from .sweep import _as_tensor, _Loads, run_step
@@ -160,6 +161,8 @@ class StreamingRoute:
         self.step_count = 0
         self.last_stats: StreamStepStats | None = None
         self._broken: str | None = None
+        self._gens: list = []
+        self._last_rng: list | None = None  # a step's previous generator snapshot (_rng_snapshot)
         # (step, manifest fields) of a step that ran to its end but whose commit failed (see retry_commit).
         self._pending_commit: tuple[int, dict[str, Any]] | None = None
         self._kept: dict[int, np.ndarray] = {}
@@ -285,7 +288,10 @@ class StreamingRoute:
 
     # -- RNG ------------------------------------------------------------------------
     def _rng_snapshot(self) -> list:
-        return [g.bit_generator.state for g in self._gens]
+        # States equal to the previous snapshot's are that object: the step keeps one snapshot per stage and
+        # micro-batch, and holds only the states that moved (generator_states.share_unchanged).
+        self._last_rng = share_unchanged(self._last_rng, [g.bit_generator.state for g in self._gens])
+        return self._last_rng
 
     def _rng_restore(self, snapshot: list) -> None:
         for g, state in zip(self._gens, snapshot):
@@ -304,6 +310,7 @@ class StreamingRoute:
         # Every generator a step may draw from (NumPy's global one too): a stage recomputed in backward must draw
         # what its forward drew
         self._gens = rng_generators(self.model)
+        self._last_rng = None  # the step's previous snapshot (_rng_snapshot)
         self._writes = 0
         self.store.changed = 0
         self._committing = False
