@@ -48,3 +48,28 @@ def _numpy_raises():
     old = np.seterr(all="raise")
     yield
     np.seterr(**old)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session):
+    """Under `-n` (README's command), compile the kernels into Numba's cache before the workers start, in two
+    processes (tests/warm_kernels.py says why). On a warm cache this takes ~3 s; alone (no `-n`, a file or a test
+    run by hand) it is skipped: the kernels a run needs compile as they are met. A warm-up that fails is said and
+    left: the tests then compile what they need themselves, and say what is wrong if a kernel cannot compile."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not session.config.getoption("numprocesses", None):
+        return
+    import subprocess
+    import sys
+    import time
+
+    script = os.path.join(os.path.dirname(__file__), "warm_kernels.py")
+    start = time.perf_counter()
+    runs = [subprocess.Popen([sys.executable, script, str(part), "2"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True) for part in range(2)]
+    said = [run.communicate()[0].strip() for run in runs]
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    for run, out in zip(runs, said):
+        if run.returncode != 0:
+            reporter.write_line(f"warming the kernels failed (exit {run.returncode}); the tests compile them as they "
+                                f"go:\n{out}")
+    reporter.write_line(f"kernels warmed in {time.perf_counter() - start:.1f} s ({'; '.join(said)})")
