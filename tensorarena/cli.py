@@ -106,7 +106,8 @@ class _Parser(argparse.ArgumentParser):
 
     def parse_args(self, args=None, namespace=None):
         parsed = super().parse_args(args, namespace)
-        if getattr(parsed, "command", None) == "plan" and parsed.batch is None:
+        # (_given_options parses with every default suppressed: no --batch there, nothing to fill)
+        if getattr(parsed, "command", None) == "plan" and getattr(parsed, "batch", "given") is None:
             parsed.batch = model_defaults(parsed.model)["batch_size"]
         return parsed
 
@@ -218,7 +219,9 @@ def _make_scheduler(args, optimizer):
     if args.schedule == "cosine":
         return sched.CosineAnnealingLR(optimizer, T_max=total)
     if args.schedule == "linear-warmup":
-        return sched.LinearLR(optimizer, start_factor=0.1, total_iters=args.warmup)
+        # --warmup 0 is no warm-up: LinearLR with total_iters=0 stays at start_factor for good (torch's does too),
+        # which trained a whole run at a tenth of --lr.
+        return sched.LinearLR(optimizer, start_factor=0.1 if args.warmup > 0 else 1.0, total_iters=args.warmup)
     if args.schedule == "step":
         return sched.StepLR(optimizer, step_size=max(total // 3, 1), gamma=0.3)
     if args.schedule == "exponential":
@@ -284,7 +287,9 @@ def cmd_train(args) -> dict:
     With --json - the JSON is all that goes to stdout (the report goes to stderr), so the output pipes into
     jq or json.loads as it is.
     """
+    from .stream.store_files import StoreError
     from .train.report import NonFiniteLossError, StoreDirError, with_notes
+    from .train.save_rescue import CheckpointNotSaved
 
     check_output_paths(args)
     to_stdout = args.json == "-"
@@ -304,6 +309,10 @@ def cmd_train(args) -> dict:
         raise SystemExit(f"tensorarena train: {_nonfinite_text(str(err))}") from None
     except StoreDirError as err:  # the Trainer's words name its keyword; the user typed the flag
         raise SystemExit(f"tensorarena train: --{str(err).replace('store_dir', 'store-dir', 1)}") from None
+    except CheckpointNotSaved as err:  # the run trained; where its checkpoint went instead is in the message
+        raise SystemExit(f"tensorarena train: {with_notes(err)}") from None
+    except StoreError as err:  # the store could not be made or opened (its disk too small, its lock taken)
+        raise SystemExit(f"tensorarena train: {_store_text(with_notes(err))}") from None
     if to_stdout:
         print(summary_json(summary))
     return summary
@@ -334,6 +343,13 @@ def _in_flags(text: str) -> str:
     return text
 
 
+def _store_text(text: str) -> str:
+    """A streaming store's error in the command's words: --store-dir, not the Python keyword or route.close()."""
+    return (text.replace("close that route first (route.close()) or use another directory",
+                         "wait for that run to end or pass another --store-dir")
+            .replace("pass another store_dir", "pass another --store-dir").replace("store_dir=...", "--store-dir"))
+
+
 def _nonfinite_text(text: str) -> str:
     """The Trainer's non-finite loss message in the command's words: its flag, not the Python keyword."""
     python_hint = "pass on_nonfinite='skip'"
@@ -350,8 +366,23 @@ def check_output_paths(args) -> None:
         _check_writable("--save", Path(args.save), directory=args.model == "simcse")
     if args.json and args.json != "-":
         _check_writable("--json", Path(args.json), directory=False)
+        # The summary written over the checkpoint lost the run without a word (exit 0, "checkpoint X" printed).
+        for flag, other in (("--save", args.save), ("--resume", getattr(args, "resume", None))):
+            if other and _same_path(args.json, other):
+                raise SystemExit(f"tensorarena train: --json {args.json} is the {flag} checkpoint {other}: the "
+                                 f"summary would replace it; pass another file for --json")
     if getattr(args, "store_dir", None):
         _check_store_dir(Path(args.store_dir))
+
+
+def _same_path(a, b) -> bool:
+    """Whether two paths name one file: the same once resolved (./x and x, a symlink), or the same inode."""
+    try:
+        if os.path.exists(a) and os.path.exists(b):
+            return os.path.samefile(a, b)
+    except OSError:
+        pass
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _check_store_dir(path: Path) -> None:
@@ -364,10 +395,32 @@ def _check_store_dir(path: Path) -> None:
     if path.exists() and not path.is_dir():
         raise SystemExit(f"tensorarena train: --store-dir {path} is a file, not a directory: pass a directory "
                          f"(new or existing) for the streaming store")
+    if _store_in_use(path):  # before the manifest check: a run that has just begun has written none yet
+        raise SystemExit(f"tensorarena train: --store-dir {path} is in use by another run (in this or another "
+                         f"process); wait for it to end or pass another --store-dir")
     if (path / MANIFEST).exists():
         raise SystemExit(f"tensorarena train: --store-dir {path} already holds a streamed run ({MANIFEST}); a "
                          f"run there would go on from that one, not start this one: pass a new or empty "
                          f"directory, or delete it (to go on with a run, --resume its checkpoint)")
+
+
+def _store_in_use(path: Path) -> bool:
+    """Whether a streaming route holds `path`'s store lock (stream/store.py ParamStore._take_lock) now: tried
+    without waiting and let go at once. Two runs started together met only at step 1, in a traceback."""
+    import errno
+    import fcntl
+
+    try:
+        fd = os.open(path / ".lock", os.O_RDONLY)
+    except OSError:
+        return False  # no lock file: no route opened a store here
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        return err.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+    finally:
+        os.close(fd)  # closing the descriptor lets go of a lock taken through it
+    return False
 
 
 def _check_writable(flag: str, path: Path, *, directory: bool) -> None:
@@ -385,6 +438,9 @@ def _check_writable(flag: str, path: Path, *, directory: bool) -> None:
     if path.is_file() and not os.access(path, os.W_OK):
         refuse("is a file this user may not write: pass another path or make it writable")
     folder = path if directory and path.is_dir() else path.parent
+    above = next((p for p in [folder, *folder.parents] if p.exists()), None)
+    if above is not None and not above.is_dir():  # mkdir would say "File exists", as if the checkpoint did
+        refuse(f"cannot be written: {above} is a file, not a directory; pass a path in a directory")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):  # proves the folder writable (permissions, read-only disk)
@@ -440,22 +496,23 @@ OPTIMIZER_OPTIONS = {"momentum": {"sgd"}}
 SCHEDULE_OPTIONS = {"warmup": {"warmup-cosine", "linear-warmup"}}
 
 
-def _given_options(argv: list[str] | None) -> set[str]:
-    """The `train` options the command line sets itself (not left to their defaults), by dest name."""
+def _given_options(argv: list[str] | None, command: str = "train") -> set[str]:
+    """The `command` options the command line sets itself (not left to their defaults), by dest name."""
     parser = build_parser()
-    train = parser._subparsers._group_actions[0].choices["train"]
-    for action in train._actions:
+    sub = parser._subparsers._group_actions[0].choices[command]
+    for action in sub._actions:
         action.default = argparse.SUPPRESS
     return set(vars(parser.parse_args(argv))) - {"command"}
 
 
-def check_model_options(model: str, given: set[str]) -> None:
-    """SystemExit naming an option given for a model that does not read it, and the models that do."""
+def check_model_options(model: str, given: set[str], command: str = "train") -> None:
+    """SystemExit naming an option given for a model that does not read it, and the models that do (`plan` refuses
+    them as `train` does: a plan that ignored --image-size for the mlp was a plan of another run than asked)."""
     for dest in sorted(given):
         models = MODEL_OPTIONS.get(dest)
         if models is not None and model not in models:
             flag = "--" + dest.replace("_", "-")
-            raise SystemExit(f"tensorarena train: {flag} does not apply to --model {model}; it is read by "
+            raise SystemExit(f"tensorarena {command}: {flag} does not apply to --model {model}; it is read by "
                              f"--model {' / '.join(sorted(models))} only")
 
 
@@ -511,6 +568,7 @@ def _run_command(args, argv: list[str] | None) -> None:
     elif args.command == "plan":
         from .train.plan_job import cmd_plan
 
+        check_model_options(args.model, _given_options(argv, "plan"), "plan")
         if cmd_plan(args)["chosen"] is None:  # the table says why; the status says it to a script, as train's
             raise SystemExit(1)
     elif args.command == "embed":

@@ -14,6 +14,7 @@ from ..nn.functional import cross_entropy
 from ..nn.module import Module
 from .interrupt import RunInterrupted, SigintDeferred, StepAbandoned
 from .report import NonFiniteLossError, save_after_error
+from .save_rescue import CheckpointNotSaved, check_save_room, save_or_rescue
 from .summary import (bf16_products_since, plan_before_step_1, print_fused_lines, print_skipped, route_summary,
                       step_rate)
 from .trainer import Trainer
@@ -111,6 +112,18 @@ def resolve_train_size(args, resumed: dict | None, default: int) -> int:
     return args.train_size or saved or default
 
 
+def _mlp_hidden(saved: dict[str, tuple]) -> str | None:
+    """The --hidden of an MLP checkpoint (parameter name -> shape): the widths of its Linear layers but the last,
+    in order (models/mlp.py names them net.<i>.weight), as "64,64"; None when it is not an MLP's (another --model
+    is then the advice). Said when only the number of layers differs, where "another --model" misled."""
+    weights = sorted(((int(name.split(".")[1]), shape) for name, shape in saved.items()
+                      if name.startswith("net.") and name.endswith(".weight") and name.split(".")[1].isdigit()
+                      and len(shape) == 2))
+    if len(weights) < 2 or len(weights) * 2 < len(saved):
+        return None
+    return ",".join(str(shape[0]) for _, shape in weights[:-1])
+
+
 def _check_checkpoint_fits(args, model: Module, optimizer, scheduler) -> None:
     """SystemExit naming --resume and what differs when the checkpoint is of another model (its parameter
     names or shapes: another --model, --hidden, --image-size ...), optimizer or schedule. Reads the
@@ -124,9 +137,12 @@ def _check_checkpoint_fits(args, model: Module, optimizer, scheduler) -> None:
     here = {k: tuple(v.shape) for k, v in model.state_dict(keep_vars=True).items()}  # shapes: no values read
     if set(saved) != set(here):
         missing, unknown = sorted(set(here) - set(saved)), sorted(set(saved) - set(here))
+        hidden = _mlp_hidden(saved) if args.model == "mlp" else None
+        advice = (f"resume with the --hidden it was trained with (its layers: --hidden {hidden})" if hidden
+                  else "resume with the --model it was trained with")
         _refuse_resume(args, f"holds another model's parameters than --model {args.model}'s (missing here: "
                              f"{', '.join(missing[:3]) or 'none'}; not in this model: {', '.join(unknown[:3]) or 'none'}); "
-                             f"resume with the --model it was trained with")
+                             f"{advice}")
     for name, shape in here.items():
         if saved[name] != shape:
             _refuse_resume(args, f"holds {name} of shape {saved[name]}, and this model's is {shape}: resume with "
@@ -191,6 +207,8 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
         _check_checkpoint_fits(args, model, optimizer, scheduler)
     if getattr(args, "schedule_warning", None):  # cli.resolve_total_steps's, now that the schedule is the checkpoint's
         print(args.schedule_warning, file=sys.stderr)
+    if args.save:
+        check_save_room(args.save, optimizer)
     route = getattr(args, "route", "eager")
     _check_streaming_route(args, model)
     trainer = Trainer(model, optimizer, cross_entropy, scheduler=scheduler,
@@ -244,7 +262,7 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
         raise _interrupted(args, trainer, loader, reports, resumed, err, saved) from None
     except Exception as err:
         bar.close()
-        if not saved:
+        if not saved and not isinstance(err, CheckpointNotSaved):  # a failed save is not tried twice
             save_after_error(err, trainer, lambda: _save_before_failure(args, trainer, loader, reports, resumed))
         raise
     # The route the model last trained on: this run's last step, else the checkpoint's (no step ran).
@@ -289,7 +307,7 @@ def _save_progress(args, trainer: Trainer, loader: BatchLoader, reports: list, r
     (`always`, the end of a run) a resumed checkpoint's."""
     if not args.save or not (reports or always or args.resume):
         return False
-    trainer.save(args.save, extra=_checkpoint_extra(args, loader, _last_route(reports, resumed)))
+    save_or_rescue(trainer, args.save, _checkpoint_extra(args, loader, _last_route(reports, resumed)))
     return True
 
 

@@ -107,18 +107,13 @@ def _model_and_batch(args):
 
 
 def _check_model_options(args) -> None:
-    """As train refuses them (cli.MODEL_OPTIONS, OPTIMIZER_OPTIONS): an option the model or optimizer does not
-    read would be planned as if it changed nothing."""
-    from ..cli import MOMENTUM, build_parser
+    """As train refuses it (cli.OPTIMIZER_OPTIONS): --momentum with an optimizer that does not read it would be
+    planned as if it changed nothing. (Options of another model: cli.check_model_options, before this.)"""
+    from ..cli import MOMENTUM
 
-    train = build_parser()._subparsers._group_actions[0].choices["train"]
-    ignored = [flag for flag, dest in (("--hidden", "hidden"), ("--activation", "activation"))
-               if args.model != "mlp" and getattr(args, dest) != train.get_default(dest)]
     if args.optimizer != "sgd" and args.momentum != MOMENTUM:
-        ignored.append("--momentum")
-    if ignored:
-        raise SystemExit(f"tensorarena plan: {', '.join(ignored)} does not apply to --model {args.model} with "
-                         f"--optimizer {args.optimizer} (--hidden and --activation: mlp only; --momentum: sgd only)")
+        raise SystemExit(f"tensorarena plan: --momentum does not apply to --optimizer {args.optimizer} (--momentum: "
+                         f"sgd only)")
 
 
 def _check_batch_fits_data(args) -> None:
