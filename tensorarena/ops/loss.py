@@ -40,7 +40,7 @@ def cross_entropy(input: Tensor, target, weight=None, *, ignore_index: int = -10
         if input.dtype.kind != "f":
             raise TypeError(f"cross_entropy: logits must be floating point, got dtype {input.dtype}")
         log_p = log_softmax(input, 1 if input.ndim >= 2 else 0)
-        return smoothed_nll_loss(log_p, target, weight, ignore_index, reduction, label_smoothing)
+        return smoothed_nll_loss(log_p, target, weight, ignore_index, reduction, label_smoothing, "cross_entropy")
     input = as_tensor(input)
     x = input.data
     if x.dtype.kind != "f":

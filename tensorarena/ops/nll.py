@@ -26,28 +26,29 @@ def nll_loss(input: Tensor, target, weight: Tensor | None = None, ignore_index: 
 
 
 def smoothed_nll_loss(input: Tensor, target, weight: Tensor | None, ignore_index: int, reduction: str,  # noqa: A002
-                      label_smoothing: float) -> Tensor:
+                      label_smoothing: float, op: str = "nll_loss") -> Tensor:
     """nll_loss with torch's label smoothing of a weighted cross-entropy, on log-probabilities: per counted
     position (1 - eps) w[t] (-input[t]) + eps / C sum_c w_c (-input[c]); "mean" divides by the counted targets'
     weights sum_i w[t_i], as without smoothing. (cross_entropy with a class weight and label_smoothing is this on
-    log_softmax; its kernels have no weight.)"""
-    _check_reduction(reduction, "nll_loss")
+    log_softmax; its kernels have no weight.) `op` is the function the user called, which the errors name: a bad
+    target of cross_entropy(weight=...) said nll_loss, which the user never called."""
+    _check_reduction(reduction, op)
     x_t = as_tensor(input)
     x = x_t.data
     if x.dtype.kind != "f":
-        raise TypeError(f"nll_loss: input must hold floating-point log-probabilities, got dtype {x.dtype}")
+        raise TypeError(f"{op}: input must hold floating-point log-probabilities, got dtype {x.dtype}")
     t = target.data if isinstance(target, Tensor) else np.asarray(target)
     if t.dtype.kind not in "iu":
-        raise TypeError(f"nll_loss: target must hold class indices (integers), got dtype {t.dtype}")
+        raise TypeError(f"{op}: target must hold class indices (integers), got dtype {t.dtype}")
     expected = (x.shape[:1] + x.shape[2:]) if x.ndim >= 2 else ()
     if x.ndim == 0 or t.shape != expected:
-        raise ValueError(f"nll_loss: target shape {t.shape} does not match input shape {x.shape}: input "
+        raise ValueError(f"{op}: target shape {t.shape} does not match input shape {x.shape}: input "
                          f"(N, C, d1, ...) needs target (N, d1, ...), here {expected}")
     num_classes = x.shape[1] if x.ndim >= 2 else x.shape[0]
     if num_classes == 0:  # torch: "Target 0 is out of bounds"; NumPy would fail reshaping to (-1, 0)
-        raise IndexError(f"nll_loss: input of shape {x.shape} has 0 classes, so no target is in range; the "
+        raise IndexError(f"{op}: input of shape {x.shape} has 0 classes, so no target is in range; the "
                          f"class dim (dim 1, or dim 0 for an unbatched input) must not be empty")
-    wd = _class_weight(weight, num_classes, x.dtype)
+    wd = _class_weight(weight, num_classes, x.dtype, op)
     # (N, C, d...) -> (N*d..., C): the rows are the target's positions in C order; (C,) is one row.
     rows = contiguous(np.moveaxis(x, 1, -1)).reshape(-1, num_classes) if x.ndim > 2 \
         else contiguous(x).reshape(-1, num_classes)
@@ -56,7 +57,7 @@ def smoothed_nll_loss(input: Tensor, target, weight: Tensor | None, ignore_index
     total = new((), x.dtype)  # the sum of picked_w: the mean's denominator
     losses = new(tgt.shape, x.dtype)
     out = losses.reshape(t.shape) if reduction == "none" else new((), x.dtype)
-    host(_nll_forward, rows, tgt, wd, ignore_index, picked_w, total, losses, out, reduction, label_smoothing)
+    host(_nll_forward, rows, tgt, wd, ignore_index, picked_w, total, losses, out, reduction, label_smoothing, op)
 
     def backward(g):
         drows = new(rows.shape, x.dtype)
@@ -71,28 +72,28 @@ def smoothed_nll_loss(input: Tensor, target, weight: Tensor | None, ignore_index
     return Tensor._make(out, (x_t,), backward, saved=(target if isinstance(target, Tensor) else None,))
 
 
-def _class_weight(weight, num_classes: int, dtype: np.dtype) -> np.ndarray | None:
+def _class_weight(weight, num_classes: int, dtype: np.dtype, op: str) -> np.ndarray | None:
     if weight is None:
         return None
     w = weight if isinstance(weight, Tensor) else Tensor(np.asarray(weight))
     if w.requires_grad and is_grad_enabled():  # torch: "the derivative for 'weight' is not implemented"
-        raise RuntimeError("nll_loss: weight requires grad, but the loss has no gradient for its class weights "
+        raise RuntimeError(f"{op}: weight requires grad, but the loss has no gradient for its class weights "
                            "(as torch's); pass weight.detach()")
     wd = w.data
     if wd.shape != (num_classes,):
-        raise ValueError(f"nll_loss: weight must have shape ({num_classes},), one per class, got {wd.shape}")
+        raise ValueError(f"{op}: weight must have shape ({num_classes},), one per class, got {wd.shape}")
     if wd.dtype != dtype:
-        raise TypeError(f"nll_loss: weight has dtype {wd.dtype} but input has {dtype}; they must be the same "
+        raise TypeError(f"{op}: weight has dtype {wd.dtype} but input has {dtype}; they must be the same "
                         f"(convert the weight, e.g. weight.to(input.dtype))")
     return wd
 
 
-def _nll_forward(rows, tgt, wd, ignore_index, picked_w, total, losses, out, reduction, smoothing) -> None:
+def _nll_forward(rows, tgt, wd, ignore_index, picked_w, total, losses, out, reduction, smoothing, op) -> None:
     n, num_classes = rows.shape
     keep = tgt != ignore_index
     bad = keep & ((tgt < 0) | (tgt >= num_classes))
     if bad.any():  # torch's IndexError
-        raise IndexError(f"nll_loss: Target {tgt[bad][0]} is out of bounds: class indices must be in "
+        raise IndexError(f"{op}: Target {tgt[bad][0]} is out of bounds: class indices must be in "
                          f"[0, {num_classes}) or equal ignore_index={ignore_index}")
     safe = np.where(keep, tgt, 0)
     if wd is None:
