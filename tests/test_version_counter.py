@@ -530,6 +530,17 @@ def test_error_names_op_shape_dtype_versions_and_the_fix():
         assert part in message, (part, message)
 
 
+# The ops that share unary.of_output name themselves, not the helper (a first sharing said "'of_output'").
+@pytest.mark.parametrize("op", ["tanh", "sqrt", "rsqrt"])
+def test_ops_computed_from_their_output_are_named_by_their_own_name(op):
+    x = ta.tensor(_values(0, (2, 3)) ** 2 + 1.0, requires_grad=True)
+    y = getattr(ta, op)(x)
+    with ta.no_grad():
+        y += 1.0
+    with pytest.raises(RuntimeError, match=f"saved by '{op}' for its backward"):
+        y.sum().backward()
+
+
 # Regression (fixed): a detected write must leave nothing half done: no leaf gets a gradient, and the graph is
 # not freed, so after undoing the cause (here: a fresh forward) training goes on.
 def test_the_check_runs_before_any_gradient_is_written():

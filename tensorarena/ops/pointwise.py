@@ -13,6 +13,7 @@ from ..tape import host
 from ._base import as_tensor, is_int, new, new_like
 from .arith import pow
 from .cast import float_input
+from .unary import of_output
 
 
 def sin(input: Tensor) -> Tensor:  # noqa: A002 - torch's name
@@ -47,17 +48,7 @@ def square(input: Tensor) -> Tensor:  # noqa: A002 - torch's name
 
 def rsqrt(input: Tensor) -> Tensor:  # noqa: A002 - torch's name
     """1 / sqrt(input), torch.rsqrt; the gradient -g / 2 * out^3 is torch's, read from the output."""
-    input = float_input(input)
-    ad = input.data
-    out = new_like(ad)
-    host(_rsqrt, ad, out)
-
-    def backward(g):
-        ga = new_like(out)  # from the output: the closure keeps no input
-        host(_rsqrt_grad, out, g, ga)
-        return (ga,)
-
-    return Tensor._make(out, (input,), backward, saved_output=True)
+    return of_output("rsqrt", float_input(input), _rsqrt, _rsqrt_grad)
 
 
 def sign(input: Tensor) -> Tensor:  # noqa: A002 - torch's name
@@ -127,7 +118,7 @@ def _cos_grad(ad, g, ga):
     ga *= g
 
 
-def _rsqrt(ad, out):
+def _rsqrt(ad, *, out):
     # 1/sqrt(0) is inf and 1/sqrt(-1) NaN, as torch's; the tests' seterr(all="raise") must not turn them into errors
     with np.errstate(divide="ignore", invalid="ignore"):
         np.sqrt(ad, out=out)

@@ -43,41 +43,37 @@ def log(a: Tensor) -> Tensor:
 
 def sqrt(a: Tensor) -> Tensor:
     """Square root."""
-    return _sqrt(float_input(a), _sqrt_grad)
+    return of_output("sqrt", float_input(a), np.sqrt, _sqrt_grad)
 
 
 def sqrt_of_variance(a: Tensor) -> Tensor:
     """sqrt for std: where the result is 0 (a constant slice) the gradient is 0, as torch's std backward
     masks it, not sqrt's inf times var's 0 = NaN."""
-    return _sqrt(a, _sqrt_grad_zero_at_zero)
-
-
-def _sqrt(a: Tensor, grad) -> Tensor:
-    ad = a.data
-    out = new_like(ad)
-    host(np.sqrt, ad, out=out)
-
-    def backward(g):
-        ga = new_like(out)  # from the output: the closure keeps no input
-        host(grad, out, g, ga)
-        return (ga,)
-
-    return Tensor._make(out, (a,), backward, saved_output=True)
+    return of_output("sqrt", a, np.sqrt, _sqrt_grad_zero_at_zero)
 
 
 def tanh(input: Tensor) -> Tensor:
     """Hyperbolic tangent."""
-    input = float_input(input)
-    ad = input.data
+    return of_output("tanh", float_input(input), np.tanh, _tanh_grad)
+
+
+def of_output(op: str, a: Tensor, forward, grad) -> Tensor:
+    """An elementwise op whose gradient is read from its output alone (sqrt, tanh, pointwise.rsqrt):
+    `forward(a.data, out=out)`, and in backward `grad(out, g, ga)`; the closure keeps no input.
+
+    `op` names the backward closure: the version counter's error about a saved tensor names the op by its
+    backward's qualified name (autograd._op_name), which would otherwise be this helper's."""
+    ad = a.data
     out = new_like(ad)
-    host(np.tanh, ad, out=out)
+    host(forward, ad, out=out)
 
     def backward(g):
-        ga = new_like(out)  # from the output: the closure keeps no input
-        host(_tanh_grad, out, g, ga)
+        ga = new_like(out)
+        host(grad, out, g, ga)
         return (ga,)
 
-    return Tensor._make(out, (input,), backward, saved_output=True)
+    backward.__qualname__ = f"{op}.<locals>.backward"
+    return Tensor._make(out, (a,), backward, saved_output=True)
 
 
 def abs(a: Tensor) -> Tensor:  # noqa: A001 - torch's name
