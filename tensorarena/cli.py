@@ -333,7 +333,8 @@ def one_pass_micro_batch(command: str, micro_batch: int | None, batch_size: int)
 # Raise and raise, Lower and lower.)
 _FLAG_WORDS = (("route='auto'", "--route auto"), ("aise memory_limit", "aise --memory-limit"),
                ("aise the memory limit", "aise --memory-limit"), ("aise the limit", "aise --memory-limit"),
-               ("ower the batch size", "ower --batch-size"), ("fit memory_limit", "fit --memory-limit"))
+               ("ower the batch size", "ower --batch-size"), ("fit memory_limit", "fit --memory-limit"),
+               ("on a disk (store_dir)", "on a disk (--store-dir)"), ("pass a store_dir on", "pass a --store-dir on"))
 
 
 def _in_flags(text: str) -> str:

@@ -127,3 +127,19 @@ def test_a_temporary_store_goes_to_a_disk_when_the_temporary_directory_is_tmpfs(
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     if in_memory_filesystem(tmp_path) is None:
         assert temporary_store_parent() == str(tmp_path)  # a disk: the temporary directory itself
+
+
+@needs_shm
+def test_plan_and_train_on_the_command_line_say_the_store_is_in_memory(shm_dir, capsys):
+    from tensorarena import cli
+
+    # Nothing fits 100M: the advice names the store in memory, in the command's words (--store-dir).
+    args = ["--model", "vit-tiny", "--memory-limit", "100M", "--store-dir", shm_dir]
+    with pytest.raises(SystemExit):
+        cli.main(["plan", *args])
+    table = capsys.readouterr().out
+    assert f"{STORE_IN_MEMORY}" in table and f"({shm_dir} is on tmpfs; pass a store_dir on a disk)" in table
+    with pytest.raises(SystemExit) as err:
+        cli.main(["train", *args, "--steps", "1", "--no-progress", "--test-size", "8"])
+    assert "or put streaming's store on a disk (--store-dir)" in str(err.value.code)
+    assert os.listdir(shm_dir) == []

@@ -50,6 +50,9 @@ def add_plan_parser(sub) -> None:
                       help="mlp, vit: training examples, as train's (default: mlp 8000, vit what --steps shows)")
     plan.add_argument("--test-size", type=positive_int, default=train.get_default("test_size"),
                       help="mlp, vit: held-out examples, as train's (a vit's capped at 64 MiB of images)")
+    plan.add_argument("--store-dir", metavar="DIR", default=None,
+                      help="streaming: where train would keep its store (nothing is made here); on tmpfs its files "
+                           "are memory, and the plan counts them (default: train's temporary directory)")
     plan.add_argument("--micro-batch", type=positive_int, default=None,
                       help="mlp, vit: examples per forward/backward pass, as train's --micro-batch: the step is "
                            "traced on one micro-batch, fused adds a gradient-sized sum, streaming keeps whole-batch "
