@@ -51,21 +51,23 @@ def test_vit_rejects_image_size_not_multiple_of_patch():
 @pytest.mark.heavy(seconds=23)
 def test_train_vit_tiny_learns_with_flat_arena(tmp_path, capsys):
     out = tmp_path / "summary.json"
-    code = main(["train", "--model", "vit-tiny", "--steps", "40", "--image-size", "32", "--patch-size", "8",
-                 "--batch-size", "32", "--train-size", "1280", "--test-size", "500", "--warmup", "5",
+    # 24 steps, each image seen once (train-size 24 x 32): held-out accuracy 40.6%, the mean loss 2.13 -> 1.53 on an
+    # AMD EPYC (40 steps: 54.4%, 2.15 -> 1.16), both clear of the bounds below by 2x and more.
+    code = main(["train", "--model", "vit-tiny", "--steps", "24", "--image-size", "32", "--patch-size", "8",
+                 "--batch-size", "32", "--train-size", "768", "--test-size", "500", "--warmup", "5",
                  "--no-progress", "--json", str(out)])
     assert code == 0
     summary = json.loads(out.read_text())
     printed = capsys.readouterr().out
     assert "held-out accuracy" in printed and "arena high-water" in printed
-    assert summary["model"] == "vit-tiny" and summary["steps"] == 40 and summary["route"] == "fused"
+    assert summary["model"] == "vit-tiny" and summary["steps"] == 24 and summary["route"] == "fused"
     # train clips by default (--clip 1.0), so the fused step keeps flat gradients, and says why
     assert summary["fused_update"].startswith("after backward") and "clip_grad_norm" in summary["fused_update"]
     assert "fused update      after backward" in printed
     assert summary["fused_replay"].startswith("captured: each step replays") and "auto:" in summary["fused_replay"]
     assert "fused replay      captured" in printed
     losses = summary["step_losses"]
-    assert len(losses) == 40 and all(np.isfinite(losses))
+    assert len(losses) == 24 and all(np.isfinite(losses))
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.1, f"loss did not fall: {losses}"
     assert summary["test_accuracy"] > 0.2, f"held-out accuracy {summary['test_accuracy']:.2%} is near chance (10%)"
     high_waters = summary["step_arena_high_water_bytes"]
