@@ -33,17 +33,9 @@ from tensorarena import cli, optim
 from tensorarena.tensor import Tensor
 from tensorarena.train.trainer import Trainer
 
+from test_cli_hunt2 import refused  # cli.main must stop with one line, no traceback
+
 MLP = ["--train-size", "256", "--test-size", "64", "--batch-size", "32", "--route", "eager", "--no-progress"]
-
-
-def refused(argv: list[str], capsys) -> str:
-    """cli.main(argv) must stop with a non-zero SystemExit carrying one line (no traceback); returns it."""
-    with pytest.raises(SystemExit) as exc:
-        cli.main(argv)
-    msg = exc.value.code if isinstance(exc.value.code, str) else capsys.readouterr().err
-    assert exc.value.code not in (0, None)
-    assert "Traceback" not in msg and msg.strip().count("\n") == 0, msg
-    return msg
 
 
 @pytest.fixture
