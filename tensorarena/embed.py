@@ -112,8 +112,8 @@ DEFAULT_MAX_LENGTH = 256  # all-MiniLM-L6-v2's max_seq_length, for a directory t
 
 def sentence_settings(path: str | os.PathLike) -> tuple[int | None, str]:
     """(max_seq_length, pooling) as sentence-transformers reads them from a model directory: its
-    sentence_bert_config.json and 1_Pooling/config.json; (None, "mean") where they are absent (a bare BERT
-    directory, as train --model simcse --save writes with them). A pooling mode this module does not compute is a
+    sentence_bert_config.json and 1_Pooling/config.json; (None, "mean") where they are absent (a bare Hugging Face
+    BERT directory). A pooling mode this module does not compute is a
     ValueError naming it: embedding it with mean pooling instead was silently another model's vectors."""
     path = Path(path)
     max_seq = None
@@ -143,7 +143,7 @@ def embed(texts: str | Sequence[str], *, model_dir: str | os.PathLike | None = N
         max_length: tokens per sentence, [CLS] and [SEP] included; longer sentences are cut. None: the directory's
             max_seq_length (sentence_bert_config.json), as sentence-transformers cuts; 256 where it has none.
         batch_size: sentences per forward pass (and per arena).
-    Shape: returns (N, hidden) float32; 384 for all-MiniLM-L6-v2.
+    Shape: returns (N, hidden) in the encoder's dtype (float32 for the packaged model); 384 for all-MiniLM-L6-v2.
     """
     encoder, tokenizer = load_encoder(model_dir)
     max_seq, pooling = sentence_settings(resolve_model_dir(model_dir))
