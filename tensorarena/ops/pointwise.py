@@ -13,32 +13,17 @@ from ..tape import host
 from ._base import as_tensor, is_int, new, new_like
 from .arith import pow
 from .cast import float_input
-from .unary import of_output
+from .unary import of_input, of_output
 
 
 def sin(input: Tensor) -> Tensor:  # noqa: A002 - torch's name
     """Sine, torch.sin; an integer tensor is taken as float32, as torch's."""
-    return _of_input(input, np.sin, _sin_grad)
+    return of_input("sin", float_input(input), np.sin, _sin_grad)
 
 
 def cos(input: Tensor) -> Tensor:  # noqa: A002 - torch's name
     """Cosine, torch.cos; an integer tensor is taken as float32, as torch's."""
-    return _of_input(input, np.cos, _cos_grad)
-
-
-def _of_input(input, fn, grad) -> Tensor:  # noqa: A002
-    """fn elementwise, its backward `grad(x, g, out)` reading the input (kept for it)."""
-    input = float_input(input)
-    ad = input.data
-    out = new_like(ad)
-    host(fn, ad, out=out)
-
-    def backward(g):
-        ga = new_like(ad)
-        host(grad, ad, g, ga)
-        return (ga,)
-
-    return Tensor._make(out, (input,), backward, saved=(input,))
+    return of_input("cos", float_input(input), np.cos, _cos_grad)
 
 
 def square(input: Tensor) -> Tensor:  # noqa: A002 - torch's name

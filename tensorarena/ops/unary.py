@@ -59,21 +59,33 @@ def tanh(input: Tensor) -> Tensor:
 
 def of_output(op: str, a: Tensor, forward, grad) -> Tensor:
     """An elementwise op whose gradient is read from its output alone (sqrt, tanh, pointwise.rsqrt):
-    `forward(a.data, out=out)`, and in backward `grad(out, g, ga)`; the closure keeps no input.
+    `forward(a.data, out=out)`, and in backward `grad(out, g, ga)`; the closure keeps no input."""
+    return _elementwise(op, a, forward, grad, reads_output=True)
 
-    `op` names the backward closure: the version counter's error about a saved tensor names the op by its
-    backward's qualified name (autograd._op_name), which would otherwise be this helper's."""
+
+def of_input(op: str, a: Tensor, forward, grad) -> Tensor:
+    """An elementwise op whose gradient is read from its input (pointwise.sin, cos): `forward(a.data, out=out)`,
+    and in backward `grad(a.data, g, ga)`; the input is saved for it."""
+    return _elementwise(op, a, forward, grad, reads_output=False)
+
+
+def _elementwise(op: str, a: Tensor, forward, grad, *, reads_output: bool) -> Tensor:
+    # `op` names the backward closure: the version counter's error about a saved tensor names the op by its
+    # backward's qualified name (autograd._op_name), which would otherwise be this helper's.
     ad = a.data
     out = new_like(ad)
     host(forward, ad, out=out)
+    read = out if reads_output else ad
 
     def backward(g):
-        ga = new_like(out)
-        host(grad, out, g, ga)
+        ga = new_like(read)
+        host(grad, read, g, ga)
         return (ga,)
 
     backward.__qualname__ = f"{op}.<locals>.backward"
-    return Tensor._make(out, (a,), backward, saved_output=True)
+    if reads_output:
+        return Tensor._make(out, (a,), backward, saved_output=True)
+    return Tensor._make(out, (a,), backward, saved=(a,))
 
 
 def abs(a: Tensor) -> Tensor:  # noqa: A001 - torch's name
