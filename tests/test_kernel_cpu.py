@@ -87,14 +87,21 @@ def test_a_user_chosen_openblas_timeout_wins_and_spins():
 # A matmul running on another thread while tensorarena is imported (a notebook's or a server's worker thread):
 # restarting OpenBLAS's pool under it deadlocked both, for good. The pool is left alone when other threads run.
 # On d674c72 the child hung (this test fails there at its 120 s limit; the hunt's repro: 3 of 3 runs hung).
+# The worker multiplies until the import is done: one 2500x2500 product took 0.24 s on an AVX-512 Xeon, so a
+# single one could end before the import began, and the pool was then restarted as on an idle process.
 THREADED_IMPORT = """
 import threading, time
 import numpy as np
 a = np.random.default_rng(0).random((2500, 2500))
-worker = threading.Thread(target=lambda: a @ a, daemon=True)
+imported = threading.Event()
+def multiply():
+    while not imported.is_set():
+        a @ a
+worker = threading.Thread(target=multiply, daemon=True)
 worker.start()
 time.sleep(0.2)
 import tensorarena.kernels.cpu as c
+imported.set()
 worker.join()
 print(c.openblas_threads.split(':')[0].replace(' ', '_'), c.openblas_threads.split(':')[1].split()[0])
 """
