@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 import tensorarena as ta
 from tensorarena.train.trainer import Trainer
+from tests.fused_vs_torch import fused_steps_match_torch
 from tests.reference import check_op, randn
 
 LOSSES = {"mse_loss": {}, "l1_loss": {}, "huber_loss": {"delta": 0.7}}
@@ -89,15 +90,8 @@ def test_fused_step_with_a_weighted_loss_matches_torch(name):
     trainer = Trainer(model, ta.optim.SGD(model.parameters(), lr=0.1),
                       lambda out, y: loss_fn(out, y, weight=weight, **LOSSES[name]), route="fused")
     topt = torch.optim.SGD(tmodel.parameters(), lr=0.1)
-    for _ in range(3):
-        x = rng.standard_normal((8, 4)).astype(np.float32)
-        y = rng.standard_normal((8, 3)).astype(np.float32)
-        report = trainer.step(x, y)
-        assert report.route == "fused"
-        topt.zero_grad()
-        want = getattr(F, name)(tmodel(torch.from_numpy(x)), torch.from_numpy(y), weight=torch.from_numpy(weight),
-                                **LOSSES[name])
-        want.backward()
-        topt.step()
-        assert report.loss == pytest.approx(want.item(), rel=1e-5)
+    batches = [(rng.standard_normal((8, 4)).astype(np.float32), rng.standard_normal((8, 3)).astype(np.float32))
+               for _ in range(3)]
+    fused_steps_match_torch(trainer, topt, lambda x, y: getattr(F, name)(
+        tmodel(x), y, weight=torch.from_numpy(weight), **LOSSES[name]), batches)
     np.testing.assert_allclose(model.weight.numpy(), tmodel.weight.detach().numpy(), rtol=1e-5, atol=1e-6)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import tensorarena as ta
+from tests.fused_vs_torch import fused_steps_match_torch
 from tests.reference import DTYPES, check_op, randn
 
 UNARY = {
@@ -330,16 +331,9 @@ def test_fused_step_with_the_new_ops_matches_torch():
     bias = torch.from_numpy(model.fc.bias.numpy().copy()).requires_grad_()
     trainer = Trainer(model, ta.optim.SGD(model.parameters(), lr=0.05), ta.nn.functional.mse_loss, route="fused")
     topt = torch.optim.SGD([weight, bias], lr=0.05)
-    for _ in range(3):
-        x = rng.standard_normal((8, 4)).astype(np.float32)
-        y = rng.standard_normal((8, 4)).astype(np.float32)
-        report = trainer.step(x, y)
-        assert report.route == "fused"
-        topt.zero_grad()
-        want = torch.nn.functional.mse_loss(_mixer_torch(torch.from_numpy(x), weight, bias, torch.from_numpy(index)),
-                                            torch.from_numpy(y))
-        want.backward()
-        topt.step()
-        assert report.loss == pytest.approx(want.item(), rel=1e-5)
+    batches = [(rng.standard_normal((8, 4)).astype(np.float32), rng.standard_normal((8, 4)).astype(np.float32))
+               for _ in range(3)]
+    fused_steps_match_torch(trainer, topt, lambda x, y: torch.nn.functional.mse_loss(
+        _mixer_torch(x, weight, bias, torch.from_numpy(index)), y), batches)
     np.testing.assert_allclose(model.fc.weight.numpy(), weight.detach().numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(model.fc.bias.numpy(), bias.detach().numpy(), rtol=1e-5, atol=1e-6)

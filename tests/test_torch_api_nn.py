@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 import tensorarena as ta
 from tensorarena.train.trainer import Trainer
+from tests.fused_vs_torch import fused_steps_match_torch
 from tests.reference import DTYPES, check_op, randn
 
 TF = ta.nn.functional
@@ -180,17 +181,14 @@ def test_fused_step_with_the_new_layers_matches_torch():
                       lambda out, y: TF.mse_loss(out, y) + (1 - TF.cosine_similarity(out, y)).mean(), route="fused")
     topt = torch.optim.SGD(twin.parameters(), lr=0.1)
     rng = np.random.default_rng(0)
-    for _ in range(3):
-        x = rng.standard_normal((8, 4)).astype(np.float32)
-        y = rng.standard_normal((8, 3)).astype(np.float32)
-        report = trainer.step(x, y)
-        assert report.route == "fused"
-        topt.zero_grad()
-        out = twin(torch.from_numpy(x))
-        want = F.mse_loss(out, torch.from_numpy(y)) + (1 - F.cosine_similarity(out, torch.from_numpy(y))).mean()
-        want.backward()
-        topt.step()
-        assert report.loss == pytest.approx(want.item(), rel=1e-5)
+    batches = [(rng.standard_normal((8, 4)).astype(np.float32), rng.standard_normal((8, 3)).astype(np.float32))
+               for _ in range(3)]
+
+    def torch_loss(x, y):
+        out = twin(x)
+        return F.mse_loss(out, y) + (1 - F.cosine_similarity(out, y)).mean()
+
+    fused_steps_match_torch(trainer, topt, torch_loss, batches)
     theirs = dict(twin.named_parameters())
     for name, p in model.named_parameters():
         np.testing.assert_allclose(p.numpy(), theirs[name].detach().numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
