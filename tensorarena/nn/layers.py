@@ -30,6 +30,13 @@ def _size(owner: str, name: str, value) -> int:
     return int(value)
 
 
+def normalized_shape_of(owner: str, value) -> tuple[int, ...]:
+    """A norm layer's normalized_shape: one size or a sequence of them, as a tuple (a float or another
+    wrong type is named as such, not met as "object is not iterable")."""
+    sizes = value if isinstance(value, (tuple, list)) else (value,)
+    return tuple(_size(owner, "normalized_shape", n) for n in sizes)
+
+
 def _empty_param(shape: tuple[int, ...], dtype) -> Parameter:
     return Parameter.empty(shape, dtype)  # deferred (no memory, fills recorded) under nn.deferred_init()
 
@@ -84,6 +91,23 @@ class Embedding(Module):
         self.weight = _empty_param((num_embeddings, embedding_dim), dtype)
         self.reset_parameters(rng=rng)
 
+    @classmethod
+    def from_pretrained(cls, embeddings, freeze: bool = True, padding_idx: int | None = None) -> "Embedding":
+        """An Embedding holding a copy of `embeddings` (rows, dim), as torch's: frozen (no gradient) unless
+        freeze=False, and the padding row kept as given (padding_idx only stops its gradient)."""
+        table = embeddings.data if isinstance(embeddings, Tensor) else np.asarray(embeddings)
+        if table.ndim != 2:
+            raise ValueError(f"Embedding.from_pretrained: embeddings must be 2-D (num_embeddings, embedding_dim), "
+                             f"got shape {table.shape}")
+        if table.dtype.kind != "f":
+            raise TypeError(f"Embedding.from_pretrained: embeddings must be floating point, got dtype {table.dtype}")
+        # A generator of its own for the throw-away initialisation: loading weights draws nothing from the
+        # default one, as in torch, so the random numbers after it are the same with or without this call.
+        embedding = cls(*table.shape, padding_idx, rng=np.random.default_rng(0), dtype=table.dtype)
+        embedding.weight.data[...] = table
+        embedding.weight.requires_grad = not freeze
+        return embedding
+
     def reset_parameters(self, *, rng: np.random.Generator | None = None) -> None:
         """N(0, 1), padding row zero (torch's default)."""
         init.normal_(self.weight, 0.0, 1.0, rng=rng)
@@ -112,9 +136,7 @@ class LayerNorm(Module):
     def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, *,
                  bias: bool = True, dtype=np.float32) -> None:
         super().__init__()
-        if isinstance(normalized_shape, (int, np.integer)):
-            normalized_shape = (normalized_shape,)
-        self.normalized_shape = tuple(_size("LayerNorm", "normalized_shape", n) for n in normalized_shape)
+        self.normalized_shape = normalized_shape_of("LayerNorm", normalized_shape)
         # A negative or NaN eps makes every output NaN (sqrt of a negative variance); inf makes it 0.
         if isinstance(eps, bool) or not isinstance(eps, (int, float, np.integer, np.floating)) \
                 or not 0.0 <= eps < math.inf:

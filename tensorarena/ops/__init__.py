@@ -4,7 +4,8 @@ from .arith import add, div, mul, neg, pow, sub
 from .clamping import clamp
 from .attention import bias_gelu, bias_gelu_linear, packed_self_attention, scaled_dot_product_attention
 from .compare import allclose, eq, equal, ge, gt, isfinite, isinf, isnan, le, lt, ne
-from .creation import arange, from_numpy, full, full_like, linspace, one_hot, ones, ones_like, zeros, zeros_like
+from .creation import (arange, empty, empty_like, eye, from_numpy, full, full_like, linspace, one_hot, ones, ones_like,
+                       zeros, zeros_like)
 from .index import embedding, getitem, masked_fill, where
 from .linalg import bmm, linear, matmul, mm
 from .loss import cross_entropy, mse_loss
@@ -49,5 +50,5 @@ __all__ = [
     "nonzero", "amax", "amin", "cumsum", "logsumexp", "norm", "normalize", "prod",
     "mm", "bmm", "hardtanh", "relu6", "logsigmoid", "mish", "from_numpy", "cosine_similarity", "sin", "cos",
     "square", "rsqrt", "sign", "round", "rand", "randn", "randint", "randperm", "scatter", "scatter_add",
-    "unflatten",
+    "unflatten", "empty", "empty_like", "eye",
 ]

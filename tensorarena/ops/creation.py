@@ -1,5 +1,5 @@
-"""New tensors, as torch's factory functions make them: zeros ones full (and *_like), arange linspace, one_hot,
-from_numpy, and the methods new_zeros new_ones new_full new_tensor.
+"""New tensors, as torch's factory functions make them: zeros ones full empty (and *_like), eye, arange linspace,
+one_hot, from_numpy, and the methods new_zeros new_ones new_full new_tensor.
 
 Each returns a leaf on the heap (as `ta.tensor` does), in torch's default dtype for what it is given: float32 for
 floats, int64 for integers, bool for bools. `dtype` takes a NumPy dtype (np.float64, "float64").
@@ -54,6 +54,22 @@ def full(size, fill_value, *, dtype=None, device=None, requires_grad: bool = Fal
     return _leaf(np.full(_shape((size,)), fill_value, dtype or _number_dtype(fill_value)), requires_grad)
 
 
+def empty(*dims, size=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """A tensor whose values are whatever its memory held (torch.empty): write it before reading it."""
+    check_cpu(device, "empty")
+    return _leaf(np.empty(_dims_or_size(dims, size, "empty"), dtype or DEFAULT_DTYPE), requires_grad)
+
+
+def eye(n, m=None, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """An n x m matrix (m = n unless given) with ones on its main diagonal, zeros elsewhere (torch.eye)."""
+    check_cpu(device, "eye")
+    rows = as_count(n, "eye's n")
+    cols = rows if m is None else as_count(m, "eye's m")
+    if rows < 0 or cols < 0:
+        raise ValueError(f"eye: n and m must be >= 0, got n={rows}, m={cols}")
+    return _leaf(np.eye(rows, cols, dtype=dtype or DEFAULT_DTYPE), requires_grad)
+
+
 def zeros_like(a: Tensor, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """Zeros of a's shape and dtype (torch.zeros_like)."""
     check_cpu(device, "zeros_like")
@@ -64,6 +80,12 @@ def ones_like(a: Tensor, *, dtype=None, device=None, requires_grad: bool = False
     """Ones of a's shape and dtype (torch.ones_like)."""
     check_cpu(device, "ones_like")
     return _leaf(np.ones(a.shape, dtype or a.dtype), requires_grad)
+
+
+def empty_like(a: Tensor, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """An unwritten tensor of a's shape and dtype (torch.empty_like): write it before reading it."""
+    check_cpu(device, "empty_like")
+    return _leaf(np.empty(a.shape, dtype or a.dtype), requires_grad)
 
 
 def full_like(a: Tensor, fill_value, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
