@@ -18,6 +18,7 @@ from .ops import (amax, amin, cumsum, diag, einsum, flip, floor_divide, index_se
 from .ops import (bmm, cos, from_numpy, mm, rand, randint, randn, randperm, relu, round, rsqrt, scatter, scatter_add,
                   sigmoid, sign, sin, softmax, square)
 from .ops import empty, empty_like, eye
+from .serialization import load, save
 from .dtypes import float32, float64, int8, int16, int32, int64, uint8
 from . import dtypes as _dtypes
 
@@ -43,7 +44,7 @@ __all__ = [
     "maximum", "minimum", "nonzero", "norm", "outer", "prod", "remainder", "roll", "tril", "triu",
     "bmm", "cos", "from_numpy", "inference_mode", "mm", "rand", "randint", "randn", "randperm", "relu", "round",
     "rsqrt", "scatter", "scatter_add", "set_grad_enabled", "sigmoid", "sign", "sin", "softmax", "square",
-    "empty", "empty_like", "eye",
+    "empty", "empty_like", "eye", "load", "save",
     # The dtypes; ta.bool, ta.int, ta.float, ta.long and ta.double are left out here (torch lists them): a star
     # import would shadow Python's bool, int and float in the importing module.
     "float32", "float64", "int8", "int16", "int32", "int64", "uint8",

@@ -299,9 +299,10 @@ _PLAIN_SAFETENSORS_HINT = ("plain weights such as Hugging Face's load into a mod
                            "Trainer.load takes the checkpoints Trainer.save writes")
 
 
-def _foreign_file(path: Path) -> ValueError | None:
+def _foreign_file(path: Path, expected: str = "the file Trainer.save wrote") -> ValueError | None:
     """The refusal of a whole file of another kind that safetensors could not read (a PyTorch file, a zip), or
-    None: _unreadable's "truncated ... load an earlier checkpoint" is false advice for a file that is whole."""
+    None: _unreadable's "truncated ... load an earlier checkpoint" is false advice for a file that is whole.
+    `expected` names the file the caller reads (ta.load reads what ta.save wrote)."""
     import zipfile
 
     try:
@@ -318,7 +319,7 @@ def _foreign_file(path: Path) -> ValueError | None:
             return None  # a zip cut short is a damaged file: _unreadable's advice fits it
         if not torch_file:
             return ValueError(f"{path} is a zip archive, not a tensorarena checkpoint (a safetensors file); nothing "
-                              f"was loaded. Pass the file Trainer.save wrote")
+                              f"was loaded. Pass {expected}")
     if not torch_file:
         return None
     return ValueError(f"{path} is a PyTorch file (torch.save), not a tensorarena checkpoint (a safetensors file); "

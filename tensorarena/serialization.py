@@ -1,0 +1,134 @@
+"""ta.save / ta.load: what torch.save and torch.load do for a training script (a state_dict, an optimizer's, or a
+dict of them with numbers and strings), in one safetensors file.
+
+The arrays are the file's tensors; the structure around them (dicts with their str or int keys, lists, tuples,
+numbers, strings, None, which arrays are Tensors and whether they require grad) is JSON in the file's metadata
+under "tensorarena.save". No pickle: loading runs no code from the file, as torch.load(weights_only=True), and
+an object that is not such data (a module, a function) is refused by save, naming where it sits and what to save
+instead. A safetensors file written elsewhere (Hugging Face weights, save_file) loads as a dict of Tensors.
+The write is atomic (train/checkpoint.py's: the old file survives a failed save).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .device import check_cpu
+from .tensor import Tensor
+from .train.checkpoint import _atomic_write, _foreign_file
+from .train.safetensors_io import read_header, tensor_entries, tensor_layout, widened, write_safetensors
+
+METADATA_KEY = "tensorarena.save"
+FORMAT_VERSION = 1
+_HOLDS = ("ta.save holds Tensors, NumPy arrays and scalars, numbers, strings, None, and dicts (str or int keys), "
+          "lists and tuples of them")
+
+
+def save(obj: Any, f) -> None:
+    """Write `obj` to `f` (a path, or a binary file open for writing), as torch.save(obj, f)."""
+    arrays: dict[str, np.ndarray] = {}
+    tree = _encode(obj, arrays, "obj")
+    tensor_entries(arrays)  # a dtype safetensors cannot hold is refused, named, before anything is written
+    metadata = {METADATA_KEY: json.dumps({"version": FORMAT_VERSION, "tree": tree})}
+    if hasattr(f, "write"):
+        write_safetensors(f, arrays, metadata)
+    else:
+        _atomic_write(Path(_path(f, "save")), lambda out: write_safetensors(out, arrays, metadata))
+
+
+def load(f, map_location=None, *, weights_only: bool = True) -> Any:
+    """What ta.save wrote to `f` (a path, or a binary file open for reading), as torch.load(f): arrays come back
+    as writable copies, Tensors as Tensors. map_location may only name the CPU; weights_only is accepted as
+    torch's and changes nothing (nothing is ever unpickled)."""
+    check_cpu(map_location, "load")
+    if hasattr(f, "read"):
+        where, data = getattr(f, "name", "the file object"), f.read()
+        raw = np.frombuffer(data, dtype=np.uint8)
+        header, data_start, data_size = read_header(io.BytesIO(data), where)
+    else:
+        where = _path(f, "load")
+        if not os.path.isfile(where):
+            raise FileNotFoundError(f"ta.load: no file at {where}")
+        try:
+            with open(where, "rb") as opened:
+                header, data_start, data_size = read_header(opened, where)
+        except ValueError:
+            raise (_foreign_file(Path(where), "a file ta.save wrote") or _not_ours(where)) from None
+        raw = np.asarray(np.memmap(where, dtype=np.uint8, mode="r"))
+    arrays = {}
+    for name, entry in header.items():
+        if name != "__metadata__":
+            code, dtype, shape, begin, end = tensor_layout(where, name, entry, data_size)
+            stored = raw[data_start + begin:data_start + end].view(dtype).reshape(shape)
+            arrays[name] = np.array(widened(code, stored), dtype=dtype.newbyteorder("="))  # a copy, writable
+    saved = (header.get("__metadata__") or {}).get(METADATA_KEY)
+    if saved is None:  # safetensors from elsewhere: its tensors by name
+        return {name: Tensor(array) for name, array in arrays.items()}
+    content = json.loads(saved)
+    if content.get("version") != FORMAT_VERSION:
+        raise ValueError(f"ta.load: {where} was written by a ta.save of format version {content.get('version')}; "
+                         f"this tensorarena reads version {FORMAT_VERSION}")
+    return _decode(content["tree"], arrays)
+
+
+def _path(f, what: str) -> str:
+    if isinstance(f, (str, os.PathLike)):
+        return os.fspath(f)
+    raise TypeError(f"ta.{what}: f must be a path (str or os.PathLike) or a binary file object, got "
+                    f"{type(f).__name__}")
+
+
+def _not_ours(where) -> ValueError:
+    return ValueError(f"ta.load: {where} is not a safetensors file (what ta.save writes); it may be truncated or of "
+                      f"another format")
+
+
+def _encode(value: Any, arrays: dict[str, np.ndarray], where: str) -> Any:
+    """The JSON of `value`, its arrays put in `arrays`. Containers and arrays are one-key
+    objects ({"dict": ...}, {"array": name}); numbers, strings, bools and None are themselves."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    # Each array is named in the file by where it sits (obj['model']['fc.weight']): unique, and what an error
+    # about it (a dtype safetensors cannot hold) names.
+    if isinstance(value, Tensor):
+        name = where
+        arrays[name] = np.asarray(value.data, order="C")  # not ascontiguousarray: it makes a 0-d array 1-d
+        return {"tensor": name, "requires_grad": bool(value.requires_grad)}
+    if isinstance(value, (np.ndarray, np.generic)):
+        name = where
+        arrays[name] = np.asarray(value, order="C")
+        return {"array" if isinstance(value, np.ndarray) else "scalar": name}
+    if isinstance(value, dict):
+        items = []
+        for key, item in value.items():
+            if isinstance(key, bool) or not isinstance(key, (str, int)):
+                raise TypeError(f"ta.save: {where} has the key {key!r} ({type(key).__name__}); dict keys must be str "
+                                f"or int")
+            items.append([key, _encode(item, arrays, f"{where}[{key!r}]")])
+        return {"dict": items}
+    if isinstance(value, (list, tuple)):
+        kind = "list" if isinstance(value, list) else "tuple"
+        return {kind: [_encode(item, arrays, f"{where}[{i}]") for i, item in enumerate(value)]}
+    advice = " (save its state_dict() instead)" if hasattr(value, "state_dict") else ""
+    raise TypeError(f"ta.save: {where} is a {type(value).__name__}{advice}; {_HOLDS}")
+
+
+def _decode(tree: Any, arrays: dict[str, np.ndarray]) -> Any:
+    if not isinstance(tree, dict):
+        return tree
+    if "tensor" in tree:
+        return Tensor(arrays[tree["tensor"]], requires_grad=tree["requires_grad"])
+    if "array" in tree:
+        return arrays[tree["array"]]
+    if "scalar" in tree:
+        return arrays[tree["scalar"]][()]
+    if "dict" in tree:
+        return {key: _decode(item, arrays) for key, item in tree["dict"]}
+    items = [_decode(item, arrays) for item in tree["list" if "list" in tree else "tuple"]]
+    return items if "list" in tree else tuple(items)
