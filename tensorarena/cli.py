@@ -548,19 +548,26 @@ def check_step_options(args, given: set[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `tensorarena` command. Ctrl-C: one line saying where it stopped and what was saved,
-    no traceback, exit status 130 (128 + SIGINT, as a shell reports a process Ctrl-C ended)."""
-    from .train.interrupt import RunInterrupted
+    no traceback, exit status 130 (128 + SIGINT, as a shell reports a process Ctrl-C ended). SIGTERM does the
+    same (train/interrupt.py TerminateAsCtrlC), the line says "by SIGTERM" and the status is 143."""
+    from .train.interrupt import RunInterrupted, TerminateAsCtrlC
 
     args = build_parser().parse_args(argv)
-    try:
-        _run_command(args, argv)
-    except RunInterrupted as err:  # the train job's line: the step it stopped at, what it saved
-        print(err, file=sys.stderr)
-        return 130
-    except KeyboardInterrupt:  # plan, embed; train before its steps began or after its end was saved
-        print(f"tensorarena {args.command}: interrupted", file=sys.stderr)
-        return 130
+    with TerminateAsCtrlC() as term:
+        try:
+            _run_command(args, argv)
+        except RunInterrupted as err:  # the train job's line: the step it stopped at, what it saved
+            print(_by_sigterm(str(err), term.received), file=sys.stderr)
+            return 143 if term.received else 130
+        except KeyboardInterrupt:  # plan, embed; train before its steps began or after its end was saved
+            print(_by_sigterm(f"tensorarena {args.command}: interrupted", term.received), file=sys.stderr)
+            return 143 if term.received else 130
     return 0
+
+
+def _by_sigterm(line: str, sigterm: bool) -> str:
+    """The interrupted line, saying "interrupted by SIGTERM" where SIGTERM stopped the command."""
+    return line.replace(": interrupted", ": interrupted by SIGTERM", 1) if sigterm else line
 
 
 def _run_command(args, argv: list[str] | None) -> None:

@@ -364,9 +364,10 @@ def _run(argv: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
                           cwd=REPO, timeout=timeout)
 
 
-def _interrupted_run(tmp_path: Path, argv: list[str], *, after_steps: int = 3, timeout: float = 600):
-    """`tensorarena train ARGV` in a fresh process, sent SIGINT once it has completed `after_steps` steps (read
-    from the launcher's marker file, so a slow machine only makes it wait). Returns (status, stderr)."""
+def _interrupted_run(tmp_path: Path, argv: list[str], *, after_steps: int = 3, timeout: float = 600,
+                     signum: int = signal.SIGINT):
+    """`tensorarena train ARGV` in a fresh process, sent `signum` (SIGINT) once it has completed `after_steps`
+    steps (read from the launcher's marker file, so a slow machine only makes it wait). Returns (status, stderr)."""
     launcher, marker = tmp_path / "launch.py", tmp_path / "steps.txt"
     launcher.write_text(LAUNCHER)
     out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
@@ -379,7 +380,7 @@ def _interrupted_run(tmp_path: Path, argv: list[str], *, after_steps: int = 3, t
                 assert proc.poll() is None, f"ended before step {after_steps}: {err.read_text()[-3000:]}"
                 assert time.monotonic() < deadline, f"no step {after_steps} after {timeout} s"
                 time.sleep(0.05)
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signum)
             status = proc.wait(timeout)
         finally:
             if proc.poll() is None:
@@ -388,11 +389,12 @@ def _interrupted_run(tmp_path: Path, argv: list[str], *, after_steps: int = 3, t
     return status, err.read_text()
 
 
-def _stopped_at(stderr: str, tail: str) -> int:
-    """The step of the command's last line `tensorarena train: interrupted at step N of M; TAIL`."""
+def _stopped_at(stderr: str, tail: str, by: str = "") -> int:
+    """The step of the command's last line `tensorarena train: interrupted[ by BY] at step N of M; TAIL`."""
     assert "Traceback" not in stderr, stderr[-3000:]
     last = stderr.strip().splitlines()[-1]
-    match = re.fullmatch(r"tensorarena train: interrupted at step (\d+) of (\d+); (.*)", last)
+    match = re.fullmatch(rf"tensorarena train: interrupted{f' by {by}' if by else ''} at step (\d+) of (\d+); (.*)",
+                         last)
     assert match, last
     assert match.group(3) == tail, last
     return int(match.group(1))

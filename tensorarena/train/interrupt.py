@@ -54,8 +54,9 @@ class _Held:
             # Said at once: a streamed step can take many seconds, and a Ctrl-C that seems ignored gets pressed
             # again, abandoning the step. os.write, not sys.stderr: the handler may have interrupted a write to
             # sys.stderr (the progress bar's), and its buffered writer refuses a reentrant call.
-            _notice(f"\nCtrl-C: waiting for {self.what} to complete, then stopping "
-                    f"(press Ctrl-C again to abandon it)\n")
+            again = "a second SIGTERM abandons it" if signum == signal.SIGTERM else "press Ctrl-C again to abandon it"
+            _notice(f"\n{'SIGTERM' if signum == signal.SIGTERM else 'Ctrl-C'}: waiting for {self.what} to complete, "
+                    f"then stopping ({again})\n")  # SIGTERM: forwarded by TerminateAsCtrlC
 
 
 def _notice(text: str) -> None:
@@ -111,6 +112,44 @@ class SigintDeferred:
             raise KeyboardInterrupt(f"Ctrl-C was held until {self.what} completed")
         raise KeyboardInterrupt(f"Ctrl-C was held while {self.what} ran, and it failed with "
                                 f"{type(exc).__name__}: {exc}") from exc
+
+
+class TerminateAsCtrlC:
+    """`with TerminateAsCtrlC() as term: work`: a SIGTERM (a job scheduler's or a container's stop, `timeout`,
+    `kill`) does what Ctrl-C does: the step in progress completes, `tensorarena train` saves it to --save and
+    stops; afterwards term.received says it was SIGTERM (cli.main then exits with 143, 128 + SIGTERM).
+
+    Without it SIGTERM killed the process at once and a run with --save lost every step since its last save.
+    SIGTERM is taken over only where Ctrl-C itself stops the program (SIGINT has Python's own handler, or a
+    deferral's) and SIGTERM has no handler of the program's: a background job started with SIGINT ignored, or a
+    program embedding cli.main with its own policy, keeps what it had. Main thread only, as SigintDeferred."""
+
+    __slots__ = ("received", "_previous")
+
+    def __init__(self) -> None:
+        self.received = False
+        self._previous = None
+
+    def __enter__(self) -> "TerminateAsCtrlC":
+        if threading.current_thread() is threading.main_thread() \
+                and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL \
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._previous = signal.signal(signal.SIGTERM, self._as_ctrl_c)
+        return self
+
+    def _as_ctrl_c(self, signum, frame) -> None:
+        self.received = True
+        handler = signal.getsignal(signal.SIGINT)  # a deferral's _Held during a step, else Python's own
+        if callable(handler):
+            handler(signum, frame)
+        else:  # SIGINT's handler was changed to SIG_IGN or SIG_DFL inside the work: stop as SIGTERM would
+            raise KeyboardInterrupt("SIGTERM")
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
+        return False
 
 
 def abandoned_step_message(index: int, route: str) -> str:
