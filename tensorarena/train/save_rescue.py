@@ -28,40 +28,51 @@ def checkpoint_bytes(optimizer: Optimizer) -> int:
     return sum(size for kind, size in parts.items() if kind != "grads")
 
 
-def check_save_room(save: str | os.PathLike, optimizer: Optimizer, command: str = "train") -> None:
+def check_save_room(save: str | os.PathLike, optimizer: Optimizer, command: str = "train", *,
+                    need: int | None = None, what: str = "the checkpoint takes about {need} (parameters and "
+                                                         "optimizer state)") -> None:
     """SystemExit before step 1 when the disk of --save has less free space than the checkpoint will take (it is
-    written beside the old file and renamed over it, so all of it is needed even where a checkpoint is there)."""
+    written beside the old file and renamed over it, so all of it is needed even where a checkpoint is there).
+    `need` and `what`: another output's bytes and words (simcse's model directory: the parameters alone)."""
     folder = Path(save).parent
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
-    need, free = checkpoint_bytes(optimizer), shutil.disk_usage(folder).free
+    need = checkpoint_bytes(optimizer) if need is None else need
+    free = shutil.disk_usage(folder).free
     if free < need:
-        raise SystemExit(f"tensorarena {command}: --save {save}: its disk has {format_bytes(free)} free and the "
-                         f"checkpoint takes about {format_bytes(need)} (parameters and optimizer state); free space "
-                         f"or pass a --save on another disk")
+        raise SystemExit(f"tensorarena {command}: --save {save}: its disk has {format_bytes(free)} free and "
+                         f"{what.format(need=format_bytes(need))}; free space or pass a --save on another disk")
 
 
 def save_or_rescue(trainer, target: str | os.PathLike, extra: dict) -> None:
     """trainer.save(target); where that fails (an OSError: no room, the disk gone read-only), the same checkpoint
     into the first of the temporary directory, /var/tmp and the working directory that takes it, and a
     CheckpointNotSaved saying where it went (or that no place took it)."""
+    write_or_rescue(lambda path: trainer.save(path, extra=extra), target, trainer.step_count,
+                    suffix=".safetensors", what="checkpoint", then="move it where it should be and --resume it from "
+                                                                  "there")
+
+
+def write_or_rescue(write, target: str | os.PathLike, steps: int, *, suffix: str, what: str, then: str) -> None:
+    """write(target); where that raises an OSError, write(path) for a path in the first of the temporary
+    directory, /var/tmp and the working directory that takes it, then CheckpointNotSaved saying where the `what`
+    of the run's `steps` went and `then` what to do (or that no place took it: it is lost)."""
     try:
-        trainer.save(target, extra=extra)
+        write(target)
         return
     except OSError as err:
         failed = err
-    steps = f"{trainer.step_count} step{'s' if trainer.step_count != 1 else ''}"
-    name = f"tensorarena-rescue-{os.getpid()}-step{trainer.step_count}.safetensors"
+    steps_text = f"{steps} step{'s' if steps != 1 else ''}"
+    name = f"tensorarena-rescue-{os.getpid()}-step{steps}{suffix}"
     tried = list(dict.fromkeys([tempfile.gettempdir(), "/var/tmp", os.getcwd()]))
     for folder in tried:
         path = Path(folder) / name
         try:
-            trainer.save(path, extra=extra)
+            write(path)
         except OSError:
             continue
-        raise CheckpointNotSaved(f"--save {target} could not be written ({failed}); the checkpoint of the "
-                                 f"{steps} was saved to {path} instead: move it where it should be and --resume "
-                                 f"it from there") from None
-    raise CheckpointNotSaved(f"--save {target} could not be written ({failed}), nor could the checkpoint of the "
-                             f"{steps} be written to {', '.join(tried)}: it is lost; free disk space before the "
+        raise CheckpointNotSaved(f"--save {target} could not be written ({failed}); the {what} of the {steps_text} "
+                                 f"was saved to {path} instead: {then}") from None
+    raise CheckpointNotSaved(f"--save {target} could not be written ({failed}), nor could the {what} of the "
+                             f"{steps_text} be written to {', '.join(tried)}: it is lost; free disk space before the "
                              f"next run") from None

@@ -29,6 +29,7 @@ import numpy as np
 from ..memory.meter import peak_rss_bytes, rss_bytes
 from .interrupt import RunInterrupted, SigintDeferred, StepAbandoned
 from .report import NonFiniteLossError, save_after_error
+from .save_rescue import CheckpointNotSaved, check_save_room, write_or_rescue
 from .summary import (bf16_products_since, finish, plan_before_step_1, print_fused_lines, print_skipped, route_summary,
                       step_rate)
 
@@ -159,7 +160,10 @@ def _save_progress(args, trainer, encoder, model_dir: Path, reports: list, *, al
     if not args.save or not (reports or always):
         return False
     _params_into_model(trainer)
-    save_model_dir(encoder, model_dir, args.save)
+    # A write that fails (a full disk) puts the directory elsewhere and says where, as the mlp and vit jobs do
+    write_or_rescue(lambda path: save_model_dir(encoder, model_dir, path), args.save, trainer.step_count, suffix="",
+                    what="model directory", then="move it where it should be (tensorarena embed --model-dir takes it "
+                                                 "as it is)")
     return True
 
 
@@ -265,6 +269,11 @@ def train_simcse(args) -> dict:
                          rng=np.random.default_rng(args.seed + 1))
 
     optimizer = _make_optimizer(args, model.parameters())
+    if args.save:  # refused now, not after the run, where its disk cannot take the model directory
+        from .route_plan import persistent_bytes
+
+        check_save_room(Path(args.save) / "model.safetensors", optimizer, need=persistent_bytes(optimizer)["params"],
+                        what="the model directory takes about {need} (the parameters)")
     scheduler = _make_scheduler(args, optimizer)
     # The model returns the loss itself; the Trainer's targets are unused.
     route = getattr(args, "route", "eager")
@@ -314,7 +323,7 @@ def train_simcse(args) -> dict:
         raise _interrupted(args, trainer, encoder, model_dir, reports, err, saved) from None
     except Exception as err:
         bar.close()
-        if not saved:
+        if not saved and not isinstance(err, CheckpointNotSaved):  # a failed save is not tried twice
             save_after_error(err, trainer, lambda: _save_before_failure(args, trainer, encoder, model_dir, reports))
         raise
 
