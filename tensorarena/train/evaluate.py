@@ -69,12 +69,22 @@ def evaluate(trainer: Trainer, inputs: np.ndarray, targets: Any, batch_size: int
                     # (after to_memory() the model holds the state: the store is not entered again to read it)
                     streamed = trainer.stream is not None and not trainer.stream.in_memory
                     out = Tensor(trainer.stream.predict(xb)) if streamed else trainer.model(_model_input(xb))
-                    loss = trainer.loss_fn(out, yb).item()
+                    loss = _loss_value(trainer.loss_fn(out, yb), trainer.loss_fn)
                     total_loss += loss * share if share else 0.0
                     # Classes on the last axis, or (a class-index loss's (N, C, d...) logits, as torch's) on
                     # axis 1: argmax(-1) of (N, C, T) logits picked positions, and C == T hid it (a hunt).
-                    by_axis_1 = spatial and out.ndim >= 3 and out.shape[:1] + out.shape[2:] == yb.shape
-                    if counted and (by_axis_1 or out.shape[:-1] == yb.shape):
+                    # A model may return a tuple or dict its loss unpacks ((logits, aux)): which part holds the
+                    # classes is the loss's to know, so no accuracy (out.shape was an AttributeError). One
+                    # column (a binary classifier's single logit) has no argmax: it was always 0, so
+                    # "accuracy" was the share of label-0 rows, 0.5 for a perfect classifier (hunt).
+                    classes, by_axis_1 = 0, False  # classes: the size of the axis argmax picks one of
+                    if counted and isinstance(out, Tensor):  # counted: yb is one array of labels
+                        by_axis_1 = spatial and out.ndim >= 3 and out.shape[:1] + out.shape[2:] == yb.shape
+                        if by_axis_1:
+                            classes = out.shape[1]
+                        elif out.ndim >= 1 and out.shape[:-1] == yb.shape:
+                            classes = out.shape[-1]
+                    if classes > 1:
                         hits = out.data.argmax(axis=1 if by_axis_1 else -1) == yb
                         correct += int(hits[scored[begin:stop]].sum() if scored is not None else hits.sum())
                     else:
@@ -83,3 +93,16 @@ def evaluate(trainer: Trainer, inputs: np.ndarray, targets: Any, batch_size: int
     scored_count = int(scored.sum()) if scored is not None else (labels.size if labels is not None else 0)
     accuracy = (correct / scored_count if scored_count else float("nan")) if counted else None
     return {"loss": total_loss, "accuracy": accuracy}
+
+
+def _loss_value(loss: Any, loss_fn: Any) -> float:
+    """The batch's loss as a float: a Tensor (or number) of one value. A loss of many values (reduction="none")
+    was an item() error that named neither the loss nor what evaluate needs (hunt)."""
+    value = loss.data if isinstance(loss, Tensor) else loss
+    if not isinstance(value, (int, float, np.generic, np.ndarray)) or np.size(value) != 1:
+        shape = f" of shape {value.shape}" if isinstance(value, np.ndarray) else ""
+        raise ValueError(f"evaluate: loss_fn {getattr(loss_fn, '__name__', type(loss_fn).__name__)!r} returned a "
+                         f"{type(loss).__name__}{shape}; evaluate weighs one loss value per batch: reduce it "
+                         f"(reduction='mean' or 'sum', or .mean()), as step() needs too")
+    return float(np.asarray(value).item())
+
