@@ -56,21 +56,32 @@ def _flatten(x: Any, leaves: list[np.ndarray], where: str) -> tuple:
     return _refuse(x, where)
 
 
+class UnheldTargetsError(TypeError):
+    """Targets a plan cannot hold; `where` names the part (targets, targets[0], ...) and `kind` its type, so a
+    caller that is not the fused route (evaluate) can say it in its own words."""
+
+    def __init__(self, message: str, where: str, kind: str) -> None:
+        super().__init__(message)
+        self.where, self.kind = where, kind
+
+
 def _as_array(x: Any, where: str) -> np.ndarray:
     try:
         array = np.asarray(x)
     except ValueError as exc:  # ragged nesting
-        raise TypeError(f"the fused route cannot hold {where}: NumPy cannot make one array of it ({exc}). Pass "
-                        f"an array, or train with route='eager'") from None
+        raise UnheldTargetsError(f"the fused route cannot hold {where}: NumPy cannot make one array of it ({exc}). "
+                                 f"Pass an array, or train with route='eager'", where,
+                                 f"ragged {type(x).__name__} NumPy cannot make one array of") from None
     if array.dtype == object:
         _refuse(x, where)
     return array
 
 
 def _refuse(x: Any, where: str):
-    raise TypeError(f"the fused route holds targets made of arrays, Tensors, numbers and tuples, lists or dicts "
-                    f"of them; {where} is of type {type(x).__name__}. Pass arrays, or train with route='eager', "
-                    f"which hands the targets to loss_fn as they are")
+    kind = f"{type(x).__module__}.{type(x).__qualname__}".removeprefix("builtins.")
+    raise UnheldTargetsError(f"the fused route holds targets made of arrays, Tensors, numbers and tuples, lists or "
+                             f"dicts of them; {where} is of type {type(x).__name__}. Pass arrays, or train with "
+                             f"route='eager', which hands the targets to loss_fn as they are", where, kind)
 
 
 def build(spec: tuple, buffers: list[np.ndarray]) -> Any:
@@ -94,4 +105,4 @@ def _build(spec: tuple, it) -> Any:
     return tuple(items) if kind == "tuple" else items
 
 
-__all__ = ["build", "flatten", "is_container"]
+__all__ = ["UnheldTargetsError", "build", "flatten", "is_container"]

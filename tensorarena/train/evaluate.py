@@ -32,9 +32,24 @@ def evaluate(trainer: Trainer, inputs: np.ndarray, targets: Any, batch_size: int
     if rows == 0:
         raise ValueError(f"evaluate: the held-out data is empty (inputs of shape {np.shape(inputs)}); "
                          f"pass at least one row")
+    if isinstance(inputs, dict):
+        # Every array is cut by the same rows: an array of other rows was paired with the wrong rows, or cut short,
+        # with no word (hunt), where short targets are refused below.
+        uneven = {key: _leading(value) for key, value in inputs.items() if _leading(value) != rows}
+        if uneven:
+            raise ValueError(f"evaluate: the inputs' arrays must have the same rows (their first one has {rows}); "
+                             f"got rows {uneven}")
     # None: a model that returns its own loss (SimCSE), as step(inputs, None) takes it; flatten would make it a
     # 0-d object array and refuse it with the fused route's message, on every route.
-    spec, leaves = (("constant", None), []) if targets is None else target_layout.flatten(targets)
+    try:
+        spec, leaves = (("constant", None), []) if targets is None else target_layout.flatten(targets)
+    except target_layout.UnheldTargetsError as exc:
+        # flatten's message is the fused route's ("train with route='eager'"), wrong advice on the eager route,
+        # where step() takes any targets (a torch tensor, an object of the user's) as they are (hunt).
+        raise TypeError(f"evaluate cuts the targets into batches by rows, so it takes arrays, Tensors, numbers and "
+                        f"tuples, lists or dicts of them; {exc.where} is a {exc.kind}. Convert it (np.asarray(t) "
+                        f"for a torch tensor), or evaluate by hand: model.eval() and loss_fn(model(x), t) "
+                        f"under ta.no_grad()") from None
     short = [leaf.shape for leaf in leaves if leaf.ndim == 0 or len(leaf) != rows]
     if short:
         raise ValueError(f"evaluate: the targets must have one row per input row ({rows}); got arrays of shapes "
@@ -106,3 +121,9 @@ def _loss_value(loss: Any, loss_fn: Any) -> float:
                          f"(reduction='mean' or 'sum', or .mean()), as step() needs too")
     return float(np.asarray(value).item())
 
+
+def _leading(value: Any) -> int | None:
+    """The rows of one of a dict batch's arrays (its first dimension), or None for one with no dimension."""
+    shape = getattr(value, "shape", None)
+    shape = np.shape(value) if shape is None else shape
+    return shape[0] if len(shape) else None
