@@ -62,7 +62,12 @@ class BatchLoader:
         if missing:
             raise ValueError(f"the loader's saved state lacks {', '.join(repr(k) for k in missing)}: pass the dict "
                              f"BatchLoader.state() returned")
-        order = np.array(state["order"], dtype=np.int64)  # a copy: the caller's list or array stays theirs
+        order = np.array(state["order"])  # a copy: the caller's list or array stays theirs
+        # As for the cursor: a fractional index is no position state() writes, and casting it to int64 cut
+        # [0.5, 1.5, ...] to a shuffle of the rows that resumed elsewhere with no word (hunt).
+        if order.size and order.dtype.kind not in "iu":
+            raise ValueError(f"the loader's saved order must hold integer example indices, got {order.dtype} values")
+        order = order.astype(np.int64)
         if order.ndim != 1:
             raise ValueError(f"the loader's saved order must be a flat list of example indices, got shape "
                              f"{order.shape}")
@@ -79,7 +84,16 @@ class BatchLoader:
             raise ValueError(f"the loader's saved order is not a shuffle of this data set's {n} examples")
         if not 0 <= cursor <= len(order):
             raise ValueError(f"the loader's saved cursor {cursor} is outside its order of {len(order)} examples")
-        self.rng.bit_generator.state = state["rng"]
+        try:
+            self.rng.bit_generator.state = state["rng"]
+        except (ValueError, TypeError, KeyError) as exc:
+            # NumPy's own words ("state must be for a PCG64 PRNG", or a bare KeyError 'state') named neither the
+            # loader nor what to do (hunt).
+            saved = state["rng"].get("bit_generator") if isinstance(state["rng"], dict) else None
+            raise ValueError(f"the loader's saved generator state ({saved or 'not a bit generator state'}) does not "
+                             f"fit this loader's {type(self.rng.bit_generator).__name__} generator ({exc!r}): pass the "
+                             f"dict BatchLoader.state() returned, to a loader whose rng has the saved run's bit "
+                             f"generator (np.random.default_rng(seed) makes a PCG64)") from None
         self._order, self._cursor, self._before = order, cursor, None
 
     def next(self) -> tuple[np.ndarray, np.ndarray]:
