@@ -1,4 +1,4 @@
-"""Trainer.evaluate on odd batches and outputs, against torch (a helper agent's hunt of the data and evaluation API).
+"""Trainer.evaluate on odd batches and outputs against torch, and BatchLoader resuming (a helper agent's hunt).
 
 1. A model that returns a tuple its loss unpacks ((logits, aux)), which step() trains: evaluate raised
    AttributeError ('tuple' object has no attribute 'shape'). Its loss is given now, and no accuracy.
@@ -10,14 +10,19 @@
    model at the last batch). Refused now, as short targets are.
 5. Targets evaluate cannot cut by rows (a torch tensor, an object of the user's) on the eager route, which trains on
    them: the fused route's message, advising route='eager'. evaluate's own message now.
-The rest (partial last batch, batch 1, every route's fused slab) held; their tests guard it.
+6. BatchLoader.load_state of a generator state that does not fit the loader's generator (another bit generator,
+   a corrupt dict): NumPy's "state must be for a MT19937 PRNG" or a bare KeyError 'state'. A saved order of
+   fractional indices was cut to int64 and resumed elsewhere (the cursor refused the same). Both ValueErrors now.
+The rest (partial last batch, batch 1, evaluate between fused steps, resuming and rewinding) held; tests guard it.
 
-On 6dda1f3 (before the fixes) 9 of this file's 13 tests fail:
-    git worktree add /tmp/wt 6dda1f3 && cp tests/test_data_eval_hunt.py /tmp/wt/tests/ &&
-    (cd /tmp/wt && PYTHONPATH=/tmp/wt python -m pytest -q -p no:cacheprovider tests/test_data_eval_hunt.py)
+On 6dda1f3 (before the fixes) 12 of this file's 17 tests fail:
+    mkdir /tmp/base && git archive 6dda1f3 | tar -x -C /tmp/base && cp tests/test_data_eval_hunt.py /tmp/base/tests/ &&
+    (cd /tmp/base && PYTHONPATH=/tmp/base python -m pytest -q -p no:cacheprovider tests/test_data_eval_hunt.py)
 """
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
@@ -25,6 +30,7 @@ import torch
 
 import tensorarena as ta
 from tensorarena import nn, optim
+from tensorarena.data.loader import BatchLoader
 from tensorarena.models import MLP, MLPConfig
 from tensorarena.train.trainer import Trainer
 
@@ -186,3 +192,65 @@ def test_targets_that_cannot_be_cut_get_evaluates_own_message(targets):
     with pytest.raises(TypeError, match=r"^evaluate cuts the targets into batches by rows.*np\.asarray") as info:
         trainer.evaluate(X, targets, batch_size=8)
     assert "route='eager'" not in str(info.value)  # the advice was the route it was on
+
+
+# -- the loader: resuming ---------------------------------------------------------------------------------------
+
+def _loader(seed: int = 0, bit_generator=np.random.PCG64) -> BatchLoader:
+    x = np.arange(20, dtype=np.float32).reshape(10, 2)
+    return BatchLoader(x, np.arange(10), 3, rng=np.random.Generator(bit_generator(seed)))
+
+
+def test_a_resumed_or_rewound_loader_yields_what_the_uninterrupted_one_does():
+    """What held: 200 random walks of next / rewind / state through JSON into a fresh loader, against one that
+    never stopped; every epoch a new shuffle of distinct rows, the partial batch dropped."""
+    for trial in range(200):
+        walk = np.random.default_rng(trial)
+        rows = int(walk.integers(1, 12))
+        batch = int(walk.integers(1, rows + 1))
+        x, y = np.arange(rows, dtype=np.float64)[:, None], np.arange(rows)
+        whole = BatchLoader(x, y, batch, rng=np.random.default_rng(trial))
+        want = [whole.next()[1].copy() for _ in range(20)]
+        loader, got = BatchLoader(x, y, batch, rng=np.random.default_rng(trial)), []
+        while len(got) < 20:
+            move = walk.integers(0, 3)
+            if move == 0 and got:
+                loader.rewind()
+                got.pop()
+            elif move == 1:
+                state = json.loads(json.dumps(loader.state()))
+                loader = BatchLoader(x, y, batch, rng=np.random.default_rng(10_000 + trial))
+                loader.load_state(state)
+            got.append(loader.next()[1].copy())
+        for a, b in zip(want, got):
+            np.testing.assert_array_equal(a, b)
+        per_epoch = rows // batch
+        for epoch in range(len(want) // per_epoch):
+            seen = np.concatenate(want[epoch * per_epoch:(epoch + 1) * per_epoch])
+            assert len(set(seen.tolist())) == per_epoch * batch
+
+
+@pytest.mark.parametrize("rng", [{"bit_generator": "PCG64"}, "saved"], ids=["corrupt", "other-kind"])
+def test_a_generator_state_that_does_not_fit_is_a_clear_error_and_changes_nothing(rng):
+    source = _loader()
+    source.next()
+    state = source.state()
+    bit_generator = np.random.MT19937 if rng == "saved" else np.random.PCG64
+    if rng != "saved":
+        state["rng"] = rng
+    loader, twin = _loader(5, bit_generator), _loader(5, bit_generator)
+    loader.next(), twin.next()
+    with pytest.raises(ValueError, match=r"saved generator state \(PCG64\) does not fit this loader's "
+                                         rf"{bit_generator.__name__} generator.*BatchLoader\.state\(\)"):
+        loader.load_state(state)
+    for _ in range(5):
+        np.testing.assert_array_equal(loader.next()[1], twin.next()[1])
+
+
+def test_a_fractional_saved_order_is_refused():
+    loader = _loader()
+    loader.next()
+    state = loader.state()
+    state["order"] = [index + 0.5 for index in state["order"]]  # int64 cast it to a shuffle of the rows
+    with pytest.raises(ValueError, match="integer example indices, got float64"):
+        _loader().load_state(state)
