@@ -467,8 +467,9 @@ class Trainer:
     def evaluate(self, inputs: np.ndarray, targets: Any, *, batch_size: int | None = None) -> dict:
         """Mean loss on held-out data in eval mode, without building a graph, batch by batch: {"loss",
         "accuracy"}. "accuracy" (argmax of the outputs) is there for class-index targets, one integer label
-        per output row; for other targets (regression, hidden states, a structure such as (labels, weights)) it
-        is None. Targets may be what step() takes: an array, or a tuple, list or dict of arrays, each sliced
+        per output row of two or more class scores; for other targets (regression, hidden states, a structure such
+        as (labels, weights)), a single logit or an output that is no one tensor ((logits, aux)) it is None.
+        Targets may be what step() takes: an array, or a tuple, list or dict of arrays, each sliced
         by rows. The loss is each batch's loss weighted by its rows (the mean over rows for a mean-reduced loss), or,
         for tensorarena's class-index losses, by its counted targets (ignore_index, class weights: the whole data's
         loss whatever batch_size; compile/loss_shares.py), whose accuracy leaves ignored labels out.
