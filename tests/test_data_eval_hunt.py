@@ -15,7 +15,7 @@
    fractional indices was cut to int64 and resumed elsewhere (the cursor refused the same). Both ValueErrors now.
 The rest (partial last batch, batch 1, evaluate between fused steps, resuming and rewinding) held; tests guard it.
 
-On 6dda1f3 (before the fixes) 12 of this file's 17 tests fail:
+On 6dda1f3 (before the fixes) 13 of this file's 18 tests fail:
     mkdir /tmp/base && git archive 6dda1f3 | tar -x -C /tmp/base && cp tests/test_data_eval_hunt.py /tmp/base/tests/ &&
     (cd /tmp/base && PYTHONPATH=/tmp/base python -m pytest -q -p no:cacheprovider tests/test_data_eval_hunt.py)
 """
@@ -175,6 +175,28 @@ def test_a_dict_batch_of_uneven_rows_is_refused(scale_rows):
     even = trainer.evaluate({"x": X, "scale": np.ones((37, 1), np.float32)}, Y, batch_size=8)
     assert even["loss"] == pytest.approx(trainer.evaluate({"x": X, "scale": np.ones((37, 1), np.float32)}, Y,
                                                           batch_size=37)["loss"], abs=LOSS_TOL)
+
+
+class Bag(nn.Module):
+    """Pads nothing: each row is a list of token ids of its own length."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4, rng=np.random.default_rng(0))
+
+    def forward(self, batch):
+        return ta.stack([self.emb(ta.tensor(np.array(ids))).mean(dim=0) for ids in batch["ids"]])
+
+
+def test_a_dict_batch_of_ragged_lists_is_still_cut_by_rows():
+    """The rows check counts a list's length: a list of ragged token lists has no NumPy shape."""
+    model = Bag()
+    trainer = Trainer(model, optim.SGD(model.parameters(), lr=0.1), nn.functional.cross_entropy, route="eager")
+    ids, labels = [[1, 2], [3], [4, 5, 6], [7], [8, 9]], np.array([0, 1, 2, 3, 0])
+    whole = trainer.evaluate({"ids": ids}, labels, batch_size=5)
+    assert trainer.evaluate({"ids": ids}, labels, batch_size=2)["loss"] == pytest.approx(whole["loss"], abs=LOSS_TOL)
+    with pytest.raises(ValueError, match=r"first one has 4.*'other': 5"):
+        trainer.evaluate({"ids": ids[:4], "other": [0] * 5}, labels, batch_size=2)
 
 
 # -- 5. targets evaluate cannot cut ------------------------------------------------------------------------------

@@ -123,7 +123,12 @@ def _loss_value(loss: Any, loss_fn: Any) -> float:
 
 
 def _leading(value: Any) -> int | None:
-    """The rows of one of a dict batch's arrays (its first dimension), or None for one with no dimension."""
+    """The rows of one of a dict batch's values (an array's first dimension, a list's length), or None for one with
+    no rows. len(), not np.shape: a list of ragged token lists (a model that pads its own batch) has no shape."""
     shape = getattr(value, "shape", None)
-    shape = np.shape(value) if shape is None else shape
-    return shape[0] if len(shape) else None
+    if shape is not None:
+        return shape[0] if len(shape) else None
+    try:
+        return len(value)
+    except TypeError:
+        return None
