@@ -7,7 +7,7 @@ from .tensor import Tensor, tensor
 from . import ops
 from .random import manual_seed
 from .precision import float32_matmul_precision, get_float32_matmul_precision, set_float32_matmul_precision
-from . import kernels, models, nn, optim
+from . import kernels, models, nn, optim, utils
 from .ops import (add, cat, clone, concat, div, exp, flatten, log, matmul, max, mean, mul, neg, permute, pow,
                   reshape, sqrt, squeeze, stack, sub, sum, tanh, transpose, unsqueeze, var, where)
 from .ops import abs, all, allclose, any, argmax, argmin, clamp, clip, eq, equal, ge, gt, le, lt, ne
@@ -44,7 +44,7 @@ __all__ = [
     "maximum", "minimum", "nonzero", "norm", "outer", "prod", "remainder", "roll", "tril", "triu",
     "bmm", "cos", "from_numpy", "inference_mode", "mm", "rand", "randint", "randn", "randperm", "relu", "round",
     "rsqrt", "scatter", "scatter_add", "set_grad_enabled", "sigmoid", "sign", "sin", "softmax", "square",
-    "empty", "empty_like", "eye", "load", "save",
+    "empty", "empty_like", "eye", "load", "save", "utils",
     # The dtypes; ta.bool, ta.int, ta.float, ta.long and ta.double are left out here (torch lists them): a star
     # import would shadow Python's bool, int and float in the importing module.
     "float32", "float64", "int8", "int16", "int32", "int64", "uint8",

@@ -1,0 +1,189 @@
+"""torch.utils.data's Dataset, TensorDataset and DataLoader, so `for x, y in loader: ...` ports as it is.
+
+A DataLoader yields what torch's yields: batches made by `collate_fn` (default_collate: Tensors, NumPy arrays and
+numbers stacked into one Tensor, dicts and sequences collated field by field, strings left a list), the last one
+short unless drop_last, in the dataset's order or shuffled anew each epoch (shuffle=True) by `generator` (a NumPy
+Generator; None draws from tensorarena's default generator, which ta.manual_seed seeds, as torch draws from its
+global one). `sampler` (an iterable of indices) or `batch_sampler` (of index lists) choose the order instead.
+
+Batches are made in the calling thread: num_workers > 0 and pin_memory are accepted, so a torch script runs, and a
+warning says what they do not do here. A TensorDataset with the default collate_fn is cut by fancy indexing each
+of its arrays once per batch, with the same result as collating its samples one by one (`fetch_route` says which
+ran: "indexed" or "per_sample").
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Callable
+
+import numpy as np
+
+from ..random import get_generator
+from ..tensor import Tensor
+
+log = logging.getLogger(__name__)
+
+
+class Dataset:
+    """A map-style dataset: subclasses give __getitem__(index) -> one sample and __len__() -> how many."""
+
+    def __getitem__(self, index):
+        raise NotImplementedError(f"{type(self).__name__} must define __getitem__(index), returning one sample")
+
+    def __len__(self) -> int:
+        raise NotImplementedError(f"{type(self).__name__} must define __len__(), the number of samples")
+
+
+class TensorDataset(Dataset):
+    """Samples are the rows of each tensor at one index: dataset[i] == (t[i] for t in tensors). Tensors or NumPy
+    arrays, all with the same first dimension."""
+
+    def __init__(self, *tensors) -> None:
+        if not tensors:
+            raise ValueError("TensorDataset needs at least one tensor")
+        arrays = []
+        for position, t in enumerate(tensors):
+            array = t.data if isinstance(t, Tensor) else t
+            if not isinstance(array, np.ndarray) or array.ndim == 0:
+                raise TypeError(f"TensorDataset: argument {position} must be a Tensor or NumPy array of one or more "
+                                f"dimensions, got {type(t).__name__}{' of 0 dimensions' if np.ndim(t) == 0 else ''}")
+            arrays.append(array)
+        rows = [len(a) for a in arrays]
+        if len(set(rows)) > 1:
+            raise ValueError(f"TensorDataset: every tensor must have as many rows as the first; their first "
+                             f"dimensions are {rows}")
+        self.tensors = tuple(tensors)
+        self._arrays = arrays
+
+    def __getitem__(self, index):
+        return tuple(Tensor(np.array(a[index])) for a in self._arrays)
+
+    def __len__(self) -> int:
+        return len(self._arrays[0])
+
+
+def default_collate(batch: list) -> Any:
+    """A list of samples as one batch, as torch's default_collate: Tensors, NumPy arrays and NumPy scalars stacked
+    along a new first dimension (one Tensor), Python ints int64 and floats float64 (bools bool), dicts by key,
+    sequences field by field (a list), strings and bytes left as they are."""
+    first = batch[0]
+    if isinstance(first, Tensor):
+        return Tensor(np.stack([x.data for x in batch]))
+    if isinstance(first, (np.ndarray, np.generic)) and first.dtype.kind in "biuf":
+        return Tensor(np.stack([np.asarray(x) for x in batch]))
+    if isinstance(first, bool):
+        return Tensor(np.array(batch, dtype=np.bool_))
+    if isinstance(first, int):
+        return Tensor(np.array(batch, dtype=np.int64))
+    if isinstance(first, float):
+        return Tensor(np.array(batch, dtype=np.float64))
+    if isinstance(first, (str, bytes)):
+        return batch
+    if isinstance(first, Mapping):
+        return {key: default_collate([sample[key] for sample in batch]) for key in first}
+    if isinstance(first, Sequence):
+        lengths = {len(sample) for sample in batch}
+        if len(lengths) > 1:
+            raise RuntimeError(f"default_collate: each sample of a batch must have the same number of fields; "
+                               f"got {sorted(lengths)}")
+        return [default_collate(list(field)) for field in zip(*batch)]
+    raise TypeError(f"default_collate: a batch must hold Tensors, NumPy arrays, numbers, strings, dicts or "
+                    f"sequences of them; found {type(first).__name__}. Pass collate_fn= to batch it yourself")
+
+
+def default_convert(sample: Any) -> Any:
+    """One sample as a DataLoader with batch_size=None yields it: NumPy arrays and scalars as Tensors, containers
+    converted within, anything else as it is (torch's default_convert)."""
+    if isinstance(sample, (np.ndarray, np.generic)) and sample.dtype.kind in "biuf":
+        return Tensor(np.asarray(sample))
+    if isinstance(sample, Mapping):
+        return {key: default_convert(value) for key, value in sample.items()}
+    if isinstance(sample, (list, tuple)):
+        return [default_convert(value) for value in sample]
+    return sample
+
+
+class DataLoader:
+    """Batches of a dataset, as torch.utils.data.DataLoader (module docstring). Iterate it once per epoch."""
+
+    def __init__(self, dataset, batch_size: int | None = 1, shuffle: bool | None = None,
+                 sampler: Iterable[int] | None = None, batch_sampler: Iterable[list[int]] | None = None,
+                 num_workers: int = 0, collate_fn: Callable[[list], Any] | None = None, pin_memory: bool = False,
+                 drop_last: bool = False, timeout: float = 0, worker_init_fn=None, multiprocessing_context=None,
+                 generator: np.random.Generator | None = None, *, prefetch_factor: int | None = None,
+                 persistent_workers: bool = False, pin_memory_device: str = "", in_order: bool = True) -> None:
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer))
+                                       or batch_size <= 0):
+            raise ValueError(f"batch_size should be a positive integer value, but got batch_size={batch_size!r}")
+        if sampler is not None and shuffle:
+            raise ValueError("sampler option is mutually exclusive with shuffle: the sampler chooses the order")
+        if batch_sampler is not None and (batch_size != 1 or shuffle or sampler is not None or drop_last):
+            raise ValueError("batch_sampler option is mutually exclusive with batch_size, shuffle, sampler and "
+                             "drop_last: it chooses the batches")
+        if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
+            raise ValueError(f"num_workers option should be a non-negative integer, got {num_workers!r}")
+        if generator is not None and not isinstance(generator, np.random.Generator):
+            raise TypeError(f"DataLoader: generator must be a numpy.random.Generator (np.random.default_rng(seed)), "
+                            f"got {type(generator).__name__}")
+        self.dataset = dataset
+        self.batch_size = None if batch_size is None or batch_sampler is not None else int(batch_size)
+        self.shuffle = bool(shuffle)
+        self.sampler, self.batch_sampler = sampler, batch_sampler
+        self.drop_last = drop_last
+        self.collate_fn = collate_fn
+        self.generator = generator
+        self.num_workers = int(num_workers)
+        self.fetch_route: str | None = None  # "indexed" or "per_sample": how the last batch was made
+        if num_workers:
+            log.warning("DataLoader(num_workers=%d): tensorarena makes batches in the calling thread; there are no "
+                        "worker processes (worker_init_fn, prefetch_factor and timeout do nothing)", num_workers)
+        if pin_memory:
+            log.warning("DataLoader(pin_memory=True): there is no accelerator, so no memory is pinned")
+
+    def __len__(self) -> int:
+        if self.batch_sampler is not None:
+            return len(self.batch_sampler)
+        samples = len(self.sampler) if self.sampler is not None else len(self.dataset)
+        if self.batch_size is None:
+            return samples
+        return samples // self.batch_size if self.drop_last else math.ceil(samples / self.batch_size)
+
+    def _order(self) -> Iterable[int]:
+        if self.sampler is not None:
+            return self.sampler
+        count = len(self.dataset)
+        if self.shuffle:
+            return get_generator(self.generator).permutation(count).tolist()
+        return range(count)
+
+    def _batches(self) -> Iterable[list[int]]:
+        if self.batch_sampler is not None:
+            yield from self.batch_sampler
+            return
+        batch: list[int] = []
+        for index in self._order():
+            batch.append(int(index))
+            if len(batch) == self.batch_size:
+                yield batch
+                batch = []
+        if batch and not self.drop_last:
+            yield batch
+
+    def __iter__(self):
+        if self.batch_size is None and self.batch_sampler is None:
+            for index in self._order():
+                self.fetch_route = "per_sample"
+                yield (self.collate_fn or default_convert)(self.dataset[index])
+            return
+        indexed = isinstance(self.dataset, TensorDataset) and self.collate_fn is None
+        for indices in self._batches():
+            if indexed:  # one fancy index per array: what default_collate of the rows would stack
+                self.fetch_route = "indexed"
+                rows = np.asarray(indices, dtype=np.intp)
+                yield [Tensor(a[rows]) for a in self.dataset._arrays]
+            else:
+                self.fetch_route = "per_sample"
+                yield (self.collate_fn or default_collate)([self.dataset[i] for i in indices])
