@@ -481,12 +481,27 @@ class Trainer:
         slab it borrows is the step's."""
         from .evaluate import evaluate
 
+        with self._one_at_a_time("evaluate"):
+            return evaluate(self, inputs, targets, self._eval_batch_size(batch_size))
+
+    def _eval_batch_size(self, batch_size: int | None) -> int:
+        """evaluate's and predict's batch_size: as given, else the last training batch's rows (1024 before any
+        step), or micro_batch if that is smaller (the fused slab is a micro-batch's)."""
         if batch_size is None:
             batch_size = self._train_rows or 1024
             if self.micro_batch is not None:
                 batch_size = min(batch_size, self.micro_batch)
-        with self._one_at_a_time("evaluate"):
-            return evaluate(self, inputs, targets, batch_size)
+        return batch_size
+
+    def predict(self, inputs, *, batch_size: int | None = None) -> np.ndarray:
+        """The model's outputs for `inputs` (an array, a Tensor or a dict of arrays, as step() takes), in eval mode
+        (dropout off) without a graph, batch by batch: one NumPy array of one output row per input row. On every
+        route, memory and modes as evaluate(): a fused trainer's batches run in its slab, a streaming one's stage by
+        stage from its store, and each module's mode is put back after. batch_size defaults as evaluate's."""
+        from .predict import predict
+
+        with self._one_at_a_time("predict"):
+            return predict(self, inputs, self._eval_batch_size(batch_size))
 
     def scratch_arena(self, name: str, *, warn: bool = True) -> Arena:
         """An arena for work between steps (evaluate, a probe forward). Once a fused step is traced it takes the
