@@ -268,9 +268,12 @@ def test_using_it_comments_hold(tmp_path):
     # test_trainer.py runs this block for a loss; here: the fields its comment names, and trainer.load.
     snippet = code_blocks("python")[0].replace('"run.safetensors"', repr(str(tmp_path / "run.safetensors")))
     rng = np.random.default_rng(0)
-    scope = {"x_batch": rng.standard_normal((32, 256)).astype(np.float32), "y_batch": rng.integers(0, 10, 32)}
+    scope = {"x_batch": rng.standard_normal((32, 256)).astype(np.float32), "y_batch": rng.integers(0, 10, 32),
+             "x_test": rng.standard_normal((9, 256)).astype(np.float32), "y_test": rng.integers(0, 10, 9)}
     exec(compile(snippet, "README.md", "exec"), scope)
     report, trainer = scope["report"], scope["trainer"]
+    assert scope["logits"].shape == (9, 10) and isinstance(scope["logits"], np.ndarray)  # "one NumPy array"
+    assert set(trainer.evaluate(scope["x_test"], scope["y_test"])) == {"loss", "accuracy"}
     for name in re.search(r"report = .*#\s*(.*)", snippet).group(1).split(", "):
         assert getattr(report, name.strip()) is not None, name
     assert report.route == "eager" and report.arena_high_water > 0 and report.rss > 0

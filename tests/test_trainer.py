@@ -332,6 +332,7 @@ def test_the_readme_example_runs(tmp_path):
     snippet = re.search(r"## Using it\n\n```python\n(.*?)```", readme, re.S).group(1)
     snippet = snippet.replace('"run.safetensors"', repr(str(tmp_path / "run.safetensors")))
     rng = np.random.default_rng(0)
-    scope = {"x_batch": rng.standard_normal((32, 256)).astype(np.float32), "y_batch": rng.integers(0, 10, 32)}
+    scope = {"x_batch": rng.standard_normal((32, 256)).astype(np.float32), "y_batch": rng.integers(0, 10, 32),
+             "x_test": rng.standard_normal((9, 256)).astype(np.float32), "y_test": rng.integers(0, 10, 9)}
     exec(compile(snippet, "README.md", "exec"), scope)
     assert scope["report"].loss > 0 and (tmp_path / "run.safetensors").exists()
