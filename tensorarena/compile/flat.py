@@ -59,18 +59,20 @@ _GENERATIONS = itertools.count(1)
 _requires_grad = operator.attrgetter("requires_grad")
 
 
-def _no_step_taken(state: dict) -> float:
-    return 0.0
+def _stored_step(state: dict) -> float:
+    step = state.get("step")
+    return 0.0 if step is None else float(step)
 
 
 def _start_value(state: dict | None, kind: str, init: dict[str, float],
-                 initial_step: Callable[[dict], float]) -> float:
+                 start_step: Callable[[dict], float]) -> float:
     """A parameter's scalar state `kind` as the layout adopts it: its current value, or (none yet) the
-    optimizer's starting value, as Optimizer._init_state would create it."""
+    optimizer's starting value, as Optimizer._init_state would create it; the step count as
+    `start_step(state)` gives it (Optimizer.continued_step: SGD restarts it for a new momentum buffer)."""
+    if kind == "step":
+        return start_step(state or {})
     current = state.get(kind) if state else None
-    if current is not None:
-        return float(current)
-    return initial_step(state or {}) if kind == "step" else init[kind]
+    return init[kind] if current is None else float(current)
 
 
 _DTYPE_CHANGED = "model.to(dtype), double() or float() since the layout"
@@ -146,12 +148,12 @@ class FlatGroup:
         out.update({f"state.{kind}": flat.nbytes for kind, flat in self.state.items()})
         return out
 
-    def bind(self, optimizer_state: dict, initial_step: Callable[[dict], float] = _no_step_taken) -> None:
+    def bind(self, optimizer_state: dict, start_step: Callable[[dict], float] = _stored_step) -> None:
         """Copy current values into the flat pieces (where they are not there already) and point everything at them.
 
         The replaced arrays go back to the operating system every ~64 MiB, so flattening never
-        holds much more than one copy of the model and its state. `initial_step(state)`: the step
-        count of a parameter whose state has none (Optimizer.initial_step).
+        holds much more than one copy of the model and its state. `start_step(state)`: the step
+        count a parameter's update goes on from (Optimizer.continued_step for this group).
         """
         released = 0
         for i, p in enumerate(self.params):
@@ -181,7 +183,7 @@ class FlatGroup:
             p._grad_buffer = self._grad_views[i]
             state = optimizer_state[p]
             # Read before the state arrays are bound: SGD's starting step depends on whether a buffer was there.
-            start = {kind: _start_value(state, kind, self.scalar_init, initial_step) for kind in self._scalar_views}
+            start = {kind: _start_value(state, kind, self.scalar_init, start_step) for kind in self._scalar_views}
             for kind, views in self._state_views.items():
                 current = state.get(kind)
                 if current is not views[i]:
@@ -271,7 +273,7 @@ class FlatState:
                 f"fallback_to_eager=True")
         self.optimizer = optimizer
         self.keep_grads = keep_grads
-        self._initial_step = getattr(optimizer, "initial_step", _no_step_taken)
+        self._continued_step = getattr(optimizer, "continued_step", None)
         self._names = {id(p): name for name, p in model.named_parameters()}
         left_out = {id(p) for p in leave_out}
         # An older layout of these values, if any, copied out of below (_let_go). Its groups are held here until
@@ -315,10 +317,11 @@ class FlatState:
         which torch's optimizers count on their own; a group of float32 and float64 parameters (which the
         eager optimizer, as torch's, updates each in its own dtype) takes one kernel call per dtype."""
         init = {"step": 0.0, **scalar_init}
+        start = self._start_step(self.optimizer.param_groups[index])
         runs: dict[tuple, list[Tensor]] = {}
         for p in params:
             state = self.optimizer.state.get(p)
-            key = (p.dtype.str, *(_start_value(state, kind, init, self._initial_step) for kind in init))
+            key = (p.dtype.str, *(_start_value(state, kind, init, start) for kind in init))
             runs.setdefault(key, []).append(p)
         dtypes = {key[0] for key in runs}
         if len(dtypes) > 1:
@@ -409,9 +412,15 @@ class FlatState:
                 if isinstance(value, np.ndarray) and _inside(value, superseded):
                     state[kind] = value.copy()
 
+    def _start_step(self, group: dict) -> Callable[[dict], float]:
+        """The step count a parameter of `group` goes on from, given its state (Optimizer.continued_step)."""
+        if self._continued_step is None:
+            return _stored_step
+        return lambda state: self._continued_step(state, group)
+
     def bind(self) -> None:
         for g in self.groups:
-            g.bind(self.optimizer.state, self._initial_step)
+            g.bind(self.optimizer.state, self._start_step(g.group))
 
     def data_rebound(self) -> bool:
         """Whether a parameter's .data was rebound away from its flat piece (a forward's max-norm constraint): the

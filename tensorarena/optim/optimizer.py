@@ -234,12 +234,22 @@ class Optimizer:
         """The step count of a parameter whose state has no "step" entry (0: no step taken yet)."""
         return 0.0
 
+    def continued_step(self, state: dict[str, Any], group: dict[str, Any]) -> float:
+        """The step count a parameter's next update goes on from, given its state as it stands before the
+        state_init arrays `group` asks for are completed: its "step", or initial_step(state) without one. Every
+        route completes the state by it (_init_state, compile/flat.py's layout); SGD overrides it."""
+        step = state.get("step")
+        return self.initial_step(state) if step is None else float(step)
+
     def _init_state(self, p: Tensor, group: dict[str, Any]) -> dict[str, Any]:
         """`self.state[p]` with every entry `update_flat` needs (missing ones created: lazily, on the heap; arrays
         of another dtype than `p`'s, left by model.double() or float(), cast to it)."""
         state = self.state[p]
+        start = self.continued_step(state, group)  # read before the missing arrays are made below
         if state.get("step") is None:
-            state["step"] = np.array(self.initial_step(state), dtype=np.float64)
+            state["step"] = np.array(start, dtype=np.float64)
+        elif float(state["step"]) != start:
+            state["step"][...] = start  # in place: a flat layout's step is a view it keeps
         for key, fill in self.state_init(group).items():
             current = state.get(key)
             if current is None:  # torch-format dicts may carry None for an absent buffer

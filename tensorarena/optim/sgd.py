@@ -47,14 +47,23 @@ class SGD(Optimizer):
         # counting from 1 keeps the next update from mistaking it for a fresh buffer.
         return 1.0 if state.get("momentum_buffer") is not None else 0.0
 
+    def continued_step(self, state: dict[str, Any], group: dict[str, Any]) -> float:
+        """0 when a momentum buffer is about to be made for a parameter that has taken steps without one
+        (momentum switched on by hand mid-run, or a plain SGD's state loaded into a momentum SGD): torch's
+        first momentum step takes the gradient itself as the buffer whenever the buffer is first made, and
+        step == 1 is what tells the kernel to. Counting on instead blended the gradient into a zero buffer,
+        (1 - dampening) * g where torch has g. SGD's step count serves this alone (torch's SGD keeps none)."""
+        if group["momentum"] != 0 and state.get("momentum_buffer") is None:
+            return 0.0
+        return super().continued_step(state, group)
+
     def update_flat(self, group: dict[str, Any], param: np.ndarray, grad: np.ndarray, state: dict[str, np.ndarray],
                     step: float, segments: np.ndarray | None = None) -> None:
         """One SGD update of `param` (a tensor or a flat buffer); see Optimizer.update_flat.
 
         torch's first momentum step takes the gradient itself as the buffer; the buffer here
-        starts zero-filled, so step == 1 is what tells the kernel to copy instead of blend. (A
-        buffer first created later, momentum switched on mid-run, blends into zeros: torch's
-        result too unless dampening != 0.)
+        starts zero-filled, so step == 1 is what tells the kernel to copy instead of blend (a
+        buffer first created later, momentum switched on mid-run, restarts the count: continued_step).
         """
         momentum = group["momentum"]
         self._check_flat("SGD", param, grad, state, ("momentum_buffer",) if momentum != 0 else ())

@@ -63,7 +63,7 @@ def put_state(kinds: StateKinds, optimizer: Optimizer, group: dict[str, Any] | N
               arrays: dict[str, np.ndarray], scalars: np.ndarray) -> None:
     """Store one parameter's optimizer `state` (possibly partial or empty) in its views, completed as
     `Optimizer._init_state` completes it: a missing (or None) array or scalar gets `group`'s fill value (0
-    without a group), a missing step the optimizer's `initial_step(state)` (e.g. SGD's 1 for a loaded buffer).
+    without a group), the step `continued_step(state, group)` (e.g. SGD's 1 for a loaded buffer without one).
     Nothing in `optimizer.state` is created or changed."""
     init = optimizer.state_init(group) if group is not None else {}
     scalar_init = optimizer.scalar_state_init(group) if group is not None else {}
@@ -76,7 +76,9 @@ def put_state(kinds: StateKinds, optimizer: Optimizer, group: dict[str, Any] | N
             np.copyto(arrays[kind], np.asarray(value), casting="same_kind")
     for j, kind in enumerate(kinds.scalars):
         value = state.get(kind)
-        if value is not None:
+        if kind == "step" and group is not None:
+            scalars[j] = optimizer.continued_step(state, group)  # as _init_state (SGD: a new buffer restarts it)
+        elif value is not None:
             scalars[j] = float(np.asarray(value).reshape(()))
         elif kind == "step":
             scalars[j] = optimizer.initial_step(state) if state else 0.0

@@ -1,0 +1,115 @@
+"""Bug hunt: optimizer state and param groups as a PyTorch user drives them (add_param_group, state_dict
+round trips and interop, hand edits of group settings), on the eager and fused routes.
+
+Regression (fixed): SGD's momentum switched on by hand mid-run (or a plain SGD's state dict loaded into a momentum
+SGD) with dampening != 0 blended the first gradient into a zero buffer, (1 - dampening) * g, where torch's first
+momentum step takes g itself whenever the buffer is first made. Our SGD keeps a step count (torch's keeps none)
+and copied only at step 1. Run on the commit before the fix (a worktree of it first on PYTHONPATH),
+`NUMBA_NUM_THREADS=1 timeout 900 python -m pytest -q -p no:cacheprovider tests/test_optim_state_hunt.py`:
+5 of these 7 tests failed; the dampening=0 case passed (a blend into zeros is then the gradient itself), and
+so did the torch-dict load (torch's plain SGD keeps no state, so its buffer starts afresh either way).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from tensorarena import optim
+from tensorarena.nn import Parameter
+from tensorarena.nn.functional import cross_entropy
+from tensorarena.train.trainer import Trainer
+from mlp_cases import labelled_rows, small_mlp
+
+TOL = 1e-10  # max |ours - torch| over every float64 parameter element
+
+
+def _pair(seed=0):
+    rng = np.random.default_rng(seed)
+    values = [rng.standard_normal((3, 4)), rng.standard_normal(5)]
+    return [Parameter(v.copy()) for v in values], [torch.tensor(v.copy(), requires_grad=True) for v in values]
+
+
+def _step_both(ours, theirs, opt, topt, step):
+    """The same gradient (a function of torch's current values and the step) on both sides, then both steps."""
+    for i, (p, t) in enumerate(zip(ours, theirs)):
+        g = np.sin(t.detach().numpy() * (1.3 + 0.1 * i)) - 0.1 * (step % 3)
+        p.grad = g.copy()
+        t.grad = torch.tensor(g)
+    opt.step()
+    topt.step()
+    return max(float(np.abs(p.data - t.detach().numpy()).max()) for p, t in zip(ours, theirs))
+
+
+@pytest.mark.parametrize("dampening", [0.0, 0.5])
+def test_sgd_momentum_switched_on_mid_run_starts_its_buffer_from_the_gradient_as_torch(dampening):
+    ours, theirs = _pair()
+    opt = optim.SGD(ours, lr=0.1)
+    topt = torch.optim.SGD(theirs, lr=0.1, foreach=False)
+    for step in range(6):
+        if step == 2:
+            for group in (opt.param_groups[0], topt.param_groups[0]):
+                group["momentum"], group["dampening"] = 0.9, dampening
+        assert _step_both(ours, theirs, opt, topt, step) <= TOL, f"step {step}"
+
+
+@pytest.mark.parametrize("source", ["ours", "torch"])
+def test_a_plain_sgd_state_dict_loaded_into_a_dampened_momentum_sgd_continues_as_torch(source):
+    ours, theirs = _pair()
+    plain, tplain = optim.SGD(ours, lr=0.1), torch.optim.SGD(theirs, lr=0.1, foreach=False)
+    for step in range(3):
+        _step_both(ours, theirs, plain, tplain, step)
+    saved = copy.deepcopy(plain.state_dict() if source == "ours" else tplain.state_dict())
+    opt = optim.SGD(ours, lr=0.1, momentum=0.9, dampening=0.3)
+    topt = torch.optim.SGD(theirs, lr=0.1, momentum=0.9, dampening=0.3, foreach=False)
+    opt.load_state_dict(saved)
+    topt.load_state_dict(copy.deepcopy(tplain.state_dict()))
+    for group in (opt.param_groups[0], topt.param_groups[0]):  # loading took the saved groups' settings (torch's)
+        group["momentum"], group["dampening"] = 0.9, 0.3
+    for step in range(3, 7):
+        assert _step_both(ours, theirs, opt, topt, step) <= TOL, f"step {step}"
+
+
+def _sgd_run(route, switch_at=2, steps=6):
+    """An MLP trained by SGD (no momentum), momentum 0.9 with dampening 0.5 switched on by hand mid-run."""
+    model = small_mlp(dtype=np.float64)
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    kw = dict(route="eager") if route == "eager" else dict(route="fused", fused_replay=route)
+    trainer = Trainer(model, opt, cross_entropy, **kw)
+    batches = labelled_rows(n=4, dtype=np.float64)
+    for step in range(steps):
+        if step == switch_at:
+            opt.param_groups[0].update(momentum=0.9, dampening=0.5)
+        trainer.step(*batches[step % 4])
+    return model, opt
+
+
+def _torch_sgd_run(model_values, switch_at=2, steps=6):
+    """torch's SGD on the same MLP (Linear 12 -> 16 -> 4 with ReLU), for _sgd_run's reference."""
+    w1, b1, w2, b2 = (torch.tensor(v.copy(), requires_grad=True) for v in model_values)
+    topt = torch.optim.SGD([w1, b1, w2, b2], lr=0.1, foreach=False)
+    batches = labelled_rows(n=4, dtype=np.float64)
+    for step in range(steps):
+        if step == switch_at:
+            topt.param_groups[0].update(momentum=0.9, dampening=0.5)
+        x, y = (torch.tensor(a) for a in batches[step % 4])
+        topt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(torch.relu(x @ w1.T + b1) @ w2.T + b2, y)
+        loss.backward()
+        topt.step()
+    return [t.detach().numpy() for t in (w1, b1, w2, b2)]
+
+
+@pytest.mark.parametrize("route", ["eager", "python", "captured"])
+def test_sgd_momentum_switched_on_mid_run_trains_as_torch_on_every_route(route):
+    start = [p.data.copy() for p in small_mlp(dtype=np.float64).parameters()]
+    assert [a.shape for a in start] == [(16, 12), (16,), (4, 16), (4,)]  # the torch twin's layout
+    model, opt = _sgd_run(route)
+    want = _torch_sgd_run(start)
+    diff = max(float(np.abs(p.data - w).max()) for p, w in zip(model.parameters(), want))
+    assert diff <= TOL, f"{route}: max |ours - torch| = {diff:.3g}"
+    # the step count restarted with the buffer (5 steps had momentum: 1 to 4 after the switch at step 2)
+    assert sorted({float(s["step"]) for s in opt.state.values()}) == [4.0]
