@@ -71,6 +71,9 @@ def follow_user_changes(route: "StreamingRoute") -> None:
             state.pop(p, None)
 
 
+_ANY_COUNT = 12345.0  # a stand-in step count for grow_state_kinds: continued_step gives it back unless it restarts
+
+
 def grow_state_kinds(route: "StreamingRoute", kinds: optim_state.StateKinds, param_groups: list[dict],
                      groups: dict[int, int]) -> None:
     """Add the state kinds `kinds` names and the store lacks, filled by `param_groups` (as eager fills a missing
@@ -88,8 +91,15 @@ def grow_state_kinds(route: "StreamingRoute", kinds: optim_state.StateKinds, par
         group = param_groups[gi] if gi is not None else None
         array_init = optimizer.state_init(group) if group is not None else {}
         scalar_init = optimizer.scalar_state_init(group) if group is not None else {}
-        return ({kind: array_init.get(kind, 0.0) for kind in arrays},
-                {kind: scalar_init.get(kind, 0.0) for kind in scalars})
+        scalar_fill = {kind: scalar_init.get(kind, 0.0) for kind in scalars}
+        if group is not None:
+            # The step an update goes on from once the new arrays are made (Optimizer.continued_step, as eager's
+            # _init_state): SGD restarts it for a new momentum buffer. A stand-in count tells whether it does.
+            held = {kind: True for kind in route.kinds.arrays}
+            start = optimizer.continued_step({**held, "step": _ANY_COUNT}, group)
+            if start != _ANY_COUNT:
+                scalar_fill["step"] = start
+        return {kind: array_init.get(kind, 0.0) for kind in arrays}, scalar_fill
 
     log.info("streaming store: laying out every stage again for the new optimizer state %s", arrays + scalars)
     route.store.relayout(route._spec(grown), fill)

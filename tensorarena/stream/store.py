@@ -254,7 +254,8 @@ class ParamStore(StoreManifest):
     def relayout(self, spec: StoreSpec, fill) -> None:
         """Lay every stage out again for `spec`: the same stages, more state kinds (momentum or amsgrad
         switched on mid-run). `fill(stage, param)` -> ({array kind: value}, {scalar kind: value}) for the
-        kinds the store did not hold; every other byte is copied.
+        kinds the store did not hold, and for a scalar kind it did hold that the new state restarts (SGD's
+        step when its momentum buffer is first made); every other byte is copied.
 
         New files (the next layout generation) are written next to the old ones, then one manifest commit
         switches to them, then the old ones go: a kill at any point leaves the old store or the new one. A
@@ -324,10 +325,10 @@ class ParamStore(StoreManifest):
                 else:
                     target.view(a.dtype).fill(array_fill[kind])
             for j, kind in enumerate(spec.state_scalars):
-                if kind in self.spec.state_scalars:
-                    new_scalars[i, j] = old_scalars[i, self.spec.state_scalars.index(kind)]
-                else:
+                if kind in scalar_fill:  # a new kind, or one the new arrays restart (SGD's step, a new buffer)
                     new_scalars[i, j] = scalar_fill[kind]
+                else:
+                    new_scalars[i, j] = old_scalars[i, self.spec.state_scalars.index(kind)]
         with open(path, "wb") as f:
             f.write(memoryview(new))
             if self.durable:
