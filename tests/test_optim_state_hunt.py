@@ -8,7 +8,8 @@ and copied only at step 1. Run on the commit before the fix (a worktree of it fi
 `NUMBA_NUM_THREADS=1 timeout 900 python -m pytest -q -p no:cacheprovider tests/test_optim_state_hunt.py`:
 6 of its first 8 tests failed on 6dda1f3; the dampening=0 case passed (a blend into zeros is then the gradient
 itself), and so did the torch-dict load (torch's plain SGD keeps no state, so its buffer starts afresh either
-way). On bfc9438 (eager and fused fixed) the streaming one failed alone: its store kept counting.
+way). On bfc9438 (eager and fused fixed) the streaming one failed alone: its store kept counting. The three
+error-message tests below (a state saved before add_param_group) failed on 6dda1f3 too: 9 of 11 in all.
 """
 
 from __future__ import annotations
@@ -141,3 +142,50 @@ def test_sgd_momentum_switched_on_mid_run_trains_alike_on_the_streaming_route(tm
     got, got_steps = _vit_sgd_run("streaming", tmp_path)
     assert got_steps == want_steps == [4.0]
     assert max(float(np.abs(a - b).max()) for a, b in zip(got, want)) <= TOL
+
+
+# Regression (fixed): a state saved before add_param_group, loaded into the optimizer after it (or the other way
+# round), was refused with the counts alone ("loaded state dict has 1 parameter groups but the optimizer has 2",
+# the same from Trainer.load), which says what differs but not what to do; now each says to build the optimizer
+# with the saved run's groups (a state saved before add_param_group loads before the group is added).
+def _grouped_sgd(groups):
+    params = [Parameter(np.zeros((2, 3))), Parameter(np.zeros(3)), Parameter(np.zeros(4))]
+    spans = {1: [params], 2: [params[:2], params[2:]], "short": [params[:1], params[2:]]}[groups]
+    return optim.SGD([{"params": ps} for ps in spans], lr=0.1, momentum=0.9)
+
+
+def test_loading_a_state_saved_before_add_param_group_says_what_to_do():
+    saved = _grouped_sgd(1).state_dict()
+    with pytest.raises(ValueError, match=r"has 1 parameter groups but the optimizer has 2; build the optimizer "
+                                         r"with the param groups of the run that saved it .*add_param_group"):
+        _grouped_sgd(2).load_state_dict(saved)
+    with pytest.raises(ValueError, match=r"group 0 of the loaded state dict has 2 parameters but the optimizer's "
+                                         r"group 0 has 1; give each group the parameters of the saved run's group"):
+        _grouped_sgd("short").load_state_dict(_grouped_sgd(2).state_dict())
+    torch_saved = torch.optim.SGD([torch.zeros(2, requires_grad=True)], lr=0.1).state_dict()
+    with pytest.raises(ValueError, match="but the optimizer has 2; build the optimizer"):
+        _grouped_sgd(2).load_state_dict(torch_saved)
+
+
+@pytest.mark.parametrize("route", ["eager", "streaming"])
+def test_trainer_load_of_a_checkpoint_saved_before_add_param_group_says_what_to_do(route, tmp_path):
+    from tensorarena.models.vit import ViT, ViTConfig
+
+    cfg = ViTConfig(image_size=8, patch_size=4, num_classes=5, dim=16, depth=1, num_heads=2, dtype=np.float64)
+
+    def trainer(groups, where):
+        model = ViT(cfg, rng=np.random.default_rng(0))
+        params = list(model.parameters())
+        opt = optim.SGD([{"params": params[:4]}, {"params": params[4:]}] if groups == 2 else params, lr=0.1)
+        return Trainer(model, opt, cross_entropy, route=route,
+                       store_dir=tmp_path / where if route == "streaming" else None)
+
+    rng = np.random.default_rng(1)
+    first = trainer(1, "first")
+    first.step(rng.standard_normal((3, 3, 8, 8)), rng.integers(0, 5, 3))
+    first.save(tmp_path / "one_group.ckpt")
+    second = trainer(2, "second")
+    second.step(rng.standard_normal((3, 3, 8, 8)), rng.integers(0, 5, 3))
+    with pytest.raises(ValueError, match=r"holds 1 parameter groups but the optimizer has 2; build the optimizer "
+                                         r"with the param groups of the run that saved it"):
+        second.load(tmp_path / "one_group.ckpt")

@@ -67,6 +67,12 @@ def raise_partly_applied(exc: BaseException, message: str):
 
 log = logging.getLogger(__name__)
 
+# What to do when a saved optimizer state's groups do not match this optimizer's (every loader's errors end so):
+# the count names what differs, these say how to make them match.
+GROUPS_HINT = ("; build the optimizer with the param groups of the run that saved it before loading (a state saved "
+               "before add_param_group loads before the group is added, one saved after it once it is added)")
+PARAMS_HINT = "; give each group the parameters of the saved run's group, in the same order"
+
 ParamsT = Iterable[Tensor] | Iterable[dict[str, Any]] | Iterable[tuple[str, Tensor]]
 
 
@@ -411,12 +417,12 @@ class Optimizer:
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups):
             raise ValueError(f"loaded state dict has {len(saved_groups)} parameter groups but the optimizer has "
-                             f"{len(self.param_groups)}")
+                             f"{len(self.param_groups)}{GROUPS_HINT}")
         id_map: dict[int, Tensor] = {}
         for gi, (saved, group) in enumerate(zip(saved_groups, self.param_groups)):
             if len(saved["params"]) != len(group["params"]):
                 raise ValueError(f"parameter group {gi} of the loaded state dict has {len(saved['params'])} "
-                                 f"parameters but the optimizer's group {gi} has {len(group['params'])}")
+                                 f"parameters but the optimizer's group {gi} has {len(group['params'])}{PARAMS_HINT}")
             for index, p in zip(saved["params"], group["params"]):
                 id_map[int(index)] = p
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from ..optim.optimizer import GROUPS_HINT, PARAMS_HINT
 from ..random import peek_default_generator
 from ..tensor import Tensor
 from . import optim_state
@@ -297,12 +298,12 @@ def _loaded_groups(optimizer, saved_groups: list[dict], path) -> list[dict]:
     checked as Optimizer.load_state_dict checks them; a ValueError before anything changed."""
     if len(saved_groups) != len(optimizer.param_groups):
         raise ValueError(f"{path} holds {len(saved_groups)} parameter groups but the optimizer has "
-                         f"{len(optimizer.param_groups)}")
+                         f"{len(optimizer.param_groups)}{GROUPS_HINT}")
     groups = []
     for gi, (saved, group) in enumerate(zip(saved_groups, optimizer.param_groups)):
         if len(saved["params"]) != len(group["params"]):
             raise ValueError(f"parameter group {gi} of {path} has {len(saved['params'])} parameters but the "
-                             f"optimizer's group {gi} has {len(group['params'])}")
+                             f"optimizer's group {gi} has {len(group['params'])}{PARAMS_HINT}")
         merged = dict(group)
         merged.update(optimizer._saved_hyperparams(saved))
         optimizer._check_hyperparams(merged)

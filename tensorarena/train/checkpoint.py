@@ -28,6 +28,7 @@ from typing import Any, BinaryIO, Callable
 import numpy as np
 
 from ..nn.module import Module
+from ..optim.optimizer import GROUPS_HINT, PARAMS_HINT
 from ..random import rng_state
 from ..tensor import Tensor
 from .safetensors_io import raw_bytes, tensor_entries, write_safetensors
@@ -425,12 +426,13 @@ def _optimizer_problems(path: Path, f, names: set[str], meta: dict, optimizer) -
     groups = saved.get("param_groups")
     if not isinstance(groups, list) or len(groups) != len(optimizer.param_groups):
         count = len(groups) if isinstance(groups, list) else groups
-        raise ValueError(f"{path} holds {count} parameter groups but the optimizer has {len(optimizer.param_groups)}")
+        raise ValueError(f"{path} holds {count} parameter groups but the optimizer has {len(optimizer.param_groups)}"
+                         f"{GROUPS_HINT}")
     params: dict[int, Any] = {}
     for gi, (group_saved, group) in enumerate(zip(groups, optimizer.param_groups)):
         if len(group_saved.get("params", ())) != len(group["params"]):
             raise ValueError(f"parameter group {gi} of {path} has {len(group_saved.get('params', ()))} parameters "
-                             f"but the optimizer's group {gi} has {len(group['params'])}")
+                             f"but the optimizer's group {gi} has {len(group['params'])}{PARAMS_HINT}")
         merged = dict(group)
         merged.update(optimizer._saved_hyperparams(group_saved))
         try:
