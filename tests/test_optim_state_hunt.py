@@ -9,7 +9,8 @@ and copied only at step 1. Run on the commit before the fix (a worktree of it fi
 6 of its first 8 tests failed on 6dda1f3; the dampening=0 case passed (a blend into zeros is then the gradient
 itself), and so did the torch-dict load (torch's plain SGD keeps no state, so its buffer starts afresh either
 way). On bfc9438 (eager and fused fixed) the streaming one failed alone: its store kept counting. The three
-error-message tests below (a state saved before add_param_group) failed on 6dda1f3 too: 9 of 11 in all.
+error-message tests below (a state saved before add_param_group) and the two of a scheduler of one's own
+(get_lr overridden) failed on 6dda1f3 too: 11 of 13 in all.
 """
 
 from __future__ import annotations
@@ -189,3 +190,61 @@ def test_trainer_load_of_a_checkpoint_saved_before_add_param_group_says_what_to_
     with pytest.raises(ValueError, match=r"holds 1 parameter groups but the optimizer has 2; build the optimizer "
                                          r"with the param groups of the run that saved it"):
         second.load(tmp_path / "one_group.ckpt")
+
+
+# Regression (fixed): a schedule of one's own written torch's way, a subclass of LRScheduler that overrides
+# get_lr() (torch's docs' recipe), failed at construction with a bare NotImplementedError: our step runs each
+# class's chainable _chain, which such a class has not got. Now a get_lr defined below the class whose _chain
+# steps it is what each step sets, as torch's step does, at construction, on resume (last_epoch) and after.
+def _halving(base, **settings):
+    """Halves every group's base lr each `every` epochs; `settings` go to the base class (StepLR's step_size)."""
+    class Halving(base):
+        def __init__(self, optimizer, every=2, last_epoch=-1):
+            self.every = every
+            super().__init__(optimizer, last_epoch=last_epoch, **settings)
+
+        def get_lr(self):
+            return [b * 0.5 ** (self.last_epoch // self.every) for b in self.base_lrs]
+    return Halving
+
+
+def _sgd_pair(lrs=(0.1, 0.02)):
+    ours = optim.SGD([{"params": [Parameter(np.zeros(2))], "lr": lr} for lr in lrs], lr=0.1)
+    theirs = torch.optim.SGD([{"params": [torch.zeros(2, requires_grad=True)], "lr": lr} for lr in lrs], lr=0.1)
+    return ours, theirs
+
+
+def _lrs(opt):
+    return [g["lr"] for g in opt.param_groups]
+
+
+@pytest.mark.parametrize("base", ["LRScheduler", "StepLR"])
+def test_a_scheduler_of_ones_own_that_overrides_get_lr_steps_as_torch(base):
+    opt, topt = _sgd_pair()
+    settings = {"step_size": 1} if base == "StepLR" else {}
+    make = _halving(getattr(optim.lr_scheduler, base), **settings)
+    tmake = _halving(getattr(torch.optim.lr_scheduler, base), **settings)
+    sched, tsched = make(opt), tmake(topt)
+    assert _lrs(opt) == _lrs(topt) and sched.get_last_lr() == tsched.get_last_lr()
+    for step in range(7):
+        opt.step()
+        topt.step()
+        sched.step()
+        tsched.step()
+        np.testing.assert_allclose(_lrs(opt), _lrs(topt), rtol=1e-15, atol=0, err_msg=f"step {step}")
+        np.testing.assert_allclose(sched.get_last_lr(), tsched.get_last_lr(), rtol=1e-15, atol=0)
+    # resumed with last_epoch (the optimizer's groups hold initial_lr, as a loaded state dict gives them)
+    opt2, topt2 = _sgd_pair(_lrs(opt))
+    for g, tg, saved in zip(opt2.param_groups, topt2.param_groups, opt.param_groups):
+        g["initial_lr"] = tg["initial_lr"] = saved["initial_lr"]
+    sched2, tsched2 = make(opt2, last_epoch=sched.last_epoch), tmake(topt2, last_epoch=sched.last_epoch)
+    assert sched2.last_epoch == tsched2.last_epoch
+    np.testing.assert_allclose(_lrs(opt2), _lrs(topt2), rtol=1e-15, atol=0)
+    # its state_dict round trip and a group added with add_param_group (its lr as base lr, as the built-ins)
+    sched3 = make(_sgd_pair()[0])
+    sched3.load_state_dict(sched.state_dict())
+    assert sched3.last_epoch == sched.last_epoch and sched3.base_lrs == sched.base_lrs
+    opt.add_param_group({"params": [Parameter(np.zeros(1))], "lr": 0.4})
+    opt.step()
+    sched.step()
+    assert opt.param_groups[2]["initial_lr"] == 0.4 and len(sched.get_last_lr()) == 3

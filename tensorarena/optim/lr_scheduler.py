@@ -111,6 +111,9 @@ class LRScheduler:
         """Construction with last_epoch=k: the lrs a fresh run of this schedule sets at epoch k + 1, its steps
         replayed from initial_lr so that they are bit for bit an uninterrupted run's (torch keeps the current lr)."""
         self._step_count = 1
+        if self._own_get_lr():  # a schedule of the user's: torch's step to epoch k + 1, its get_lr()
+            self._update_lr()
+            return
         lrs = []
         for base_lr in self.base_lrs:
             lr = self._chain(base_lr, base_lr, 0, initial=True)
@@ -132,6 +135,17 @@ class LRScheduler:
     def get_lr(self) -> list[float]:
         """The closed-form lr of every group at `last_epoch` (pure: does not step or set anything)."""
         return [self._lr(base_lr, self.last_epoch) for base_lr in self.base_lrs]
+
+    def _own_get_lr(self) -> bool:
+        """Whether a subclass overrides get_lr below the class whose _chain steps it: torch's way to write a
+        schedule of one's own (`class MyLR(LRScheduler): def get_lr(self): ...`), whose every step sets
+        get_lr(), as torch's step does. Without this, such a class failed at construction with a bare
+        NotImplementedError from _chain."""
+        mro = type(self).__mro__
+
+        def defined_at(name: str) -> int:
+            return next(i for i, cls in enumerate(mro) if name in cls.__dict__)
+        return defined_at("get_lr") < defined_at("_chain")
 
     def get_last_lr(self) -> list[float]:
         """The lrs this scheduler last set, one per parameter group."""
@@ -164,8 +178,11 @@ class LRScheduler:
         self._adopt_added_groups()
         if epoch is None:
             self.last_epoch += 1
-            lrs = [self._chain(group["lr"], base_lr, self.last_epoch, initial)
-                   for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs, strict=True)]
+            if self._own_get_lr():
+                lrs = self.get_lr()
+            else:
+                lrs = [self._chain(group["lr"], base_lr, self.last_epoch, initial)
+                       for group, base_lr in zip(self.optimizer.param_groups, self.base_lrs, strict=True)]
         else:
             self.last_epoch = epoch
             lrs = self.get_lr()
