@@ -10,7 +10,8 @@ and copied only at step 1. Run on the commit before the fix (a worktree of it fi
 itself), and so did the torch-dict load (torch's plain SGD keeps no state, so its buffer starts afresh either
 way). On bfc9438 (eager and fused fixed) the streaming one failed alone: its store kept counting. The three
 error-message tests below (a state saved before add_param_group) and the two of a scheduler of one's own
-(get_lr overridden) failed on 6dda1f3 too: 11 of 13 in all.
+(get_lr overridden) failed on 6dda1f3 too, and the hand-set step count (last test; it failed on 09b76ba too):
+12 of 14 in all.
 """
 
 from __future__ import annotations
@@ -248,3 +249,19 @@ def test_a_scheduler_of_ones_own_that_overrides_get_lr_steps_as_torch(base):
     opt.step()
     sched.step()
     assert opt.param_groups[2]["initial_lr"] == 0.4 and len(sched.get_last_lr()) == 3
+
+
+# Regression (fixed): a step count set by hand as a plain number (opt.state[p]["step"] = 4, torch users write
+# a tensor there, torch.tensor(4.)) made the next step fail with "TypeError: 'int' object does not support item
+# assignment": the count is stored in place. It is now taken as the count, as torch takes its tensor.
+def test_a_step_count_set_by_hand_as_a_number_is_taken_as_torch_takes_its_tensor():
+    ours, theirs = _pair()
+    opt = optim.Adam(ours, lr=0.01)
+    topt = torch.optim.Adam(theirs, lr=0.01, foreach=False)
+    _step_both(ours, theirs, opt, topt, 0)
+    for p, t in zip(ours, theirs):
+        opt.state[p]["step"] = 4
+        topt.state[t]["step"] = torch.tensor(4.0)
+    for step in range(1, 4):
+        assert _step_both(ours, theirs, opt, topt, step) <= TOL, f"step {step}"
+    assert [float(s["step"]) for s in opt.state.values()] == [7.0, 7.0]

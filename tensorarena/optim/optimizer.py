@@ -252,10 +252,12 @@ class Optimizer:
         of another dtype than `p`'s, left by model.double() or float(), cast to it)."""
         state = self.state[p]
         start = self.continued_step(state, group)  # read before the missing arrays are made below
-        if state.get("step") is None:
+        step = state.get("step")
+        if isinstance(step, np.ndarray) and step.shape == () and step.dtype == np.float64:
+            if float(step) != start:
+                step[...] = start  # in place: a flat layout's step is a view it keeps
+        else:  # none yet, or a number set by hand
             state["step"] = np.array(start, dtype=np.float64)
-        elif float(state["step"]) != start:
-            state["step"][...] = start  # in place: a flat layout's step is a view it keeps
         for key, fill in self.state_init(group).items():
             current = state.get(key)
             if current is None:  # torch-format dicts may carry None for an absent buffer
