@@ -65,8 +65,9 @@ def load(f, map_location=None, *, weights_only: bool = True) -> Any:
     for name, entry in header.items():
         if name != "__metadata__":
             code, dtype, shape, begin, end = tensor_layout(where, name, entry, data_size)
-            stored = raw[data_start + begin:data_start + end].view(dtype).reshape(shape)
-            arrays[name] = np.array(widened(code, stored), dtype=dtype.newbyteorder("="))  # a copy, writable
+            value = widened(code, raw[data_start + begin:data_start + end].view(dtype).reshape(shape))
+            # a writable copy in the machine's byte order (a BF16 tensor is float32 now: its dtype, not the stored one)
+            arrays[name] = value.astype(value.dtype.newbyteorder("="), copy=True)
     saved = (header.get("__metadata__") or {}).get(METADATA_KEY)
     if saved is None:  # safetensors from elsewhere: its tensors by name
         return {name: Tensor(array) for name, array in arrays.items()}

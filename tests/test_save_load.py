@@ -109,6 +109,17 @@ def test_a_plain_safetensors_file_loads_as_a_dict_of_tensors(tmp_path):
     np.testing.assert_array_equal(back["embed"].numpy(), np.eye(3, dtype=np.float32))
 
 
+def test_a_bfloat16_tensor_of_another_writer_loads_widened_to_float32(tmp_path):
+    # ta.load cast the widened float32 values back to the stored uint16 (dtype uint16, 16256 for 1.0, on 733c68b)
+    from safetensors.torch import save_file
+
+    values = torch.tensor([1.0, -2.5, 3.140625], dtype=torch.bfloat16)
+    save_file({"w": values}, str(tmp_path / "bf16.safetensors"))
+    back = ta.load(tmp_path / "bf16.safetensors")["w"]
+    assert back.dtype == np.float32
+    np.testing.assert_array_equal(back.numpy(), values.float().numpy())
+
+
 def test_what_save_cannot_hold_is_refused_naming_where_it_is(tmp_path):
     model = ta.nn.Linear(2, 2)
     with pytest.raises(TypeError, match=r"obj\['model'\] is a Linear \(save its state_dict\(\) instead\)"):
