@@ -37,6 +37,7 @@ def save(obj: Any, f) -> None:
     tensor_entries(arrays)  # a dtype safetensors cannot hold is refused, named, before anything is written
     metadata = {METADATA_KEY: json.dumps({"version": FORMAT_VERSION, "tree": tree})}
     if hasattr(f, "write"):
+        _binary(f, "save", "wb")
         write_safetensors(f, arrays, metadata)
     else:
         _atomic_write(Path(_path(f, "save")), lambda out: write_safetensors(out, arrays, metadata))
@@ -48,11 +49,14 @@ def load(f, map_location=None, *, weights_only: bool = True) -> Any:
     torch's and changes nothing (nothing is ever unpickled)."""
     check_cpu(map_location, "load")
     if hasattr(f, "read"):
+        _binary(f, "load", "rb")
         where, data = getattr(f, "name", "the file object"), f.read()
         raw = np.frombuffer(data, dtype=np.uint8)
         header, data_start, data_size = read_header(io.BytesIO(data), where)
     else:
         where = _path(f, "load")
+        if os.path.isdir(where):
+            raise IsADirectoryError(f"ta.load: {where} is a directory; pass the path of the file ta.save wrote")
         if not os.path.isfile(where):
             raise FileNotFoundError(f"ta.load: no file at {where}")
         try:
@@ -68,14 +72,25 @@ def load(f, map_location=None, *, weights_only: bool = True) -> Any:
             value = widened(code, raw[data_start + begin:data_start + end].view(dtype).reshape(shape))
             # a writable copy in the machine's byte order (a BF16 tensor is float32 now: its dtype, not the stored one)
             arrays[name] = value.astype(value.dtype.newbyteorder("="), copy=True)
-    saved = (header.get("__metadata__") or {}).get(METADATA_KEY)
+    metadata = header.get("__metadata__") or {}
+    if not isinstance(metadata, dict):
+        raise _corrupt(where, f"its safetensors metadata is a JSON {type(metadata).__name__}, not an object")
+    saved = metadata.get(METADATA_KEY)
     if saved is None:  # safetensors from elsewhere: its tensors by name
         return {name: Tensor(array) for name, array in arrays.items()}
-    content = json.loads(saved)
+    try:
+        content = json.loads(saved)
+    except (TypeError, ValueError):
+        content = None
+    if not isinstance(content, dict) or "tree" not in content:
+        raise _corrupt(where, f"its {METADATA_KEY!r} metadata is not the JSON object ta.save writes")
     if content.get("version") != FORMAT_VERSION:
         raise ValueError(f"ta.load: {where} was written by a ta.save of format version {content.get('version')}; "
                          f"this tensorarena reads version {FORMAT_VERSION}")
-    return _decode(content["tree"], arrays)
+    try:
+        return _decode(content["tree"], arrays)
+    except (KeyError, TypeError, ValueError, IndexError) as err:  # a tree ta.save never writes: the file was edited
+        raise _corrupt(where, f"its structure does not match its tensors ({type(err).__name__}: {err})") from None
 
 
 def _path(f, what: str) -> str:
@@ -83,6 +98,18 @@ def _path(f, what: str) -> str:
         return os.fspath(f)
     raise TypeError(f"ta.{what}: f must be a path (str or os.PathLike) or a binary file object, got "
                     f"{type(f).__name__}")
+
+
+def _binary(f, what: str, mode: str) -> None:
+    """Refuse a file object open in text mode: the file is binary (safetensors), and Python's own errors there
+    ("a bytes-like object is required", a UnicodeDecodeError) do not say that the mode is what is wrong."""
+    if isinstance(f, io.TextIOBase):
+        raise TypeError(f"ta.{what}: {getattr(f, 'name', 'the file object')} is open in text mode; a ta.save file is "
+                        f"binary: open it with open(path, {mode!r})")
+
+
+def _corrupt(where, why: str) -> ValueError:
+    return ValueError(f"ta.load: {where} is damaged: {why}; load an earlier copy or save it again")
 
 
 def _not_ours(where) -> ValueError:
@@ -108,6 +135,8 @@ def _encode(value: Any, arrays: dict[str, np.ndarray], where: str) -> Any:
     if isinstance(value, dict):
         items = []
         for key, item in value.items():
+            if isinstance(key, np.integer):  # np.unique's or an index array's: as torch.save keeps them, an int
+                key = int(key)
             if isinstance(key, bool) or not isinstance(key, (str, int)):
                 raise TypeError(f"ta.save: {where} has the key {key!r} ({type(key).__name__}); dict keys must be str "
                                 f"or int")
@@ -117,6 +146,9 @@ def _encode(value: Any, arrays: dict[str, np.ndarray], where: str) -> Any:
         kind = "list" if isinstance(value, list) else "tuple"
         return {kind: [_encode(item, arrays, f"{where}[{i}]") for i, item in enumerate(value)]}
     advice = " (save its state_dict() instead)" if hasattr(value, "state_dict") else ""
+    if type(value).__module__.split(".")[0] == "torch" and hasattr(value, "numpy"):
+        # "is a Tensor; ta.save holds Tensors" said nothing: the Tensor is torch's
+        advice = " from PyTorch (torch.Tensor, not tensorarena's Tensor: save t.detach().numpy() instead)"
     raise TypeError(f"ta.save: {where} is a {type(value).__name__}{advice}; {_HOLDS}")
 
 

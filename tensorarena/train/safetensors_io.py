@@ -111,6 +111,9 @@ def read_header(f: BinaryIO, path) -> tuple[dict[str, Any], int, int]:
 def tensor_layout(path, name: str, entry: dict, data_size: int) -> tuple[str, np.dtype, tuple[int, ...], int, int]:
     """(code, stored dtype (little-endian; uint16 for BF16), shape, begin, end) of tensor `name`, its header
     `entry` checked against the `data_size` bytes of data the file holds."""
+    if not isinstance(entry, dict):  # a damaged header: entry.get would fail with an AttributeError naming nothing
+        raise ValueError(f"{path}: tensor {name!r} has the header entry {entry!r}, not an object with its dtype, "
+                         f"shape and data_offsets; the file is corrupt")
     code = entry.get("dtype")
     shape = tuple(entry.get("shape", ()))
     begin, end = entry.get("data_offsets", (0, -1))
