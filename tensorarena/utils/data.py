@@ -67,19 +67,25 @@ class TensorDataset(Dataset):
 
 def default_collate(batch: list) -> Any:
     """A list of samples as one batch, as torch's default_collate: Tensors, NumPy arrays and NumPy scalars stacked
-    along a new first dimension (one Tensor), Python ints int64 and floats float64 (bools bool), dicts by key,
-    sequences field by field (a list), strings and bytes left as they are."""
+    along a new first dimension (one Tensor; with their graph where one requires grad), Python ints int64 (float32
+    where the batch mixes in floats, as torch.tensor) and floats float64 (bools bool), dicts by key, namedtuples as
+    namedtuples and other sequences as lists, field by field, strings and bytes left as they are."""
     first = batch[0]
     if isinstance(first, Tensor):
+        if any(x.requires_grad for x in batch if isinstance(x, Tensor)):  # torch.stack's graph: grads reach them
+            from ..ops.shape import stack
+
+            return stack(batch)
         return Tensor(np.stack([x.data for x in batch]))
     if isinstance(first, (np.ndarray, np.generic)) and first.dtype.kind in "biuf":
         return Tensor(np.stack([np.asarray(x) for x in batch]))
-    if isinstance(first, bool):
-        return Tensor(np.array(batch, dtype=np.bool_))
-    if isinstance(first, int):
-        return Tensor(np.array(batch, dtype=np.int64))
     if isinstance(first, float):
         return Tensor(np.array(batch, dtype=np.float64))
+    if isinstance(first, int):  # bool is an int: torch.tensor(batch) of the whole batch, so [1, 2.5] is no [1, 2]
+        values = np.array(batch)
+        if values.dtype.kind == "f":
+            return Tensor(values.astype(np.float32))  # torch.tensor's default dtype for floats
+        return Tensor(values.astype(np.int64) if values.dtype.kind in "iu" else values)
     if isinstance(first, (str, bytes)):
         return batch
     if isinstance(first, Mapping):
@@ -89,7 +95,10 @@ def default_collate(batch: list) -> Any:
         if len(lengths) > 1:
             raise RuntimeError(f"default_collate: each sample of a batch must have the same number of fields; "
                                f"got {sorted(lengths)}")
-        return [default_collate(list(field)) for field in zip(*batch)]
+        fields = [default_collate(list(field)) for field in zip(*batch)]
+        if isinstance(first, tuple) and hasattr(first, "_fields"):  # a namedtuple stays one, its fields batched
+            return type(first)(*fields)
+        return fields
     raise TypeError(f"default_collate: a batch must hold Tensors, NumPy arrays, numbers, strings, dicts or "
                     f"sequences of them; found {type(first).__name__}. Pass collate_fn= to batch it yourself")
 
@@ -123,6 +132,8 @@ class DataLoader:
         if batch_sampler is not None and (batch_size != 1 or shuffle or sampler is not None or drop_last):
             raise ValueError("batch_sampler option is mutually exclusive with batch_size, shuffle, sampler and "
                              "drop_last: it chooses the batches")
+        if batch_size is None and drop_last:  # torch refuses it too: with no batches there is no last one to drop
+            raise ValueError("batch_size=None option disables auto-batching and is mutually exclusive with drop_last")
         if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
             raise ValueError(f"num_workers option should be a non-negative integer, got {num_workers!r}")
         if generator is not None and not isinstance(generator, np.random.Generator):
