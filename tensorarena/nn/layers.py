@@ -96,6 +96,9 @@ class Embedding(Module):
         """An Embedding holding a copy of `embeddings` (rows, dim), as torch's: frozen (no gradient) unless
         freeze=False, and the padding row kept as given (padding_idx only stops its gradient)."""
         table = embeddings.data if isinstance(embeddings, Tensor) else np.asarray(embeddings)
+        if isinstance(embeddings, (list, tuple)) and table.dtype == np.float64:
+            # NumPy reads Python floats as float64; torch.tensor (what a torch script passes) makes float32
+            table = table.astype(np.float32)
         if table.ndim != 2:
             raise ValueError(f"Embedding.from_pretrained: embeddings must be 2-D (num_embeddings, embedding_dim), "
                              f"got shape {table.shape}")
