@@ -24,7 +24,9 @@ large square sgemm rate, measured here (bench/sgemm_peak.py).
 "paired x" is the median over rounds of each round's ratio (bench/common.paired_ratios), which a
 load change between rounds does not skew.
 
-After the timed rounds, torch.profiler runs a few PyTorch steps and the last line gives the share of
+After the timed rounds, the "kernels only" replay is split by kernel: each call timed on its own, the
+seconds per step of each kernel (gemm, attention_forward/backward, bias_gelu_*, adam, layer_norm_*,
+column_sum, add, ...) and its calls, biggest first. Then torch.profiler runs a few PyTorch steps and the last line gives the share of
 its own step spent in its GEMMs (aten::mm, addmm, bmm and the patch embedding's convolution) and in
 its fused attention kernels: what the same work costs PyTorch, beside what it costs us.
 
@@ -155,12 +157,36 @@ def kernels_replay(calls):
     contiguous buffers) is left out, so the trainer it came from must not be used
     afterwards (its values stay finite: checked over 40 replays). A lower bound for any replay of
     these kernels."""
-    calls = [(fn, tuple(map(_held, args)), {k: _held(v) for k, v in kwargs.items()}) for _, fn, args, kwargs in calls]
+    named = [(name, fn, tuple(map(_held, args)), {k: _held(v) for k, v in kwargs.items()})
+             for name, fn, args, kwargs in calls]
+    calls = [call[1:] for call in named]
 
     def replay():
         for fn, args, kwargs in calls:
             fn(*args, **kwargs)
+    replay.named_calls = named  # for kernel_breakdown
     return replay
+
+
+def kernel_breakdown(named_calls, replays: int = 7) -> dict[str, tuple[int, float]]:
+    """kernel name -> (its calls in one step, the median over `replays` replays of the seconds they take in one
+    step), each call timed on its own: where the step's kernel time goes (the table's "kernels only" row, split)."""
+    import time
+
+    seconds: dict[str, list[float]] = {}
+    for _ in range(replays):
+        step: dict[str, float] = {}
+        for name, fn, args, kwargs in named_calls:
+            start = time.perf_counter()
+            fn(*args, **kwargs)
+            step[name] = step.get(name, 0.0) + time.perf_counter() - start
+        for name, spent in step.items():
+            seconds.setdefault(name, []).append(spent)
+    counts: dict[str, int] = {}
+    for name, *_ in named_calls:
+        counts[name] = counts.get(name, 0) + 1
+    return {name: (counts[name], statistics.median(spent))
+            for name, spent in sorted(seconds.items(), key=lambda item: -statistics.median(item[1]))}
 
 
 def linear_replay(calls, rng):
@@ -400,6 +426,9 @@ def main() -> None:
           f"({facts['kernel_calls']} calls; the fused step spends "
           f"{(medians['tensorarena fused'] - medians['kernels only']) * 1e3:.1f} ms more); of that, the "
           f"kernels other than products take {(medians['kernels only'] - medians['products only']) * 1e3:.1f} ms.")
+    breakdown = kernel_breakdown(steps["kernels only"].named_calls)
+    print("Our kernels one by one, per step (each call timed on its own, median of 7 replays): " + "; ".join(
+        f"{name} {calls}x {spent * 1e3:.1f} ms" for name, (calls, spent) in breakdown.items()))
     torch_bf16 = None
     if args.bf16:
         import torch
@@ -416,6 +445,7 @@ def main() -> None:
                            "x_pytorch_eager": {n: m / ref for n, m in medians.items()},
                            "paired_x_pytorch_eager": paired, "at_peak_x_pytorch_eager": at_peak_s / ref, "bar": BAR, "floor_x_pytorch_eager": floor,
                            "kernels_only_x_pytorch_eager": kernels_only,
+                           "kernel_breakdown_s": {name: spent for name, (_, spent) in breakdown.items()},
                            "pytorch_profile": shares, **facts})
 
 

@@ -65,3 +65,16 @@ def test_products_come_back_as_arrays_of_the_recorded_layouts():
         a, b, out = args[:3]
         assert isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and isinstance(out, np.ndarray)
         assert out.shape == (a.shape[0], b.shape[1]) and a.shape[1] == b.shape[0]
+
+
+def test_the_kernel_breakdown_counts_every_recorded_call_by_kernel():
+    from vit_floor import kernel_breakdown
+
+    trainer, xs, ys = _trainer_and_batch()
+    tape = record_calls(trainer, xs, ys)
+    replay = kernels_replay(tape)
+    breakdown = kernel_breakdown(replay.named_calls, replays=2)
+    names = [name for name, *_ in tape]
+    assert {name: calls for name, (calls, _) in breakdown.items()} == {name: names.count(name) for name in set(names)}
+    spent = [seconds for _, seconds in breakdown.values()]
+    assert all(s > 0 for s in spent) and spent == sorted(spent, reverse=True)  # biggest first
