@@ -11,6 +11,7 @@ from .containers import ModuleDict, ModuleList, ParameterDict, ParameterList
 from .module import IncompatibleKeys, Module
 from .parameter import Parameter
 from .rms_norm import RMSNorm
+from .transformer_torch import TransformerEncoder, TransformerEncoderLayer
 from .transformer import (FeedForward, MultiheadAttention, PatchEmbedding, PositionEmbedding, TransformerBlock,
                           cls_pool, mean_pool)
 
@@ -20,4 +21,4 @@ __all__ = ["Module", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict
            "cls_pool", "mean_pool", "deferred_init", "DeferredParameterError", "SiLU", "Sigmoid", "LeakyReLU", "ELU",
            "Softplus", "Softmax", "LogSoftmax", "MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "CrossEntropyLoss", "NLLLoss", "BCELoss",
            "BCEWithLogitsLoss", "Flatten", "Unflatten", "Hardtanh", "ReLU6", "LogSigmoid", "Mish",
-           "CosineSimilarity", "RMSNorm"]
+           "CosineSimilarity", "RMSNorm", "TransformerEncoderLayer", "TransformerEncoder"]
