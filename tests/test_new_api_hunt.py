@@ -157,5 +157,6 @@ def test_readme_does_not_list_what_is_here_as_missing():
     missing = text[text.index("- Not here (yet)"):]
     missing = missing[:missing.index("\n- ") if "\n- " in missing else missing.index("\n\n")]
     for name, present in [("RMSNorm", ta.nn.RMSNorm), ("`ta.empty`", ta.empty), ("`ta.eye`", ta.eye),
-                          ("torch.save", ta.save), ("TransformerEncoderLayer", ta.nn.TransformerEncoderLayer)]:
+                          ("torch.save", ta.save), ("TransformerEncoderLayer", ta.nn.TransformerEncoderLayer),
+                          ("BatchNorm", ta.nn.BatchNorm1d)]:
         assert present is not None and name not in missing, f"README lists {name} as not here: {missing}"

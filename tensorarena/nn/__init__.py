@@ -10,6 +10,7 @@ from .layers import (ELU, GELU, BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, Dr
 from .containers import ModuleDict, ModuleList, ParameterDict, ParameterList
 from .module import IncompatibleKeys, Module
 from .parameter import Parameter
+from .batch_norm import BatchNorm1d, BatchNorm2d
 from .rms_norm import RMSNorm
 from .transformer_torch import TransformerEncoder, TransformerEncoderLayer
 from .transformer import (FeedForward, MultiheadAttention, PatchEmbedding, PositionEmbedding, TransformerBlock,
@@ -21,4 +22,5 @@ __all__ = ["Module", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict
            "cls_pool", "mean_pool", "deferred_init", "DeferredParameterError", "SiLU", "Sigmoid", "LeakyReLU", "ELU",
            "Softplus", "Softmax", "LogSoftmax", "MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "CrossEntropyLoss", "NLLLoss", "BCELoss",
            "BCEWithLogitsLoss", "Flatten", "Unflatten", "Hardtanh", "ReLU6", "LogSigmoid", "Mish",
-           "CosineSimilarity", "RMSNorm", "TransformerEncoderLayer", "TransformerEncoder"]
+           "CosineSimilarity", "RMSNorm", "TransformerEncoderLayer", "TransformerEncoder",
+           "BatchNorm1d", "BatchNorm2d"]
