@@ -158,5 +158,5 @@ def test_readme_does_not_list_what_is_here_as_missing():
     missing = missing[:missing.index("\n- ") if "\n- " in missing else missing.index("\n\n")]
     for name, present in [("RMSNorm", ta.nn.RMSNorm), ("`ta.empty`", ta.empty), ("`ta.eye`", ta.eye),
                           ("torch.save", ta.save), ("TransformerEncoderLayer", ta.nn.TransformerEncoderLayer),
-                          ("BatchNorm", ta.nn.BatchNorm1d)]:
+                          ("BatchNorm", ta.nn.BatchNorm1d), ("GroupNorm", ta.nn.GroupNorm)]:
         assert present is not None and name not in missing, f"README lists {name} as not here: {missing}"

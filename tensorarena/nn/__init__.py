@@ -11,6 +11,7 @@ from .containers import ModuleDict, ModuleList, ParameterDict, ParameterList
 from .module import IncompatibleKeys, Module
 from .parameter import Parameter
 from .batch_norm import BatchNorm1d, BatchNorm2d
+from .group_norm import GroupNorm
 from .rms_norm import RMSNorm
 from .transformer_torch import TransformerEncoder, TransformerEncoderLayer
 from .transformer import (FeedForward, MultiheadAttention, PatchEmbedding, PositionEmbedding, TransformerBlock,
@@ -23,4 +24,4 @@ __all__ = ["Module", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict
            "Softplus", "Softmax", "LogSoftmax", "MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "CrossEntropyLoss", "NLLLoss", "BCELoss",
            "BCEWithLogitsLoss", "Flatten", "Unflatten", "Hardtanh", "ReLU6", "LogSigmoid", "Mish",
            "CosineSimilarity", "RMSNorm", "TransformerEncoderLayer", "TransformerEncoder",
-           "BatchNorm1d", "BatchNorm2d"]
+           "BatchNorm1d", "BatchNorm2d", "GroupNorm"]
