@@ -328,9 +328,15 @@ class FusedStep:
     def step(self, inputs: Any, targets: Any, *, index: int = 0, on_nonfinite: str = "raise"
              ) -> tuple[float, float | None, bool, PlannedArena]:
         """One replayed step: (loss, grad norm before clipping or None, skipped, the step's arena). With
-        micro_batch, a batch of more rows is run as micro-batches and updated once (micro_batches.micro_step)."""
+        micro_batch, a batch of more rows is run as micro-batches and updated once (micro_batches.micro_step).
+        A model in eval mode is put in train mode first (model.train()), as the Trainer's step does."""
         # Underflow is a result here, as in eager backward (autograd.backward): the captured replay runs the
         # recorded backward calls without passing through autograd's own errstate.
+        # A step trains, as the Trainer's does (nn/modes.py): a model the user put in eval mode between steps (to
+        # evaluate it) goes back to train mode first. The trace runs in these modes too (step_trace.trace_step), so
+        # a plan keyed by the eval modes was traced with dropout on, and replaying it without dropout raised a
+        # PlanMismatchError that blamed data-dependent control flow.
+        ensure_training(self.model)
         with float32_matmul_precision(self.matmul_precision), np.errstate(under="ignore"):
             chunks = split_batch(inputs, targets, self.micro_batch, self.loss_fn)
             if len(chunks) > 1:

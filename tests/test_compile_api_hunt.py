@@ -1,0 +1,65 @@
+"""ta.compile_step / FusedStep and the arena API, used directly (no Trainer), against torch and their docs.
+
+Before the fixes (base commit 9f86595), 2 of 2 tests failed:
+    git archive 9f86595 | tar -x -C /tmp/base && PYTHONPATH=/tmp/base python -m pytest -q -p no:cacheprovider \
+        tests/test_compile_api_hunt.py
+"""
+
+import numpy as np
+import pytest
+
+import tensorarena as ta
+from tensorarena import nn, optim
+
+F = nn.functional
+
+
+def _batch(seed: int, rows: int = 6):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((rows, 8)).astype(np.float32), rng.integers(0, 4, rows).astype(np.int64)
+
+
+def _dropout_model_and_step():
+    ta.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.5), nn.Linear(16, 4))
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    return model, ta.compile_step(model, F.cross_entropy, opt, _batch(0))
+
+
+def test_a_fused_step_after_model_eval_trains_as_after_model_train():
+    """model.eval() between fused steps (to evaluate) then step(): the step trains (model.train() first, as the
+    Trainer's step), and gives exactly the step a model left in train mode gives. It raised a PlanMismatchError
+    blaming data-dependent control flow: the plan was keyed by the eval modes but traced with dropout on."""
+    losses, weights = [], []
+    for evaluate_between in (False, True):
+        model, fused = _dropout_model_and_step()
+        fused.step(*_batch(1))
+        if evaluate_between:
+            model.eval()
+            with ta.no_grad():
+                model(ta.tensor(_batch(2)[0]))
+        losses.append(fused.step(*_batch(3))[0])
+        assert model.training and all(m.training for m in model.modules())
+        weights.append([p.data.copy() for p in model.parameters()])
+    assert losses[0] == losses[1]
+    for a, b in zip(*weights):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_set_budget_reads_sizes_as_memory_limit_does_and_checks_the_constructor():
+    """set_budget("2G") was a TypeError "'<=' not supported between 'str' and 'int'"; BlockPool(budget=-5) and
+    set_budget(True) were taken as they were. Sizes are read as Trainer(memory_limit=...) reads them."""
+    pool = ta.BlockPool()
+    pool.set_budget("2G")
+    assert pool.budget == 2 << 30 and type(pool.budget) is int
+    pool.set_budget(3 << 20)
+    assert pool.budget == 3 << 20
+    pool.set_budget(None)
+    assert pool.budget is None
+    assert ta.BlockPool(budget="1M").budget == 1 << 20
+    with pytest.raises(ValueError, match="positive"):
+        ta.BlockPool(budget=-5)
+    with pytest.raises(ValueError, match="memory size"):
+        pool.set_budget("lots")
+    with pytest.raises(TypeError, match="bool"):
+        pool.set_budget(True)
