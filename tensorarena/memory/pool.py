@@ -98,16 +98,22 @@ class Block:
 class BlockPool:
     """Thread-safe cache of blocks keyed by size class, with an optional budget."""
 
-    def __init__(self, budget: int | None = None) -> None:
+    def __init__(self, budget: int | str | None = None) -> None:
         self._lock = threading.Lock()
         self._free: dict[int, list[Block]] = {}
-        self.budget = budget
+        self.budget: int | None = None
         self.stats = PoolStats()
+        self.set_budget(budget)  # checked as set_budget checks it: BlockPool(budget=-1) was taken as it was
 
-    def set_budget(self, budget: int | None) -> None:
-        """Set (or with None remove) the byte budget for in-use plus cached blocks."""
-        if budget is not None and budget <= 0:
-            raise ValueError(f"budget must be a positive byte count or None, got {budget}")
+    def set_budget(self, budget: int | str | None) -> None:
+        """Set (or with None remove) the byte budget for in-use plus cached blocks: a byte count or a size such as
+        "2G" (binary units, as Trainer(memory_limit=...) reads them)."""
+        if budget is not None:
+            # One reader for sizes (memory/budget.py): "2G" failed with "'<=' not supported between 'str' and
+            # 'int'", and 1.5 was kept as a float budget that error messages then printed as "1.5 bytes".
+            from .budget import parse_size
+
+            budget = parse_size(budget)
         with self._lock:
             self.budget = budget
             if budget is not None:
