@@ -1,6 +1,6 @@
 """ta.compile_step / FusedStep and the arena API, used directly (no Trainer), against torch and their docs.
 
-Before the fixes (base commit 9f86595), 2 of 2 tests failed:
+Before the fixes (base commit 9f86595), 3 of 3 tests failed:
     git archive 9f86595 | tar -x -C /tmp/base && PYTHONPATH=/tmp/base python -m pytest -q -p no:cacheprovider \
         tests/test_compile_api_hunt.py
 """
@@ -63,3 +63,28 @@ def test_set_budget_reads_sizes_as_memory_limit_does_and_checks_the_constructor(
         pool.set_budget("lots")
     with pytest.raises(TypeError, match="bool"):
         pool.set_budget(True)
+
+
+def test_compile_step_refuses_a_plateau_schedule_or_another_optimizers_before_any_update():
+    """compile_step(..., scheduler=ReduceLROnPlateau(opt)) was taken: step 1 applied its update, then failed in the
+    schedule (PartlyAppliedError about a missing 'metrics'). A schedule of another optimizer was stepped silently,
+    leaving this one's lr where it was. Both are refused at compile_step (and when set later), as the Trainer does."""
+    ta.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 4))
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    before = [p.data.copy() for p in model.parameters()]
+    with pytest.raises(ValueError, match="ReduceLROnPlateau"):
+        ta.compile_step(model, F.cross_entropy, opt, _batch(0), scheduler=optim.lr_scheduler.ReduceLROnPlateau(opt))
+    other = optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="another optimizer"):
+        ta.compile_step(model, F.cross_entropy, opt, _batch(0), scheduler=optim.lr_scheduler.StepLR(other, 1))
+    for a, b in zip(before, model.parameters()):
+        np.testing.assert_array_equal(a, b.data)
+    fused = ta.compile_step(model, F.cross_entropy, opt, _batch(0), scheduler=optim.lr_scheduler.StepLR(opt, 1, 0.5))
+    fused.step(*_batch(1))
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05, rel=0, abs=1e-12)
+    with pytest.raises(ValueError, match="ReduceLROnPlateau"):
+        fused.scheduler = optim.lr_scheduler.ReduceLROnPlateau(opt)
+    fused.scheduler = None
+    fused.step(*_batch(2))
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05, rel=0, abs=1e-12)

@@ -141,7 +141,7 @@ class FusedStep:
         self._matmul_precision = (normalize_precision(matmul_precision) if matmul_precision is not None
                                   else get_float32_matmul_precision())
         self.model, self._loss_fn, self.optimizer = model, loss_fn, optimizer
-        self.scheduler, self.clip_grad_norm, self.max_plans = scheduler, clip_grad_norm, max_plans
+        self.scheduler, self.clip_grad_norm, self.max_plans = scheduler, clip_grad_norm, max_plans  # (checked)
         self.micro_batch = check_micro_batch(micro_batch)
         check_model_splits(model, self.micro_batch)
         self.update_in_backward = resolve_update_in_backward(update_in_backward, clip_grad_norm, self.micro_batch)
@@ -168,6 +168,30 @@ class FusedStep:
         self.layouts = 1  # flat layouts built: 1 + one per change of the optimizer's groups or trainable set
         self.left_out: dict[int, Tensor] = {}  # id -> optimizer parameter a trace gave no gradient (not laid out)
         self.replays = 0
+
+    @property
+    def scheduler(self):
+        """The learning-rate schedule stepped (with no argument) after every update, or None."""
+        return self._scheduler
+
+    @scheduler.setter
+    def scheduler(self, value) -> None:
+        """Checked when set, as the Trainer checks its own: a ReduceLROnPlateau (whose step needs a metric) or a
+        schedule of another optimizer was taken, and step 1 then applied its update and failed in the schedule
+        (PartlyAppliedError), or moved the other optimizer's lr while this one's never changed."""
+        from ..optim.lr_scheduler import ReduceLROnPlateau
+
+        if isinstance(value, ReduceLROnPlateau):
+            raise ValueError("ReduceLROnPlateau steps on a metric (a held-out loss), which a fused step does not have "
+                             "after its update: compile the step without it (scheduler=None) and step it yourself, "
+                             "sched.step(val_loss), after each evaluation; the new lr takes effect at the next step")
+        scheduled = getattr(value, "optimizer", None)  # a schedule of one's own may have none: not checked
+        if scheduled is not None and scheduled is not self.optimizer:
+            raise ValueError(f"the scheduler ({type(value).__name__}) was built on another optimizer "
+                             f"({type(scheduled).__name__} at {id(scheduled):#x}) than the one this step updates "
+                             f"({type(self.optimizer).__name__} at {id(self.optimizer):#x}): its schedule would move "
+                             f"that one's lr. Build it on the optimizer given to compile_step")
+        self._scheduler = value
 
     @property
     def loss_fn(self) -> Callable:
