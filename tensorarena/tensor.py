@@ -22,7 +22,7 @@ import numpy as np
 from .device import check_cpu
 from . import autograd
 from .tape import host, note_host_read
-from .memory.arena import StaleTensorError, current_arena
+from .memory.arena import StaleTensorError, arena_holding, current_arena
 
 DEFAULT_DTYPE = np.float32
 SUPPORTED_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -144,7 +144,12 @@ class Tensor:
         if isinstance(value, Tensor):
             array, arena, generation = value.data, value._arena, value._generation  # .data: a stale one raises
         else:
-            array, arena, generation = np.asarray(value), None, 0
+            # An array an open arena holds (`t.data = (t * 2).data` inside a step) is that arena's memory: without
+            # its arena recorded, reading it after the arena closed gave whatever the next step wrote there, with
+            # no StaleTensorError.
+            array = np.asarray(value)
+            arena = arena_holding(array)
+            generation = arena.generation if arena is not None else 0
         if array.dtype == object or array.dtype.kind == "c":
             raise TypeError(f"cannot set .data to an array of dtype {array.dtype} ({type(value).__name__}); pass a "
                             f"real-valued ndarray or Tensor")

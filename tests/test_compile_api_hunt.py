@@ -1,12 +1,13 @@
 """ta.compile_step / FusedStep and the arena API, used directly (no Trainer), against torch and their docs.
 
-Before the fixes (base commit 9f86595), 3 of 3 tests failed:
+Before the fixes (base commit 9f86595), 4 of 4 tests failed:
     git archive 9f86595 | tar -x -C /tmp/base && PYTHONPATH=/tmp/base python -m pytest -q -p no:cacheprovider \
         tests/test_compile_api_hunt.py
 """
 
 import numpy as np
 import pytest
+import torch
 
 import tensorarena as ta
 from tensorarena import nn, optim
@@ -88,3 +89,28 @@ def test_compile_step_refuses_a_plateau_schedule_or_another_optimizers_before_an
     fused.scheduler = None
     fused.step(*_batch(2))
     assert opt.param_groups[0]["lr"] == pytest.approx(0.05, rel=0, abs=1e-12)
+
+
+def test_a_parameter_given_an_arenas_array_keeps_its_values_after_the_arena_closes():
+    """`p.data = (p * 2).data` under an arena, as a torch loop writes `p.data = ...`: the parameter took the arena's
+    memory, and once the arena closed read whatever the next one wrote there (7s here), silently. A Parameter is heap
+    memory (its docstring): it now copies, and holds torch's values. A plain tensor given an arena's array goes stale
+    with that arena (StaleTensorError), as a tensor the arena made does."""
+    w = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
+    ours, theirs = nn.Parameter(w.copy()), torch.nn.Parameter(torch.from_numpy(w.copy()))
+    for assign in ("array", "tensor"):
+        with ta.Arena():
+            with ta.no_grad():
+                doubled = ours * 2
+            ours.data = doubled.data if assign == "array" else doubled
+        theirs.data = (theirs * 2).data
+        with ta.Arena():
+            junk = ta.ones(4, 4) * 7 + 0  # reuses the closed arena's block
+            np.testing.assert_allclose(ours.data, theirs.detach().numpy(), rtol=0, atol=0)
+            del junk
+    plain = ta.zeros(4, 4)
+    with ta.Arena():
+        plain.data = (ta.ones(4, 4) * 3).data
+        assert float(plain.data.sum()) == 48.0
+    with pytest.raises(ta.StaleTensorError, match="closed"):
+        plain.numpy()

@@ -163,6 +163,10 @@ class PlannedArena(Arena):
             recording.allocations.append(i)
         return self.plan.views[i]
 
+    def holds(self, array: np.ndarray) -> bool:
+        """Whether `array` may be memory of the plan's slab (its allocations are the slab's views)."""
+        return np.may_share_memory(array, self.plan.slab)
+
     def _check_let_go(self, j: int) -> None:
         """PlanMismatchError if a buffer whose bytes j takes over is still held: the trace had let it go, so this
         step's control flow left the trace's, though it asked for the same buffers (a branch on the data that

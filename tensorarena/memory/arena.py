@@ -273,6 +273,10 @@ class Arena:
         for block, start, size in tails:
             self._add_free(block, start, size)
 
+    def holds(self, array: np.ndarray) -> bool:
+        """Whether `array` may be memory of this arena (a bounds test against its blocks: cheap, never misses)."""
+        return any(np.may_share_memory(array, block.buffer) for block in self._blocks)
+
     # -- lifetime ----------------------------------------------------------
     def reset(self) -> None:
         """Rewind to empty, keeping the blocks; tensors allocated before become stale."""
@@ -311,6 +315,14 @@ class Arena:
         s = self.stats
         return (f"Arena({self.name!r}, in_use={s.bytes_in_use}, high_water={s.high_water}, "
                 f"blocks={s.blocks}, allocations={s.allocations}, closed={self.closed})")
+
+
+def arena_holding(array: np.ndarray) -> "Arena | None":
+    """The innermost open arena of this thread whose memory `array` is, or None (heap, or another thread's)."""
+    for arena in reversed(_stack()):
+        if arena is not None and arena.holds(array):
+            return arena
+    return None
 
 
 class heap_scope:

@@ -57,6 +57,17 @@ class Parameter(Tensor):
         """Whether the values are not made yet (built under nn.deferred_init(); see materialize)."""
         return isinstance(self._arena, DeferredInit)
 
+    def _set_data(self, value) -> None:
+        """Tensor's setter, but a parameter stays heap memory (the class docstring): an arena's array or tensor
+        (`p.data = (p * 0.5).data` under `with ta.Arena()`, as a torch loop writes `p.data = ...`) is copied out.
+        Shared, the parameter read the next step's activations once the arena closed (a raw array: silently), or
+        raised StaleTensorError at its next use (a tensor)."""
+        Tensor.data.fset(self, value)
+        if self._arena is not None and not isinstance(self._arena, DeferredInit):
+            self._data, self._arena, self._generation = self._data.copy(), None, 0
+
+    data = property(Tensor.data.fget, _set_data, doc=Tensor.data.__doc__)
+
     def materialize(self) -> "Parameter":
         """Make a deferred parameter's values in memory (exactly an eager build's); nothing if it has values."""
         if self.is_deferred:
