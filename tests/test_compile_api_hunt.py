@@ -1,6 +1,6 @@
 """ta.compile_step / FusedStep and the arena API, used directly (no Trainer), against torch and their docs.
 
-Before the fixes (base commit 9f86595), 4 of 4 tests failed:
+Before the fixes (base commit 9f86595), 8 of 8 tests failed:
     git archive 9f86595 | tar -x -C /tmp/base && PYTHONPATH=/tmp/base python -m pytest -q -p no:cacheprovider \
         tests/test_compile_api_hunt.py
 """
@@ -114,3 +114,38 @@ def test_a_parameter_given_an_arenas_array_keeps_its_values_after_the_arena_clos
         assert float(plain.data.sum()) == 48.0
     with pytest.raises(ta.StaleTensorError, match="closed"):
         plain.numpy()
+
+
+@pytest.mark.parametrize("example_batch", ["an array", "a triple", "a dict"])
+def test_compile_step_refuses_an_example_batch_that_is_not_the_pair_inputs_targets(example_batch):
+    """An array for example_batch failed with "split_batch() takes from 3 to 4 positional arguments but 6 were
+    given", a dict was unpacked into its keys (an error about a linear layer's input shape ()), and (x, y, extra)
+    was taken with `extra` dropped."""
+    x, y = _batch(0)
+    batch = {"an array": x, "a triple": (x, y, 3), "a dict": {"x": x, "y": y}}[example_batch]
+    ta.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 4))
+    with pytest.raises(TypeError, match=r"example_batch must be the pair \(inputs, targets\)"):
+        ta.compile_step(model, F.cross_entropy, optim.SGD(model.parameters(), lr=0.1), batch)
+
+
+def test_compile_step_checks_what_the_trainer_checks():
+    """The Trainer refuses another model's optimizer (training changes nothing), clip_grad_norm <= 0 and an
+    on_nonfinite it does not know; compile_step took the first two (the second failed at step 1 for -1, and 0 was
+    taken), and step() skipped a non-finite loss silently for any word but 'raise'."""
+    ta.manual_seed(0)
+    model, other = nn.Sequential(nn.Linear(8, 4)), nn.Sequential(nn.Linear(8, 4))
+    w = [p.data.copy() for p in model.parameters()]
+    with pytest.raises(ValueError, match="holds none of the Sequential's 2 trainable parameters"):
+        ta.compile_step(model, F.cross_entropy, optim.SGD(other.parameters(), lr=0.1), _batch(0))
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    for clip in (0.0, -1.0):
+        with pytest.raises(ValueError, match="clip_grad_norm must be positive"):
+            ta.compile_step(model, F.cross_entropy, opt, _batch(0), clip_grad_norm=clip)
+    fused = ta.compile_step(model, F.cross_entropy, opt, _batch(0))
+    x, y = _batch(1)
+    x[0, 0] = np.nan
+    with pytest.raises(ValueError, match="on_nonfinite must be 'raise' or 'skip'"):
+        fused.step(x, y, on_nonfinite="ignore")
+    for a, p in zip(w, model.parameters()):
+        np.testing.assert_array_equal(a, p.data)

@@ -67,7 +67,7 @@ from ..kernels import calls
 from ..nn.modes import ensure_training, modes
 from ..nn.module import Module
 from ..optim.clip import clip_grad_norm_
-from ..optim.optimizer import Optimizer, PartlyAppliedError
+from ..optim.optimizer import Optimizer, PartlyAppliedError, check_trains_the_model
 from ..precision import float32_matmul_precision, get_float32_matmul_precision
 from ..precision import normalize as normalize_precision
 from ..tensor import Tensor
@@ -133,6 +133,13 @@ class FusedStep:
                  replay: str = "auto", micro_batch: int | None = None) -> None:
         if not isinstance(max_plans, int) or max_plans < 1:
             raise ValueError(f"max_plans must be a positive integer, got {max_plans!r}")
+        if not isinstance(model, Module):
+            raise TypeError(f"model must be a tensorarena.nn.Module, got {type(model).__name__}")
+        if not callable(loss_fn):
+            raise TypeError(f"loss_fn must be callable as loss_fn(outputs, targets), got {type(loss_fn).__name__}")
+        check_trains_the_model(model, optimizer)  # as the Trainer checks: another model's optimizer trained nothing
+        from ..train.report import check_step_options
+        check_step_options(clip_grad_norm, "raise")  # as the Trainer's: clip_grad_norm=0 was taken, -1 failed at step 1
         self.replay_asked = replay
         self.replay, self.replay_reason = choose_replay(replay, model, loss_fn)
         log.info("fused route: %s replay (%s)", self.replay, self.replay_reason)
@@ -361,6 +368,9 @@ class FusedStep:
         # a plan keyed by the eval modes was traced with dropout on, and replaying it without dropout raised a
         # PlanMismatchError that blamed data-dependent control flow.
         ensure_training(self.model)
+        if on_nonfinite not in ("raise", "skip"):  # another word skipped a non-finite step silently
+            from ..train.report import check_step_options
+            check_step_options(None, on_nonfinite)
         with float32_matmul_precision(self.matmul_precision), np.errstate(under="ignore"):
             chunks = split_batch(inputs, targets, self.micro_batch, self.loss_fn)
             if len(chunks) > 1:
@@ -520,6 +530,13 @@ def compile_step(model: Module, loss_fn: Callable, optimizer: Optimizer, example
     many, their gradients summed before one update (compile/micro_batches.py); the example batch's first
     micro-batch is what gets traced, so memory_report() is a micro-batch's.
     """
+    if not isinstance(example_batch, (tuple, list)) or len(example_batch) != 2:
+        # Unpacked as it was, an array of two rows became (inputs, targets) = its rows, a dict its two keys, and a
+        # batch of other lengths a TypeError about split_batch's arguments; (x, y, extra) dropped `extra`.
+        what = (f"a {type(example_batch).__name__} of {len(example_batch)}" if isinstance(example_batch, (tuple, list))
+                else f"a {type(example_batch).__name__}")
+        raise TypeError(f"example_batch must be the pair (inputs, targets) a step takes, got {what}; pass "
+                        f"(x, y), or (x, None) for a loss_fn that needs no targets")
     fused = FusedStep(model, loss_fn, optimizer, scheduler=scheduler, clip_grad_norm=clip_grad_norm,
                       max_plans=max_plans, update_in_backward=update_in_backward, matmul_precision=matmul_precision,
                       replay=replay, micro_batch=micro_batch)

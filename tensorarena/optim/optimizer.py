@@ -540,6 +540,20 @@ class Optimizer:
         return "\n".join(lines)
 
 
+def check_trains_the_model(model: Any, optimizer: Any) -> None:
+    """A ValueError when the model has trainable parameters and the optimizer holds none of them: another model's
+    optimizer passed by mistake trained nothing, while every step reported a loss (an optimizer over part of the
+    model, a head only, is fine). The Trainer's and compile_step's check."""
+    trainable = {id(p) for p in model.parameters() if p.requires_grad}
+    groups = getattr(optimizer, "param_groups", None)
+    if not trainable or groups is None:
+        return
+    if not any(id(p) in trainable for group in groups for p in group["params"]):
+        raise ValueError(f"the optimizer ({type(optimizer).__name__}) holds none of the {type(model).__name__}'s "
+                         f"{len(trainable)} trainable parameters, so training would change nothing: build it from "
+                         f"this model's parameters (optimizer = AdamW(model.parameters(), ...))")
+
+
 def _step_array(value: Any) -> np.ndarray:
     """A step count as a 0-d float64 heap array (mutable in place, like torch's step tensor)."""
     array = np.asarray(value)

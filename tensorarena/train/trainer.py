@@ -27,7 +27,7 @@ from ..memory.arena import Arena
 from ..memory.budget import resolve_budget
 from ..memory.pool import BlockPool
 from ..nn.module import Module
-from ..optim.optimizer import Optimizer
+from ..optim.optimizer import Optimizer, check_trains_the_model
 from ..precision import float32_matmul_precision, get_float32_matmul_precision
 from ..precision import normalize as normalize_precision
 from ..tensor import Tensor
@@ -64,20 +64,6 @@ def _check_store_dir(store_dir) -> None:
         raise StoreDirError(f"store_dir {store_dir} cannot be used for the streaming store: {exc.strerror or exc}. "
                             f"Pass a writable directory on a disk with room for the parameters and optimizer "
                             f"state") from exc
-
-
-def _check_optimizer_trains_the_model(model, optimizer) -> None:
-    """A ValueError when the model has trainable parameters and the optimizer holds none of them: another model's
-    optimizer passed by mistake trained nothing, while every step reported a loss (an optimizer over part of the
-    model, a head only, is fine)."""
-    trainable = {id(p) for p in model.parameters() if p.requires_grad}
-    groups = getattr(optimizer, "param_groups", None)
-    if not trainable or groups is None:
-        return
-    if not any(id(p) in trainable for group in groups for p in group["params"]):
-        raise ValueError(f"the optimizer ({type(optimizer).__name__}) holds none of the {type(model).__name__}'s "
-                         f"{len(trainable)} trainable parameters, so training would change nothing: build it from "
-                         f"this model's parameters (optimizer = AdamW(model.parameters(), ...))")
 
 
 def _check_scheduler(scheduler, optimizer=None) -> None:
@@ -192,7 +178,7 @@ class Trainer:
         self.update_in_backward = resolve_update_in_backward(update_in_backward, clip_grad_norm, self.micro_batch)
         self._matmul_precision = (normalize_precision(matmul_precision) if matmul_precision is not None
                                   else get_float32_matmul_precision())
-        _check_optimizer_trains_the_model(model, optimizer)
+        check_trains_the_model(model, optimizer)
         _check_scheduler(scheduler, optimizer)
         self.model = model
         self._optimizer = optimizer
@@ -330,7 +316,7 @@ class Trainer:
         store, laid out for the one it started with: refused there."""
         if value is self._optimizer:
             return
-        _check_optimizer_trains_the_model(self.model, value)
+        check_trains_the_model(self.model, value)
         if self.stream is not None:
             raise RuntimeError("the streaming route keeps its optimizer's state in its store, laid out for the "
                                f"{type(self._optimizer).__name__} it started with, so trainer.optimizer cannot be "
