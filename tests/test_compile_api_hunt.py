@@ -1,6 +1,6 @@
 """ta.compile_step / FusedStep and the arena API, used directly (no Trainer), against torch and their docs.
 
-Before the fixes (base commit 9f86595), 8 of 8 tests failed:
+Before the fixes (base commit 9f86595), 9 of 9 tests failed:
     git archive 9f86595 | tar -x -C /tmp/base && PYTHONPATH=/tmp/base python -m pytest -q -p no:cacheprovider \
         tests/test_compile_api_hunt.py
 """
@@ -149,3 +149,18 @@ def test_compile_step_checks_what_the_trainer_checks():
         fused.step(x, y, on_nonfinite="ignore")
     for a, p in zip(w, model.parameters()):
         np.testing.assert_array_equal(a, p.data)
+
+
+def test_entering_an_open_arena_again_is_refused_and_leaves_it_open():
+    """`with a:` inside `with a:` closed `a` when the inner block ended, under the outer one: the outer block's
+    tensors went stale and its next allocation failed with "cannot allocate from step: it is closed", naming no
+    cause. The second entry is now refused, saying to nest a new arena; the outer block goes on."""
+    arena = ta.Arena(name="step")
+    with arena:
+        x = ta.ones(10) * 2
+        with pytest.raises(RuntimeError, match="already open.*nest a new ta.Arena"):
+            with arena:
+                pass
+        assert ta.current_arena() is arena and not arena.closed
+        assert float((x + ta.ones(10)).sum().item()) == 30.0
+    assert arena.closed and ta.current_arena() is None
