@@ -1,6 +1,6 @@
 """ta.compile_step / FusedStep and the arena API, used directly (no Trainer), against torch and their docs.
 
-Before the fixes (base commit 9f86595), 9 of 9 tests failed:
+Before the fixes (base commit 9f86595), 10 of 10 tests failed:
     git archive 9f86595 | tar -x -C /tmp/base && PYTHONPATH=/tmp/base python -m pytest -q -p no:cacheprovider \
         tests/test_compile_api_hunt.py
 """
@@ -164,3 +164,22 @@ def test_entering_an_open_arena_again_is_refused_and_leaves_it_open():
         assert ta.current_arena() is arena and not arena.closed
         assert float((x + ta.ones(10)).sum().item()) == 30.0
     assert arena.closed and ta.current_arena() is None
+
+
+def test_arena_out_of_memory_survives_pickling_and_copying():
+    """An ArenaOutOfMemory raised in a worker process could not come back: unpickling (and copy.copy) called
+    __init__ with the message alone, a TypeError about missing arguments."""
+    import copy
+    import pickle
+
+    pool = ta.BlockPool(budget=2 << 20)
+    with pytest.raises(ta.ArenaOutOfMemory) as caught:
+        with ta.Arena(pool=pool):
+            ta.zeros(3 << 18) + 1  # 3 MiB: a 4 MiB block
+    err = caught.value
+    err.add_note("in worker 3")
+    for again in (pickle.loads(pickle.dumps(err)), copy.copy(err), copy.deepcopy(err)):
+        assert type(again) is ta.ArenaOutOfMemory and isinstance(again, MemoryError)
+        assert str(again) == str(err) and "budget is 2.00 MiB" in str(again)
+        assert (again.requested, again.budget, again.in_use, again.asked) == (4 << 20, 2 << 20, 0, 3 << 20)
+        assert again.__notes__ == ["in worker 3"]

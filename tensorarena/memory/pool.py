@@ -40,6 +40,11 @@ class ArenaOutOfMemory(MemoryError):
             f"or close arenas you no longer need."
         )
 
+    def __reduce__(self):
+        # Rebuilt from its numbers: BaseException's default passes only the message back to __init__, so pickling
+        # (an error coming back from a worker process) and copy.copy failed with a TypeError about missing arguments.
+        return type(self), (self.requested, self.budget, self.in_use, self.cached, self.asked), self.__dict__
+
 
 def _fmt(n: int) -> str:
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
