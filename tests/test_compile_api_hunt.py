@@ -1,8 +1,9 @@
 """ta.compile_step / FusedStep and the arena API, used directly (no Trainer), against torch and their docs.
 
 Before the fixes (base commit 9f86595), 10 of 10 tests failed:
-    git archive 9f86595 | tar -x -C /tmp/base && PYTHONPATH=/tmp/base python -m pytest -q -p no:cacheprovider \
-        tests/test_compile_api_hunt.py
+    mkdir /tmp/base && git archive 9f86595 | tar -x -C /tmp/base && cp tests/test_compile_api_hunt.py /tmp/base/tests/
+    cd /tmp/base && PYTHONPATH=/tmp/base python -m pytest -q -p no:cacheprovider tests/test_compile_api_hunt.py
+(from /tmp/base: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH).
 """
 
 import numpy as np
