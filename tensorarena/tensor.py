@@ -251,6 +251,11 @@ class Tensor:
             return
         if value is not None and value is not self._grad_buffer:
             self._check_grad(value)
+            if arena_holding(value) is not None:
+                # A gradient outlives the step (backward accumulates into it, the optimizer reads it): an open arena's
+                # array (`p.grad = (g * 0.5).data`) was kept as it was, and once the arena closed the next backward
+                # added into memory that was by then another step's activations, silently.
+                value = value.copy()
         self._grad = value
         # The refcount is read here, in this frame, with the same references `_calibrate_unshared_refs`
         # counts: the buffer slot, the local `old`, and `_refcount`'s argument.

@@ -1,6 +1,6 @@
 """ta.compile_step / FusedStep and the arena API, used directly (no Trainer), against torch and their docs.
 
-Before the fixes (base commit 9f86595), 10 of 10 tests failed:
+Before the fixes (base commit 9f86595), 11 of 11 tests failed:
     mkdir /tmp/base && git archive 9f86595 | tar -x -C /tmp/base && cp tests/test_compile_api_hunt.py /tmp/base/tests/
     cd /tmp/base && PYTHONPATH=/tmp/base python -m pytest -q -p no:cacheprovider tests/test_compile_api_hunt.py
 (from /tmp/base: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH).
@@ -184,3 +184,29 @@ def test_arena_out_of_memory_survives_pickling_and_copying():
         assert str(again) == str(err) and "budget is 2.00 MiB" in str(again)
         assert (again.requested, again.budget, again.in_use, again.asked) == (4 << 20, 2 << 20, 0, 3 << 20)
         assert again.__notes__ == ["in worker 3"]
+
+
+def test_a_gradient_assigned_an_arenas_array_accumulates_as_torchs_after_the_arena_closes():
+    """Micro-batches each in their own arena, the first one's gradient scaled by `p.grad = (...).data`: the gradient
+    kept the arena's memory, and the next backward added into what was by then another arena's array (off by 21
+    against torch here). A gradient is now copied out of an open arena when assigned."""
+    ta.manual_seed(0)
+    ours = nn.Linear(4, 3)
+    theirs = torch.nn.Linear(4, 3)
+    with torch.no_grad():
+        theirs.weight.copy_(torch.from_numpy(ours.weight.data.copy()))
+        theirs.bias.copy_(torch.from_numpy(ours.bias.data.copy()))
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        x = rng.standard_normal((5, 4)).astype(np.float32)
+        with ta.Arena():
+            ours(ta.tensor(x)).square().sum().backward()
+            if i == 0:
+                ours.weight.grad = (ta.tensor(ours.weight.grad) * 0.5).data
+            junk = ta.ones(64, 64) * 3 + 0  # what the next arena's memory holds meanwhile
+            del junk
+        theirs(torch.from_numpy(x)).square().sum().backward()
+        if i == 0:
+            theirs.weight.grad = theirs.weight.grad * 0.5
+    np.testing.assert_allclose(ours.weight.grad, theirs.weight.grad.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ours.bias.grad, theirs.bias.grad.numpy(), rtol=1e-5, atol=1e-5)
