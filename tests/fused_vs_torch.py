@@ -1,4 +1,4 @@
-"""Fused training steps against a torch twin, step for step: the loop several torch-API tests share."""
+"""A module and fused training steps against a torch twin: the comparisons several torch-API tests share."""
 
 from __future__ import annotations
 
@@ -18,3 +18,18 @@ def fused_steps_match_torch(trainer, torch_optimizer, torch_loss, batches, rel: 
         want.backward()
         torch_optimizer.step()
         assert report.loss == pytest.approx(want.item(), rel=rel)
+
+
+def module_matches_torch(ours, theirs, x, g, *, tol: float) -> None:
+    """Our module and its torch twin on the same float64 input `x`, backward from the upstream gradient `g`: the
+    outputs and the input's gradient agree to `tol` (the parameters' gradients are left in .grad to compare)."""
+    import numpy as np
+
+    import tensorarena as ta
+
+    ours_x, theirs_x = ta.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    out, want = ours(ours_x), theirs(theirs_x)
+    (out * ta.tensor(g)).sum().backward()
+    (want * torch.from_numpy(g)).sum().backward()
+    np.testing.assert_allclose(out.numpy(), want.detach().numpy(), rtol=tol, atol=tol)
+    np.testing.assert_allclose(np.asarray(ours_x.grad), theirs_x.grad.numpy(), rtol=tol, atol=tol)

@@ -11,7 +11,7 @@ import torch
 
 import tensorarena as ta
 from tensorarena.train.trainer import Trainer
-from tests.fused_vs_torch import fused_steps_match_torch
+from tests.fused_vs_torch import fused_steps_match_torch, module_matches_torch
 
 TOL = {np.float32: 2e-5, np.float64: 1e-11}
 
@@ -44,14 +44,7 @@ def test_training_values_gradients_and_running_stats_match_torch(cls, shape, mom
     assert repr(ours) == repr(theirs) and list(ours.state_dict()) == list(theirs.state_dict())
     rng = np.random.default_rng(0)
     for _ in range(3):
-        x = rng.standard_normal(shape) * 2 + 1
-        g = rng.standard_normal(shape)
-        ours_x, theirs_x = ta.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
-        out, want = ours(ours_x), theirs(theirs_x)
-        (out * ta.tensor(g)).sum().backward()
-        (want * torch.from_numpy(g)).sum().backward()
-        np.testing.assert_allclose(out.numpy(), want.detach().numpy(), rtol=1e-11, atol=1e-11)
-        np.testing.assert_allclose(np.asarray(ours_x.grad), theirs_x.grad.numpy(), rtol=1e-10, atol=1e-10)
+        module_matches_torch(ours, theirs, rng.standard_normal(shape) * 2 + 1, rng.standard_normal(shape), tol=1e-10)
     _stats_equal(ours, theirs, 1e-12)
     if affine:
         np.testing.assert_allclose(np.asarray(ours.weight.grad), theirs.weight.grad.numpy(), rtol=1e-10, atol=1e-10)
@@ -90,6 +83,7 @@ def test_bad_input_is_refused_saying_what_is_wrong():
 
 @pytest.mark.parametrize("replay", ["captured", "python"])
 def test_an_mlp_with_batch_norm_trains_on_the_fused_route_as_torch(replay):
+    ta.manual_seed(0)  # the same initial weights whichever tests ran before in this process
     model = ta.nn.Sequential(ta.nn.Linear(6, 8), ta.nn.BatchNorm1d(8), ta.nn.ReLU(), ta.nn.Linear(8, 3))
     twin = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
     twin.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in model.state_dict().items()})
