@@ -183,21 +183,12 @@ class FusedStep:
 
     @scheduler.setter
     def scheduler(self, value) -> None:
-        """Checked when set, as the Trainer checks its own: a ReduceLROnPlateau (whose step needs a metric) or a
-        schedule of another optimizer was taken, and step 1 then applied its update and failed in the schedule
-        (PartlyAppliedError), or moved the other optimizer's lr while this one's never changed."""
-        from ..optim.lr_scheduler import ReduceLROnPlateau
+        """Checked when set, as the Trainer checks its own (train/report.check_scheduler): a ReduceLROnPlateau (whose
+        step needs a metric) or a schedule of another optimizer was taken, and step 1 then applied its update and
+        failed in the schedule (PartlyAppliedError), or moved the other optimizer's lr while this one's never moved."""
+        from ..train.report import check_scheduler
 
-        if isinstance(value, ReduceLROnPlateau):
-            raise ValueError("ReduceLROnPlateau steps on a metric (a held-out loss), which a fused step does not have "
-                             "after its update: compile the step without it (scheduler=None) and step it yourself, "
-                             "sched.step(val_loss), after each evaluation; the new lr takes effect at the next step")
-        scheduled = getattr(value, "optimizer", None)  # a schedule of one's own may have none: not checked
-        if scheduled is not None and scheduled is not self.optimizer:
-            raise ValueError(f"the scheduler ({type(value).__name__}) was built on another optimizer "
-                             f"({type(scheduled).__name__} at {id(scheduled):#x}) than the one this step updates "
-                             f"({type(self.optimizer).__name__} at {id(self.optimizer):#x}): its schedule would move "
-                             f"that one's lr. Build it on the optimizer given to compile_step")
+        check_scheduler(value, self.optimizer, "compile_step")
         self._scheduler = value
 
     @property

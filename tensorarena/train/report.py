@@ -61,6 +61,36 @@ def with_notes(err: BaseException) -> str:
                     for part in parts)
 
 
+def check_scheduler(scheduler, optimizer, stepper: str = "the Trainer") -> None:
+    """A ValueError for a scheduler `stepper` (the Trainer, or compile_step's FusedStep) cannot step after each
+    update: one whose step needs a metric (ReduceLROnPlateau: step 1 applied its update and then failed, and so did
+    every step), or one built on another optimizer than `optimizer` (when given: it stepped that one's lr, the
+    trained optimizer's never moved)."""
+    from ..optim.lr_scheduler import ReduceLROnPlateau
+
+    trainer = stepper == "the Trainer"
+    scheduled = getattr(scheduler, "optimizer", None)  # a scheduler of one's own may have none: not checked
+    if scheduled is not None and optimizer is not None and scheduled is not optimizer:
+        rebuild = ("Build it on the Trainer's optimizer (after trainer.optimizer = new, set trainer.scheduler to a "
+                   "scheduler of the new one, or None)" if trainer else "Build it on the optimizer given to "
+                                                                        "compile_step")
+        raise ValueError(f"the scheduler ({type(scheduler).__name__}) was built on another optimizer "
+                         f"({type(scheduled).__name__} at {id(scheduled):#x}) than the one {stepper} steps "
+                         f"({type(optimizer).__name__} at {id(optimizer):#x}): its schedule would move that one's lr. "
+                         f"{rebuild}")
+    if isinstance(scheduler, ReduceLROnPlateau):
+        if trainer:
+            how = ("build the Trainer without it (scheduler=None) and step it yourself, "
+                   "sched.step(trainer.evaluate(x_val, y_val)['loss']), after each evaluation; the new lr takes effect "
+                   "at the next step on every route. Keep its state in your checkpoints with "
+                   "trainer.save(path, extra={'plateau': sched.state_dict()})")
+        else:
+            how = ("compile the step without it (scheduler=None) and step it yourself, sched.step(val_loss), after "
+                   "each evaluation; the new lr takes effect at the next step")
+        raise ValueError(f"ReduceLROnPlateau steps on a metric (the held-out loss), which {stepper} does not have "
+                         f"after an update: {how}")
+
+
 def check_step_options(clip_grad_norm: float | None, on_nonfinite: str) -> None:
     """The step options every route takes (Trainer, StreamingRoute): ValueError naming a bad one."""
     if on_nonfinite not in ("raise", "skip"):

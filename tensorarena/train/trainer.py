@@ -32,7 +32,7 @@ from ..precision import float32_matmul_precision, get_float32_matmul_precision
 from ..precision import normalize as normalize_precision
 from ..tensor import Tensor
 from .eager_step import eager_step
-from .report import StepReport, StoreDirError, check_step_options
+from .report import StepReport, StoreDirError, check_scheduler, check_step_options
 from .trainer_route_choice import check_the_limit, choose_route, planned_for, recompute_mlp_if_planned
 from .trainer_step import _rows, compile_fused, fused_step, route_step, run_step
 from .trainer_streaming import warn_of_a_kept_run
@@ -64,29 +64,6 @@ def _check_store_dir(store_dir) -> None:
         raise StoreDirError(f"store_dir {store_dir} cannot be used for the streaming store: {exc.strerror or exc}. "
                             f"Pass a writable directory on a disk with room for the parameters and optimizer "
                             f"state") from exc
-
-
-def _check_scheduler(scheduler, optimizer=None) -> None:
-    """A ValueError for a scheduler whose step needs a metric (ReduceLROnPlateau): the Trainer steps its scheduler
-    after each update with no argument, so step 1 applied its update and then failed, and so did every step. And for
-    one built on another optimizer than `optimizer` (when given): it stepped that one's lr, the trained optimizer's
-    never moved."""
-    from ..optim.lr_scheduler import ReduceLROnPlateau
-
-    scheduled = getattr(scheduler, "optimizer", None)  # a scheduler of one's own may have none: not checked
-    if scheduled is not None and optimizer is not None and scheduled is not optimizer:
-        raise ValueError(f"the scheduler ({type(scheduler).__name__}) was built on another optimizer "
-                         f"({type(scheduled).__name__} at {id(scheduled):#x}) than the one the Trainer steps "
-                         f"({type(optimizer).__name__} at {id(optimizer):#x}): its schedule would move that one's lr. "
-                         f"Build it on the Trainer's optimizer (after trainer.optimizer = new, set trainer.scheduler to "
-                         f"a scheduler of the new one, or None)")
-
-    if isinstance(scheduler, ReduceLROnPlateau):
-        raise ValueError("ReduceLROnPlateau steps on a metric (the held-out loss), which the Trainer does not have "
-                         "after an update: build the Trainer without it (scheduler=None) and step it yourself, "
-                         "sched.step(trainer.evaluate(x_val, y_val)['loss']), after each evaluation; the new lr "
-                         "takes effect at the next step on every route. Keep its state in your checkpoints with "
-                         "trainer.save(path, extra={'plateau': sched.state_dict()})")
 
 
 class Trainer:
@@ -179,7 +156,7 @@ class Trainer:
         self._matmul_precision = (normalize_precision(matmul_precision) if matmul_precision is not None
                                   else get_float32_matmul_precision())
         check_trains_the_model(model, optimizer)
-        _check_scheduler(scheduler, optimizer)
+        check_scheduler(scheduler, optimizer)
         self.model = model
         self._optimizer = optimizer
         self.loss_fn = loss_fn
@@ -351,7 +328,7 @@ class Trainer:
     @scheduler.setter
     def scheduler(self, value) -> None:
         """A new schedule (or None) steps from the next step on, on every route."""
-        _check_scheduler(value, self._optimizer)
+        check_scheduler(value, self._optimizer)
         self._scheduler = value
         for route in (self.fused, self.stream):
             if route is not None:
@@ -411,7 +388,7 @@ class Trainer:
         # A trainer.optimizer replaced since the scheduler was set: refused before the step changes anything. One
         # identity test a step (the full check, with its import and messages, only when it fails).
         if getattr(self._scheduler, "optimizer", None) not in (None, self._optimizer):
-            _check_scheduler(self._scheduler, self._optimizer)
+            check_scheduler(self._scheduler, self._optimizer)
         index = self.step_count + 1
         # Outermost, so that the lock of _one_at_a_time is taken and given back with Ctrl-C held too.
         with SigintDeferred("the training step", lambda: abandoned_step_message(index, self.route)), \
