@@ -25,20 +25,7 @@ def evaluate(trainer: Trainer, inputs: np.ndarray, targets: Any, batch_size: int
     from ..compile import targets as target_layout
     from ..compile.lend import beyond_slab
 
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"evaluate: batch_size must be a positive int, got {batch_size!r}")
-    # A dict batch (step() hands it to the model as it is): its arrays are cut row by row, as the targets are.
-    rows = len(next(iter(inputs.values()))) if isinstance(inputs, dict) and inputs else len(inputs)
-    if rows == 0:
-        raise ValueError(f"evaluate: the held-out data is empty (inputs of shape {np.shape(inputs)}); "
-                         f"pass at least one row")
-    if isinstance(inputs, dict):
-        # Every array is cut by the same rows: an array of other rows was paired with the wrong rows, or cut short,
-        # with no word (hunt), where short targets are refused below.
-        uneven = {key: _leading(value) for key, value in inputs.items() if _leading(value) != rows}
-        if uneven:
-            raise ValueError(f"evaluate: the inputs' arrays must have the same rows (their first one has {rows}); "
-                             f"got rows {uneven}")
+    rows = input_rows(inputs, batch_size, "evaluate")
     # None: a model that returns its own loss (SimCSE), as step(inputs, None) takes it; flatten would make it a
     # 0-d object array and refuse it with the fused route's message, on every route.
     try:
@@ -76,14 +63,10 @@ def evaluate(trainer: Trainer, inputs: np.ndarray, targets: Any, batch_size: int
             for begin, share in zip(starts, shares):
                 stop = min(begin + batch_size, rows)
                 with trainer.scratch_arena("eval arena", warn=warn) as arena:
-                    xb = ({key: value[begin:stop] for key, value in inputs.items()} if isinstance(inputs, dict)
-                          else inputs[begin:stop])
                     yb = target_layout.build(spec, [leaf[begin:stop] for leaf in leaves])
-                    # As the eager step hands it over: a tokenizer's Encoding goes as it is, its attention mask
-                    # with it (Tensor(xb) refused it, and its advice, passing .input_ids, attended the padding).
-                    # (after to_memory() the model holds the state: the store is not entered again to read it)
-                    streamed = trainer.stream is not None and not trainer.stream.in_memory
-                    out = Tensor(trainer.stream.predict(xb)) if streamed else trainer.model(_model_input(xb))
+                    out = forward_rows(trainer, inputs, begin, stop)
+                    if isinstance(out, np.ndarray):  # the streaming route's predict
+                        out = Tensor(out)
                     loss = _loss_value(trainer.loss_fn(out, yb), trainer.loss_fn)
                     total_loss += loss * share if share else 0.0
                     # Classes on the last axis, or (a class-index loss's (N, C, d...) logits, as torch's) on
@@ -108,6 +91,36 @@ def evaluate(trainer: Trainer, inputs: np.ndarray, targets: Any, batch_size: int
     scored_count = int(scored.sum()) if scored is not None else (labels.size if labels is not None else 0)
     accuracy = (correct / scored_count if scored_count else float("nan")) if counted else None
     return {"loss": total_loss, "accuracy": accuracy}
+
+
+def input_rows(inputs: Any, batch_size: int, what: str) -> int:
+    """The rows of evaluate's or predict's inputs (`what` names the caller), checked with batch_size: a
+    positive batch_size, at least one row, and a dict batch (step() hands it to the model as it is) whose arrays
+    all have the same rows, since each is cut by them."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"{what}: batch_size must be a positive int, got {batch_size!r}")
+    rows = _leading(next(iter(inputs.values()))) if isinstance(inputs, dict) and inputs else _leading(inputs)
+    if not rows:
+        raise ValueError(f"{what}: the inputs have no rows (shape {np.shape(inputs)}): the held-out data is empty; "
+                         f"pass at least one row")
+    if isinstance(inputs, dict):
+        # An array of other rows was paired with the wrong rows, or cut short, with no word (hunt).
+        uneven = {key: _leading(value) for key, value in inputs.items() if _leading(value) != rows}
+        if uneven:
+            raise ValueError(f"{what}: the inputs' arrays must have the same rows (their first one has {rows}); "
+                             f"got rows {uneven}")
+    return rows
+
+
+def forward_rows(trainer: Trainer, inputs: Any, begin: int, stop: int) -> Any:
+    """The model's output for rows begin:stop of `inputs` (each array of a dict batch cut alike), in the modes and
+    grad mode the caller set: the streaming route's predict (an array) while the store holds the parameters (after
+    to_memory() the model holds them: the store is not entered again), else the model on the batch as the eager
+    step hands it over (a tokenizer's Encoding goes as it is, its attention mask with it)."""
+    xb = {key: value[begin:stop] for key, value in inputs.items()} if isinstance(inputs, dict) else inputs[begin:stop]
+    if trainer.stream is not None and not trainer.stream.in_memory:
+        return trainer.stream.predict(xb)
+    return trainer.model(_model_input(xb))
 
 
 def _loss_value(loss: Any, loss_fn: Any) -> float:

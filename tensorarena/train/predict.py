@@ -13,8 +13,7 @@ import numpy as np
 from ..nn.modes import kept_modes
 from ..precision import float32_matmul_precision
 from ..tensor import Tensor
-from .eager_step import _model_input
-from .evaluate import _leading
+from .evaluate import forward_rows, input_rows
 
 if TYPE_CHECKING:
     from .trainer import Trainer
@@ -25,18 +24,9 @@ def predict(trainer: Trainer, inputs: Any, batch_size: int) -> np.ndarray:
     from ..autograd import no_grad
     from ..compile.lend import beyond_slab
 
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"predict: batch_size must be a positive int, got {batch_size!r}")
     if isinstance(inputs, Tensor):
         inputs = inputs.data
-    rows = _leading(next(iter(inputs.values()))) if isinstance(inputs, dict) and inputs else _leading(inputs)
-    if not rows:
-        raise ValueError(f"predict: the inputs have no rows (shape {np.shape(inputs)}); pass at least one")
-    if isinstance(inputs, dict):
-        uneven = {key: _leading(value) for key, value in inputs.items() if _leading(value) != rows}
-        if uneven:
-            raise ValueError(f"predict: the inputs' arrays must have the same rows (their first one has {rows}); "
-                             f"got rows {uneven}")
+    rows = input_rows(inputs, batch_size, "predict")
     trainer._make_whole("predict() before step 1 runs the model")
     outputs = None
     with kept_modes(trainer.model):  # every module's mode back as it was, also on an error (nn/modes.py)
@@ -45,12 +35,8 @@ def predict(trainer: Trainer, inputs: Any, batch_size: int) -> np.ndarray:
             warn = True  # once per call, as evaluate
             for begin in range(0, rows, batch_size):
                 stop = min(begin + batch_size, rows)
-                xb = ({key: value[begin:stop] for key, value in inputs.items()} if isinstance(inputs, dict)
-                      else inputs[begin:stop])
                 with trainer.scratch_arena("predict arena", warn=warn) as arena:
-                    streamed = trainer.stream is not None and not trainer.stream.in_memory
-                    out = trainer.stream.predict(xb) if streamed else trainer.model(_model_input(xb))
-                    out = _one_array(out, stop - begin)
+                    out = _one_array(forward_rows(trainer, inputs, begin, stop), stop - begin)
                     if outputs is None:
                         outputs = np.empty((rows,) + out.shape[1:], out.dtype)
                     elif out.shape[1:] != outputs.shape[1:]:
