@@ -112,19 +112,18 @@ class Arena:
         self._deaths: list[weakref.ref] = []
         self._busy = False
         self._thread = threading.get_ident()
-        self._entered = False  # inside its `with` block now (a second __enter__ is refused)
 
     # -- scope -------------------------------------------------------------
     def __enter__(self) -> "Arena":
         if self.closed:
             raise RuntimeError(f"{self.name} is closed; create a new Arena for a new scope")
-        if self._entered:
+        stack = _stack()
+        if any(open_arena is self for open_arena in stack):
             # Entered again while open, the inner block's exit closed it under the outer one: the outer block's
             # tensors went stale and its next allocation failed with "it is closed", naming no cause.
             raise RuntimeError(f"{self.name} is already open (its `with` block has not ended); an arena is one "
                                f"scope: nest a new ta.Arena() inside it instead")
-        self._entered = True
-        _stack().append(self)
+        stack.append(self)
         return self
 
     def __exit__(self, *exc) -> None:
