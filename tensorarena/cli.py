@@ -493,9 +493,9 @@ def train_mlp(args) -> dict:
 _VIT = {"vit-tiny", "vit-small", "vit-base"}
 MODEL_OPTIONS = {"hidden": {"mlp"}, "activation": {"mlp"}, "image_size": _VIT, "patch_size": _VIT,
                  "train_size": {"mlp"} | _VIT, "test_size": {"mlp"} | _VIT, "seq_len": {"simcse"},
-                 # simcse streams (BERT stages); the MLP has no stages, so it never streams: its --store-dir was
-                 # ignored, leaving an empty directory behind
-                 "temperature": {"simcse"}, "store_dir": {"simcse"} | _VIT}
+                 # every model streams now (the MLP since Sequential.stream_stages); --store-dir was refused for the
+                 # MLP while it had no stages (ignored, it had left an empty directory behind)
+                 "temperature": {"simcse"}}
 # Likewise for the optimizer and the schedule: --momentum 0.5 with --optimizer adam trained as without it.
 OPTIMIZER_OPTIONS = {"momentum": {"sgd"}}
 SCHEDULE_OPTIONS = {"warmup": {"warmup-cosine", "linear-warmup"}}

@@ -347,13 +347,14 @@ def test_plan_errors_name_the_plan_command(capsys):
     assert msg.startswith("tensorarena plan:"), msg
 
 
-# Regression (fixed): an MLP on --route streaming ends in a StreamingUnsupportedError traceback at step 1 (trainer.py
-# _start_streaming -> stream/stages.model_stages). The --route help even says which model has no streaming
-# route (simcse) but the MLP has none either. Fix: check `callable(model.stream_stages)` in the job (or in
-# Trainer.__init__ for route="streaming") and exit with "--route streaming needs a model with blocks ...".
-def test_streaming_route_on_mlp_is_a_clean_error(capsys):
-    msg = clean_exit(["train", *MLP, "--steps", "2", "--no-progress", "--route", "streaming"], capsys)
-    assert "--route" in msg or "streaming" in msg
+# Regression (fixed): an MLP on --route streaming ended in a StreamingUnsupportedError traceback at step 1 (trainer.py
+# _start_streaming -> stream/stages.model_stages); then a clean exit saying the MLP cannot stream. Since
+# Sequential.stream_stages it streams (tests/test_sequential_streaming.py), its --store-dir kept.
+def test_streaming_route_on_mlp_trains(capsys, tmp_path):
+    assert cli.main(["train", *MLP, "--steps", "2", "--no-progress", "--route", "streaming",
+                 "--store-dir", str(tmp_path / "store")]) == 0
+    assert "for 2 steps on the streaming route" in capsys.readouterr().out
+    assert (tmp_path / "store").is_dir()
 
 
 # Regression (fixed): a NaN loss (--lr 1e30) ends in a NonFiniteLossError traceback, and its text tells a command-line

@@ -25,6 +25,7 @@ from tensorarena.nn.functional import cross_entropy
 from tensorarena.stream import Stage, StoreError, StreamingRoute, StreamingUnsupportedError
 from tensorarena.train.report import NonFiniteLossError
 from tensorarena.train.trainer import Trainer
+from tests.unstaged_model import Unstaged
 
 STEPS = 20
 TOL = {np.float32: 1e-5, np.float64: 1e-12}
@@ -472,8 +473,8 @@ def test_nonfinite_loss_raises_or_skips_without_updating(tmp_path):
 
 
 def test_models_without_stages_and_unsupported_setups_are_refused(tmp_path):
-    mlp = MLP(MLPConfig(in_features=4, hidden=(8,), out_features=2))
-    with pytest.raises(StreamingUnsupportedError, match="MLP has no stream_stages"):
+    mlp = Unstaged(MLP(MLPConfig(in_features=4, hidden=(8,), out_features=2)))
+    with pytest.raises(StreamingUnsupportedError, match="Unstaged has no stream_stages"):
         StreamingRoute.from_memory(mlp, optim.SGD(mlp.parameters(), lr=0.1), cross_entropy, tmp_path)
     model, optimizer, _ = _setup(schedule=False)
     with pytest.raises(ValueError, match="clip_grad_norm must be positive"):

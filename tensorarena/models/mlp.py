@@ -72,3 +72,8 @@ class MLP(Module):
 
     def forward(self, x) -> Tensor:
         return self.net(x)
+
+    def stream_stages(self) -> list:
+        """The cut for the streaming route: net's (Sequential.stream_stages), one stage per Linear with the
+        activation and dropout after it, named "net.0-1", ..., "net.<last>"."""
+        return self.net.stream_stages(prefix="net.")

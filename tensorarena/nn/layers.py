@@ -341,6 +341,46 @@ class Sequential(ModuleList):
             x = module(x)
         return x
 
+    def stream_stages(self, prefix: str = "") -> list:
+        """The cut for the streaming route: one stage per entry that holds parameters, the entries without any
+        (activations, dropout, flatten) riding in the stage before them (the leading ones in the first stage), so
+        no stage boundary keeps an activation nothing trains on. Composed in order they are this forward.
+        Stage names are the entries' names, `prefix` before them ("net.0", or "net.0-1" for entries 0 and 1)."""
+        from ..stream.stages import Stage  # lazy: nn loads without the streaming machinery
+
+        groups: list[list[int]] = []
+        for i, module in enumerate(self._items):
+            if not groups or any(True for _ in module.parameters()):
+                groups.append([i])
+            else:
+                groups[-1].append(i)
+        if len(groups) > 1 and not any(True for i in groups[0] for _ in self._items[i].parameters()):
+            leading = groups.pop(0)  # parameterless entries before any trained one join the first stage with some
+            groups[0] = leading + groups[0]
+        names = self._entry_names()
+        stages = []
+        for group in groups:
+            modules = [self._items[i] for i in group]
+            label = names[group[0]] if len(group) == 1 else f"{names[group[0]]}-{names[group[-1]]}"
+            params = tuple(p for m in modules for p in m.parameters())
+            stages.append(Stage(prefix + label, params, _Chain(modules)))
+        return stages
+
+
+class _Chain:
+    """Some of a Sequential's entries applied in order: one streaming stage's forward."""
+
+    def __init__(self, modules: list[Module]) -> None:
+        self.modules = modules
+
+    def __call__(self, x):
+        for module in self.modules:
+            x = module(x)
+        return x
+
+    def __repr__(self) -> str:
+        return f"_Chain({', '.join(type(m).__name__ for m in self.modules)})"
+
 
 # -- activations and losses as modules (torch.nn's names and arguments) -----------------------------------------
 # `inplace=True` is accepted, as ported models pass it (nn.LeakyReLU(0.2, inplace=True)), and the output is the
