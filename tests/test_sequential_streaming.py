@@ -16,6 +16,8 @@ test still fails: killed by its cgroup (status -9) after the run.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -127,3 +129,18 @@ def test_a_sequential_subclass_with_a_forward_of_its_own_is_refused():
     trainer = Trainer(model, optim.SGD(model.parameters(), lr=0.1), cross_entropy, route="streaming")
     with pytest.raises(StreamingUnsupportedError, match=r"Scaled\.forward overrides the forward Sequential"):
         trainer.step(np.ones((2, 4), np.float32), np.zeros(2, np.int64))
+
+
+def test_a_streamed_cli_run_ends_inside_its_budget():
+    from tests.cgroup_harness import CgroupUnavailable, run_limited
+
+    # 30M parameters: fused needs ~675 MiB, streaming ~364; read back at the end, params and Adam's state (360 MiB)
+    # took the process over the 380M it was given
+    command = [sys.executable, "-m", "tensorarena", "train", "--hidden", ",".join(["2048"] * 8), "--steps", "2",
+               "--memory-limit", "380M", "--no-progress", "--train-size", "512", "--test-size", "128"]
+    try:
+        run = run_limited(command, 380 << 20)
+    except CgroupUnavailable as why:
+        pytest.skip(str(why))
+    assert not run.oom_killed and run.returncode == 0, (run.returncode, run.stderr[-1500:])
+    assert "chosen: streaming" in run.stdout + run.stderr and "on the streaming route" in run.stdout

@@ -18,6 +18,7 @@ from .save_rescue import CheckpointNotSaved, check_save_room, save_or_rescue
 from .summary import (bf16_products_since, plan_before_step_1, print_fused_lines, print_skipped, route_summary,
                       step_rate)
 from .trainer import Trainer
+from .trainer_streaming import drop_temporary_store
 
 
 def classifier_data_bytes(n_train: int, n_test: int, example_shape: tuple[int, ...], dtype=np.float32) -> int:
@@ -269,7 +270,7 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
     last_route = _last_route(reports, resumed)
     first, last = (reports[0], reports[-1]) if reports else (None, None)
     high_waters = [r.arena_high_water for r in reports]
-    return {
+    summary = {
         "model": args.model, "route": last_route, "steps": trainer.step_count, "steps_this_run": len(reports),
         "total_steps": args.total_steps,
         **route_summary(trainer, planning),
@@ -285,6 +286,8 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
         # Steps whose non-finite loss was skipped (--on-nonfinite skip): counted, but they updated nothing.
         "skipped_steps": sum(bool(r.skipped) for r in reports),
     }
+    drop_temporary_store(trainer)  # saved and evaluated: its state read back would only take memory (the budget's)
+    return summary
 
 
 def _checkpoint_extra(args, loader: BatchLoader, route: str | None) -> dict:
