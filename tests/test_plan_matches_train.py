@@ -85,8 +85,8 @@ def test_training_data_is_the_same_part_in_plan_and_train(model, tmp_path_factor
     # Regression (fixed): the data train holds was hidden in the measured process share, and plan had none.
     plan, train = _both(model, tmp_path_factory)
     estimates = _train_estimates(train)
-    # route auto plans fused and streaming before step 1 (the mlp has no stages to stream)
-    assert set(estimates) == ({"fused"} if model == "mlp" else {"fused", "streaming"})
+    # route auto plans fused and streaming before step 1 (the mlp too, since Sequential.stream_stages)
+    assert set(estimates) == {"fused", "streaming"}
     data = {"mlp": (8000 + 2000) * (16 * 16 * 4 + 8),  # digits: 16x16 float32 + int64 label
             "vit-tiny": (60 * 32 + 2000) * (3 * 32 * 32 * 4 + 8)}.get(model)  # what 60 steps of 32 show once
     for route, est in estimates.items():
