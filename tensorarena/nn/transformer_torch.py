@@ -5,7 +5,8 @@ pre-norm block (fused qkv, no torch key names); this is for code written against
 
 Attention runs on F.scaled_dot_product_attention. Masks: src_key_padding_mask (N, S) bool, True = padding, as
 torch's; a causal mask by is_causal=True or by src_mask equal to nn.Transformer.generate_square_subsequent_mask's
-(or its bool form, True = masked). Any other src_mask (one that varies by query otherwise) is refused, naming it.
+(or its bool form, True = masked). Any other src_mask (one that varies by query otherwise) is refused, naming it, and
+so is a float src_key_padding_mask of other values than 0 and -inf (torch adds those to the scores).
 """
 
 from __future__ import annotations
@@ -144,6 +145,13 @@ def _padding_mask(mask, shape: tuple[int, int]) -> np.ndarray | None:
     if arr.shape != shape:
         raise ValueError(f"src_key_padding_mask must have shape (N, S) = {shape}, got {arr.shape}")
     if arr.dtype.kind == "f":
+        # torch adds a float mask to the scores: -inf drops a key, 0 keeps it, and any other value (-1e9, a bias)
+        # weighs it. Read as keep, such a value gave other outputs than torch's without a word.
+        if not np.all((arr == 0) | np.isneginf(arr)):
+            other = arr[(arr != 0) & ~np.isneginf(arr)]
+            raise ValueError(f"src_key_padding_mask as floats must hold only 0 (keep) and -inf (padding), as it "
+                             f"is added to the attention scores; got {float(other[0])!r} among its values. Pass a bool mask "
+                             f"(True = padding), e.g. mask < 0 for one of large negative values")
         return np.isneginf(arr)
     if arr.dtype != np.bool_:
         raise TypeError(f"src_key_padding_mask must be bool (True = padding) or float (-inf = padding), got "

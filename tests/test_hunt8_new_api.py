@@ -1,0 +1,42 @@
+"""hunt8: the newest APIs (TransformerEncoder/Layer, BatchNorm, GroupNorm, utils.data, ta.load) used as a PyTorch
+user would, against torch 2.13.0: each test is a defect found and fixed.
+
+FAILS_BEFORE
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import tensorarena as ta
+
+
+def _encoder_pair(**kw):
+    """A torch TransformerEncoderLayer (float64, no dropout, batch_first) and ours with its weights."""
+    torch.manual_seed(0)
+    args = dict(d_model=12, nhead=3, dim_feedforward=20, dropout=0.0, batch_first=True)
+    theirs = torch.nn.TransformerEncoderLayer(**args, dtype=torch.float64, **kw)
+    ours = ta.nn.TransformerEncoderLayer(**args, dtype=np.float64, **kw)
+    ours.load_state_dict({k: v.detach().numpy().copy() for k, v in theirs.state_dict().items()})
+    return ours, theirs
+
+
+# -- TransformerEncoderLayer / TransformerEncoder ------------------------------------------------------------------
+
+def test_a_float_padding_mask_of_finite_values_is_refused_not_read_as_keep():
+    # torch adds a float src_key_padding_mask to the scores: -1e9 (a common way to write it) drops the key. It was
+    # read as "keep" (only -inf counted as padding): outputs 0.3 off torch's for the padded rows, with no word.
+    ours, theirs = _encoder_pair()
+    x = np.random.default_rng(0).standard_normal((2, 5, 12))
+    mask = np.zeros((2, 5))
+    mask[1, 3:] = -np.inf
+    want = theirs(torch.from_numpy(x), src_key_padding_mask=torch.from_numpy(mask)).detach().numpy()
+    np.testing.assert_allclose(ours(ta.tensor(x), src_key_padding_mask=mask).numpy(), want, rtol=1e-10, atol=1e-10)
+    mask[1, 3:] = -1e9
+    with pytest.raises(ValueError, match=r"src_key_padding_mask as floats must hold only 0 \(keep\) and -inf "
+                                         r"\(padding\).*got -1000000000\.0.*bool mask \(True = padding\)"):
+        ours(ta.tensor(x), src_key_padding_mask=mask)
+    np.testing.assert_allclose(ours(ta.tensor(x), src_key_padding_mask=mask < 0).numpy(), want, rtol=1e-10,
+                               atol=1e-10)  # the advice gives torch's result
