@@ -40,3 +40,17 @@ def test_a_float_padding_mask_of_finite_values_is_refused_not_read_as_keep():
         ours(ta.tensor(x), src_key_padding_mask=mask)
     np.testing.assert_allclose(ours(ta.tensor(x), src_key_padding_mask=mask < 0).numpy(), want, rtol=1e-10,
                                atol=1e-10)  # the advice gives torch's result
+
+
+def test_encoder_layers_made_from_a_layer_with_an_rng_draw_different_dropout_masks():
+    # TransformerEncoder deep-copied the layer's generator with it: every layer drew the same numbers, so the same
+    # dropout mask (torch's layers draw from one generator, one mask after the other).
+    layer = ta.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.5, batch_first=True, rng=np.random.default_rng(0))
+    encoder = ta.nn.TransformerEncoder(layer, 3)
+    assert all(m.rng is layer.dropout.rng for m in encoder.modules() if isinstance(m, ta.nn.Dropout))
+    x = ta.ones(2, 4, 16)
+    masks = [encoder.layers[i].dropout(x).numpy() != 0 for i in range(3)]
+    assert not np.array_equal(masks[0], masks[1]) and not np.array_equal(masks[1], masks[2])
+    # the weights are still each layer's own copy, as torch's
+    assert encoder.layers[0].linear1.weight is not encoder.layers[1].linear1.weight
+    np.testing.assert_array_equal(encoder.layers[0].linear1.weight.numpy(), encoder.layers[1].linear1.weight.numpy())

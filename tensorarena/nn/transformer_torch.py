@@ -126,7 +126,11 @@ class TransformerEncoder(Module):
                  enable_nested_tensor: bool = True, mask_check: bool = True) -> None:
         super().__init__()
         num_layers = _size("TransformerEncoder", "num_layers", num_layers)
-        self.layers = ModuleList([copy.deepcopy(encoder_layer) for _ in range(num_layers)])
+        # Weights copied as torch's _get_clones copies them; a generator the layer was given (rng=) is shared, not
+        # copied: each copy of it would draw the same numbers, the same dropout masks in every layer.
+        generators = {id(value): value for module in encoder_layer.modules() for value in vars(module).values()
+                      if isinstance(value, np.random.Generator)}
+        self.layers = ModuleList([copy.deepcopy(encoder_layer, dict(generators)) for _ in range(num_layers)])
         self.num_layers, self.norm = num_layers, norm
 
     def forward(self, src, mask=None, src_key_padding_mask=None, is_causal: bool | None = None) -> Tensor:
