@@ -54,3 +54,17 @@ def test_encoder_layers_made_from_a_layer_with_an_rng_draw_different_dropout_mas
     # the weights are still each layer's own copy, as torch's
     assert encoder.layers[0].linear1.weight is not encoder.layers[1].linear1.weight
     np.testing.assert_array_equal(encoder.layers[0].linear1.weight.numpy(), encoder.layers[1].linear1.weight.numpy())
+
+
+# -- GroupNorm / BatchNorm -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(0, 6), (0, 6, 3), (0, 6, 2, 2)])
+def test_group_norm_of_an_empty_batch_is_empty_as_torchs(shape):
+    # reshape(N, G, -1) cannot infer -1 from no elements: "cannot view shape (0, 6, 3) as (0, 2, -1)"
+    ours, theirs = ta.nn.GroupNorm(3, 6, dtype=np.float64), torch.nn.GroupNorm(3, 6, dtype=torch.float64)
+    x, tx = ta.tensor(np.zeros(shape), requires_grad=True), torch.zeros(shape, dtype=torch.float64, requires_grad=True)
+    out, want = ours(x), theirs(tx)
+    out.sum().backward()
+    want.sum().backward()
+    assert out.shape == tuple(want.shape) and x.grad.shape == shape
+    np.testing.assert_array_equal(ours.weight.grad, theirs.weight.grad.numpy())

@@ -5,6 +5,8 @@ composition of differentiable ops (its gradient is theirs), so it trains on ever
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import ops
@@ -28,7 +30,9 @@ def group_norm(input, num_groups: int, weight=None, bias=None, eps: float = 1e-5
         if p is not None and tuple(p.shape) != (channels,):
             raise ValueError(f"group_norm: {name} of shape {tuple(p.shape)} must have one value per channel of "
                              f"the input of shape {tuple(x.shape)}: ({channels},)")
-    grouped = x.reshape(n, num_groups, -1)
+    # (N, G, C/G * spatial), its last size spelled out: -1 cannot be inferred from an empty batch (torch's N = 0
+    # gives an empty output)
+    grouped = x.reshape(n, num_groups, channels // num_groups * math.prod(x.shape[2:]))
     mean = ops.mean(grouped, -1, keepdim=True)
     var = ops.var(grouped, -1, keepdim=True, correction=0)
     out = ((grouped - mean) * ops.rsqrt(var + float(eps))).reshape(x.shape)
