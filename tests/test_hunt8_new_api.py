@@ -68,3 +68,40 @@ def test_group_norm_of_an_empty_batch_is_empty_as_torchs(shape):
     want.sum().backward()
     assert out.shape == tuple(want.shape) and x.grad.shape == shape
     np.testing.assert_array_equal(ours.weight.grad, theirs.weight.grad.numpy())
+
+
+@pytest.mark.parametrize("cls,shape", [("BatchNorm1d", (0, 3)), ("BatchNorm1d", (0, 3, 4)), ("BatchNorm2d", (0, 3, 2, 2))])
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_batch_norm_training_on_an_empty_batch_is_empty_and_counted_as_torchs(cls, shape, momentum):
+    # It was refused: "Expected more than 1 value per channel when training, got input size (0, 3)". torch gives an
+    # empty output, counts the batch in num_batches_tracked and leaves the running statistics as they were.
+    ours = getattr(ta.nn, cls)(3, momentum=momentum, dtype=np.float64)
+    theirs = getattr(torch.nn, cls)(3, momentum=momentum, dtype=torch.float64)
+    x, tx = ta.tensor(np.zeros(shape), requires_grad=True), torch.zeros(shape, dtype=torch.float64, requires_grad=True)
+    out, want = ours(x), theirs(tx)
+    out.sum().backward()
+    want.sum().backward()
+    assert out.shape == tuple(want.shape) and x.grad.shape == shape
+    for key, value in theirs.state_dict().items():
+        np.testing.assert_array_equal(ours.state_dict()[key], value.numpy(), err_msg=key)
+    np.testing.assert_array_equal(ours.weight.grad, theirs.weight.grad.numpy())
+
+
+def test_f_batch_norm_names_a_statistic_or_parameter_of_the_wrong_size():
+    # Each was a reshape error naming neither the argument nor the channels: "cannot reshape array of size 4 into
+    # shape (1,3)" (torch: "running_mean should contain 3 elements not 4")
+    F = ta.nn.functional
+    x = ta.ones(2, 3)
+    with pytest.raises(ValueError, match=r"batch_norm: running_mean has 4 values \(shape \(4,\)\) for an input of 3 "
+                                         r"channels \(axis 1 of shape \(2, 3\)\)"):
+        F.batch_norm(x, np.zeros(4), np.ones(4))
+    with pytest.raises(ValueError, match=r"batch_norm: weight has 4 values"):
+        F.batch_norm(x, ta.zeros(3), ta.ones(3), weight=ta.ones(4, requires_grad=True), training=True)
+    # momentum=None without the batch count failed inside the running update: float() of None
+    with pytest.raises(ValueError, match=r"momentum=None .* needs num_batches_tracked="):
+        F.batch_norm(x, np.zeros(3), np.ones(3), training=True, momentum=None)
+    mean, var, seen = np.zeros(3), np.ones(3), np.zeros((), np.int64)
+    F.batch_norm(ta.tensor(np.arange(6.0).reshape(2, 3)), mean, var, training=True, momentum=None,
+                 num_batches_tracked=seen)
+    np.testing.assert_allclose(mean, [1.5, 2.5, 3.5], rtol=1e-12)  # the first batch's mean: 1 / (1 batch seen)
+    assert int(seen) == 1

@@ -34,11 +34,27 @@ def batch_norm(input, running_mean: np.ndarray | None, running_var: np.ndarray |
     if x.ndim < 2:
         raise ValueError(f"batch_norm expects an (N, C, ...) input, got shape {tuple(x.shape)}")
     channels = x.shape[1]
+    # A running statistic or an affine parameter of another size was a reshape error naming neither (torch names it)
+    for name, value in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight),
+                        ("bias", bias)):
+        if value is not None and math.prod(np.shape(value)) != channels:  # np.shape: a Tensor's .size is a method
+            raise ValueError(f"batch_norm: {name} has {math.prod(np.shape(value))} values (shape "
+                             f"{tuple(np.shape(value))}) for an input of {channels} channels (axis 1 of shape "
+                             f"{tuple(x.shape)}); it needs one per channel")
     shape = (1, channels) + (1,) * (x.ndim - 2)
     axes = (0,) + tuple(range(2, x.ndim))
     if training:
+        if momentum is None and num_batches_tracked is None and running_mean is not None:
+            # the cumulative average divides by the batches seen: without their count it failed at float(None)
+            raise ValueError("batch_norm: momentum=None (a cumulative average of the batches' statistics) needs "
+                             "num_batches_tracked=, the count of batches seen (a 0-d int64 array); or pass a float "
+                             "momentum")
         count = x.shape[0] * math.prod(x.shape[2:])
-        if count <= 1:
+        if count == 0:  # torch gives an empty output, counts the batch and leaves the statistics as they were
+            if num_batches_tracked is not None and running_mean is not None:
+                host(np.add, num_batches_tracked, 1, out=num_batches_tracked)
+            return _affine(x, weight, bias, shape)
+        if count == 1:
             raise ValueError(f"Expected more than 1 value per channel when training, got input size "
                              f"{tuple(x.shape)}; use a batch of two or more, or model.eval()")
         mean = ops.mean(x, axes, keepdim=True)
@@ -51,7 +67,11 @@ def batch_norm(input, running_mean: np.ndarray | None, running_var: np.ndarray |
             raise ValueError("batch_norm with training=False needs running_mean and running_var")
         mean = Tensor(running_mean.reshape(shape))
         var = Tensor(running_var.reshape(shape))
-    out = (x - mean) * ops.rsqrt(var + float(eps))
+    return _affine((x - mean) * ops.rsqrt(var + float(eps)), weight, bias, shape)
+
+
+def _affine(out: Tensor, weight, bias, shape: tuple[int, ...]) -> Tensor:
+    """out * weight + bias, each of one value per channel (axis 1)."""
     if weight is not None:
         out = out * weight.reshape(shape)
     if bias is not None:
