@@ -105,3 +105,40 @@ def test_f_batch_norm_names_a_statistic_or_parameter_of_the_wrong_size():
                  num_batches_tracked=seen)
     np.testing.assert_allclose(mean, [1.5, 2.5, 3.5], rtol=1e-12)  # the first batch's mean: 1 / (1 batch seen)
     assert int(seen) == 1
+
+
+# -- tensorarena.utils.data ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(timeout=-1), "timeout option should be non-negative"),
+    (dict(prefetch_factor=2), "prefetch_factor option could only be specified"),
+    (dict(prefetch_factor=-1, num_workers=1), "prefetch_factor option should be non-negative"),
+    (dict(persistent_workers=True), "persistent_workers option needs num_workers > 0"),
+    (dict(multiprocessing_context="spawn"), "multiprocessing_context can only be used with multi-process loading"),
+])
+def test_data_loader_refuses_the_worker_options_torch_refuses(kw, message):
+    # All five were taken without a word; torch refuses each (same words), so a script that passed them believed
+    # it had workers prefetching, kept alive, or started in that context.
+    import torch.utils.data as tud
+
+    from tensorarena.utils.data import DataLoader, TensorDataset
+
+    with pytest.raises(ValueError, match=message):
+        tud.DataLoader(tud.TensorDataset(torch.ones(3)), **kw)
+    with pytest.raises(ValueError, match=message):
+        DataLoader(TensorDataset(np.ones(3)), **kw)
+
+
+def test_data_loader_refuses_an_iterable_style_dataset_at_construction_saying_why():
+    # An object with only __iter__ (torch's IterableDataset) was taken, and the first epoch failed with
+    # "TypeError: object of type 'Stream' has no len()".
+    from tensorarena.utils.data import DataLoader
+
+    class Stream:
+        def __iter__(self):
+            return iter(np.arange(5.0))
+
+    with pytest.raises(TypeError, match=r"dataset \(Stream\) has no __getitem__; this DataLoader takes map-style "
+                                        r"datasets.*IterableDataset"):
+        DataLoader(Stream(), batch_size=2)
+    assert [b.numpy().tolist() for b in DataLoader([1.0, 2.0, 3.0], batch_size=2)] == [[1.0, 2.0], [3.0]]

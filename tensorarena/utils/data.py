@@ -7,7 +7,7 @@ Generator; None draws from tensorarena's default generator, which ta.manual_seed
 global one). `sampler` (an iterable of indices) or `batch_sampler` (of index lists) choose the order instead.
 
 Batches are made in the calling thread: num_workers > 0 and pin_memory are accepted, so a torch script runs, and a
-warning says what they do not do here. A TensorDataset with the default collate_fn is cut by fancy indexing each
+warning says what they do not do here; the worker options torch refuses without workers are refused here too. A TensorDataset with the default collate_fn is cut by fancy indexing each
 of its arrays once per batch, with the same result as collating its samples one by one (`fetch_route` says which
 ran: "indexed" or "per_sample").
 """
@@ -136,6 +136,25 @@ class DataLoader:
             raise ValueError("batch_size=None option disables auto-batching and is mutually exclusive with drop_last")
         if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
             raise ValueError(f"num_workers option should be a non-negative integer, got {num_workers!r}")
+        # torch's refusals of worker options without workers: taken silently, a script that passed them believed it
+        # had workers to prefetch, keep alive or start in that context
+        if timeout < 0:
+            raise ValueError(f"timeout option should be non-negative, got {timeout!r}")
+        if num_workers == 0 and prefetch_factor is not None:
+            raise ValueError("prefetch_factor option could only be specified with num_workers > 0 (and here does "
+                             "nothing: batches are made in the calling thread); set prefetch_factor to None")
+        if prefetch_factor is not None and prefetch_factor < 0:
+            raise ValueError(f"prefetch_factor option should be non-negative, got {prefetch_factor!r}")
+        if num_workers == 0 and persistent_workers:
+            raise ValueError("persistent_workers option needs num_workers > 0")
+        if num_workers == 0 and multiprocessing_context is not None:
+            raise ValueError("multiprocessing_context can only be used with multi-process loading (num_workers > 0), "
+                             "but got num_workers=0")
+        if not hasattr(dataset, "__getitem__"):  # else a TypeError at the first epoch: "object has no len()"
+            raise TypeError(f"DataLoader: the dataset ({type(dataset).__name__}) has no __getitem__; this DataLoader "
+                            f"takes map-style datasets (__getitem__(index) and __len__(): a Dataset, TensorDataset, "
+                            f"list or array), not iterable-style ones (torch's IterableDataset): iterate it yourself "
+                            f"and batch with default_collate")
         if generator is not None and not isinstance(generator, np.random.Generator):
             raise TypeError(f"DataLoader: generator must be a numpy.random.Generator (np.random.default_rng(seed)), "
                             f"got {type(generator).__name__}")
