@@ -142,3 +142,17 @@ def test_data_loader_refuses_an_iterable_style_dataset_at_construction_saying_wh
                                         r"datasets.*IterableDataset"):
         DataLoader(Stream(), batch_size=2)
     assert [b.numpy().tolist() for b in DataLoader([1.0, 2.0, 3.0], batch_size=2)] == [[1.0, 2.0], [3.0]]
+
+
+def test_default_collate_of_samples_of_different_shapes_names_them():
+    # NumPy's "all input arrays must have the same shape" named neither the shapes nor what to do; torch names both
+    # (sequences of different lengths are what a user hits first)
+    from tensorarena.utils.data import DataLoader, default_collate
+
+    with pytest.raises(RuntimeError, match=r"stack expects each sample to be of equal size, but got \(2,\) at entry "
+                                           r"0 and \(3,\) at entry 1; pad them.*collate_fn"):
+        default_collate([np.ones(2), np.ones(3)])
+    with pytest.raises(RuntimeError, match=r"got \(2, 4\) at entry 0 and \(1, 4\) at entry 2"):
+        next(iter(DataLoader([ta.ones(2, 4), ta.ones(2, 4), ta.ones(1, 4)], batch_size=3)))
+    with pytest.raises(RuntimeError, match="equal size"):
+        default_collate([{"ids": np.arange(3)}, {"ids": np.arange(4)}])

@@ -71,6 +71,8 @@ def default_collate(batch: list) -> Any:
     where the batch mixes in floats, as torch.tensor) and floats float64 (bools bool), dicts by key, namedtuples as
     namedtuples and other sequences as lists, field by field, strings and bytes left as they are."""
     first = batch[0]
+    if isinstance(first, (Tensor, np.ndarray, np.generic)):
+        _check_same_shape(batch)
     if isinstance(first, Tensor):
         if any(x.requires_grad for x in batch if isinstance(x, Tensor)):  # torch.stack's graph: grads reach them
             from ..ops.shape import stack
@@ -101,6 +103,17 @@ def default_collate(batch: list) -> Any:
         return fields
     raise TypeError(f"default_collate: a batch must hold Tensors, NumPy arrays, numbers, strings, dicts or "
                     f"sequences of them; found {type(first).__name__}. Pass collate_fn= to batch it yourself")
+
+
+def _check_same_shape(batch: list) -> None:
+    """Samples to stack must have one shape: NumPy's own error ("all input arrays must have the same shape") named
+    neither the shapes nor the way out, the usual one being sequences of different lengths."""
+    shapes = [tuple(np.shape(x)) for x in batch]
+    for position, shape in enumerate(shapes):
+        if shape != shapes[0]:
+            raise RuntimeError(f"default_collate: stack expects each sample to be of equal size, but got {shapes[0]} "
+                               f"at entry 0 and {shape} at entry {position}; pad them to one length in a collate_fn "
+                               f"of your own (DataLoader(collate_fn=...)), or use batch_size=1")
 
 
 def default_convert(sample: Any) -> Any:
