@@ -45,9 +45,10 @@ def save(obj: Any, f) -> None:
 
 def load(f, map_location=None, *, weights_only: bool = True) -> Any:
     """What ta.save wrote to `f` (a path, or a binary file open for reading), as torch.load(f): arrays come back
-    as writable copies, Tensors as Tensors. map_location may only name the CPU; weights_only is accepted as
-    torch's and changes nothing (nothing is ever unpickled)."""
-    check_cpu(map_location, "load")
+    as writable copies, Tensors as Tensors. map_location may only name the CPU (a device, or torch's dict of
+    locations whose values are the CPU); weights_only is accepted as torch's and changes nothing (nothing is ever
+    unpickled)."""
+    _check_map_location(map_location)
     if hasattr(f, "read"):
         _binary(f, "load", "rb")
         where, data = getattr(f, "name", "the file object"), f.read()
@@ -91,6 +92,20 @@ def load(f, map_location=None, *, weights_only: bool = True) -> Any:
         return _decode(content["tree"], arrays)
     except (KeyError, TypeError, ValueError, IndexError) as err:  # a tree ta.save never writes: the file was edited
         raise _corrupt(where, f"its structure does not match its tensors ({type(err).__name__}: {err})") from None
+
+
+def _check_map_location(map_location) -> None:
+    """torch.load's map_location, where every tensor is on the CPU: a device must be the CPU, a dict ({"cuda:0":
+    "cpu"}, saved location -> new one) must map to it; a function (torch's per-storage hook) is refused by name, as
+    it has no storages to act on (it was reported as a device named '<function ...>')."""
+    if isinstance(map_location, dict):
+        for target in map_location.values():
+            check_cpu(target, "load", " (map_location's values name where tensors go)")
+    elif callable(map_location) and not isinstance(map_location, str):
+        raise TypeError("ta.load: map_location is a function (torch's hook for each storage); ta.load has no "
+                        "storages to pass it, and every tensor it returns is on the CPU: leave map_location out")
+    else:
+        check_cpu(map_location, "load")
 
 
 def _path(f, what: str) -> str:

@@ -156,3 +156,21 @@ def test_default_collate_of_samples_of_different_shapes_names_them():
         next(iter(DataLoader([ta.ones(2, 4), ta.ones(2, 4), ta.ones(1, 4)], batch_size=3)))
     with pytest.raises(RuntimeError, match="equal size"):
         default_collate([{"ids": np.arange(3)}, {"ids": np.arange(4)}])
+
+
+# -- ta.load -------------------------------------------------------------------------------------------------------
+
+def test_load_takes_torchs_dict_map_location_to_the_cpu_and_names_a_function_for_what_it_is(tmp_path):
+    # torch's idioms for a GPU checkpoint on a CPU machine: a dict of locations was refused as "got device
+    # \"{'cuda:0': 'cpu'}\"", and a function as a device named '<function <lambda> ...>'
+    path = tmp_path / "ck.safetensors"
+    ta.save({"w": np.arange(3.0)}, path)
+    np.testing.assert_array_equal(ta.load(path, map_location={"cuda:0": "cpu"})["w"], np.arange(3.0))
+    np.testing.assert_array_equal(ta.load(path, map_location={"cuda:1": torch.device("cpu")})["w"], np.arange(3.0))
+    with pytest.raises(ValueError, match=r"CPU only, got device 'cuda:0'.*map_location's values"):
+        ta.load(path, map_location={"cpu": "cuda:0"})
+    with pytest.raises(TypeError, match=r"map_location is a function \(torch's hook for each storage\).*leave "
+                                        r"map_location out"):
+        ta.load(path, map_location=lambda storage, location: storage)
+    with pytest.raises(ValueError, match=r"CPU only, got device 'cuda'"):
+        ta.load(path, map_location="cuda")
