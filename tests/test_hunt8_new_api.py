@@ -174,3 +174,30 @@ def test_load_takes_torchs_dict_map_location_to_the_cpu_and_names_a_function_for
         ta.load(path, map_location=lambda storage, location: storage)
     with pytest.raises(ValueError, match=r"CPU only, got device 'cuda'"):
         ta.load(path, map_location="cuda")
+
+
+# -- Trainer.predict, TensorDataset --------------------------------------------------------------------------------
+
+def test_predict_and_evaluate_take_a_numpy_integer_batch_size():
+    # np.int64(4) (a size computed with NumPy; DataLoader takes one) was refused: "batch_size must be a positive int,
+    # got np.int64(4)"
+    from tensorarena.train import Trainer
+
+    ta.manual_seed(0)
+    model = ta.nn.Linear(4, 3)
+    trainer = Trainer(model, ta.optim.SGD(model.parameters(), lr=0.1), ta.nn.functional.cross_entropy, route="eager")
+    x = np.random.default_rng(0).standard_normal((10, 4)).astype(np.float32)
+    with ta.no_grad():
+        want = model(ta.tensor(x)).numpy()
+    np.testing.assert_allclose(trainer.predict(x, batch_size=np.int64(4)), want, rtol=1e-6, atol=1e-6)
+    assert trainer.evaluate(x, np.arange(10) % 3, batch_size=np.int32(3))["loss"] > 0
+    with pytest.raises(ValueError, match="batch_size must be a positive int, got 0"):
+        trainer.predict(x, batch_size=np.int64(0))
+
+
+def test_tensor_dataset_names_a_torch_tensor_for_what_it_is():
+    # "argument 0 must be a Tensor or NumPy array of one or more dimensions, got Tensor": it was a Tensor, torch's
+    from tensorarena.utils.data import TensorDataset
+
+    with pytest.raises(TypeError, match=r"argument 1 is a torch\.Tensor; .*t\.numpy\(\)"):
+        TensorDataset(np.ones(3), torch.ones(3))

@@ -450,6 +450,8 @@ class Trainer:
     def _eval_batch_size(self, batch_size: int | None) -> int:
         """evaluate's and predict's batch_size: as given, else the last training batch's rows (1024 before any
         step), or micro_batch if that is smaller (the fused slab is a micro-batch's)."""
+        if isinstance(batch_size, np.integer):  # a size computed with NumPy, taken as DataLoader takes it (it was
+            batch_size = int(batch_size)         # refused as "must be a positive int, got np.int64(4)")
         if batch_size is None:
             batch_size = self._train_rows or 1024
             if self.micro_batch is not None:
