@@ -47,6 +47,9 @@ class TensorDataset(Dataset):
         arrays = []
         for position, t in enumerate(tensors):
             array = t.data if isinstance(t, Tensor) else t
+            if type(t).__module__.split(".")[0] == "torch":  # "must be a Tensor ..., got Tensor" said nothing
+                raise TypeError(f"TensorDataset: argument {position} is a torch.Tensor; pass tensorarena Tensors or "
+                                f"NumPy arrays (t.numpy() for a torch one)")
             if not isinstance(array, np.ndarray) or array.ndim == 0:
                 raise TypeError(f"TensorDataset: argument {position} must be a Tensor or NumPy array of one or more "
                                 f"dimensions, got {type(t).__name__}{' of 0 dimensions' if np.ndim(t) == 0 else ''}")
