@@ -1,7 +1,9 @@
 """hunt8: the newest APIs (TransformerEncoder/Layer, BatchNorm, GroupNorm, utils.data, ta.load) used as a PyTorch
 user would, against torch 2.13.0: each test is a defect found and fixed.
 
-FAILS_BEFORE
+On 96541a0 all 22 tests here fail: `git archive 96541a0 | tar -x -C /tmp/base && cp tests/test_hunt8_new_api.py
+/tmp/base/tests/ && cd /tmp/base && PYTHONPATH=/tmp/base python -m pytest -q -p no:cacheprovider
+tests/test_hunt8_new_api.py` (run from the base's own tree: pytest run here imports this worktree's engine).
 """
 
 from __future__ import annotations
@@ -70,7 +72,8 @@ def test_group_norm_of_an_empty_batch_is_empty_as_torchs(shape):
     np.testing.assert_array_equal(ours.weight.grad, theirs.weight.grad.numpy())
 
 
-@pytest.mark.parametrize("cls,shape", [("BatchNorm1d", (0, 3)), ("BatchNorm1d", (0, 3, 4)), ("BatchNorm2d", (0, 3, 2, 2))])
+@pytest.mark.parametrize("cls,shape", [("BatchNorm1d", (0, 3)), ("BatchNorm1d", (0, 3, 4)),
+                                       ("BatchNorm2d", (0, 3, 2, 2))])
 @pytest.mark.parametrize("momentum", [0.1, None])
 def test_batch_norm_training_on_an_empty_batch_is_empty_and_counted_as_torchs(cls, shape, momentum):
     # It was refused: "Expected more than 1 value per channel when training, got input size (0, 3)". torch gives an

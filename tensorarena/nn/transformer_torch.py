@@ -154,8 +154,8 @@ def _padding_mask(mask, shape: tuple[int, int]) -> np.ndarray | None:
         if not np.all((arr == 0) | np.isneginf(arr)):
             other = arr[(arr != 0) & ~np.isneginf(arr)]
             raise ValueError(f"src_key_padding_mask as floats must hold only 0 (keep) and -inf (padding), as it "
-                             f"is added to the attention scores; got {float(other[0])!r} among its values. Pass a bool mask "
-                             f"(True = padding), e.g. mask < 0 for one of large negative values")
+                             f"is added to the attention scores; got {float(other[0])!r} among its values. Pass a "
+                             f"bool mask (True = padding), e.g. mask < 0 for one of large negative values")
         return np.isneginf(arr)
     if arr.dtype != np.bool_:
         raise TypeError(f"src_key_padding_mask must be bool (True = padding) or float (-inf = padding), got "

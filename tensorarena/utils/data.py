@@ -7,9 +7,9 @@ Generator; None draws from tensorarena's default generator, which ta.manual_seed
 global one). `sampler` (an iterable of indices) or `batch_sampler` (of index lists) choose the order instead.
 
 Batches are made in the calling thread: num_workers > 0 and pin_memory are accepted, so a torch script runs, and a
-warning says what they do not do here; the worker options torch refuses without workers are refused here too. A TensorDataset with the default collate_fn is cut by fancy indexing each
-of its arrays once per batch, with the same result as collating its samples one by one (`fetch_route` says which
-ran: "indexed" or "per_sample").
+warning says what they do not do here; the worker options torch refuses without workers are refused here too. A
+TensorDataset with the default collate_fn is cut by fancy indexing each of its arrays once per batch, with the same
+result as collating its samples one by one (`fetch_route` says which ran: "indexed" or "per_sample").
 """
 
 from __future__ import annotations
