@@ -93,8 +93,9 @@ class Embedding(Module):
 
     @classmethod
     def from_pretrained(cls, embeddings, freeze: bool = True, padding_idx: int | None = None) -> "Embedding":
-        """An Embedding holding a copy of `embeddings` (rows, dim), as torch's: frozen (no gradient) unless
-        freeze=False, and the padding row kept as given (padding_idx only stops its gradient)."""
+        """An Embedding holding a copy of `embeddings` (rows, dim): frozen (no gradient) unless freeze=False, and the
+        padding row kept as given (padding_idx only stops its gradient), as torch's. Unlike torch's, which shares the
+        tensor's memory, a later write to `embeddings` does not reach the layer."""
         table = embeddings.data if isinstance(embeddings, Tensor) else np.asarray(embeddings)
         if isinstance(embeddings, (list, tuple)) and table.dtype == np.float64:
             # NumPy reads Python floats as float64; torch.tensor (what a torch script passes) makes float32
