@@ -7,8 +7,8 @@ Before, a Sequential had no stream_stages(): route="streaming" refused it and ro
 memory once the run was over, when the trainer went: `train --model vit-small --image-size 32 --memory-limit 300M`
 (streaming needs 245 MiB) trained, printed its summary and was then killed by a 300M cgroup (now
 trainer_streaming.drop_temporary_store after the summary).
-On 96541a0 (before) 7 of this file's 7 tests fail (no stream_stages; the subclass's refusal said "has no
-stream_stages"; the CLI run was refused, nothing fitting). With the stages but without drop_temporary_store the CLI
+On 96541a0 (before) 8 of this file's 8 tests fail (no stream_stages; the subclass's refusal said "has no
+stream_stages"; the CLI run was refused, nothing fitting; an out-of-memory on eager re-raised). With the stages but without drop_temporary_store the CLI
 test still fails: killed by its cgroup (status -9) after the run.
     git worktree add /tmp/w/base 96541a0 && cd /tmp/w/base && PYTHONPATH=/tmp/w/base python -m pytest -q \
         -p no:cacheprovider /work/main/tests/test_sequential_streaming.py
@@ -83,7 +83,7 @@ def test_a_streamed_sequential_trains_as_torch_buffers_included(tmp_path):
         want = torch.nn.functional.cross_entropy(theirs(torch.from_numpy(x)), torch.from_numpy(y))
         want.backward()
         torch_opt.step()
-        assert report.loss == pytest.approx(want.item(), rel=1e-12)
+        assert report.loss == pytest.approx(want.item(), rel=1e-10)
     got = _state(trainer, ours)
     for key, value in theirs.state_dict().items():  # BatchNorm's running statistics moved once a step, as torch's
         np.testing.assert_allclose(got[key], value.numpy().astype(F64), rtol=1e-10, atol=1e-12, err_msg=key)
@@ -144,3 +144,32 @@ def test_a_streamed_cli_run_ends_inside_its_budget():
         pytest.skip(str(why))
     assert not run.oom_killed and run.returncode == 0, (run.returncode, run.stderr[-1500:])
     assert "chosen: streaming" in run.stdout + run.stderr and "on the streaming route" in run.stdout
+
+
+def test_an_mlp_out_of_memory_on_eager_goes_on_streaming(monkeypatch, tmp_path):
+    # The Trainer's oom_fallback: before, the MLP re-raised (no stages); now step 3 is redone on the streaming route
+    # and training goes on there, the run ending where an eager run without the error ends.
+    def run(fail_at):
+        model = MLP(MLPConfig(in_features=12, hidden=(16, 16), out_features=3, dtype=F64),
+                    rng=np.random.default_rng(0))
+        trainer = Trainer(model, optim.Adam(model.parameters(), lr=1e-2), cross_entropy, route="eager",
+                          store_dir=tmp_path / f"store{fail_at}")
+        real, calls = MLP.forward, {"n": 0}
+
+        def forward(self, x):
+            calls["n"] += 1
+            if calls["n"] == fail_at:
+                raise MemoryError("Unable to allocate 64.0 MiB for an array (injected)")
+            return real(self, x)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(MLP, "forward", forward)
+            routes = [trainer.step(x.reshape(8, 12), y).route for x, y in _batches(5)]
+        return routes, _state(trainer, model), trainer.route_switches
+
+    clean_routes, clean, _ = run(fail_at=0)
+    routes, state, switches = run(fail_at=3)
+    assert clean_routes == ["eager"] * 5 and routes == ["eager", "eager"] + ["streaming"] * 3
+    assert len(switches) == 1
+    for key, value in clean.items():
+        np.testing.assert_array_equal(state[key], value, err_msg=key)

@@ -253,7 +253,8 @@ def test_cli_train_says_when_no_route_fits_the_memory_limit(capsys):
     from tensorarena.cli import main
 
     with pytest.raises(SystemExit, match=r"^tensorarena train: no training route fits before step 1: nothing fits: "
-                                          r"the smallest, fused, needs .* but the budget is 1.00 MiB \(set by the user\)"
+                                          r"the smallest, streaming, needs .* but the budget is 1.00 MiB \(set by the "
+                                          r"user\)"
                        ) as stopped:
         main(["train", "--steps", "3", "--no-progress", "--memory-limit", "1M", "--train-size", "300",
               "--test-size", "100"])
