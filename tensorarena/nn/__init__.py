@@ -11,6 +11,7 @@ from .containers import ModuleDict, ModuleList, ParameterDict, ParameterList
 from .module import IncompatibleKeys, Module
 from .parameter import Parameter
 from .batch_norm import BatchNorm1d, BatchNorm2d
+from .conv import Conv1d, Conv2d
 from .group_norm import GroupNorm
 from .rms_norm import RMSNorm
 from .transformer_torch import TransformerEncoder, TransformerEncoderLayer
@@ -24,4 +25,4 @@ __all__ = ["Module", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict
            "Softplus", "Softmax", "LogSoftmax", "MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "CrossEntropyLoss", "NLLLoss", "BCELoss",
            "BCEWithLogitsLoss", "Flatten", "Unflatten", "Hardtanh", "ReLU6", "LogSigmoid", "Mish",
            "CosineSimilarity", "RMSNorm", "TransformerEncoderLayer", "TransformerEncoder",
-           "BatchNorm1d", "BatchNorm2d", "GroupNorm"]
+           "BatchNorm1d", "BatchNorm2d", "GroupNorm", "Conv1d", "Conv2d"]
