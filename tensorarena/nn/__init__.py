@@ -13,6 +13,7 @@ from .parameter import Parameter
 from .batch_norm import BatchNorm1d, BatchNorm2d
 from .conv import Conv1d, Conv2d
 from .group_norm import GroupNorm
+from .pool import AdaptiveAvgPool2d, AvgPool2d, MaxPool2d
 from .rms_norm import RMSNorm
 from .transformer_torch import TransformerEncoder, TransformerEncoderLayer
 from .transformer import (FeedForward, MultiheadAttention, PatchEmbedding, PositionEmbedding, TransformerBlock,
@@ -25,4 +26,5 @@ __all__ = ["Module", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict
            "Softplus", "Softmax", "LogSoftmax", "MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "CrossEntropyLoss", "NLLLoss", "BCELoss",
            "BCEWithLogitsLoss", "Flatten", "Unflatten", "Hardtanh", "ReLU6", "LogSigmoid", "Mish",
            "CosineSimilarity", "RMSNorm", "TransformerEncoderLayer", "TransformerEncoder",
-           "BatchNorm1d", "BatchNorm2d", "GroupNorm", "Conv1d", "Conv2d"]
+           "BatchNorm1d", "BatchNorm2d", "GroupNorm", "Conv1d", "Conv2d",
+           "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d"]

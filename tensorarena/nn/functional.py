@@ -6,6 +6,7 @@ from ..ops import (bias_gelu, bias_gelu_linear, binary_cross_entropy, binary_cro
                    one_hot, packed_self_attention, pad, relu, relu6, scaled_dot_product_attention, sigmoid, silu,
                    smooth_l1_loss, softmax, softplus, tanh)
 from ..ops.conv import fold, unfold
+from ..ops.pool import adaptive_avg_pool2d, avg_pool2d, max_pool2d
 from ..ops.rms_norm import rms_norm
 from .batch_norm import batch_norm
 from .conv import conv1d, conv2d
@@ -15,4 +16,5 @@ __all__ = ["bias_gelu", "bias_gelu_linear", "scaled_dot_product_attention", "pac
            "embedding", "gelu", "layer_norm", "linear", "log_softmax", "mse_loss", "one_hot", "relu", "sigmoid", "softmax",
            "tanh", "nll_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits", "l1_loss", "smooth_l1_loss",
            "huber_loss", "silu", "leaky_relu", "elu", "softplus", "normalize", "pad", "cosine_similarity", "relu6",
-           "hardtanh", "logsigmoid", "mish", "rms_norm", "batch_norm", "group_norm", "conv1d", "conv2d", "unfold", "fold"]
+           "hardtanh", "logsigmoid", "mish", "rms_norm", "batch_norm", "group_norm", "conv1d", "conv2d", "unfold", "fold",
+           "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"]
