@@ -4,7 +4,7 @@ dilation, groups and odd sizes (float64 1e-10, float32 1e-5); the modules' argum
 loads) and default init; the refusals; a small CNN trained with SGD on the eager route and both replays of the
 fused route as torch trains it; and a fused replay that allocates no array memory.
 
-On 96541a0 (before convolutions existed) all 57 tests fail (57 of 57: AttributeError, no Conv2d / conv2d / unfold;
+On 96541a0 (before convolutions existed) all 58 tests fail (58 of 58: AttributeError, no Conv2d / conv2d / unfold;
 the README test: convolution listed as missing):
     git archive 96541a0 | tar -x -C /tmp/hunt/conv/base && cp tests/test_conv_torch.py /tmp/hunt/conv/base/tests/ && \
         cd /tmp/hunt/conv/base && NUMBA_NUM_THREADS=1 PYTHONPATH=$PWD \
@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import tensorarena as ta
+from tensorarena.kernels import gemm_bf16
 from tensorarena.train.trainer import Trainer
 from tests.fused_vs_torch import fused_steps_match_torch, module_matches_torch
 
@@ -194,6 +195,19 @@ def test_clear_errors_for_wrong_shapes_and_arguments():
         F.fold(ta.randn(1, 5, 9), (4, 4), 2)
     with pytest.raises(TypeError, match=r"unfold: the input must be a float tensor"):
         F.unfold(ta.ones(1, 1, 3, 3, dtype=ta.int64), 2)
+
+
+@pytest.mark.skipif(not gemm_bf16.available(), reason=f"no fast bfloat16 GEMM: {gemm_bf16.why_not()}")
+def test_conv2d_takes_bfloat16_products_when_asked_for():
+    # the convolution's product is the engine's 2-D matmul, so the float32 matmul precision applies to it
+    rng = np.random.default_rng(0)
+    x, conv = ta.tensor(rng.standard_normal((2, 8, 9, 9)).astype(np.float32)), ta.nn.Conv2d(8, 16, 3)
+    full = conv(x).numpy()
+    before = ta.kernels.calls[("gemm_bf16", "fused")]
+    with ta.float32_matmul_precision("bfloat16"):
+        rounded = conv(x).numpy()
+    assert ta.kernels.calls[("gemm_bf16", "fused")] == before + 1
+    assert 0 < np.abs(rounded - full).max() < 0.02  # bfloat16's 8-bit mantissa on 72-term sums of O(1) values
 
 
 # -- a small CNN trains as torch's, on every route ---------------------------------------------------------------

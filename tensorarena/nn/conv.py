@@ -1,8 +1,10 @@
 """Convolutions (torch's F.conv1d / F.conv2d, nn.Conv1d / nn.Conv2d): im2col, then one matrix product.
 
-A convolution is ops/conv.py's unfold (each block of the input a column: (N, C * kh * kw, L)) times the weight seen as
-a matrix (O, C/groups * kh * kw), through the engine's matmul (so BLAS, and bfloat16 products when asked for), plus
-the bias; groups multiply their own slice of the columns by their own slice of the weight in one batched product.
+A convolution is the weight seen as a matrix (O, C/groups * kh * kw) times ops/conv.py's im2col matrix (every block
+of every image a column: (C * kh * kw, N * L)), one 2-D product through the engine's matmul (its fast GEMM route, and
+bfloat16 products when asked for), plus the bias; groups multiply their own rows of the matrix by their own slice of
+the weight in one batched product. (Multiplying torch's (N, C * kh * kw, L) unfold image by image on NumPy's matmul
+took 0.2 s where the one product takes 0.03 s: a 3x3, 64-channel layer on 32 images of 32x32, one thread.)
 Every step is a differentiable op, so the gradients (input, weight, bias) are theirs and a fused step replays them.
 A 1-D convolution is a 2-D one over a height of 1.
 """
@@ -97,16 +99,18 @@ def _conv(op: str, n: int, input, weight, bias, stride, padding, dilation, group
     if n == 1:
         x4 = x4.unsqueeze(2)  # (N, C, 1, L)
     h, wa = axes
-    cols = blocks(x4, h, wa)  # (N, C * kh * kw, L)
-    batch, length, per_group = x4.shape[0], h.out * wa.out, out_ch // groups
-    if groups == 1:
-        out = ops.matmul(w.reshape(out_ch, -1), cols)  # (O, K) @ (N, K, L) -> (N, O, L)
-    else:  # each group's (O/g, K/g) weight times its own rows of the columns
-        grouped = cols.reshape(batch, groups, -1, length)  # (N, g, K/g, L)
-        out = ops.matmul(w.reshape(groups, per_group, -1), grouped).reshape(batch, out_ch, length)
+    batch, blocks_n = x4.shape[0], x4.shape[0] * h.out * wa.out
+    cols = blocks(x4, h, wa, matrix=True)  # (C * kh * kw, N * oh * ow): every image's blocks side by side
+    if groups == 1:  # one 2-D product, the engine's fast one: (O, K) @ (K, N * L)
+        out = ops.matmul(w.reshape(out_ch, -1), cols)
+    else:  # each group's (O/g, K/g) weight times its own rows of the matrix, as one batched product
+        grouped = cols.reshape(groups, -1, blocks_n)  # (g, K/g, N * L)
+        out = ops.matmul(w.reshape(groups, out_ch // groups, -1), grouped).reshape(out_ch, blocks_n)
     if b is not None:
         out = out + b.reshape(out_ch, 1)
-    out = out.reshape((batch, out_ch) + tuple(a.out for a in axes[2 - n:]))
+    spatial_out = tuple(a.out for a in axes[2 - n:])
+    # (O, N, *spatial) -> (N, O, *spatial), made contiguous as torch's output is (a later .view() works on it)
+    out = out.reshape((out_ch, batch) + spatial_out).transpose(0, 1).contiguous()
     return out if batched else out.squeeze(0)
 
 

@@ -60,17 +60,29 @@ def _float_input(x: Tensor, op: str, dims: str, ndims: tuple[int, ...]) -> None:
                         f"x.float()")
 
 
-def blocks(x: Tensor, h, w) -> Tensor:
-    """The unfold op on a checked (N, C, H, W) input and its two Axis: (N, C * kh * kw, oh * ow)."""
+def _as_blocks(cols: np.ndarray, n: int, c: int, h, w, matrix: bool) -> np.ndarray:
+    """A view of unfold's output as (N, C, kh, kw, oh, ow), from torch's layout or the matrix one (blocks())."""
+    if matrix:
+        return cols.reshape(c, h.kernel, w.kernel, n, h.out, w.out).transpose(3, 0, 1, 2, 4, 5)
+    return cols.reshape(n, c, h.kernel, w.kernel, h.out, w.out)
+
+
+def blocks(x: Tensor, h, w, *, matrix: bool = False) -> Tensor:
+    """The unfold op on a checked (N, C, H, W) input and its two Axis: (N, C * kh * kw, oh * ow) as torch lays it
+    out, or with `matrix` the im2col matrix (C * kh * kw, N * oh * ow), every image's blocks side by side, which
+    a convolution multiplies by its weight in one 2-D product (nn/conv.py); copying into either is as fast (each
+    offset's slab keeps rows of ow elements contiguous)."""
     xd = x.data
     n, c = xd.shape[:2]
     offs = offsets(h, w)
-    out = new((n, c * h.kernel * w.kernel, h.out * w.out), xd.dtype)
-    host(_gather, xd, out.reshape(n, c, h.kernel, w.kernel, h.out, w.out), offs)
+    rows, length = c * h.kernel * w.kernel, h.out * w.out
+    shape = (rows, n * length) if matrix else (n, rows, length)
+    out = new(shape, xd.dtype)
+    host(_gather, xd, _as_blocks(out, n, c, h, w, matrix), offs)
 
     def backward(g):
         gx = new(xd.shape, g.dtype)
-        host(_scatter, reshaped(g, (n, c, h.kernel, w.kernel, h.out, w.out)), gx, offs)
+        host(_scatter, _as_blocks(reshaped(g, shape), n, c, h, w, matrix), gx, offs)
         return (gx,)
 
     return Tensor._make(out, (x,), backward)
