@@ -4,7 +4,7 @@ dilation, groups and odd sizes (float64 1e-10, float32 1e-5); the modules' argum
 loads) and default init; the refusals; a small CNN trained with SGD on the eager route and both replays of the
 fused route as torch trains it; and a fused replay that allocates no array memory.
 
-On 96541a0 (before convolutions existed) all 58 tests fail (58 of 58: AttributeError, no Conv2d / conv2d / unfold;
+On 96541a0 (before convolutions existed) all 59 tests fail (59 of 59: AttributeError, no Conv2d / conv2d / unfold;
 the README test: convolution listed as missing):
     git archive 96541a0 | tar -x -C /tmp/hunt/conv/base && cp tests/test_conv_torch.py /tmp/hunt/conv/base/tests/ && \
         cd /tmp/hunt/conv/base && NUMBA_NUM_THREADS=1 PYTHONPATH=$PWD \
@@ -91,6 +91,14 @@ CONV2D = [  # input shape, weight shape, bias, options
 def test_conv2d_values_and_gradients_match_torch(x_shape, w_shape, bias, options, dtype):
     arrays = [_randn(*x_shape), _randn(*w_shape, seed=1), _randn(w_shape[0], seed=2) if bias else None]
     _both(lambda x, w, b: F.conv2d(x, w, b, **options), lambda x, w, b: TF.conv2d(x, w, b, **options), arrays, dtype)
+
+
+def test_conv2d_of_a_channels_last_input_permuted_to_nchw_matches_torch():
+    # images often arrive (N, H, W, C) and are permuted: the unfold reads the strided view as it is
+    nhwc = _randn(2, 7, 6, 4)
+    _both(lambda x, w, b: F.conv2d(x.permute(0, 3, 1, 2), w, b, padding=1, groups=2),
+          lambda x, w, b: TF.conv2d(x.permute(0, 3, 1, 2), w, b, padding=1, groups=2),
+          [nhwc, _randn(6, 2, 3, 3, seed=1), _randn(6, seed=2)])
 
 
 CONV1D = [

@@ -34,6 +34,7 @@ def pair(value, what: str, n: int = 2) -> tuple[int, ...]:
 
 
 def positive(values: tuple[int, ...], what: str, op: str) -> None:
+    """Refuse a kernel size, stride or dilation that is not positive, naming the op."""
     if any(v <= 0 for v in values):
         raise ValueError(f"{op}: {what} must be positive, got {values}")
 
@@ -111,6 +112,7 @@ def describe(shape: tuple[int, ...]) -> str:
 
 
 def extent(axis: Axis) -> int:
+    """How many input elements one window spans along `axis`, dilation included."""
     return axis.dilation * (axis.kernel - 1) + 1
 
 
