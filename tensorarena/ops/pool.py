@@ -21,19 +21,29 @@ def _max_forward(x, offs, out, arg, mask, other) -> None:
     """out = the window maxima of x; arg = the winning offset's number (-1 before any offset was seen)."""
     out.fill(-np.inf if out.dtype.kind == "f" else np.iinfo(out.dtype).min)
     arg.fill(-1)
+    covered = False  # every output has met an element of its window, so the fill value no longer wins by default
+    seen = False  # an offset has been compared
     for off in offs:
         if off.out is None:
             continue
         at = (Ellipsis,) + off.out
         val, best, won, m, o = x[(Ellipsis,) + off.inp], out[at], arg[at], mask[at], other[at]
+        if off.whole and not seen:
+            np.copyto(out, val)  # the first element of every window: it wins outright
+            arg.fill(off.k)
+            covered = seen = True
+            continue
+        seen = True
         np.greater(val, best, out=m)
-        np.less(won, 0, out=o)  # the window's first element wins even when it is -inf
-        np.logical_or(m, o, out=m)
+        if not covered:
+            np.less(won, 0, out=o)  # the window's first element wins even when it is -inf
+            np.logical_or(m, o, out=m)
         if val.dtype.kind == "f":
             np.isnan(val, out=o)
             np.logical_or(m, o, out=m)
         np.copyto(best, val, where=m)
         np.copyto(won, off.k, where=m)
+        covered = covered or off.whole
 
 
 def _max_backward(g, arg, offs, gx, mask) -> None:
