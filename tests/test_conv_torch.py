@@ -1,10 +1,10 @@
 """F.unfold / F.fold, F.conv1d / F.conv2d and nn.Conv1d / nn.Conv2d (ops/conv.py, nn/conv.py) against torch 2.13.0:
 values and the gradients of input, weight and bias over a grid of stride, padding ("same" and "valid" too),
 dilation, groups and odd sizes (float64 1e-10, float32 1e-5); the modules' arguments, repr, state_dict (torch's
-loads) and default init; the refusals; a small CNN trained with SGD on the eager route and both replays of the
-fused route as torch trains it; and a fused replay that allocates no array memory.
+loads) and default init; the refusals; and a small CNN trained with SGD on the eager route and both replays of the
+fused route as torch trains it (tests/test_pool_torch.py checks that a fused CNN replay allocates no array memory).
 
-On 96541a0 (before convolutions existed) all 59 tests fail (59 of 59: AttributeError, no Conv2d / conv2d / unfold;
+On 96541a0 (before convolutions existed) all 57 tests fail (57 of 57: AttributeError, no Conv2d / conv2d / unfold;
 the README test: convolution listed as missing):
     git archive 96541a0 | tar -x -C /tmp/hunt/conv/base && cp tests/test_conv_torch.py /tmp/hunt/conv/base/tests/ && \
         cd /tmp/hunt/conv/base && NUMBA_NUM_THREADS=1 PYTHONPATH=$PWD \
@@ -14,7 +14,6 @@ the README test: convolution listed as missing):
 from __future__ import annotations
 
 import math
-import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -271,43 +270,6 @@ def test_a_small_cnn_trains_as_torchs(route, replay, dtype):
     named = dict(twin.named_parameters())
     for name, p in model.named_parameters():
         np.testing.assert_allclose(p.numpy(), named[name].detach().numpy(), rtol=tol, atol=tol, err_msg=name)
-
-
-def _step_peak(trainer, batch):
-    """tracemalloc's peak of one warm step (bytes above what was traced before it), as test_fused_promises does."""
-    trainer.step(*batch)
-    trainer.step(*batch)
-    tracemalloc.start()
-    base, _ = tracemalloc.get_traced_memory()
-    tracemalloc.reset_peak()
-    trainer.step(*batch)
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    return peak - base
-
-
-@pytest.mark.parametrize("replay", ["python", "captured"])
-def test_a_fused_cnn_replay_allocates_no_array_memory(replay):
-    # Proof by scale (tests/test_fused_promises.py): a batch-sized heap temporary in unfold, the pools or their
-    # gradients would make a step at 128 rows peak ~0.5 MiB or more above one at 64 while the slab doubles.
-    nn = ta.nn
-    ta.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2, padding=1),
-                          nn.Conv2d(6, 8, 3, stride=2, groups=2), nn.AvgPool2d(2, 1, 1, count_include_pad=False),
-                          nn.AdaptiveAvgPool2d((2, 3)), nn.Flatten(), nn.Linear(48, 4))
-    trainer = Trainer(model, ta.optim.SGD(model.parameters(), lr=0.1), F.cross_entropy, route="fused",
-                      fused_replay=replay)
-    rng = np.random.default_rng(0)
-    peaks, slabs = {}, {}
-    for rows in (64, 128):
-        batch = (rng.standard_normal((rows, 3, 16, 16)).astype(np.float32), rng.integers(0, 4, rows))
-        peaks[rows] = _step_peak(trainer, batch)
-        slabs[rows] = trainer.fused.plan.memory.slab_bytes
-        assert trainer.fused.replay == replay
-    if replay == "captured":
-        assert trainer.fused.plan.capture.tape is not None, trainer.fused.plan.capture.note
-    assert slabs[128] - slabs[64] > 1 << 20, slabs
-    assert abs(peaks[128] - peaks[64]) < 32 * 1024, f"array memory outside the plan: {peaks}"
 
 
 def test_readme_lists_the_layers_and_no_longer_lists_convolution_as_missing():

@@ -2,15 +2,18 @@
 nn/pool.py) against torch 2.13.0: values and input gradients over a grid of kernel, stride, padding, dilation,
 ceil_mode, count_include_pad, divisor_override and odd sizes (float64 1e-10, float32 1e-5), ties, NaN and -inf
 in max pooling (torch's choice of the winner), integer max pooling, the modules' defaults and reprs, the refusals,
-and pooling layers trained on both replays of the fused route as torch trains them.
+pooling layers trained on both replays of the fused route as torch trains them, and a fused CNN replay (convolution,
+every pooling) that allocates no array memory.
 
-On 96541a0 (before pooling existed) all 80 tests fail (80 of 80: AttributeError, no max_pool2d / MaxPool2d):
+On 96541a0 (before pooling existed) all 82 tests fail (82 of 82: AttributeError, no max_pool2d / MaxPool2d):
     git archive 96541a0 | tar -x -C /tmp/hunt/conv/base && cp tests/test_pool_torch.py /tmp/hunt/conv/base/tests/ && \
         cd /tmp/hunt/conv/base && NUMBA_NUM_THREADS=1 PYTHONPATH=$PWD \
         python -m pytest -q -p no:cacheprovider tests/test_pool_torch.py
 """
 
 from __future__ import annotations
+
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -173,3 +176,41 @@ def test_pooling_layers_train_on_the_fused_route_as_torchs(replay):
     named = dict(twin.named_parameters())
     for name, p in model.named_parameters():
         np.testing.assert_allclose(p.numpy(), named[name].detach().numpy(), rtol=1e-9, atol=1e-10, err_msg=name)
+
+
+def _step_peak(trainer, batch):
+    """tracemalloc's peak of one warm step (bytes above what was traced before it), as test_fused_promises does."""
+    trainer.step(*batch)
+    trainer.step(*batch)
+    tracemalloc.start()
+    base, _ = tracemalloc.get_traced_memory()
+    tracemalloc.reset_peak()
+    trainer.step(*batch)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return peak - base
+
+
+@pytest.mark.parametrize("replay", ["python", "captured"])
+def test_a_fused_cnn_replay_allocates_no_array_memory(replay):
+    # Proof by scale (tests/test_fused_promises.py): a batch-sized heap temporary in unfold, the pools or their
+    # gradients would make a step at 128 rows peak higher than one at 64 while the slab doubles; the smallest, a
+    # bool mask of the max pool's (N, 12, 13, 13) output, by 130 KB (a heap `arg == k` in its backward failed this).
+    nn = ta.nn
+    ta.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 12, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2, padding=1),
+                          nn.Conv2d(12, 8, 3, stride=2, groups=2), nn.AvgPool2d(2, 1, 1, count_include_pad=False),
+                          nn.AdaptiveAvgPool2d((2, 3)), nn.Flatten(), nn.Linear(48, 4))
+    trainer = Trainer(model, ta.optim.SGD(model.parameters(), lr=0.1), F.cross_entropy, route="fused",
+                      fused_replay=replay)
+    rng = np.random.default_rng(0)
+    peaks, slabs = {}, {}
+    for rows in (64, 128):
+        batch = (rng.standard_normal((rows, 3, 24, 24)).astype(np.float32), rng.integers(0, 4, rows))
+        peaks[rows] = _step_peak(trainer, batch)
+        slabs[rows] = trainer.fused.plan.memory.slab_bytes
+        assert trainer.fused.replay == replay
+    if replay == "captured":
+        assert trainer.fused.plan.capture.tape is not None, trainer.fused.plan.capture.note
+    assert slabs[128] - slabs[64] > 1 << 20, slabs
+    assert abs(peaks[128] - peaks[64]) < 32 * 1024, f"array memory outside the plan: {peaks}"
