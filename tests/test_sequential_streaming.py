@@ -7,7 +7,7 @@ Before, a Sequential had no stream_stages(): route="streaming" refused it and ro
 memory once the run was over, when the trainer went: `train --model vit-small --image-size 32 --memory-limit 300M`
 (streaming needs 245 MiB) trained, printed its summary and was then killed by a 300M cgroup (now
 trainer_streaming.drop_temporary_store after the summary).
-On 96541a0 (before) 8 of this file's 8 tests fail (no stream_stages; the subclass's refusal said "has no
+On 96541a0 (before) 9 of this file's 9 tests fail (no stream_stages, no Conv2d; the subclass's refusal said "has no
 stream_stages"; the CLI run was refused, nothing fitting; an out-of-memory on eager re-raised). With the stages but without drop_temporary_store the CLI
 test still fails: killed by its cgroup (status -9) after the run.
     git worktree add /tmp/w/base 96541a0 && cd /tmp/w/base && PYTHONPATH=/tmp/w/base python -m pytest -q \
@@ -173,3 +173,26 @@ def test_an_mlp_out_of_memory_on_eager_goes_on_streaming(monkeypatch, tmp_path):
     assert len(switches) == 1
     for key, value in clean.items():
         np.testing.assert_array_equal(state[key], value, err_msg=key)
+
+
+def test_a_cnn_sequential_trains_alike_on_every_route():
+    # Conv2d, BatchNorm2d (its buffers), pooling and Flatten in stages of their own; fused and streaming end where
+    # eager ends (float64, bit for bit here)
+    def build():
+        rng = np.random.default_rng(0)
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, dtype=F64, rng=rng), nn.BatchNorm2d(8, dtype=F64),
+                             nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(8, 8, 3, padding=1, dtype=F64, rng=rng), nn.ReLU(),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4, dtype=F64, rng=rng))
+
+    rng = np.random.default_rng(1)
+    batches = [(rng.standard_normal((6, 3, 8, 8)), rng.integers(0, 4, 6)) for _ in range(4)]
+    states = {}
+    for route in ("eager", "fused", "streaming"):
+        model = build()
+        assert [s.name for s in model.stream_stages()] == ["0", "1-3", "4-7", "8"]
+        trainer = Trainer(model, optim.Adam(model.parameters(), lr=1e-2), cross_entropy, route=route)
+        assert [trainer.step(x, y).route for x, y in batches] == [route] * 4
+        states[route] = _state(trainer, model)
+    for route in ("fused", "streaming"):
+        for key, value in states["eager"].items():
+            np.testing.assert_allclose(states[route][key], value, rtol=1e-12, atol=1e-14, err_msg=f"{route} {key}")
