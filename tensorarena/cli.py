@@ -51,6 +51,11 @@ def positive_int(text: str) -> int:
     return value
 
 
+def micro_batch_arg(text: str) -> int | str:
+    """train's --micro-batch: a positive number of rows, or "auto" (Trainer(micro_batch="auto"))."""
+    return "auto" if text == "auto" else positive_int(text)
+
+
 def nonnegative_int(text: str) -> int:
     value = _number(text, int)
     if value < 0:
@@ -139,8 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "trains as one 6-step run (default: --steps; on --resume the checkpoint's)")
     train.add_argument("--batch-size", type=positive_int, default=None,
                        help="examples per step (default: the model's, mlp 128)")
-    train.add_argument("--micro-batch", type=positive_int, default=None,
-                       help="mlp, vit: examples per forward/backward pass; a batch of more runs as micro-batches "
+    train.add_argument("--micro-batch", type=micro_batch_arg, default=None,
+                       help="mlp, vit: examples per forward/backward pass, or auto: the whole batch in one pass where "
+                            "it fits the memory budget, else as many as fit; a batch of more runs as micro-batches "
                             "whose gradients are summed (each weighted by its rows) before one update, so a step "
                             "holds one micro-batch's activations (--route streaming: in a stage, its boundaries stay "
                             "the whole batch's; simcse needs the whole batch for its in-batch negatives) (default: the whole batch in one pass)")
@@ -294,6 +300,10 @@ def cmd_train(args) -> dict:
     from .train.save_rescue import CheckpointNotSaved
 
     check_output_paths(args)
+    if getattr(args, "micro_batch", None) == "auto" and args.route != "auto" and args.memory_limit is None:
+        raise SystemExit(f"tensorarena train: --micro-batch auto cuts the batch where the route plan says it does not "
+                         f"fit, and --route {args.route} is planned only against a --memory-limit: pass one, use "
+                         f"--route auto, or give --micro-batch a number of rows")
     to_stdout = args.json == "-"
     try:
         with contextlib.redirect_stdout(sys.stderr) if to_stdout else contextlib.nullcontext():
@@ -324,7 +334,7 @@ def one_pass_micro_batch(command: str, micro_batch: int | None, batch_size: int)
     """--micro-batch as the step should take it: None when it is not below the batch, whose rows then run in one
     pass anyway; micro-batching it would still keep flat gradients and a gradient-sized sum, and the summary would
     say "in micro-batches" of a batch that was never cut."""
-    if micro_batch is not None and micro_batch >= batch_size:
+    if isinstance(micro_batch, int) and micro_batch >= batch_size:
         print(f"tensorarena {command}: note: --micro-batch {micro_batch} is not smaller than the batch of "
               f"{batch_size}: each batch runs in one pass, without micro-batches", file=sys.stderr)
         return None

@@ -42,13 +42,15 @@ if TYPE_CHECKING:
     from .step_plan import PlannedArena
 
 
-def check_micro_batch(micro_batch: Any) -> int | None:
-    """`micro_batch` itself if it is None or a positive int; ValueError otherwise."""
-    if micro_batch is None:
-        return None
+def check_micro_batch(micro_batch: Any, *, auto: bool = False) -> int | str | None:
+    """`micro_batch` itself if it is None or a positive int (or, where `auto` allows it, "auto"); ValueError
+    otherwise."""
+    if micro_batch is None or (auto and micro_batch == "auto"):
+        return micro_batch
     if isinstance(micro_batch, bool) or not isinstance(micro_batch, (int, np.integer)) or micro_batch < 1:
-        raise ValueError(f"micro_batch must be a positive number of rows (or None: the whole batch in one pass), "
-                         f"got {micro_batch!r}")
+        also = "; or 'auto': as many as fit the memory budget" if auto else ""
+        raise ValueError(f"micro_batch must be a positive number of rows (or None: the whole batch in one pass"
+                         f"{also}), got {micro_batch!r}")
     return int(micro_batch)
 
 

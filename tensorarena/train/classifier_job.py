@@ -72,7 +72,8 @@ def _take_run_options(args, saved: dict) -> None:
         if given is not None and name not in given:
             setattr(args, name, value)
             continue
-        if name == "micro_batch" and value is None and getattr(args, name) >= args.batch_size:
+        if name == "micro_batch" and value is None and isinstance(getattr(args, name), int) and \
+                getattr(args, name) >= args.batch_size:
             continue  # one pass, as saved: a micro-batch not below the batch is none (cli.one_pass_micro_batch)
         flag = "--" + name.replace("_", "-")
         same = f"leave {flag} out" + (f" or pass {flag} {value}" if value is not None else "")  # no "--x None"
@@ -250,7 +251,7 @@ def run_classifier(args, model: Module, train: tuple[np.ndarray, np.ndarray], te
                 bar.set_postfix(loss=f"{report.loss:.4f}", lr=f"{report.lr:.2e}")
         bar.close()
         elapsed = time.perf_counter() - started
-        held_out = trainer.evaluate(*test, batch_size=getattr(args, "micro_batch", None) or eval_batch_size
+        held_out = trainer.evaluate(*test, batch_size=trainer.micro_batch or eval_batch_size
                                     or args.batch_size)
         if args.save:
             with SigintDeferred("the checkpoint's write", lambda: _save_abandoned(args, trainer)):

@@ -33,6 +33,7 @@ from ..precision import normalize as normalize_precision
 from ..tensor import Tensor
 from .eager_step import eager_step
 from .report import StepReport, StoreDirError, check_scheduler, check_step_options
+from .micro_batch_choice import check_auto_micro_batch
 from .trainer_route_choice import check_the_limit, choose_route, planned_for, recompute_mlp_if_planned
 from .trainer_step import _rows, compile_fused, fused_step, route_step, run_step
 from .trainer_streaming import warn_of_a_kept_run
@@ -97,6 +98,10 @@ class Trainer:
             micro-batch before its update, so the store is read as often as without, stream/sweep.py). Dropout
             masks are drawn micro-batch by micro-batch (eager, fused) or stage by stage (streaming), so with
             dropout the routes draw different masks. See compile/micro_batches.py.
+            "auto": the whole batch in one pass if it fits the memory budget, else the most rows per pass
+            that fit, found before step 1 by planning halved micro-batches (B/2, B/4, ..., 1 rows, rounded up;
+            train/micro_batch_choice.py) and logged. It needs a plan: route="auto" or a memory_limit. As any
+            micro-batching, for a loss that averages over rows; BatchNorm's statistics become each micro-batch's.
         on_nonfinite: "raise" (default) raises NonFiniteLossError naming the step before
             any update; "skip" leaves parameters untouched and reports the step as skipped.
         pool: block pool for step arenas (default: the process-wide pool).
@@ -135,12 +140,17 @@ class Trainer:
                  memory_limit: str | int | None = None, store_dir=None, oom_fallback: bool = True,
                  update_in_backward: bool | None = None, stream_io: str = "map",
                  matmul_precision: str | None = None, fused_replay: str = "auto",
-                 micro_batch: int | None = None) -> None:
+                 micro_batch: int | str | None = None) -> None:
         if route not in ROUTES:
             raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
         from ..compile.micro_batches import check_micro_batch, check_model_splits
 
-        self._micro_batch = check_micro_batch(micro_batch)
+        micro_batch = check_micro_batch(micro_batch, auto=True)
+        # "auto" starts as the whole batch; the route choice before step 1 may cut it (micro_batch_choice.py)
+        self._micro_batch_auto = micro_batch == "auto"
+        self._micro_batch = None if self._micro_batch_auto else micro_batch
+        if self._micro_batch_auto:
+            check_auto_micro_batch(route, memory_limit, update_in_backward)
         check_model_splits(model, self._micro_batch)
         from ..compile.replay_choice import REPLAYS
 
@@ -240,8 +250,9 @@ class Trainer:
     # -- options a user may change between steps, as in a hand-written PyTorch loop ------
     @property
     def micro_batch(self) -> int | None:
-        """Rows per forward/backward pass (None: the whole batch), fixed when the Trainer is built: the fused plans
-        are traced for it and its route choice counted on it."""
+        """Rows per forward/backward pass (None: the whole batch), fixed when the Trainer is built, or for
+        micro_batch="auto" at the route choice before step 1: the fused plans are traced for it and its route
+        choice counted on it."""
         return self._micro_batch
 
     @property

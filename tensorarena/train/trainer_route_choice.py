@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..nn.modes import kept_modes
 from ..precision import float32_matmul_precision
+from .micro_batch_choice import fit_micro_batch
 
 if TYPE_CHECKING:
     from .trainer import Trainer
@@ -70,7 +71,12 @@ def choose_route(trainer: Trainer, inputs: Any, targets: Any) -> None:
         trainer._load_pending_checkpoint("route auto fell back to eager")
         return
     if plan.chosen is None:
-        raise MemoryError(f"no training route fits before step 1: {plan.reason}\n{plan.format()}")
+        cut, why_not = fit_micro_batch(trainer, inputs, targets, ("fused", "streaming"), lambda p: p.chosen is not None)
+        if cut is None:
+            plan = trainer.route_plan
+            also = f"; {why_not}" if why_not else ""
+            raise MemoryError(f"no training route fits before step 1: {plan.reason}{also}\n{plan.format()}")
+        plan = cut
     if plan.chosen != "streaming" and trainer._pending_checkpoint is not None:
         # A waiting checkpoint goes into the model made whole; what loading it leaves in the process (the
         # optimizer's state arrays, heap pages) is measured by planning again, as a load before the plan was:
@@ -122,6 +128,14 @@ def check_the_limit(trainer: Trainer, inputs: Any, targets: Any) -> None:
         log.info("route %s not checked against memory_limit: %s", trainer.route,
                  plan.unavailable.get(trainer.route, plan.reason))
         return
+    why_not = ""
+    if not estimate.fits:
+        route = trainer.route
+        cut, why_not = fit_micro_batch(trainer, inputs, targets, (route,), lambda p: p.estimates[route].fits)
+        if cut is not None:
+            plan, estimate = cut, cut.estimates[route]
+        else:
+            plan = trainer.route_plan
     if not estimate.fits:
         # Streaming is the smallest route there is: only a bigger limit or a smaller batch helps it; and a model
         # without stream_stages() (the MLP), or whose forward a subclass wraps (stream/stages.py unstaged_forward),
@@ -134,7 +148,8 @@ def check_the_limit(trainer: Trainer, inputs: Any, targets: Any) -> None:
         else:
             advice = ("Use route='auto' (streams when fused does not fit), raise memory_limit or lower the batch "
                       "size")
-        raise MemoryError(f"route {trainer.route!r} does not fit memory_limit: {plan.reason}. {advice}\n"
+        also = f" ({why_not})" if why_not else ""
+        raise MemoryError(f"route {trainer.route!r} does not fit memory_limit: {plan.reason}{also}. {advice}\n"
                           f"{plan.format()}")
     trainer._recompute_mlp_if_planned(plan)
     log.info("route %s fits memory_limit: %s", trainer.route, plan.reason)
