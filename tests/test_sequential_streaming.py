@@ -8,8 +8,8 @@ memory once the run was over, when the trainer went: `train --model vit-small --
 (streaming needs 245 MiB) trained, printed its summary and was then killed by a 300M cgroup (now
 trainer_streaming.drop_temporary_store after the summary).
 On 96541a0 (before) 9 of this file's 9 tests fail (no stream_stages, no Conv2d; the subclass's refusal said "has no
-stream_stages"; the CLI run was refused, nothing fitting; an out-of-memory on eager re-raised). With the stages but without drop_temporary_store the CLI
-test still fails: killed by its cgroup (status -9) after the run.
+stream_stages"; the CLI run was refused, nothing fitting; an out-of-memory on eager re-raised). With the stages but
+without drop_temporary_store the CLI test still fails: killed by its cgroup (status -9) after the run.
     git worktree add /tmp/w/base 96541a0 && cd /tmp/w/base && PYTHONPATH=/tmp/w/base python -m pytest -q \
         -p no:cacheprovider /work/main/tests/test_sequential_streaming.py
 """
