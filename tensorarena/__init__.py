@@ -5,7 +5,7 @@ from .memory.arena import Arena, StaleTensorError, current_arena, heap_scope
 from .memory.pool import ArenaOutOfMemory, BlockPool, default_pool
 from .tensor import Tensor, tensor
 from . import ops
-from .random import manual_seed
+from .random import get_rng_state, manual_seed, set_rng_state
 from .precision import float32_matmul_precision, get_float32_matmul_precision, set_float32_matmul_precision
 from . import kernels, models, nn, optim, utils
 from .ops import (add, cat, clone, concat, div, exp, flatten, log, matmul, max, mean, mul, neg, permute, pow,
@@ -45,6 +45,7 @@ __all__ = [
     "bmm", "cos", "from_numpy", "inference_mode", "mm", "rand", "randint", "randn", "randperm", "relu", "round",
     "rsqrt", "scatter", "scatter_add", "set_grad_enabled", "sigmoid", "sign", "sin", "softmax", "square",
     "empty", "empty_like", "eye", "load", "save", "utils",
+    "get_rng_state", "set_rng_state",
     # The dtypes; ta.bool, ta.int, ta.float, ta.long and ta.double are left out here (torch lists them): a star
     # import would shadow Python's bool, int and float in the importing module.
     "float32", "float64", "int8", "int16", "int32", "int64", "uint8",

@@ -1,4 +1,5 @@
-"""The one default random generator (init, dropout) and `manual_seed`.
+"""The one default random generator (init, dropout, shuffling), `manual_seed`, `get_rng_state` and
+`set_rng_state`.
 
 Randomness is explicit everywhere (`rng=` arguments); this generator is only
 what `rng=None` means. Like torch's global generator it starts from a fixed
@@ -13,6 +14,7 @@ import threading
 import numpy as np
 
 from .tape import host
+from .tensor import Tensor
 
 DEFAULT_SEED = 0
 
@@ -24,6 +26,40 @@ def manual_seed(seed: int) -> np.random.Generator:
     _default_generator.bit_generator.state = np.random.PCG64(seed).state
     return _default_generator
 
+
+
+# get_rng_state's bytes: PCG64's 128-bit state and increment, then its buffered half-draw (has_uint32, uinteger).
+_STATE_BYTES = 16 + 16 + 1 + 4
+
+
+def get_rng_state() -> Tensor:
+    """The default generator's state (what manual_seed seeds) as a uint8 Tensor, for set_rng_state to restore, as
+    torch.get_rng_state: the bytes are our PCG64's (37 of them), not torch's (5056), and neither takes the other's.
+    A Tensor, so ta.save stores it with a checkpoint."""
+    state = _default_generator.bit_generator.state
+    raw = (state["state"]["state"].to_bytes(16, "little") + state["state"]["inc"].to_bytes(16, "little")
+           + bytes([state["has_uint32"]]) + state["uinteger"].to_bytes(4, "little"))
+    return Tensor(np.frombuffer(raw, dtype=np.uint8).copy())
+
+
+def set_rng_state(new_state) -> None:
+    """Put the default generator back in a state get_rng_state gave (in place: every holder of it follows), as
+    torch.set_rng_state."""
+    array = new_state.data if isinstance(new_state, Tensor) else new_state
+    if type(new_state).__module__.split(".")[0] == "torch":
+        raise TypeError("set_rng_state: this is torch's RNG state (torch.get_rng_state()); tensorarena's generator "
+                        "is another one: pass what ta.get_rng_state() returned")
+    if not isinstance(array, np.ndarray) or array.dtype != np.uint8:
+        dtype = f" of dtype {array.dtype}" if isinstance(array, np.ndarray) else ""
+        raise TypeError(f"set_rng_state expects the uint8 Tensor ta.get_rng_state() returned, got "
+                        f"{type(new_state).__name__}{dtype}")
+    raw = array.tobytes()
+    if array.shape != (_STATE_BYTES,) or raw[32] > 1 or not raw[16] & 1:  # a PCG64 increment is always odd
+        raise ValueError(f"set_rng_state expects the {_STATE_BYTES} bytes ta.get_rng_state() returned; got an array "
+                         f"of shape {array.shape} that is not one of them")
+    _default_generator.bit_generator.state = {
+        "bit_generator": "PCG64", "has_uint32": raw[32], "uinteger": int.from_bytes(raw[33:], "little"),
+        "state": {"state": int.from_bytes(raw[:16], "little"), "inc": int.from_bytes(raw[16:32], "little")}}
 
 # A job's one --seed seeds its data, its model's initialisation (and the dropout seeds drawn there) and the default
 # generator. Generators seeded with the same integer are one stream: the MLP's first-layer weights were the digits'
