@@ -132,19 +132,22 @@ def test_data_loader_refuses_the_worker_options_torch_refuses(kw, message):
         DataLoader(TensorDataset(np.ones(3)), **kw)
 
 
-def test_data_loader_refuses_an_iterable_style_dataset_at_construction_saying_why():
-    # An object with only __iter__ (torch's IterableDataset) was taken, and the first epoch failed with
-    # "TypeError: object of type 'Stream' has no len()".
-    from tensorarena.utils.data import DataLoader
+def test_data_loader_refuses_a_bare_iterable_at_construction_saying_to_subclass_iterable_dataset():
+    # An object with only __iter__ was taken, and the first epoch failed with "TypeError: object of type 'Stream'
+    # has no len()". An IterableDataset is batched now (tests/test_data_more_torch.py); a bare iterable is not one
+    # (torch's DataLoader takes it as map-style, and fails at len()), and a generator would be empty after one epoch.
+    from tensorarena.utils.data import DataLoader, IterableDataset
 
     class Stream:
         def __iter__(self):
             return iter(np.arange(5.0))
 
-    with pytest.raises(TypeError, match=r"dataset \(Stream\) has no __getitem__; this DataLoader takes map-style "
-                                        r"datasets.*IterableDataset"):
+    with pytest.raises(TypeError, match=r"dataset \(Stream\) has no __getitem__; a map-style dataset gives "
+                                        r"__getitem__\(index\) and __len__\(\).*should subclass IterableDataset"):
         DataLoader(Stream(), batch_size=2)
     assert [b.numpy().tolist() for b in DataLoader([1.0, 2.0, 3.0], batch_size=2)] == [[1.0, 2.0], [3.0]]
+    streamed = DataLoader(type("Streamed", (Stream, IterableDataset), {})(), batch_size=2)
+    assert [b.numpy().tolist() for b in streamed] == [[0.0, 1.0], [2.0, 3.0], [4.0]]
 
 
 def test_default_collate_of_samples_of_different_shapes_names_them():

@@ -1,4 +1,4 @@
-"""torch.utils's counterparts: `data` (Dataset, TensorDataset, DataLoader)."""
+"""torch.utils's counterparts: `data` (datasets, samplers, DataLoader; datasets.py and samplers.py hold some)."""
 
 from . import data
 

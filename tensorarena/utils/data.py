@@ -1,19 +1,28 @@
-"""torch.utils.data's Dataset, TensorDataset and DataLoader, so `for x, y in loader: ...` ports as it is.
+"""torch.utils.data's datasets, samplers and DataLoader, so `for x, y in loader: ...` ports as it is.
+
+Here: Dataset, IterableDataset, TensorDataset, Subset, ConcatDataset, ChainDataset, random_split (datasets.py),
+Sampler, SequentialSampler, RandomSampler, SubsetRandomSampler, WeightedRandomSampler, BatchSampler (samplers.py),
+default_collate, default_convert and DataLoader.
 
 A DataLoader yields what torch's yields: batches made by `collate_fn` (default_collate: Tensors, NumPy arrays and
 numbers stacked into one Tensor, dicts and sequences collated field by field, strings left a list), the last one
-short unless drop_last, in the dataset's order or shuffled anew each epoch (shuffle=True) by `generator` (a NumPy
-Generator; None draws from tensorarena's default generator, which ta.manual_seed seeds, as torch draws from its
-global one). `sampler` (an iterable of indices) or `batch_sampler` (of index lists) choose the order instead.
+short unless drop_last, in the dataset's order or shuffled anew each epoch (shuffle=True: a RandomSampler drawing
+from `generator`, a NumPy Generator; None draws from tensorarena's default generator, which ta.manual_seed seeds,
+as torch draws from its global one). `sampler` (a Sampler or any iterable of indices, or of keys the dataset takes)
+or `batch_sampler` (of index lists) choose the order instead; `loader.sampler` and `loader.batch_sampler` are
+the ones in use, as torch's. An IterableDataset is read in its own order and its samples batched as they come;
+shuffle, sampler and batch_sampler are refused for it, as torch refuses them, and len(loader) needs its __len__.
 
 Batches are made in the calling thread: num_workers > 0 and pin_memory are accepted, so a torch script runs, and a
 warning says what they do not do here; the worker options torch refuses without workers are refused here too. A
-TensorDataset with the default collate_fn is cut by fancy indexing each of its arrays once per batch, with the same
-result as collating its samples one by one (`fetch_route` says which ran: "indexed" or "per_sample").
+TensorDataset (or a Subset of one, as random_split makes) with the default collate_fn is cut by fancy indexing each
+of its arrays once per batch, with the same result as collating its samples one by one (`fetch_route` says which
+ran: "indexed" or "per_sample").
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -21,20 +30,16 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..random import get_generator
 from ..tensor import Tensor
+from .datasets import ChainDataset, ConcatDataset, Dataset, IterableDataset, Subset, random_split
+from .samplers import (BatchSampler, RandomSampler, Sampler, SequentialSampler, SubsetRandomSampler,
+                       WeightedRandomSampler)
 
 log = logging.getLogger(__name__)
 
-
-class Dataset:
-    """A map-style dataset: subclasses give __getitem__(index) -> one sample and __len__() -> how many."""
-
-    def __getitem__(self, index):
-        raise NotImplementedError(f"{type(self).__name__} must define __getitem__(index), returning one sample")
-
-    def __len__(self) -> int:
-        raise NotImplementedError(f"{type(self).__name__} must define __len__(), the number of samples")
+__all__ = ["BatchSampler", "ChainDataset", "ConcatDataset", "DataLoader", "Dataset", "IterableDataset",
+           "RandomSampler", "Sampler", "SequentialSampler", "Subset", "SubsetRandomSampler", "TensorDataset",
+           "WeightedRandomSampler", "default_collate", "default_convert", "random_split"]
 
 
 class TensorDataset(Dataset):
@@ -143,6 +148,23 @@ class DataLoader:
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer))
                                        or batch_size <= 0):
             raise ValueError(f"batch_size should be a positive integer value, but got batch_size={batch_size!r}")
+        iterable = isinstance(dataset, IterableDataset)
+        if iterable:  # checked first, as torch does: no sampler picks from a stream, whatever else is wrong
+            read = "an iterable-style dataset is read in the order its __iter__ yields"
+            if shuffle not in (False, None):
+                raise ValueError(f"DataLoader with IterableDataset: expected unspecified shuffle option, but got "
+                                 f"shuffle={shuffle!r}; {read}: shuffle inside it")
+            if sampler is not None:
+                raise ValueError(f"DataLoader with IterableDataset: expected unspecified sampler option, but got "
+                                 f"sampler={sampler!r}; {read}")
+            if batch_sampler is not None:
+                raise ValueError(f"DataLoader with IterableDataset: expected unspecified batch_sampler option, but "
+                                 f"got batch_sampler={batch_sampler!r}; {read}: pass batch_size")
+        elif not hasattr(dataset, "__getitem__"):  # else a TypeError at the first epoch: "object has no len()"
+            raise TypeError(f"DataLoader: the dataset ({type(dataset).__name__}) has no __getitem__; a map-style "
+                            f"dataset gives __getitem__(index) and __len__() (a Dataset, TensorDataset, list or "
+                            f"array), and one that can only be iterated should subclass IterableDataset "
+                            f"(tensorarena.utils.data's, as torch's)")
         if sampler is not None and shuffle:
             raise ValueError("sampler option is mutually exclusive with shuffle: the sampler chooses the order")
         if batch_sampler is not None and (batch_size != 1 or shuffle or sampler is not None or drop_last):
@@ -150,6 +172,8 @@ class DataLoader:
                              "drop_last: it chooses the batches")
         if batch_size is None and drop_last:  # torch refuses it too: with no batches there is no last one to drop
             raise ValueError("batch_size=None option disables auto-batching and is mutually exclusive with drop_last")
+        if iterable and batch_size is not None and not isinstance(drop_last, bool):  # BatchSampler checks the rest
+            raise ValueError(f"drop_last should be a boolean value, but got drop_last={drop_last!r}")
         if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)) or num_workers < 0:
             raise ValueError(f"num_workers option should be a non-negative integer, got {num_workers!r}")
         # torch's refusals of worker options without workers: taken silently, a script that passed them believed it
@@ -166,21 +190,24 @@ class DataLoader:
         if num_workers == 0 and multiprocessing_context is not None:
             raise ValueError("multiprocessing_context can only be used with multi-process loading (num_workers > 0), "
                              "but got num_workers=0")
-        if not hasattr(dataset, "__getitem__"):  # else a TypeError at the first epoch: "object has no len()"
-            raise TypeError(f"DataLoader: the dataset ({type(dataset).__name__}) has no __getitem__; this DataLoader "
-                            f"takes map-style datasets (__getitem__(index) and __len__(): a Dataset, TensorDataset, "
-                            f"list or array), not iterable-style ones (torch's IterableDataset): iterate it yourself "
-                            f"and batch with default_collate")
         if generator is not None and not isinstance(generator, np.random.Generator):
             raise TypeError(f"DataLoader: generator must be a numpy.random.Generator (np.random.default_rng(seed)), "
                             f"got {type(generator).__name__}")
+        if batch_sampler is not None:
+            batch_size, drop_last = None, False
+        if sampler is None and not iterable:
+            sampler = RandomSampler(dataset, generator=generator) if shuffle else SequentialSampler(dataset)
+        if batch_size is not None and batch_sampler is None and not iterable:
+            batch_sampler = BatchSampler(sampler, int(batch_size), drop_last)
         self.dataset = dataset
-        self.batch_size = None if batch_size is None or batch_sampler is not None else int(batch_size)
+        self.batch_size = None if batch_size is None else int(batch_size)
         self.shuffle = bool(shuffle)
+        # None for an IterableDataset (torch's are placeholders there: an endless sampler and one batching it)
         self.sampler, self.batch_sampler = sampler, batch_sampler
         self.drop_last = drop_last
         self.collate_fn = collate_fn
         self.generator = generator
+        self._iterable = iterable
         self.num_workers = int(num_workers)
         self.fetch_route: str | None = None  # "indexed" or "per_sample": how the last batch was made
         if num_workers:
@@ -190,46 +217,66 @@ class DataLoader:
             log.warning("DataLoader(pin_memory=True): there is no accelerator, so no memory is pinned")
 
     def __len__(self) -> int:
-        if self.batch_sampler is not None:
+        if self._iterable:  # the dataset's own count, which a stream may not know: TypeError then, as torch's
+            samples = len(self.dataset)
+        elif self.batch_sampler is not None:
             return len(self.batch_sampler)
-        samples = len(self.sampler) if self.sampler is not None else len(self.dataset)
+        else:
+            return len(self.sampler)
         if self.batch_size is None:
             return samples
         return samples // self.batch_size if self.drop_last else math.ceil(samples / self.batch_size)
 
-    def _order(self) -> Iterable[int]:
-        if self.sampler is not None:
-            return self.sampler
-        count = len(self.dataset)
-        if self.shuffle:
-            return get_generator(self.generator).permutation(count).tolist()
-        return range(count)
-
-    def _batches(self) -> Iterable[list[int]]:
-        if self.batch_sampler is not None:
-            yield from self.batch_sampler
-            return
-        batch: list[int] = []
-        for index in self._order():
-            batch.append(int(index))
-            if len(batch) == self.batch_size:
-                yield batch
-                batch = []
-        if batch and not self.drop_last:
-            yield batch
-
     def __iter__(self):
-        if self.batch_size is None and self.batch_sampler is None:
-            for index in self._order():
+        if self._iterable:
+            yield from self._stream()
+            return
+        if self.batch_sampler is None:  # batch_size=None: one sample at a time, converted (not stacked)
+            for index in self.sampler:
                 self.fetch_route = "per_sample"
                 yield (self.collate_fn or default_convert)(self.dataset[index])
             return
-        indexed = isinstance(self.dataset, TensorDataset) and self.collate_fn is None
-        for indices in self._batches():
-            if indexed:  # one fancy index per array: what default_collate of the rows would stack
+        cut = _rows_of(self.dataset) if self.collate_fn is None else None
+        for indices in self.batch_sampler:
+            if cut is not None:  # one fancy index per array: what default_collate of the rows would stack
                 self.fetch_route = "indexed"
-                rows = np.asarray(indices, dtype=np.intp)
-                yield [Tensor(a[rows]) for a in self.dataset._arrays]
+                yield cut(indices)
             else:
                 self.fetch_route = "per_sample"
                 yield (self.collate_fn or default_collate)([self.dataset[i] for i in indices])
+
+    def _stream(self):
+        """An IterableDataset's samples in batches of batch_size as they come (the last one short unless
+        drop_last), or one by one converted with batch_size=None."""
+        samples = iter(self.dataset)
+        if self.batch_size is None:
+            for sample in samples:
+                self.fetch_route = "per_sample"
+                yield (self.collate_fn or default_convert)(sample)
+            return
+        while batch := list(itertools.islice(samples, self.batch_size)):
+            if self.drop_last and len(batch) < self.batch_size:
+                return
+            self.fetch_route = "per_sample"
+            yield (self.collate_fn or default_collate)(batch)
+
+
+def _rows_of(dataset) -> Callable[[list], list[Tensor]] | None:
+    """How to cut a batch straight from a TensorDataset's arrays when `dataset` is one, or a Subset of one (of a
+    Subset of one ...), else None. Only their own __getitem__: a subclass's override must run for each sample."""
+    subsets = []
+    while isinstance(dataset, Subset) and type(dataset).__getitem__ is Subset.__getitem__:
+        subsets.append(dataset)
+        dataset = dataset.dataset
+    if not isinstance(dataset, TensorDataset) or type(dataset).__getitem__ is not TensorDataset.__getitem__:
+        return None
+    positions = [np.asarray(subset.indices, dtype=np.intp) for subset in subsets]  # once an epoch, outermost first
+    arrays = dataset._arrays
+
+    def cut(indices: list) -> list[Tensor]:
+        rows = np.asarray(indices, dtype=np.intp)
+        for chosen in positions:
+            rows = chosen[rows]
+        return [Tensor(a[rows]) for a in arrays]
+
+    return cut
