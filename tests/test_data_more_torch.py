@@ -8,7 +8,7 @@ NumPy Generator's, so the tests check what holds for any draw: a permutation, ea
 reproducible from a seed, following ta.manual_seed, the sampling frequencies within a stated tolerance.
 
 On ddf3770, before these were added, the file does not collect (no IterableDataset for _Stream to subclass); with
-_Stream based on `object` there, all 78 of 78 fail:
+_Stream based on `object` there, all 79 of 79 fail:
   git archive ddf3770 | tar -x -C /tmp/base && cp tests/test_data_more_torch.py /tmp/base/tests/ &&
   sed -i 's/^class _Stream(tad.IterableDataset):/class _Stream(object):/' /tmp/base/tests/test_data_more_torch.py &&
   cd /tmp/base && PYTHONPATH=$PWD python -m pytest -q -p no:cacheprovider tests/test_data_more_torch.py
@@ -18,6 +18,8 @@ sampler's keys were int()-ed ("a" refused), drop_last=1 was taken."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -578,3 +580,13 @@ def test_a_random_split_trains_through_a_data_loader_on_the_fused_route_as_torch
         want = torch.nn.functional.cross_entropy(twin(torch.from_numpy(xv.numpy())), torch.from_numpy(yv.numpy()))
     assert trainer.evaluate(xv.numpy(), yv.numpy())["loss"] == pytest.approx(want.item(), rel=1e-5)
 
+
+
+def test_readme_lists_what_tensorarena_utils_data_holds_both_ways():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    start = readme.index("- `tensorarena.utils.data` has torch's")
+    bullet = readme[start:readme.index("\n- ", start + 1)]
+    named = set(re.findall(r"`([A-Za-z_]+)`", bullet))
+    assert named - {"num_workers", "generator"} <= set(tad.__all__), named - set(tad.__all__)
+    assert set(tad.__all__) <= named, set(tad.__all__) - named
+    assert "`ta.get_rng_state()` / `ta.set_rng_state()`" in bullet and ta.get_rng_state and ta.set_rng_state
