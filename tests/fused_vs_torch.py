@@ -7,17 +7,43 @@ import torch
 
 
 def fused_steps_match_torch(trainer, torch_optimizer, torch_loss, batches, rel: float = 1e-5) -> None:
-    """Step `trainer` on each (x, y) NumPy batch, asserting the fused route ran, and step `torch_optimizer` on
+    """steps_match_torch on the fused route."""
+    steps_match_torch(trainer, torch_optimizer, torch_loss, batches, rel, route="fused")
+
+
+def steps_match_torch(trainer, torch_optimizer, torch_loss, batches, rel: float = 1e-5, *, route: str) -> None:
+    """Step `trainer` on each (x, y) NumPy batch, asserting `route` ran, and step `torch_optimizer` on
     `torch_loss(x, y)` (the twin's loss tensor for the same batch as torch tensors): the losses agree to `rel`.
     The caller compares the parameters afterwards."""
     for x, y in batches:
         report = trainer.step(x, y)
-        assert report.route == "fused"
+        assert report.route == route
         torch_optimizer.zero_grad()
         want = torch_loss(torch.from_numpy(x), torch.from_numpy(y))
         want.backward()
         torch_optimizer.step()
         assert report.loss == pytest.approx(want.item(), rel=rel)
+
+
+def sequential_and_twin(*sizes: int):
+    """A tensorarena Linear-ReLU-...-Linear Sequential of these widths and its torch twin holding the same weights
+    (float32, torch's layout)."""
+    import numpy as np
+
+    import tensorarena as ta
+
+    ours, theirs = [], []
+    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        ours.append(ta.nn.Linear(fan_in, fan_out))
+        theirs.append(torch.nn.Linear(fan_in, fan_out))
+        if i < len(sizes) - 2:
+            ours.append(ta.nn.ReLU())
+            theirs.append(torch.nn.ReLU())
+    model, twin = ta.nn.Sequential(*ours), torch.nn.Sequential(*theirs)
+    with torch.no_grad():
+        for p, q in zip(twin.parameters(), model.parameters()):
+            p.copy_(torch.from_numpy(np.array(q.numpy())))
+    return model, twin
 
 
 def module_matches_torch(ours, theirs, x, g, *, tol: float) -> None:

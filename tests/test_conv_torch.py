@@ -23,7 +23,7 @@ import torch
 import tensorarena as ta
 from tensorarena.kernels import gemm_bf16
 from tensorarena.train.trainer import Trainer
-from tests.fused_vs_torch import fused_steps_match_torch, module_matches_torch
+from tests.fused_vs_torch import fused_steps_match_torch, module_matches_torch, steps_match_torch
 
 F, TF = ta.nn.functional, torch.nn.functional
 TOL = {np.float64: 1e-10, np.float32: 1e-5}
@@ -259,14 +259,7 @@ def test_a_small_cnn_trains_as_torchs(route, replay, dtype):
         if trainer.fused.replay == "captured":
             assert trainer.fused.plan.capture.tape is not None, trainer.fused.plan.capture.note
     else:
-        for x, y in batches:
-            report = trainer.step(x, y)
-            assert report.route == "eager"
-            topt.zero_grad()
-            want = their_loss(torch.from_numpy(x), torch.from_numpy(y))
-            want.backward()
-            topt.step()
-            assert report.loss == pytest.approx(want.item(), rel=tol)
+        steps_match_torch(trainer, topt, their_loss, batches, rel=tol, route="eager")
     named = dict(twin.named_parameters())
     for name, p in model.named_parameters():
         np.testing.assert_allclose(p.numpy(), named[name].detach().numpy(), rtol=tol, atol=tol, err_msg=name)

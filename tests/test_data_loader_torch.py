@@ -16,6 +16,7 @@ import torch.utils.data as tud
 import tensorarena as ta
 from tensorarena.train.trainer import Trainer
 from tensorarena.utils.data import DataLoader, Dataset, TensorDataset, default_collate
+from tests.fused_vs_torch import sequential_and_twin
 
 TORCH_DTYPE = {torch.float32: np.float32, torch.float64: np.float64, torch.int64: np.int64, torch.bool: np.bool_,
                torch.int32: np.int32, torch.uint8: np.uint8}
@@ -207,11 +208,7 @@ def test_a_torch_style_training_loop_matches_torch_on_the_fused_route():
     rng = np.random.default_rng(1)
     x = rng.standard_normal((40, 6)).astype(np.float32)
     y = rng.integers(0, 3, 40)
-    model = ta.nn.Sequential(ta.nn.Linear(6, 8), ta.nn.ReLU(), ta.nn.Linear(8, 3))
-    twin = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
-    with torch.no_grad():
-        for p, q in zip(twin.parameters(), model.parameters()):
-            p.copy_(torch.from_numpy(q.numpy().copy()))
+    model, twin = sequential_and_twin(6, 8, 3)
     trainer = Trainer(model, ta.optim.SGD(model.parameters(), lr=0.1), ta.nn.functional.cross_entropy,
                       route="fused")
     topt = torch.optim.SGD(twin.parameters(), lr=0.1)

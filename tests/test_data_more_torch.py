@@ -28,6 +28,7 @@ import torch.utils.data as tud
 import tensorarena as ta
 import tensorarena.utils.data as tad
 from tensorarena.train.trainer import Trainer
+from tests.fused_vs_torch import sequential_and_twin
 
 
 def _arrays(n=11, seed=0):
@@ -547,11 +548,7 @@ def test_a_random_split_trains_through_a_data_loader_on_the_fused_route_as_torch
     y = rng.integers(0, 3, 50)
     train, val = tad.random_split(tad.TensorDataset(x, y), [0.8, 0.2], generator=np.random.default_rng(2))
     assert (len(train), len(val)) == (40, 10) and sorted(train.indices + val.indices) == list(range(50))
-    model = ta.nn.Sequential(ta.nn.Linear(6, 8), ta.nn.ReLU(), ta.nn.Linear(8, 3))
-    twin = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
-    with torch.no_grad():
-        for p, q in zip(twin.parameters(), model.parameters()):
-            p.copy_(torch.from_numpy(q.numpy().copy()))
+    model, twin = sequential_and_twin(6, 8, 3)
     trainer = Trainer(model, ta.optim.SGD(model.parameters(), lr=0.1), ta.nn.functional.cross_entropy,
                       route="fused")
     topt = torch.optim.SGD(twin.parameters(), lr=0.1)

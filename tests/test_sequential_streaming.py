@@ -28,6 +28,7 @@ from tensorarena.models import MLP, MLPConfig
 from tensorarena.nn.functional import cross_entropy
 from tensorarena.stream import StreamingUnsupportedError
 from tensorarena.train.trainer import Trainer
+from tests.fused_vs_torch import steps_match_torch
 
 F64 = np.float64
 
@@ -78,14 +79,8 @@ def test_a_streamed_sequential_trains_as_torch_buffers_included(tmp_path):
     trainer = Trainer(ours, optim.SGD(ours.parameters(), lr=0.1, momentum=0.9), cross_entropy, route="streaming",
                       store_dir=tmp_path / "store")
     torch_opt = torch.optim.SGD(theirs.parameters(), lr=0.1, momentum=0.9)
-    for x, y in _batches():
-        report = trainer.step(x, y)
-        assert report.route == "streaming"
-        torch_opt.zero_grad()
-        want = torch.nn.functional.cross_entropy(theirs(torch.from_numpy(x)), torch.from_numpy(y))
-        want.backward()
-        torch_opt.step()
-        assert report.loss == pytest.approx(want.item(), rel=1e-10)
+    steps_match_torch(trainer, torch_opt, lambda x, y: torch.nn.functional.cross_entropy(theirs(x), y), _batches(),
+                      rel=1e-10, route="streaming")
     got = _state(trainer, ours)
     for key, value in theirs.state_dict().items():  # BatchNorm's running statistics moved once a step, as torch's
         np.testing.assert_allclose(got[key], value.numpy().astype(F64), rtol=1e-10, atol=1e-12, err_msg=key)
