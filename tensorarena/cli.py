@@ -480,6 +480,7 @@ def train_mlp(args) -> dict:
     """Train the MLP classifier on the generated digits; returns the summary it prints."""
     from .data.digits import NUM_CLASSES, SIZE, train_test_split
     from .models.mlp import MLP, MLPConfig
+    from .nn import deferred_init
     from .random import INIT_STREAM, manual_seed_job, seed_stream
 
     apply_defaults(args, MLP_DEFAULTS)
@@ -491,7 +492,12 @@ def train_mlp(args) -> dict:
     manual_seed_job(args.seed)
     config = MLPConfig(in_features=SIZE * SIZE, hidden=args.hidden, out_features=NUM_CLASSES,
                        activation=args.activation, dropout=args.dropout, dtype=dtype)
-    model = MLP(config, rng=seed_stream(args.seed, INIT_STREAM))
+    # Deferred (as the ViT presets, vit_job.build_vit): the Trainer makes the values where its route keeps them,
+    # the same values as an eager build. Built whole, a --resume on route auto loaded the checkpoint's weights and
+    # optimizer state into memory before the plan, which then had to count moving them into the store: a run that
+    # streamed at a --memory-limit could not resume at it.
+    with deferred_init():
+        model = MLP(config, rng=seed_stream(args.seed, INIT_STREAM))
     summary = run_classifier(args, model, (x_train, y_train), (x_test, y_test), make_optimizer=_make_optimizer,
                              make_scheduler=_make_scheduler, resumed=resumed)
     print_classifier_result(summary, "")

@@ -45,6 +45,7 @@ def test_the_mlp_job_initialises_from_a_stream_not_its_datas(monkeypatch):
         cli.main(["train", "--model", "mlp", "--steps", "1", "--train-size", "4000", "--test-size", "10",
                   "--no-progress", "--seed", "0"])
     (_, y), _ = train_test_split(4000, 10, seed=0)
+    seen["model"].materialize()  # the job builds it deferred (its values made where the route keeps them)
     w = seen["model"].net[0].weight.data.astype(np.float64).ravel()
     bound = 1 / np.sqrt(SIZE * SIZE)  # the first layer's uniform init bound (fan_in 256)
     decile = np.floor(10 * (w[:2000] + bound) / (2 * bound)).astype(int)

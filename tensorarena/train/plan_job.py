@@ -92,9 +92,12 @@ def _model_and_batch(args):
         from ..data.digits import NUM_CLASSES, SIZE
         from ..models.mlp import MLP, MLPConfig
 
-        model = MLP(MLPConfig(in_features=SIZE * SIZE, hidden=args.hidden, out_features=NUM_CLASSES,
-                              activation=args.activation, dropout=args.dropout, dtype=np.dtype(args.dtype).type),
-                    rng=rng)
+        from ..nn import deferred_init
+
+        with deferred_init():  # as train builds it (cli.train_mlp): the plan is of the run train makes
+            model = MLP(MLPConfig(in_features=SIZE * SIZE, hidden=args.hidden, out_features=NUM_CLASSES,
+                                  activation=args.activation, dropout=args.dropout, dtype=np.dtype(args.dtype).type),
+                        rng=rng)
         x = np.zeros((args.batch, SIZE * SIZE), args.dtype)
         return model, x, np.zeros(args.batch, np.int64), cross_entropy
     if args.model == "simcse":
