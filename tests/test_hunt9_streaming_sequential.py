@@ -20,8 +20,16 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+import torch
 
+from tensorarena import nn, optim
+from tensorarena.nn.functional import cross_entropy
+from tensorarena.stream import StreamingUnsupportedError
+from tensorarena.train.trainer import Trainer
+
+F64 = np.float64
 MIB = 1 << 20
 
 
@@ -72,3 +80,35 @@ def test_a_streamed_mlp_run_resumes_on_route_auto_within_the_limit_it_streamed_a
     whole = _train([*common, "--route", "streaming", "--steps", "4"], tmp_path, "whole")
     assert resumed["final_loss"] == pytest.approx(whole["final_loss"], rel=1e-6)
     assert resumed["test_loss"] == pytest.approx(whole["test_loss"], rel=1e-6)
+
+
+def test_a_module_at_two_positions_is_refused_naming_them_and_what_to_do():
+    # Before: "a parameter of shape (16, 16) is in stages '1-2' and '3'; shared (tied) parameters cannot be updated
+    # block by block": no module named, nothing to do. The eager route trains the same model (checked against torch).
+    shared = nn.Linear(16, 16, dtype=F64)
+    model = nn.Sequential(nn.Linear(12, 16, dtype=F64), shared, nn.ReLU(), shared, nn.Linear(16, 3, dtype=F64))
+    x, y = np.random.default_rng(0).standard_normal((8, 12)), np.arange(8) % 3
+    trainer = Trainer(model, optim.SGD(model.parameters(), lr=0.1), cross_entropy, route="streaming")
+    with pytest.raises(StreamingUnsupportedError, match=r"1\.weight and 3\.weight are one parameter \(entries '1' "
+                                                        r"and '3' are the same Linear\).*route='eager' or 'fused'"):
+        trainer.step(x, y)
+    inner = nn.Linear(4, 4)
+    nested = nn.Sequential({"enc": nn.Sequential(nn.Linear(4, 4), inner), "act": nn.ReLU(), "head": inner})
+    with pytest.raises(StreamingUnsupportedError, match=r"net\.enc\.1\.weight and net\.head\.weight are one "
+                                                        r"parameter \(a module or a tied weight that entries "
+                                                        r"'net\.enc' and 'net\.head' share\)"):
+        nested.stream_stages(prefix="net.")
+    a_relu = nn.ReLU()  # a parameterless module twice is no sharing of anything trained: it streams
+    assert [s.name for s in nn.Sequential(nn.Linear(4, 4), a_relu, nn.Linear(4, 4), a_relu).stream_stages()] == \
+        ["0-1", "2-3"]
+    # route auto trains it on a route that can, as the eager route does, and as torch does
+    theirs = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.Linear(16, 16), torch.nn.ReLU()).double()
+    theirs.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in model[:3].state_dict().items()})
+    last = torch.nn.Linear(16, 3).double()
+    last.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in model[4].state_dict().items()})
+    auto = Trainer(model, optim.SGD(model.parameters(), lr=0.1), cross_entropy, route="auto", memory_limit="64G")
+    report = auto.step(x, y)
+    assert report.route in ("fused", "eager")
+    out = last(theirs[1](theirs[2](theirs[1](theirs[0](torch.from_numpy(x))))))
+    want = torch.nn.functional.cross_entropy(out, torch.from_numpy(y))
+    assert report.loss == pytest.approx(want.item(), rel=1e-12)

@@ -359,6 +359,7 @@ class Sequential(ModuleList):
             leading = groups.pop(0)  # parameterless entries before any trained one join the first stage with some
             groups[0] = leading + groups[0]
         names = self._entry_names()
+        _refuse_shared(self, groups, prefix)
         stages = []
         for group in groups:
             modules = [self._items[i] for i in group]
@@ -366,6 +367,31 @@ class Sequential(ModuleList):
             params = tuple(p for m in modules for p in m.parameters())
             stages.append(Stage(prefix + label, params, _Chain(modules)))
         return stages
+
+
+def _refuse_shared(seq: Sequential, groups: list[list[int]], prefix: str) -> None:
+    """StreamingUnsupportedError naming the two entries' parameters when one parameter is in two stages (the same
+    module at two positions, or a tied weight). model_stages refused it too, but named only a shape and the stage
+    labels ("a parameter of shape (16, 16) is in stages '1-2' and '3'"), with nothing to do about it."""
+    from ..stream.stages import StreamingUnsupportedError
+
+    names = seq._entry_names()
+    owner: dict[int, tuple[int, int, str]] = {}  # id(parameter) -> (its stage, its entry, its name there)
+    for stage, group in enumerate(groups):
+        for i in group:
+            for name, p in seq._items[i].named_parameters(prefix=prefix + names[i]):
+                first_stage, first_entry, first_name = owner.setdefault(id(p), (stage, i, name))
+                if first_stage == stage:
+                    continue
+                module = seq._items[i]
+                entries = f"entries {prefix + names[first_entry]!r} and {prefix + names[i]!r}"
+                how = (f"{entries} are the same {type(module).__name__}" if seq._items[first_entry] is module
+                       else f"a module or a tied weight that {entries} share")
+                raise StreamingUnsupportedError(
+                    f"{first_name} and {name} are one parameter ({how}), and the streaming route updates each "
+                    f"stage's parameters on their own, once a step: it cannot train one that two stages use. Train "
+                    f"this model with route='eager' or 'fused' (route='auto' takes one of them for it), or give "
+                    f"each position a module of its own (copy.deepcopy) if they were not meant to share weights")
 
 
 class _Chain:
