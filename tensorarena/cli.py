@@ -385,7 +385,7 @@ def check_output_paths(args) -> None:
                 raise SystemExit(f"tensorarena train: --json {args.json} is the {flag} checkpoint {other}: the "
                                  f"summary would replace it; pass another file for --json")
     if getattr(args, "store_dir", None):
-        _check_store_dir(Path(args.store_dir), args.model)
+        _check_store_dir(Path(args.store_dir), args.model, resuming=bool(getattr(args, "resume", None)))
 
 
 def _same_path(a, b) -> bool:
@@ -398,7 +398,7 @@ def _same_path(a, b) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
-def _check_store_dir(path: Path, model: str) -> None:
+def _check_store_dir(path: Path, model: str, *, resuming: bool = False) -> None:
     """--store-dir, checked without creating anything (an option refused later must leave no directory behind);
     what only making it can show (permissions, a read-only disk) is the Trainer's StoreDirError, said in cmd_train.
     A directory holding a streamed run is refused: the Trainer would resume that run, not this one (its
@@ -412,11 +412,16 @@ def _check_store_dir(path: Path, model: str) -> None:
         raise SystemExit(f"tensorarena train: --store-dir {path} is in use by another run (in this or another "
                          f"process); wait for it to end or pass another --store-dir")
     if (path / MANIFEST).exists():
+        if resuming:  # "--resume its checkpoint" was the advice below, and the user had: the store is the matter
+            raise SystemExit(f"tensorarena train: --store-dir {path} already holds a streamed run ({MANIFEST}), and "
+                             f"--resume loads its checkpoint into a new store, never into one holding a run: pass "
+                             f"a new or empty --store-dir (or leave it out for a temporary one), or delete it")
         raise SystemExit(f"tensorarena train: --store-dir {path} already holds a streamed run ({MANIFEST}); a "
                          f"run there would go on from that one, not start this one: pass a new or empty "
                          f"directory, or delete it"
                          # simcse has no --resume (it saves a model directory, not a trainer checkpoint)
-                         + ("" if model == "simcse" else " (to go on with a run, --resume its checkpoint)"))
+                         + ("" if model == "simcse" else " (to go on with a run, --resume its checkpoint with a "
+                                                         "new --store-dir)"))
 
 
 def _store_in_use(path: Path) -> bool:

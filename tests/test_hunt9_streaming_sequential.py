@@ -112,3 +112,21 @@ def test_a_module_at_two_positions_is_refused_naming_them_and_what_to_do():
     out = last(theirs[1](theirs[2](theirs[1](theirs[0](torch.from_numpy(x))))))
     want = torch.nn.functional.cross_entropy(out, torch.from_numpy(y))
     assert report.loss == pytest.approx(want.item(), rel=1e-12)
+
+
+def test_resuming_into_a_store_dir_that_holds_a_run_says_to_pass_a_new_one(tmp_path):
+    # Before: "--store-dir ... already holds a streamed run ...; pass a new or empty directory, or delete it (to go
+    # on with a run, --resume its checkpoint)", said to a run that was resuming its checkpoint: the advice was
+    # what it had done. Now the resume is told that the store is what to change.
+    from tensorarena import cli
+
+    small = ["--hidden", "16", "--train-size", "64", "--test-size", "16", "--batch-size", "16", "--no-progress",
+             "--route", "streaming", "--store-dir", str(tmp_path / "store")]
+    ckpt = tmp_path / "run.safetensors"
+    cli.main(["train", *small, "--steps", "1", "--total-steps", "2", "--save", str(ckpt)])
+    with pytest.raises(SystemExit, match=r"already holds a streamed run \(manifest.json\), and --resume loads its "
+                                         r"checkpoint into a new store.*pass a new or empty --store-dir"):
+        cli.main(["train", *small, "--steps", "2", "--resume", str(ckpt)])
+    with pytest.raises(SystemExit, match=r"\(to go on with a run, --resume its checkpoint with a new --store-dir\)"):
+        cli.main(["train", *small, "--steps", "2"])
+    cli.main(["train", *small[:-1], str(tmp_path / "new store"), "--steps", "2", "--resume", str(ckpt)])
