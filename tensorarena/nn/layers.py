@@ -408,6 +408,21 @@ class _Chain:
     def __repr__(self) -> str:
         return f"_Chain({', '.join(type(m).__name__ for m in self.modules)})"
 
+    def trace_key(self) -> tuple:
+        """What this chain computes, for the route planner's one trace per identical stage (train/route_traces.py):
+        each module's repr (its type and settings: a MaxPool2d(2) riding along changes the output's shape, a
+        Dropout adds its mask) and its modes. Every chain is a _Chain, so the class name alone made stages of equal
+        parameter shapes share a trace: the pooled stage's output taken for the unpooled one's (a crash further
+        on), a Dropout's mask left uncounted. A module of the user's own class may keep settings its repr does not
+        show: it is keyed by itself, so its stage shares no trace."""
+        return tuple((repr(m), tuple(sub.training for sub in m.modules())) if _own_classes(m) else id(m)
+                     for m in self.modules)
+
+
+def _own_classes(module: Module) -> bool:
+    """Whether `module` and everything in it are tensorarena's modules (whose reprs show their settings)."""
+    return all(type(sub).__module__.startswith("tensorarena.") for sub in module.modules())
+
 
 # -- activations and losses as modules (torch.nn's names and arguments) -----------------------------------------
 # `inplace=True` is accepted, as ported models pass it (nn.LeakyReLU(0.2, inplace=True)), and the output is the

@@ -91,7 +91,9 @@ def trace_stages(model: Module, loss_fn: Callable, inputs: np.ndarray, targets: 
         # What the stage computes, for sharing traces: a SideForward wraps it (BERT's layers: one _LayerStage each).
         fn = stage.forward.fn if isinstance(stage.forward, SideForward) else stage.forward
         owner = getattr(fn, "__self__", fn)
-        key = (type(owner).__name__, tuple((p.shape, p.dtype.str) for p in stage.params), x.shape, x.dtype.str, last)
+        # A forward that says what it computes (a Sequential's chain of entries: nn/layers.py _Chain) is keyed by it
+        what = owner.trace_key() if callable(getattr(owner, "trace_key", None)) else type(owner).__name__
+        key = (what, tuple((p.shape, p.dtype.str) for p in stage.params), x.shape, x.dtype.str, last)
         if key in cache and not last:
             stats, shape, dtype = cache[key]
             out_stats.append(stats)
