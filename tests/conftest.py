@@ -43,6 +43,18 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: -seconds.get(item.path, 0))  # stable: each file's tests stay together, in order
 
 
+@pytest.fixture
+def python_sigint_handler():
+    """Python's own SIGINT handler (KeyboardInterrupt) during the test, as a shell's foreground process has it, the
+    one found before put back after. A test run started in the background (`pytest ... &` from a script, nohup)
+    inherits SIGINT ignored, and Python then installs no handler: a test that sends itself a Ctrl-C needs this."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.fixture(autouse=True)
 def _numpy_raises():
     old = np.seterr(all="raise")

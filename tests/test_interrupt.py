@@ -51,13 +51,7 @@ STEPS = 5  # Trainer-level runs: interrupted at step 3, then two more
 INTERRUPTED_AT = 3
 
 
-@pytest.fixture(autouse=True)
-def python_sigint_handler():
-    """Python's KeyboardInterrupt handler for SIGINT during the test (as an interactive shell's foreground
-    process has it), the one found before put back after."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, previous)
+pytestmark = pytest.mark.usefixtures("python_sigint_handler")  # conftest.py: Python's own, as in a shell's foreground
 
 
 def _interrupt():

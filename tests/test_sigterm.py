@@ -17,15 +17,6 @@ from tensorarena.train.interrupt import SigintDeferred
 from tests.test_interrupt import MLP, _busy, _interrupted_run, _stopped_at
 
 
-@pytest.fixture
-def python_sigint_handler():
-    """Python's own SIGINT handler, as in a shell's foreground process (a test run in the background inherits
-    SIGINT ignored)."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, previous)
-
-
 def test_sigterm_saves_the_last_completed_step_and_exits_143(tmp_path):
     ckpt = tmp_path / "run.st"
     status, stderr = _interrupted_run(tmp_path, ["--model", "mlp", *MLP, "--steps", "400", "--save", str(ckpt),
