@@ -29,6 +29,7 @@ import tensorarena as ta
 import tensorarena.utils.data as tad
 from tensorarena.train.trainer import Trainer
 from tests.fused_vs_torch import sequential_and_twin
+from tests.test_data_loader_torch import assert_same
 
 
 def _arrays(n=11, seed=0):
@@ -39,24 +40,6 @@ def _arrays(n=11, seed=0):
 def _pair(n=11):
     x, y = _arrays(n)
     return tad.TensorDataset(x, y), tud.TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
-
-
-def assert_same(ours, theirs, where="batch"):
-    """Our Tensors (in lists/tuples/dicts) equal torch's: values and dtype; anything else compared as it is."""
-    if isinstance(theirs, torch.Tensor):
-        assert isinstance(ours, ta.Tensor), (where, type(ours))
-        assert ours.dtype == theirs.numpy().dtype, (where, ours.dtype, theirs.dtype)
-        np.testing.assert_array_equal(ours.numpy(), theirs.numpy(), err_msg=where)
-    elif isinstance(theirs, dict):
-        assert isinstance(ours, dict) and list(ours) == list(theirs), where
-        for key in theirs:
-            assert_same(ours[key], theirs[key], f"{where}[{key!r}]")
-    elif isinstance(theirs, (list, tuple)):
-        assert isinstance(ours, (list, tuple)) and len(ours) == len(theirs), (where, ours, theirs)
-        for i, (a, b) in enumerate(zip(ours, theirs)):
-            assert_same(a, b, f"{where}[{i}]")
-    else:
-        assert ours == theirs, where
 
 
 def raises_as_torch(exc, match, ours, theirs):
