@@ -300,10 +300,15 @@ def cmd_train(args) -> dict:
     from .train.save_rescue import CheckpointNotSaved
 
     check_output_paths(args)
-    if getattr(args, "micro_batch", None) == "auto" and args.route != "auto" and args.memory_limit is None:
-        raise SystemExit(f"tensorarena train: --micro-batch auto cuts the batch where the route plan says it does not "
-                         f"fit, and --route {args.route} is planned only against a --memory-limit: pass one, use "
-                         f"--route auto, or give --micro-batch a number of rows")
+    if getattr(args, "micro_batch", None) == "auto":
+        from .train.micro_batch_choice import check_auto_micro_batch
+
+        try:  # the Trainer's own check, before any data is made, in the command's words
+            check_auto_micro_batch(args.route, args.memory_limit, None)
+        except ValueError:
+            raise SystemExit(f"tensorarena train: --micro-batch auto cuts the batch where the route plan says it does "
+                             f"not fit, and --route {args.route} is planned only against a --memory-limit: pass one, "
+                             f"use --route auto, or give --micro-batch a number of rows") from None
     to_stdout = args.json == "-"
     try:
         with contextlib.redirect_stdout(sys.stderr) if to_stdout else contextlib.nullcontext():

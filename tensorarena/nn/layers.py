@@ -349,17 +349,18 @@ class Sequential(ModuleList):
         Stage names are the entries' names, `prefix` before them ("net.0", or "net.0-1" for entries 0 and 1)."""
         from ..stream.stages import Stage  # lazy: nn loads without the streaming machinery
 
+        trained = [any(True for _ in module.parameters()) for module in self._items]
         groups: list[list[int]] = []
-        for i, module in enumerate(self._items):
-            if not groups or any(True for _ in module.parameters()):
+        for i, has_params in enumerate(trained):
+            if not groups or has_params:
                 groups.append([i])
             else:
                 groups[-1].append(i)
-        if len(groups) > 1 and not any(True for i in groups[0] for _ in self._items[i].parameters()):
+        if len(groups) > 1 and not trained[groups[0][0]]:
             leading = groups.pop(0)  # parameterless entries before any trained one join the first stage with some
             groups[0] = leading + groups[0]
         names = self._entry_names()
-        _refuse_shared(self, groups, prefix)
+        _refuse_shared(self, names, groups, prefix)
         stages = []
         for group in groups:
             modules = [self._items[i] for i in group]
@@ -369,13 +370,12 @@ class Sequential(ModuleList):
         return stages
 
 
-def _refuse_shared(seq: Sequential, groups: list[list[int]], prefix: str) -> None:
+def _refuse_shared(seq: Sequential, names: list[str], groups: list[list[int]], prefix: str) -> None:
     """StreamingUnsupportedError naming the two entries' parameters when one parameter is in two stages (the same
     module at two positions, or a tied weight). model_stages refused it too, but named only a shape and the stage
     labels ("a parameter of shape (16, 16) is in stages '1-2' and '3'"), with nothing to do about it."""
     from ..stream.stages import StreamingUnsupportedError
 
-    names = seq._entry_names()
     owner: dict[int, tuple[int, int, str]] = {}  # id(parameter) -> (its stage, its entry, its name there)
     for stage, group in enumerate(groups):
         for i in group:

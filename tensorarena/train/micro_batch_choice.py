@@ -69,6 +69,7 @@ def fit_micro_batch(trainer: Trainer, inputs: Any, targets: Any, routes: tuple[s
         check_model_splits(trainer.model, 1)
     except ValueError as refused:
         return None, f"micro_batch='auto' cannot cut this batch: {refused}"
+    whole = trainer.route_plan, trainer._route_plan_batch  # put back if nothing fits: the one the error shows
     micro = rows
     while micro > 1:
         micro = -(-micro // 2)
@@ -80,5 +81,10 @@ def fit_micro_batch(trainer: Trainer, inputs: Any, targets: Any, routes: tuple[s
             return plan, ""
     smallest = plan.reason
     _use(trainer, None)
-    trainer.plan(inputs, targets, routes)  # the whole batch's plan again: the one the error shows
+    trainer.route_plan, trainer._route_plan_batch = whole
     return None, f"micro_batch='auto' tried micro-batches down to 1 row, and at 1 row: {smallest}"
+
+
+def fit_for_route_auto(trainer: Trainer, inputs: Any, targets: Any) -> tuple[RoutePlan | None, str]:
+    """fit_micro_batch where route "auto" found nothing fits: the first cut for which it chooses a route."""
+    return fit_micro_batch(trainer, inputs, targets, ("fused", "streaming"), lambda plan: plan.chosen is not None)

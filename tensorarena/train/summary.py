@@ -59,13 +59,13 @@ def plan_before_step_1(trainer, inputs, targets) -> float | None:
     as every train job does; returns the seconds it took (it traces the step), None on a chosen route."""
     if trainer.route != "auto":
         return None
-    from .micro_batch_choice import fit_micro_batch
+    from .micro_batch_choice import fit_for_route_auto
 
     started = time.perf_counter()  # traces the step: the kernels compile (or load from cache) here
     plan = trainer.plan(inputs, targets)
     if plan.chosen is None:  # --micro-batch auto cuts the batch here, so the table shown is the one step 1 takes
         whole = plan.format()
-        cut, _ = fit_micro_batch(trainer, inputs, targets, ("fused", "streaming"), lambda p: p.chosen is not None)
+        cut, _ = fit_for_route_auto(trainer, inputs, targets)
         if cut is not None:
             print(f"{whole}\nmicro-batch auto: the whole batch does not fit; in micro-batches of "
                   f"{trainer.micro_batch} rows:", file=sys.stderr)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..nn.modes import kept_modes
 from ..precision import float32_matmul_precision
-from .micro_batch_choice import fit_micro_batch
+from .micro_batch_choice import fit_for_route_auto, fit_micro_batch
 
 if TYPE_CHECKING:
     from .trainer import Trainer
@@ -71,7 +71,7 @@ def choose_route(trainer: Trainer, inputs: Any, targets: Any) -> None:
         trainer._load_pending_checkpoint("route auto fell back to eager")
         return
     if plan.chosen is None:
-        cut, why_not = fit_micro_batch(trainer, inputs, targets, ("fused", "streaming"), lambda p: p.chosen is not None)
+        cut, why_not = fit_for_route_auto(trainer, inputs, targets)
         if cut is None:
             plan = trainer.route_plan
             also = f"; {why_not}" if why_not else ""
